@@ -1,0 +1,34 @@
+"""The observer interface every calibration method implements (after PyTorch's observers)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from qtool.qparams import choose_qparams
+
+
+class Observer(ABC):
+    """Collects statistics of one tensor; values arrive time-major, `[T, ...]`."""
+
+    @abstractmethod
+    def observe(self, values: np.ndarray) -> None:
+        """Add one batch of values (first axis: time step)."""
+
+    @abstractmethod
+    def merge(self, other: Observer) -> Observer:
+        """Combine with another observer of the same method (other batches, files, processes)."""
+
+    @abstractmethod
+    def range(self) -> tuple[float, float]:
+        """The calibrated range [lo, hi]."""
+
+    def compute_params(self, bits: int, symmetric: bool) -> tuple[int, int]:
+        """(exp2_inv, zp) for this tensor. Methods that search over scales override this."""
+        lo, hi = self.range()
+        return choose_qparams(lo, hi, bits, symmetric)
+
+    @property
+    def empty(self) -> bool:
+        return False

@@ -1,0 +1,145 @@
+"""Atomic output files and loading of sequence data (.npy, .npz, .h5)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds.
+
+    A failure anywhere leaves neither a partial file nor the temporary behind.
+    """
+    dest = Path(dest)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    if not parent.is_dir():
+        raise QtoolError(f"output directory does not exist: {parent}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, dest)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def _pick_npz(arrays: dict, dataset: str | None, path: Path) -> np.ndarray:
+    if dataset is not None:
+        if dataset not in arrays:
+            raise QtoolError(f"{path}: no array '{dataset}' (has: {', '.join(arrays) or 'none'})")
+        return arrays[dataset]
+    if len(arrays) == 1:
+        return next(iter(arrays.values()))
+    if "x" in arrays:
+        return arrays["x"]
+    raise QtoolError(f"{path}: holds several arrays ({', '.join(arrays)}); choose one with --dataset")
+
+
+def _h5_datasets(f) -> list[str]:
+    import h5py
+
+    names: list[str] = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    return names
+
+
+def open_sequences(
+    path: str | os.PathLike, dataset: str | None = None, time_first: bool = False
+) -> np.ndarray | object:
+    """Open a sequence data file lazily: a memory-mapped .npy, an h5py dataset or an array.
+
+    The returned object supports `.shape` and slicing along the first axis; call `read_chunk`
+    to get validated float32 batches `[n, T, C]`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QtoolError(f"data file not found: {path}")
+    if path.stat().st_size == 0:
+        raise QtoolError(f"data file is empty: {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arr = _pick_npz({k: z[k] for k in z.files}, dataset, path)
+        elif suffix in (".h5", ".hdf5"):
+            import h5py
+
+            f = h5py.File(path, "r")
+            names = _h5_datasets(f)
+            if dataset is None:
+                if len(names) != 1:
+                    raise QtoolError(
+                        f"{path}: holds {len(names)} datasets ({', '.join(names[:6])}); "
+                        "choose one with --dataset"
+                    )
+                dataset = names[0]
+            if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
+                raise QtoolError(f"{path}: no dataset '{dataset}' (has: {', '.join(names)})")
+            arr = f[dataset]
+        else:
+            raise QtoolError(f"{path}: unknown data format '{suffix}' (use .npy, .npz or .h5)")
+    except QtoolError:
+        raise
+    except (OSError, ValueError) as e:
+        raise QtoolError(f"{path}: cannot read data file ({e})") from None
+    if len(arr.shape) != 3:
+        raise QtoolError(
+            f"{path}: data must be 3-D [N, T, C] (or [T, N, C] with --time-first), "
+            f"got shape {tuple(arr.shape)}"
+        )
+    if min(arr.shape) == 0:
+        raise QtoolError(f"{path}: data has an empty dimension, shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "fiu":
+        raise QtoolError(f"{path}: data must be numeric, got dtype {arr.dtype}")
+    return SequenceData(arr, time_first, str(path))
+
+
+class SequenceData:
+    """A lazily read `[N, T, C]` view of a data file, read in chunks of sequences."""
+
+    def __init__(self, arr, time_first: bool, name: str):
+        self.arr = arr
+        self.time_first = time_first
+        self.name = name
+        shape = tuple(arr.shape)
+        self.shape = (shape[1], shape[0], shape[2]) if time_first else shape
+
+    @property
+    def num_sequences(self) -> int:
+        return self.shape[0]
+
+    def check_features(self, input_size: int) -> None:
+        if self.shape[2] != input_size:
+            raise QtoolError(
+                f"{self.name}: feature size {self.shape[2]} does not match the model's input size "
+                f"{input_size} (data shape {self.shape} read as [N, T, C])"
+            )
+
+    def chunk(self, start: int, stop: int) -> np.ndarray:
+        """Sequences [start, stop) as float32 `[n, T, C]`, refusing NaN and Inf."""
+        part = self.arr[:, start:stop] if self.time_first else self.arr[start:stop]
+        x = np.asarray(part, dtype=np.float32)
+        if self.time_first:
+            x = x.transpose(1, 0, 2)
+        if not np.all(np.isfinite(x)):
+            bad = int(np.argmax(~np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)))
+            raise QtoolError(f"{self.name}: sequence {start + bad} contains NaN or Inf")
+        return np.ascontiguousarray(x)
+
+    def chunks(self, size: int, limit: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        n = self.num_sequences if limit is None else min(limit, self.num_sequences)
+        for start in range(0, n, size):
+            yield start, self.chunk(start, min(start + size, n))
