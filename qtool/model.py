@@ -61,14 +61,15 @@ class GruModel:
         if not self.layers:
             raise QtoolError("model has no layers")
         dirs = len(self.layers[0])
-        H = self.hidden_size
         for l, cells in enumerate(self.layers):
             if len(cells) != dirs:
-                raise QtoolError(f"layer {l} has {len(cells)} directions, layer 0 has {dirs}")
-            want_c = self.input_size if l == 0 else H * dirs
+                raise QtoolError(f"layer {l} has {len(cells)} directions, layer 0 has {dirs}; "
+                                 "stacks that mix directions are not supported")
+            H = cells[0].R.shape[1]
+            want_c = self.input_size if l == 0 else self.layers[l - 1][0].R.shape[1] * dirs
             for c in cells:
                 if c.R.shape[1] != H:
-                    raise QtoolError(f"layer {l}: hidden size {c.R.shape[1]} differs from {H}")
+                    raise QtoolError(f"layer {l}: directions have different hidden sizes")
                 if c.W.shape[1] != want_c:
                     raise QtoolError(f"layer {l}: input size {c.W.shape[1]}, expected {want_c}")
 
@@ -78,7 +79,8 @@ class GruModel:
 
     @property
     def hidden_size(self) -> int:
-        return self.layers[0][0].R.shape[1]
+        """The last layer's hidden size (layers of a stack may differ)."""
+        return self.layers[-1][0].R.shape[1]
 
     @property
     def num_layers(self) -> int:

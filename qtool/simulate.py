@@ -1,0 +1,109 @@
+"""`qtool simulate`: the integer GRU and the float GRU side by side on held-out data, streamed in
+chunks, with distances at the output, per tensor and per time step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from qtool.engine_cpu import run_int
+from qtool.fileio import SequenceData
+from qtool.float_gru import run_float
+from qtool.metrics import Distance, count_saturated
+from qtool.model import DIRECTIONS
+from qtool.qmodel import QuantModel
+from qtool.qparams import dequantize
+from qtool.tensors import NAMES
+
+# row k of the engine's cell trace holds this tensor (Rh comes as three gate blocks)
+CELL_TRACE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
+              "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
+
+
+def int_tensors(trace: dict) -> dict[str, np.ndarray]:
+    """Integer tensors of one direction, `[T, N, width]`, named as in the seed's table."""
+    cell = trace["cell"]
+    out = {"x": trace["x"], "Wx": trace["Wx"],
+           "Rh": np.concatenate([cell[:, :, k] for k in range(3)], axis=2)}
+    for k, name in enumerate(CELL_TRACE[3:], start=3):
+        out[name] = cell[:, :, k]
+    return out
+
+
+def tensor_key(l: int, d: int, name: str) -> str:
+    return f"layer{l}.{DIRECTIONS[d]}.{name}"
+
+
+class Simulation:
+    """Accumulates distances over chunks; `results()` gives the report."""
+
+    def __init__(self, qm: QuantModel, per_tensor: bool = True):
+        self.qm = qm
+        self.per_tensor = per_tensor
+        self.output = Distance()
+        self.steps: list[Distance] = []
+        self.tensors: dict[str, Distance] = {}
+        if per_tensor:
+            self._static_tensors()
+
+    def _static_tensors(self) -> None:
+        for l, cells in enumerate(self.qm.cells):
+            for d, cq in enumerate(cells):
+                cell = self.qm.model.layers[l][d]
+                for name, q in (("W", cq.qW), ("R", cq.qR), ("bx", cq.qbx), ("br", cq.qbr)):
+                    s = cq.spec[name]
+                    dist = Distance()
+                    dist.add(dequantize(q, s.exp2_inv, 0), getattr(cell, name),
+                             count_saturated(q, s.bits))
+                    self.tensors[tensor_key(l, d, name)] = dist
+
+    def run_chunk(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`."""
+        ftr: list | None = [] if self.per_tensor else None
+        itr: list | None = [] if self.per_tensor else None
+        y_float = run_float(self.qm.model, x, ftr)
+        y_int = run_int(self.qm, x, itr)
+        s = self.qm.cells[-1][0].spec["h"]
+        y_q = dequantize(y_int, s.exp2_inv, s.zp).astype(np.float32)
+        self.output.add(y_q, y_float, count_saturated(y_int, s.bits))
+        T = x.shape[1]
+        while len(self.steps) < T:
+            self.steps.append(Distance())
+        for t in range(T):
+            self.steps[t].add(y_q[:, t], y_float[:, t])
+        if self.per_tensor:
+            self._add_tensors(ftr, itr)
+        return y_float, y_q, y_int
+
+    def _add_tensors(self, ftr: list, itr: list) -> None:
+        for l, cells in enumerate(self.qm.cells):
+            for d, cq in enumerate(cells):
+                ints = int_tensors(itr[l][d])
+                for name, q in ints.items():
+                    s = cq.spec[name]
+                    key = tensor_key(l, d, name)
+                    self.tensors.setdefault(key, Distance()).add(
+                        dequantize(q, s.exp2_inv, s.zp), ftr[l][d][name],
+                        count_saturated(q, s.bits))
+
+    def results(self) -> dict:
+        order = {name: i for i, name in enumerate(NAMES)}
+        keys = sorted(self.tensors, key=lambda k: (k.rsplit(".", 1)[0], order[k.rsplit(".", 1)[1]]))
+        return {
+            "output": self.output.as_dict(),
+            "tensors": {k: self.tensors[k].as_dict() for k in keys},
+            "per_step_snr_db": [d.snr_db for d in self.steps],
+        }
+
+
+def simulate(qm: QuantModel, data: SequenceData, chunk: int = 256, per_tensor: bool = True,
+             limit: int | None = None, on_chunk: Callable | None = None) -> Simulation:
+    """Run the whole data set in chunks; `on_chunk(start, y_float, y_q, y_int)` sees each."""
+    data.check_features(qm.model.input_size)
+    sim = Simulation(qm, per_tensor)
+    for start, x in data.chunks(chunk, limit):
+        outs = sim.run_chunk(x)
+        if on_chunk:
+            on_chunk(start, *outs)
+    return sim

@@ -1,0 +1,59 @@
+"""Make the bundled sample: a 2-layer GRU (hidden 64) that classifies scikit-learn's handwritten
+digits read row by row (8 time steps of 8 pixels), plus calibration and held-out test data.
+
+Needs torch and scikit-learn (not qtool's dependencies). Run from the repository root:
+    python samples/make_sample.py
+Writes samples/digits_gru.pt (state_dict: gru.* and head.*), calib.npy, test.npy, test_labels.npy.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+HERE = Path(__file__).parent
+HIDDEN, LAYERS, EPOCHS, SEED = 64, 2, 60, 0
+
+
+class DigitsGRU(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(8, HIDDEN, num_layers=LAYERS, batch_first=True)
+        self.head = torch.nn.Linear(HIDDEN, 10)
+
+    def forward(self, x):
+        y, _ = self.gru(x)
+        return self.head(y[:, -1])
+
+
+def main() -> None:
+    torch.manual_seed(SEED)
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)  # [1797, 8, 8]: rows are time steps
+    labels = digits.target.astype(np.int64)
+    order = np.random.RandomState(SEED).permutation(len(x))
+    train, test = order[:1200], order[1200:]
+    calib = train[:400]  # calibration data comes from the training split, never from test
+    net = DigitsGRU()
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    xt, yt = torch.from_numpy(x[train]), torch.from_numpy(labels[train])
+    for epoch in range(EPOCHS):
+        perm = torch.randperm(len(xt))
+        for i in range(0, len(xt), 64):
+            idx = perm[i:i + 64]
+            loss = torch.nn.functional.cross_entropy(net(xt[idx]), yt[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        acc = (net(torch.from_numpy(x[test])).argmax(1).numpy() == labels[test]).mean()
+    print(f"float test accuracy: {100 * acc:.2f}%")
+    torch.save(net.state_dict(), HERE / "digits_gru.pt")
+    np.save(HERE / "calib.npy", x[calib])
+    np.save(HERE / "test.npy", x[test])
+    np.save(HERE / "test_labels.npy", labels[test])
+
+
+if __name__ == "__main__":
+    main()
