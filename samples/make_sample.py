@@ -1,15 +1,17 @@
 """Make the bundled sample: a 2-layer GRU (hidden 64) that classifies scikit-learn's handwritten
 digits read row by row (8 time steps of 8 pixels), plus calibration and held-out test data.
 
-Needs torch and scikit-learn (not qtool's dependencies). Run from the repository root:
+Needs torch, safetensors and scikit-learn (not qtool's dependencies). Run from the repository root:
     python samples/make_sample.py
-Writes samples/digits_gru.pt (state_dict: gru.* and head.*), calib.npy, test.npy, test_labels.npy.
+Writes samples/digits_gru.pt and .safetensors (state_dict: gru.* and head.*), digits_head.npz (the classifier,
+for torch-free evaluation), calib.npy, test.npy, test_labels.npy.
 """
 
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from sklearn.datasets import load_digits
 
 HERE = Path(__file__).parent
@@ -50,6 +52,10 @@ def main() -> None:
         acc = (net(torch.from_numpy(x[test])).argmax(1).numpy() == labels[test]).mean()
     print(f"float test accuracy: {100 * acc:.2f}%")
     torch.save(net.state_dict(), HERE / "digits_gru.pt")
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()},
+              str(HERE / "digits_gru.safetensors"))
+    np.savez(HERE / "digits_head.npz", weight=net.head.weight.detach().numpy(),
+             bias=net.head.bias.detach().numpy())
     np.save(HERE / "calib.npy", x[calib])
     np.save(HERE / "test.npy", x[test])
     np.save(HERE / "test_labels.npy", labels[test])

@@ -1,0 +1,50 @@
+"""Task accuracy of the bundled digits GRU: float vs each integer preset, on the held-out test
+split (calibration used samples/calib.npy, drawn from the training split).
+
+    python samples/evaluate.py
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from qtool.calibrate import collect, build_quant_model
+from qtool.engine_cpu import run_int
+from qtool.fileio import open_sequences
+from qtool.float_gru import run_float
+from qtool.importers import import_model
+from qtool.metrics import Distance
+from qtool.qparams import dequantize
+from qtool.tensors import preset_config
+
+HERE = Path(__file__).parent
+
+
+def accuracy(y_seq: np.ndarray, head: dict, labels: np.ndarray) -> float:
+    logits = y_seq[:, -1] @ head["weight"].T + head["bias"]
+    return float((logits.argmax(1) == labels).mean())
+
+
+def evaluate() -> list[dict]:
+    model = import_model(HERE / "digits_gru.safetensors")
+    head = dict(np.load(HERE / "digits_head.npz"))
+    x = np.load(HERE / "test.npy")
+    labels = np.load(HERE / "test_labels.npy")
+    y_float = run_float(model, x)
+    rows = [{"preset": "float", "accuracy": accuracy(y_float, head, labels)}]
+    for preset in ("int8", "w8a16", "int16"):
+        obs = collect(model, open_sequences(HERE / "calib.npy"), "minmax")
+        qm = build_quant_model(model, obs, preset_config(preset), {})
+        s = qm.cells[-1][0].spec["h"]
+        y_q = dequantize(run_int(qm, x), s.exp2_inv, s.zp)
+        d = Distance()
+        d.add(y_q, y_float)
+        rows.append({"preset": preset, "accuracy": accuracy(y_q, head, labels),
+                     "cosine": d.cosine, "snr_db": d.snr_db})
+    return rows
+
+
+if __name__ == "__main__":
+    for r in evaluate():
+        extra = f"  cosine {r['cosine']:.6f}  SNR {r['snr_db']:.2f} dB" if "cosine" in r else ""
+        print(f"{r['preset']:>6}: accuracy {100 * r['accuracy']:.2f}%{extra}")

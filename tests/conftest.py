@@ -1,0 +1,51 @@
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+SAMPLES = ROOT / "samples"
+
+
+def has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
+    from qtool.model import GruCell, GruModel
+
+    rng = np.random.RandomState(seed)
+    cells = []
+    for l in range(layers):
+        c_in = C if l == 0 else H * dirs
+        cells.append([GruCell(rng.randn(3 * H, c_in) * scale, rng.randn(3 * H, H) * scale,
+                              rng.randn(3 * H) * 0.3, rng.randn(3 * H) * 0.3) for _ in range(dirs)])
+    return GruModel(cells)
+
+
+def calibrated(model, x_calib, preset="int8", method="minmax", config=None):
+    from qtool.calibrate import build_quant_model, new_observers, observe_batch
+    from qtool.tensors import preset_config
+
+    obs = new_observers(model, method)
+    observe_batch(model, x_calib, obs)
+    return build_quant_model(model, obs, config or preset_config(preset), {"method": method})
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the qtool CLI in-process: returns (exit code, stdout, stderr)."""
+    from qtool.cli import main
+
+    def run(*args):
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        cap = capsys.readouterr()
+        return code, cap.out, cap.err
+
+    return run

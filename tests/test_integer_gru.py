@@ -1,0 +1,92 @@
+"""The integer engine against exact integer expectations: the primitives by hand, and whole runs
+against the independent rational reference of the seed's formulas (tests/reference_int_gru.py)."""
+
+import numpy as np
+import pytest
+from conftest import calibrated, random_model
+from reference_int_gru import cell_forward
+
+from qtool.engine_cpu import IntGemm, run_cell, run_int
+from qtool.intops import clamp, lut_eval, rescale, rshift_round
+from qtool.tensors import TensorConfig, preset_config
+
+
+def test_rshift_round_is_half_up_on_both_signs():
+    # v / 2 for v = -3..3: -1.5 -> -1, -1 -> -1, -0.5 -> 0, 0, 0.5 -> 1, 1, 1.5 -> 2
+    assert [rshift_round(v, 1) for v in range(-3, 4)] == [-1, -1, 0, 0, 1, 1, 2]
+    assert rshift_round(-6, 2) == -1  # -1.5 -> -1
+    assert rshift_round(-7, 2) == -2  # -1.75 -> -2
+    assert rshift_round(5, 0) == 5
+    assert rshift_round(5, -3) == 40  # negative shift multiplies
+
+
+def test_clamp_and_rescale_saturate():
+    assert clamp(200, -128, 127) == 127 and clamp(-200, -128, 127) == -128
+    assert rescale(1000, 2, 3, -128, 127) == 127  # 250 + 3 saturates
+    assert rescale(-21, 2, 3, -128, 127) == -2  # round(-5.25) = -5, + 3
+
+
+def test_lut_eval_direct_and_interpolated():
+    table = np.array([0, 10, 20, 40, 40], np.int64)
+    assert [lut_eval(table, u, 0) for u in range(4)] == [0, 10, 20, 40]
+    # shift 2: knots every 4 inputs; u = 5 is 1/4 of the way from 10 to 20 -> 12.5 -> 13
+    assert lut_eval(table, 5, 2) == 13
+    assert lut_eval(table, 6, 2) == 15
+    assert lut_eval(table, 8, 2) == 20
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_int_gemm_exact_for_every_path(bits):
+    rng = np.random.RandomState(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1))
+    q_w = rng.randint(lo, hi, size=(12, 40))
+    q_in = rng.randint(lo, hi, size=(7, 40))
+    exact = q_in.astype(object) @ q_w.T.astype(object)
+    gemm = IntGemm(q_w, bits)
+    assert gemm.dtype == (np.float32 if bits == 8 else np.float64)
+    assert np.array_equal(np.asarray(gemm(q_in), dtype=np.int64).astype(object), exact)
+    gemm.dtype, gemm.wT = np.int64, np.ascontiguousarray(q_w.T.astype(np.int64))  # int64 path
+    assert np.array_equal(gemm(q_in).astype(object), exact)
+
+
+def mixed_config():
+    cfg = preset_config("int8")
+    cfg.update(g_pre=TensorConfig(10, False), Rh=TensorConfig(12, False),
+               h=TensorConfig(16, False), z_out=TensorConfig(16, False), g_out=TensorConfig(9, True))
+    return cfg
+
+
+@pytest.mark.parametrize("preset", ["int8", "w8a16", "int16", "mixed"])
+def test_engine_equals_rational_reference(preset):
+    model = random_model(C=5, H=4, seed=3)
+    rng = np.random.RandomState(7)
+    x_cal = rng.randn(16, 6, 5).astype(np.float32)
+    x_test = rng.randn(3, 5, 5).astype(np.float32) * 1.3  # held out, partly outside the range
+    cfg = mixed_config() if preset == "mixed" else None
+    qm = calibrated(model, x_cal, preset if preset != "mixed" else "int8", config=cfg)
+    cq = qm.cells[0][0]
+    from qtool.engine_cpu import quantize_input
+
+    qx = quantize_input(qm, x_test).transpose(1, 0, 2)  # [T, N, C]
+    got = run_cell(cq, np.ascontiguousarray(qx))
+    want = np.array(cell_forward(cq, qx.tolist()))
+    assert got.shape == want.shape
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} mismatches"
+
+
+def test_stacked_bidirectional_chain_integers():
+    """Layer l + 1 consumes layer l's integers unchanged; the backward direction runs reversed."""
+    model = random_model(C=4, H=3, layers=2, dirs=2, seed=5)
+    rng = np.random.RandomState(2)
+    qm = calibrated(model, rng.randn(8, 5, 4).astype(np.float32))
+    x = rng.randn(2, 5, 4).astype(np.float32)
+    traces = []
+    y = run_int(qm, x, traces)
+    from qtool.engine_cpu import quantize_input
+
+    seq = quantize_input(qm, x).transpose(1, 0, 2).tolist()
+    for cells in qm.cells:
+        fwd = np.array(cell_forward(cells[0], seq))
+        bwd = np.array(cell_forward(cells[1], seq[::-1]))[::-1]
+        seq = np.concatenate([fwd, bwd], axis=2).tolist()
+    assert np.array_equal(y, np.array(seq).transpose(1, 0, 2))
