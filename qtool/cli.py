@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 

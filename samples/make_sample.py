@@ -40,7 +40,7 @@ def main() -> None:
     net = DigitsGRU()
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     xt, yt = torch.from_numpy(x[train]), torch.from_numpy(labels[train])
-    for epoch in range(EPOCHS):
+    for _ in range(EPOCHS):
         perm = torch.randperm(len(xt))
         for i in range(0, len(xt), 64):
             idx = perm[i:i + 64]

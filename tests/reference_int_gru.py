@@ -7,7 +7,7 @@ round(v) = floor(v + 1/2), clamped to the target's bits. It shares no code with 
 """
 
 from fractions import Fraction
-from math import floor, tanh, exp
+from math import exp, floor, tanh
 
 
 def S(t):
@@ -76,7 +76,7 @@ def cell_forward(cq, qx_seq):
                 def bias(q, t, c, dst):
                     return rnd(Sc(t, c) / S(dst) * q)
 
-                def pre(gate_i, dst):
+                def pre(gate_i, dst, Wx=Wx, Rh=Rh):
                     return sat(term(Wx[gate_i], sp["Wx"], dst) + term(Rh[gate_i], sp["Rh"], dst)
                                + bias(int(cq.qbx[gate_i]), sp["bx"], gate_i, dst)
                                + bias(int(cq.qbr[gate_i]), sp["br"], gate_i, dst)

@@ -1,0 +1,152 @@
+"""End-to-end CLI runs on the bundled sample, and every kind of bad input: one line, non-zero
+exit, no traceback, no partial output."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from conftest import SAMPLES, has
+
+pytestmark = pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+MODEL = SAMPLES / "digits_gru.safetensors"
+
+
+@pytest.fixture(scope="module")
+def qmodel(tmp_path_factory):
+    from qtool.cli import main
+
+    d = tmp_path_factory.mktemp("q")
+    with pytest.raises(SystemExit) as e:
+        main(["import", str(MODEL), "-o", str(d / "m.h5")])
+    assert e.value.code in (0, None)
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(d / "m.h5"), str(SAMPLES / "calib.npy"), "-o", str(d / "q.h5")])
+    assert e.value.code in (0, None)
+    return d / "q.h5"
+
+
+def test_import_calibrate_simulate_json_and_save(cli, qmodel, tmp_path):
+    code, out, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--json", "--save",
+                         tmp_path / "r.h5")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["output"]["cosine"] > 0.99 and res["samples"] == 597
+    assert "layer1.fwd.g_pre" in res["tensors"] and len(res["per_step_snr_db"]) == 8
+    with h5py.File(tmp_path / "r.h5") as f:
+        y, yq, yi = f["float/y"][()], f["quant/y"][()], f["quant/y_int"][()]
+    assert y.shape == yq.shape == yi.shape == (597, 8, 64)
+    assert yi.dtype == np.int32 and np.abs(yq - y).max() < 1.0
+
+
+def test_tables_and_inspect(cli, qmodel):
+    code, out, _ = cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", "50")
+    assert code == 0 and "output" in out and "SNR dB" in out
+    code, out, _ = cli("inspect", qmodel)
+    assert code == 0 and "exp2_inv" in out and "lut_g" in out
+    code, out, _ = cli("inspect", qmodel, "--json")
+    info = json.loads(out)
+    assert info["quantized"] and info["quant"]["method"] == "minmax" and info["quant"]["samples"] == 400
+
+
+def test_calibrate_directly_from_source_with_presets_and_ema(cli, tmp_path):
+    for bits in ("w8a16", "int16"):
+        code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5",
+                             "--bits", bits, "--method", "ema", "--force", "--json")
+        assert code == 0, err
+        rows = json.loads(out)["tensors"]
+        assert {r["bits"] for r in rows if r["tensor"] == "g_pre"} == {16}
+
+
+def bad_data(tmp_path):
+    good = np.load(SAMPLES / "test.npy")[:10]
+    nan = good.copy()
+    nan[3, 2, 1] = np.nan
+    cases = {
+        "shape.npy": (np.zeros((10, 8)), "must be 3-D"),
+        "features.npy": (np.zeros((4, 8, 5), np.float32), "feature size 5"),
+        "nan.npy": (nan, "sequence 3 contains NaN"),
+        "strings.npy": (np.array([[["a"]]]), "numeric"),
+    }
+    for name, (arr, _) in cases.items():
+        np.save(tmp_path / name, arr)
+    (tmp_path / "empty.npy").write_bytes(b"")
+    cases["empty.npy"] = (None, "empty")
+    (tmp_path / "corrupt.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"garbage" * 10)
+    cases["corrupt.h5"] = (None, "cannot read data file")
+    (tmp_path / "data.csv").write_text("1,2\n")
+    cases["data.csv"] = (None, "unknown data format")
+    return cases
+
+
+def test_bad_data_one_line_no_output(cli, qmodel, tmp_path):
+    for name, (_, msg) in bad_data(tmp_path).items():
+        for cmd in (["calibrate", MODEL, tmp_path / name, "-o", tmp_path / "out.h5"],
+                    ["simulate", qmodel, tmp_path / name, "--save", tmp_path / "out.h5"]):
+            code, out, err = cli(*cmd)
+            assert code == 2, (name, err)
+            assert msg in err and "Traceback" not in err + out, (name, err)
+            assert len(err.strip().splitlines()) == 1, err
+            assert not (tmp_path / "out.h5").exists()
+            assert not list(tmp_path.glob(".out.h5*"))  # no temporary left behind
+
+
+def test_bad_model_files(cli, tmp_path):
+    (tmp_path / "corrupt.h5").write_bytes(b"not hdf5 at all")
+    (tmp_path / "x.onnx").write_bytes(b"\x00\x01garbage")
+    (tmp_path / "x.pt").write_bytes(b"garbage")
+    cases = [
+        (["inspect", tmp_path / "corrupt.h5"], "not a readable HDF5"),
+        (["inspect", tmp_path / "missing.h5"], "not found"),
+        (["simulate", MODEL, SAMPLES / "test.npy"], "not a readable HDF5"),
+        (["import", tmp_path / "x.weird", "-o", tmp_path / "m.h5"], "not found"),
+        (["import", SAMPLES / "calib.npy", "-o", tmp_path / "m.h5", "--format", "nope"], "unknown format"),
+        (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--bits", "int3"],
+         "neither a preset"),
+        (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method", "magic"],
+         "unknown method"),
+    ]
+    if has("onnx"):
+        cases.append((["import", tmp_path / "x.onnx", "-o", tmp_path / "m.h5"], "not a readable ONNX"))
+    if has("torch"):
+        cases.append((["import", tmp_path / "x.pt", "-o", tmp_path / "m.h5"], "weights-only"))
+    for args, msg in cases:
+        code, out, err = cli(*args)
+        assert code == 2 and msg in err and "Traceback" not in err, (args, err)
+        assert not (tmp_path / "m.h5").exists() and not (tmp_path / "q.h5").exists()
+
+
+def test_missing_optional_package(cli, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    code, _, err = cli("import", tmp_path / "m.onnx", "-o", tmp_path / "m.h5")
+    assert code == 2 and "not found" in err
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    code, _, err = cli("import", tmp_path / "m.onnx", "-o", tmp_path / "m.h5")
+    assert code == 2 and "needs the 'onnx' package" in err
+
+
+def test_no_prompt_without_terminal_and_no_clobber(cli, qmodel, tmp_path):
+    code, _, err = cli("calibrate", MODEL)
+    assert code == 2 and "missing DATA" in err
+    (tmp_path / "q.h5").write_bytes(b"keep me")
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5")
+    assert code == 2 and "--force" in err
+    assert (tmp_path / "q.h5").read_bytes() == b"keep me"
+
+
+def test_prompts_at_a_terminal(qmodel, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from qtool import cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "interactive", lambda: True)
+    runner = CliRunner()
+    res = runner.invoke(cli_mod.app, ["calibrate", str(MODEL)],
+                        input=f"{SAMPLES / 'calib.npy'}\n{tmp_path / 'q.h5'}\n")
+    assert res.exit_code == 0, res.output
+    assert "calibration data file" in res.output and (tmp_path / "q.h5").exists()
+    res = runner.invoke(cli_mod.app, ["calibrate", str(MODEL), str(SAMPLES / "calib.npy"),
+                                      "-o", str(tmp_path / "q.h5")], input="n\n")
+    assert res.exit_code != 0 and "Overwrite?" in res.output
