@@ -1,8 +1,9 @@
 """The integer GRU on the CPU: numba kernels around the scalar functions of qtool.intops.
 
 Integer GEMMs: every product and sum is an integer. When the static bound of a GEMM's result
-(sum_k |q_W[c, k]| * max |q_x|) is below 2^24 (2^53), float32 (float64) BLAS computes it
-exactly and fast; otherwise a numba int64 loop does. The choice never changes a result.
+(sum_k |q_W[c, k]| * max |q_x|) is below 2^24 (2^53), float32 (float64) arithmetic computes it
+exactly and vectorises best; otherwise int64 does. The choice never changes a result. BLAS is
+not used: its spinning threads fight numba's on small machines.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def gemm_bound(q_w: np.ndarray, bits_in: int) -> int:
 
 
 def gemm_dtype(q_w: np.ndarray, bits_in: int):
+    """The narrowest arithmetic type in which this GEMM is exact for every input."""
     bound = gemm_bound(q_w, bits_in)
     if bound < 2**24:
         return np.float32
@@ -32,32 +34,22 @@ def gemm_dtype(q_w: np.ndarray, bits_in: int):
     return np.int64
 
 
-@njit(parallel=True, cache=True)
-def _int_gemm(a, wT):
-    """Exact int64 GEMM a [M, K] @ wT [K, N], for bounds no float type holds."""
+@njit(parallel=True, cache=True, fastmath=True)
+def int_gemm(a, w):
+    """a [M, K] @ w[N, K].T in a's dtype (exact when chosen by `gemm_dtype`).
+
+    fastmath only lets the compiler reorder sums, which are exact integers here.
+    """
     M, K = a.shape
-    N = wT.shape[1]
-    out = np.zeros((M, N), np.int64)
+    N = w.shape[0]
+    out = np.empty((M, N), a.dtype)
     for m in prange(M):
-        for k in range(K):
-            v = np.int64(a[m, k])
-            if v != 0:
-                for n in range(N):
-                    out[m, n] += v * wT[k, n]
+        for c in range(N):
+            s = a.dtype.type(0)
+            for k in range(K):
+                s += w[c, k] * a[m, k]
+            out[m, c] = s
     return out
-
-
-class IntGemm:
-    """q_in [M, K] @ q_w.T, exact, with the weights prepared once."""
-
-    def __init__(self, q_w: np.ndarray, bits_in: int):
-        self.dtype = gemm_dtype(q_w, bits_in)
-        self.wT = np.ascontiguousarray(q_w.T.astype(self.dtype))
-
-    def __call__(self, q_in: np.ndarray) -> np.ndarray:
-        if self.dtype is np.int64:
-            return _int_gemm(np.ascontiguousarray(q_in, np.int64), self.wT)
-        return q_in.astype(self.dtype) @ self.wT
 
 
 @njit(parallel=True, cache=True)
@@ -70,20 +62,35 @@ def _rescale_wx(acc, P, CH, out):
                                 P[ZP_WX], P[LO_WX], P[HI_WX])
 
 
-@njit(parallel=True, cache=True)
-def _step(q_Wx_t, acc_Rh, h_old, h_new, P, CH, lut_z, lut_r, lut_g, trace_t, do_trace):
-    """One time step for every sequence n and hidden unit j."""
-    N, H = h_old.shape
-    for n in prange(N):
-        for j in range(H):
-            res = gru_cell(np.int64(q_Wx_t[n, j]), np.int64(q_Wx_t[n, j + H]),
-                           np.int64(q_Wx_t[n, j + 2 * H]), np.int64(acc_Rh[n, j]),
-                           np.int64(acc_Rh[n, j + H]), np.int64(acc_Rh[n, j + 2 * H]),
-                           np.int64(h_old[n, j]), j, j + H, j + 2 * H, P, CH, lut_z, lut_r, lut_g)
-            h_new[n, j] = res[13]
-            if do_trace:
-                for k in range(N_TRACE):
-                    trace_t[n, k, j] = res[k]
+@njit(parallel=True, cache=True, fastmath=True)
+def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, trace, do_trace):
+    """The time loop (seed Step 3): per step and sequence, Rh = R @ h in the GEMM dtype of
+    `qR`/`h_buf` (exact: see gemm_dtype), then the pointwise cell for every hidden unit.
+
+    fastmath only lets the compiler reorder the float GEMM's sums, which are exact integers.
+    """
+    T, N, H3 = q_Wx.shape
+    H = H3 // 3
+    acc = np.empty((N, H3), qR.dtype)
+    for t in range(T):
+        for n in prange(N):
+            for c in range(H3):
+                s = qR.dtype.type(0)
+                for k in range(H):
+                    s += qR[c, k] * h_buf[n, k]
+                acc[n, c] = s
+            for j in range(H):
+                res = gru_cell(np.int64(q_Wx[t, n, j]), np.int64(q_Wx[t, n, j + H]),
+                               np.int64(q_Wx[t, n, j + 2 * H]), np.int64(acc[n, j]),
+                               np.int64(acc[n, j + H]), np.int64(acc[n, j + 2 * H]),
+                               np.int64(out[t, n, j]), j, j + H, j + 2 * H, P, CH,
+                               lut_z, lut_r, lut_g)
+                out[t + 1, n, j] = res[13]
+                if do_trace:
+                    for k in range(N_TRACE):
+                        trace[t, n, k, j] = res[k]
+            for j in range(H):  # the next step's GEMM operand
+                h_buf[n, j] = out[t + 1, n, j]
 
 
 def run_cell(cq: CellQuant, qx: np.ndarray, trace: dict | None = None) -> np.ndarray:
@@ -93,22 +100,21 @@ def run_cell(cq: CellQuant, qx: np.ndarray, trace: dict | None = None) -> np.nda
     """
     T, N, C = qx.shape
     H = cq.hidden_size
-    bits_x, bits_h = cq.spec["x"].bits, cq.spec["h"].bits
-    acc_Wx = IntGemm(cq.qW, bits_x)(qx.reshape(T * N, C))  # Step 1: Wx for all time steps
+    dt_W = gemm_dtype(cq.qW, cq.spec["x"].bits)
+    acc_Wx = int_gemm(qx.reshape(T * N, C).astype(dt_W), cq.qW.astype(dt_W))  # Step 1: all steps
     q_Wx = np.empty((T * N, 3 * H), np.int32)
     _rescale_wx(acc_Wx, cq.P, cq.CH, q_Wx)
-    q_Wx = q_Wx.reshape(T, N, 3 * H)
-    gemm_R = IntGemm(cq.qR, bits_h)
-    luts = cq.luts["lut_z"], cq.luts["lut_r"], cq.luts["lut_g"]
+    dt_R = gemm_dtype(cq.qR, cq.spec["h"].bits)
     out = np.empty((T + 1, N, H), np.int32)
     out[0] = cq.P[ZP_H]  # h0 = 0 exactly
-    cell_trace = np.empty((T, N, N_TRACE, H) if trace is not None else (1, 1, N_TRACE, 1), np.int32)
-    for t in range(T):  # Step 3: Rh per step, then the pointwise kernel
-        acc_Rh = gemm_R(out[t])
-        _step(q_Wx[t], acc_Rh, out[t], out[t + 1], cq.P, cq.CH, *luts,
-              cell_trace[t if trace is not None else 0], trace is not None)
+    h_buf = out[0].astype(dt_R)
+    shape = (T, N, N_TRACE, H) if trace is not None else (1, 1, N_TRACE, 1)
+    cell_trace = np.empty(shape, np.int32)
+    _run_steps(q_Wx.reshape(T, N, 3 * H), cq.qR.astype(dt_R), cq.P, cq.CH,
+               cq.luts["lut_z"], cq.luts["lut_r"], cq.luts["lut_g"], out, h_buf, cell_trace,
+               trace is not None)
     if trace is not None:
-        trace["Wx"], trace["cell"] = q_Wx, cell_trace
+        trace["Wx"], trace["cell"] = q_Wx.reshape(T, N, 3 * H), cell_trace
     return out[1:]
 
 
@@ -137,7 +143,4 @@ def run_int(qm: QuantModel, x: np.ndarray, traces: list | None = None,
         seq = np.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
     return np.ascontiguousarray(seq.transpose(1, 0, 2))
 
-
-def output_spec(qm: QuantModel):
-    return qm.cells[-1][0].spec["h"]
 

@@ -6,7 +6,7 @@ import pytest
 from conftest import calibrated, random_model
 from reference_int_gru import cell_forward
 
-from qtool.engine_cpu import IntGemm, run_cell, run_int
+from qtool.engine_cpu import gemm_dtype, int_gemm, run_cell, run_int
 from qtool.intops import clamp, lut_eval, rescale, rshift_round
 from qtool.tensors import TensorConfig, preset_config
 
@@ -36,17 +36,22 @@ def test_lut_eval_direct_and_interpolated():
 
 
 @pytest.mark.parametrize("bits", [8, 16])
-def test_int_gemm_exact_for_every_path(bits):
+def test_int_gemm_exact_in_every_dtype(bits):
     rng = np.random.RandomState(bits)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1))
     q_w = rng.randint(lo, hi, size=(12, 40))
     q_in = rng.randint(lo, hi, size=(7, 40))
     exact = q_in.astype(object) @ q_w.T.astype(object)
-    gemm = IntGemm(q_w, bits)
-    assert gemm.dtype == (np.float32 if bits == 8 else np.float64)
-    assert np.array_equal(np.asarray(gemm(q_in), dtype=np.int64).astype(object), exact)
-    gemm.dtype, gemm.wT = np.int64, np.ascontiguousarray(q_w.T.astype(np.int64))  # int64 path
-    assert np.array_equal(gemm(q_in).astype(object), exact)
+    assert gemm_dtype(q_w, bits) == (np.float32 if bits == 8 else np.float64)
+    for dt in (gemm_dtype(q_w, bits), np.int64):
+        got = int_gemm(q_in.astype(dt), q_w.astype(dt))
+        assert np.array_equal(got.astype(np.int64).astype(object), exact)
+
+
+def test_gemm_dtype_bounds():
+    assert gemm_dtype(np.full((1, 1024), 127), 8) == np.float32  # 127 * 128 * 1024 < 2^24
+    assert gemm_dtype(np.full((1, 1040), 127), 8) == np.float64
+    assert gemm_dtype(np.full((1, 1), 2**40), 16) == np.int64  # 2^55
 
 
 def mixed_config():
