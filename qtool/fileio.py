@@ -21,8 +21,12 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """
     dest = Path(dest)
     parent = dest.parent if str(dest.parent) else Path(".")
-    if not parent.is_dir():
-        raise QtoolError(f"output directory does not exist: {parent}")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(f"cannot create output directory {parent}: {e.strerror}") from None
+    if dest.is_dir():
+        raise QtoolError(f"output path is a directory: {dest}")
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
     os.close(fd)
     tmp_path = Path(tmp)

@@ -1,0 +1,1 @@
+"""Output formats. Exporters only read a quantized model; they never recompute numerics."""
