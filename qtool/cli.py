@@ -256,6 +256,156 @@ def inspect(
         out.print(lut_table(qm))
 
 
+export_app = typer.Typer(help="Write a quantized GRU for a target: C sources, or parameter tables.",
+                         no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+
+def _existing_dir(path: Path, force: bool) -> Path:
+    if path.exists() and any(path.iterdir()) if path.is_dir() else path.exists():
+        writable(path, force)
+    return path
+
+
+@export_app.command("c")
+def export_c_cmd(
+    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model from 'qtool calibrate'.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Directory to write the C sources into.")] = None,
+    name: Annotated[str | None, typer.Option(help="Prefix of every C identifier and file (default: the model's name).")] = None,
+    test_vectors: Annotated[bool, typer.Option("--test-vectors", help="Also write test vectors and a main() that checks them.")] = False,
+    data_path: Annotated[Path | None, typer.Option("--data", help="Take the test vectors' inputs from this data file (else random in the calibrated input range).")] = None,
+    vectors: Annotated[int, typer.Option(help="Number of test sequences.")] = 4,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Write C99 headers with the integer parameters and a portable integer-only GRU."""
+    import numpy as np
+
+    from exporters.c_export import c_name, export_c
+    from exporters.c_vectors import write_test_vectors
+    from qtool.fileio import atomic_dir, open_sequences
+    from qtool.qmodel import load_qmodel
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    output = _existing_dir(Path(need(output, "output directory", "--output")), force)
+    qm = load_qmodel(qmodel_path)
+    prefix = c_name(name or qm.model.name)
+    x = None
+    if test_vectors:
+        if data_path is not None:
+            data = open_sequences(data_path, dataset, time_first)
+            data.check_features(qm.model.input_size)
+            x = data.chunk(0, min(vectors, data.num_sequences))
+        else:
+            s = qm.cells[0][0].spec["x"]
+            rng = np.random.default_rng(0)
+            x = rng.uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
+    with atomic_dir(output) as tmp:
+        fp = export_c(qm, tmp, prefix)
+        if x is not None:
+            write_test_vectors(qm, tmp, prefix, x)
+    base = fp.int8_weight_bytes + fp.table_bytes
+    res = {"directory": str(output), "name": prefix, "flash_bytes": fp.flash_bytes,
+           "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
+           "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
+           "flash_vs_int8_weights_and_tables": fp.flash_bytes / base}
+    if as_json:
+        print(json.dumps(res))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"{prefix}: footprint")
+    t.add_column("what")
+    t.add_column("bytes", justify="right")
+    for k in ("weight_bytes", "bias_bytes", "table_bytes", "other_bytes", "flash_bytes", "ram_bytes"):
+        t.add_row(k.replace("_bytes", "").replace("other", "shifts, compensation, params"), f"{res[k]:,}")
+    out.print(t)
+    out.print(f"{fp.macs_per_step:,} multiply-accumulates per time step; flash is "
+              f"{100 * (res['flash_vs_int8_weights_and_tables'] - 1):.1f}% above the bare int8 weights "
+              f"plus tables ({base:,} bytes)")
+    out.print(f"wrote {prefix}.h, {prefix}.c, {prefix}_params.h, qgru.h, qgru.c"
+              + (f", {prefix}_test_vectors.h, {prefix}_test_main.c" if x is not None else "")
+              + f" -> {output}")
+
+
+@export_app.command("json")
+def export_json_cmd(
+    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The JSON file to write.")] = None,
+    force: Force = False,
+):
+    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON."""
+    from exporters.tables import write_json
+    from qtool.fileio import atomic_path
+    from qtool.qmodel import load_qmodel
+
+    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    output = writable(Path(need(output, "output JSON file", "--output")), force)
+    with atomic_path(output) as tmp:
+        write_json(qm, tmp)
+    out.print(f"parameter tables -> {output}")
+
+
+@export_app.command("h5")
+def export_h5_cmd(
+    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The HDF5 file to write.")] = None,
+    force: Force = False,
+):
+    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5."""
+    from exporters.tables import write_h5
+    from qtool.fileio import atomic_path
+    from qtool.qmodel import load_qmodel
+
+    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    output = writable(Path(need(output, "output HDF5 file", "--output")), force)
+    with atomic_path(output) as tmp:
+        write_h5(qm, tmp)
+    out.print(f"parameter tables -> {output}")
+
+
+@app.command()
+def verify(
+    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="The quantized model that was exported.")] = None,
+    export_dir: Annotated[Path | None, typer.Argument(metavar="DIR", help="The directory 'qtool export c' wrote.")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Sequences to run: .npy, .npz or .h5.")] = None,
+    name: Annotated[str | None, typer.Option(help="The --name given to 'qtool export c'.")] = None,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
+    as_json: JsonOpt = False,
+):
+    """Compile the exported C with the host compiler ($CC, default cc) and check that every output
+    integer of every time step, and every final state, equals the simulator's."""
+    from exporters.c_export import c_name
+    from exporters.c_verify import verify as run_verify
+    from qtool.fileio import open_sequences
+    from qtool.qmodel import load_qmodel
+
+    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    export_dir = Path(need(export_dir, "exported C directory", "DIR"))
+    if not export_dir.is_dir():
+        raise QtoolError(f"export directory not found: {export_dir}")
+    data = open_sequences(Path(need(data_path, "data file", "DATA")), dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = data.num_sequences if limit is None else min(limit, data.num_sequences)
+    res = run_verify(qm, export_dir, c_name(name or qm.model.name), data.chunk(0, n))
+    bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
+    if as_json:
+        print(json.dumps(res))
+    else:
+        out.print(f"{res['sequences']} sequences x {res['time_steps']} steps: "
+                  f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
+                  f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
+                  f"{res['dequantized_mismatches']} in the dequantized outputs")
+        out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not bad
+                  else "[red]FAIL[/]: the C code differs from the simulator")
+    if bad:
+        raise typer.Exit(1)
+
+
 @app.command()
 def version():
     """Print qtool's version."""

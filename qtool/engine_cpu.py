@@ -124,9 +124,10 @@ def quantize_input(qm: QuantModel, x: np.ndarray) -> np.ndarray:
 
 
 def run_int(qm: QuantModel, x: np.ndarray, traces: list | None = None,
-            runner=run_cell) -> np.ndarray:
+            finals: list | None = None, runner=run_cell) -> np.ndarray:
     """Integer GRU on batch-first float `x [N, T, C]`; returns the last layer's integer output
-    `[N, T, H * directions]`. `traces[l][d]` receives each direction's integer trace."""
+    `[N, T, H * directions]`. `traces[l][d]` receives each direction's integer trace;
+    `finals` receives each layer's and direction's final state `[N, H]`, in order."""
     seq = np.ascontiguousarray(quantize_input(qm, x).transpose(1, 0, 2))  # [T, N, C]
     for cells in qm.cells:
         outs, row = [], []
@@ -134,6 +135,8 @@ def run_int(qm: QuantModel, x: np.ndarray, traces: list | None = None,
             tr = {} if traces is not None else None
             inp = seq if d == 0 else np.ascontiguousarray(seq[::-1])
             qh = runner(cq, inp, tr)
+            if finals is not None:
+                finals.append(qh[-1])
             outs.append(qh if d == 0 else qh[::-1])
             if tr is not None:
                 tr["x"] = inp

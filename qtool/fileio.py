@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +148,29 @@ class SequenceData:
         n = self.num_sequences if limit is None else min(limit, self.num_sequences)
         for start in range(0, n, size):
             yield start, self.chunk(start, min(start + size, n))
+
+
+@contextlib.contextmanager
+def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory next to `dest`; it replaces `dest` only if the block succeeds."""
+    dest = Path(dest)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(f"cannot create output directory {parent}: {e.strerror}") from None
+    if dest.exists() and not dest.is_dir():
+        raise QtoolError(f"output path exists and is not a directory: {dest}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
+    try:
+        yield tmp
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=parent))
+            os.replace(dest, old / "d")
+            os.replace(tmp, dest)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

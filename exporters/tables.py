@@ -1,0 +1,58 @@
+"""`qtool export json|h5`: every tensor's bits, exp2_inv and zero point, and the shifts derived
+from them, for other toolchains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from qtool import __version__
+from qtool.model import DIRECTIONS, open_h5
+from qtool.qmodel import QuantModel
+from qtool.rescale import CHANNEL_ROWS, PARAMS
+from qtool.tensors import TENSORS
+
+
+def parameter_tables(qm: QuantModel) -> dict:
+    cells = []
+    for l, row in enumerate(qm.cells):
+        for d, cq in enumerate(row):
+            tensors = {}
+            for td in TENSORS:
+                s = cq.spec[td.name]
+                tensors[td.name] = {
+                    "bits": s.bits, "symmetric": s.symmetric, "per_channel": td.per_channel,
+                    "exp2_inv": np.asarray(s.exp2_inv).tolist(), "zp": s.zp,
+                    "range": [np.asarray(s.lo).tolist(), np.asarray(s.hi).tolist()],
+                }
+            cells.append({
+                "layer": l, "direction": DIRECTIONS[d], "tensors": tensors,
+                "shifts": {n: int(v) for n, v in zip(PARAMS, cq.P)},
+                "per_channel": {n: cq.CH[i].tolist() for i, n in enumerate(CHANNEL_ROWS)},
+                "lut_max_error_lsb": cq.lut_error,
+            })
+    return {"format": "qtool-params", "version": 1, "qtool_version": __version__,
+            "model": qm.model.name, "calibration": qm.info, "cells": cells}
+
+
+def write_json(qm: QuantModel, path: Path) -> None:
+    path.write_text(json.dumps(parameter_tables(qm), indent=1, default=str))
+
+
+def write_h5(qm: QuantModel, path: Path) -> None:
+    tables = parameter_tables(qm)
+    with open_h5(path, "w") as f:
+        f.attrs.update(format="qtool-params", version=1, qtool_version=__version__,
+                       model=qm.model.name)
+        for cell in tables["cells"]:
+            g = f.create_group(f"layer{cell['layer']}/{cell['direction']}")
+            for name, t in cell["tensors"].items():
+                tg = g.create_group(f"tensors/{name}")
+                tg.attrs.update(bits=t["bits"], symmetric=t["symmetric"], zp=t["zp"])
+                tg.create_dataset("exp2_inv", data=np.asarray(t["exp2_inv"], np.int32))
+            sg = g.create_group("shifts")
+            sg.attrs.update(cell["shifts"])
+            for name, values in cell["per_channel"].items():
+                g.create_dataset(f"per_channel/{name}", data=np.asarray(values, np.int64))
