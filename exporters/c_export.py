@@ -18,7 +18,7 @@ from qtool import __version__
 from qtool.errors import QtoolError
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
-from qtool.rescale import CHANNEL_ROWS, PARAMS
+from qtool.rescale import CHANNEL_ROWS
 from qtool.tensors import TENSORS
 
 RUNTIME = Path(__file__).parent / "c_runtime"
