@@ -170,10 +170,12 @@ def simulate(
     per_tensor: Annotated[bool, typer.Option(help="Report every tensor, not just the output.")] = True,
     batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 256,
     limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
+    backend: Annotated[str, typer.Option(help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
     force: Force = False,
     as_json: JsonOpt = False,
 ):
     """Run the integer GRU and the float GRU on the same data and report how far apart they are."""
+    from qtool.engine_cuda import select_backend
     from qtool.fileio import atomic_path, open_sequences
     from qtool.model import open_h5
     from qtool.qmodel import load_qmodel
@@ -186,11 +188,14 @@ def simulate(
         writable(save, force)
     if batch_size < 1:
         raise QtoolError("--batch-size must be at least 1")
+    runner, backend_label = select_backend(backend)
     qm = load_qmodel(qmodel_path)
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(qm.model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    sim = Simulation(qm, per_tensor)
+    if not as_json:
+        err.print(f"backend: {backend_label}", highlight=False)
+    sim = Simulation(qm, per_tensor, runner)
     t0 = time.perf_counter()
     with progress_bar() as bar, (atomic_path(save) if save else nullcontext()) as tmp:
         f = open_h5(tmp, "w") if save else None
@@ -211,7 +216,7 @@ def simulate(
             if f is not None:
                 f.close()
     res = sim.results()
-    res.update(samples=n, seconds=time.perf_counter() - t0, backend="cpu")
+    res.update(samples=n, seconds=time.perf_counter() - t0, backend=backend_label)
     if as_json:
         print(json.dumps(res))
         return

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.engine_cpu import run_int
+from qtool.engine_cpu import run_cell, run_int
 from qtool.fileio import SequenceData
 from qtool.float_gru import run_float
 from qtool.metrics import Distance, count_saturated
@@ -38,8 +38,9 @@ def tensor_key(l: int, d: int, name: str) -> str:
 class Simulation:
     """Accumulates distances over chunks; `results()` gives the report."""
 
-    def __init__(self, qm: QuantModel, per_tensor: bool = True):
+    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_cell):
         self.qm = qm
+        self.runner = runner
         self.per_tensor = per_tensor
         self.output = Distance()
         self.steps: list[Distance] = []
@@ -63,7 +64,7 @@ class Simulation:
         ftr: list | None = [] if self.per_tensor else None
         itr: list | None = [] if self.per_tensor else None
         y_float = run_float(self.qm.model, x, ftr)
-        y_int = run_int(self.qm, x, itr)
+        y_int = run_int(self.qm, x, itr, runner=self.runner)
         s = self.qm.cells[-1][0].spec["h"]
         y_q = dequantize(y_int, s.exp2_inv, s.zp).astype(np.float32)
         self.output.add(y_q, y_float, count_saturated(y_int, s.bits))
@@ -98,10 +99,11 @@ class Simulation:
 
 
 def simulate(qm: QuantModel, data: SequenceData, chunk: int = 256, per_tensor: bool = True,
-             limit: int | None = None, on_chunk: Callable | None = None) -> Simulation:
+             limit: int | None = None, on_chunk: Callable | None = None,
+             runner=run_cell) -> Simulation:
     """Run the whole data set in chunks; `on_chunk(start, y_float, y_q, y_int)` sees each."""
     data.check_features(qm.model.input_size)
-    sim = Simulation(qm, per_tensor)
+    sim = Simulation(qm, per_tensor, runner)
     for start, x in data.chunks(chunk, limit):
         outs = sim.run_chunk(x)
         if on_chunk:

@@ -1,5 +1,11 @@
 import importlib.util
+import os
 from pathlib import Path
+
+# CUDA kernels run under numba's simulator unless a real GPU is asked for; set before numba.cuda
+# is imported anywhere.
+if os.environ.get("QTOOL_TEST_REAL_GPU") != "1":
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 import numpy as np
 import pytest

@@ -1,0 +1,74 @@
+"""The numba.cuda engine equals the CPU engine, every element of every tensor of every step.
+Runs under numba's CUDA simulator (small shapes) unless QTOOL_TEST_REAL_GPU=1."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import SAMPLES, calibrated, has, random_model
+from test_integer_gru import mixed_config
+
+from qtool.engine_cpu import run_int
+from qtool.engine_cuda import run_cell_cuda, select_backend
+
+
+@pytest.mark.parametrize("preset", ["int8", "w8a16", "int16", "mixed"])
+@pytest.mark.parametrize("layers,dirs", [(1, 1), (2, 2)])
+def test_cuda_equals_cpu_every_tensor(preset, layers, dirs):
+    model = random_model(C=5, H=4, layers=layers, dirs=dirs, seed=layers + dirs)
+    rng = np.random.RandomState(11)
+    qm = calibrated(model, rng.randn(8, 6, 5).astype(np.float32),
+                    "int8" if preset == "mixed" else preset,
+                    config=mixed_config() if preset == "mixed" else None)
+    x = rng.randn(3, 4, 5).astype(np.float32) * 1.3
+    tr_cpu, tr_gpu, f_cpu, f_gpu = [], [], [], []
+    y_cpu = run_int(qm, x, tr_cpu, f_cpu)
+    y_gpu = run_int(qm, x, tr_gpu, f_gpu, runner=run_cell_cuda)
+    assert np.array_equal(y_cpu, y_gpu)
+    for a, b in zip(f_cpu, f_gpu):
+        assert np.array_equal(a, b)
+    for l in range(layers):
+        for d in range(dirs):
+            for key in ("x", "Wx", "cell"):
+                mismatches = np.count_nonzero(tr_cpu[l][d][key] != tr_gpu[l][d][key])
+                assert mismatches == 0, (l, d, key)
+
+
+def test_backend_selection_under_simulator():
+    runner, label = select_backend("auto")
+    assert label.startswith("cpu") and "simulator" in label  # auto never picks the simulator
+    runner, label = select_backend("cuda")
+    assert runner is run_cell_cuda and "simulator" in label
+
+
+@pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+def test_cli_simulate_cuda_matches_cpu(cli, tmp_path):
+    q = tmp_path / "q.h5"
+    assert cli("calibrate", SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", "-o", q)[0] == 0
+    outs = {}
+    for backend in ("cpu", "cuda"):
+        code, out, err = cli("simulate", q, SAMPLES / "test.npy", "--limit", "2", "--backend", backend,
+                             "--json", "--no-per-tensor", "--save", tmp_path / f"{backend}.h5")
+        assert code == 0, err
+        outs[backend] = json.loads(out)
+    assert outs["cuda"]["backend"].startswith("cuda")
+    import h5py
+
+    with h5py.File(tmp_path / "cpu.h5") as a, h5py.File(tmp_path / "cuda.h5") as b:
+        assert np.array_equal(a["quant/y_int"][()], b["quant/y_int"][()])
+
+
+@pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+def test_cuda_without_gpu_is_a_clear_error(tmp_path):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    res = subprocess.run([sys.executable, "-m", "qtool.cli", "simulate", str(tmp_path / "q.h5"),
+                          str(SAMPLES / "test.npy"), "--backend", "cuda"],
+                         capture_output=True, text=True, env=env)
+    from qtool.engine_cuda import cuda_usable
+
+    if cuda_usable()[0]:
+        pytest.skip("a GPU is present")
+    assert res.returncode == 2 and "no usable GPU" in res.stderr and "Traceback" not in res.stderr
