@@ -193,8 +193,6 @@ def simulate(
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(qm.model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    if not as_json:
-        err.print(f"backend: {backend_label}", highlight=False)
     sim = Simulation(qm, per_tensor, runner)
     t0 = time.perf_counter()
     with progress_bar() as bar, (atomic_path(save) if save else nullcontext()) as tmp:
@@ -220,7 +218,7 @@ def simulate(
     if as_json:
         print(json.dumps(res))
         return
-    out.print(distance_table(res, f"integer vs float on {n} sequences ({data_path.name})"))
+    out.print(distance_table(res, f"integer ({backend_label}) vs float on {n} sequences ({data_path.name})"))
     snr = res["per_step_snr_db"]
     out.print(f"output SNR by time step: first {snr[0]:.2f} dB, middle {snr[len(snr) // 2]:.2f} dB, "
               f"last {snr[-1]:.2f} dB")
