@@ -1,7 +1,9 @@
 """Throughput of qtool's integer engine and float reference against PyTorch's float nn.GRU on the
-same CPU and shapes. A benchmark, not a test: run it and copy the table into the README.
+same machine and shapes. A benchmark, not a test: run it and copy the table into the README.
 
     python benchmarks/bench_simulate.py [--T 100 --N 64 --C 64 --H 256 --repeat 5]
+    python benchmarks/bench_simulate.py --cuda --T 100 --N 256 --C 256 --H 512   # GPU vs cuDNN
+    python benchmarks/bench_simulate.py --cuda --T 100 --N 1 --C 256 --H 512     # streaming
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     for k, v in (("T", 100), ("N", 64), ("C", 64), ("H", 256), ("repeat", 5)):
         ap.add_argument(f"--{k}", type=int, default=v)
+    ap.add_argument("--cuda", action="store_true", help="time the numba.cuda engine against cuDNN")
     a = ap.parse_args()
+    if a.cuda:
+        return bench_cuda(a)
     rng = np.random.RandomState(0)
     s = 1 / np.sqrt(a.H)
     cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
@@ -69,6 +74,42 @@ def main() -> None:
     for name, sec in rows:
         ratio = f"{torch_s / sec:.2f}x" if torch_s else "-"
         print(f"{name:<52} {sec:9.4f} {steps / sec:12.0f} {ratio:>9}")
+
+
+def bench_cuda(a) -> None:
+    import torch
+    from numba import cuda
+
+    from qtool.engine_cuda import run_cell_cuda
+
+    rng = np.random.RandomState(0)
+    s = 1 / np.sqrt(a.H)
+    cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
+                   rng.uniform(-s, s, 3 * a.H), rng.uniform(-s, s, 3 * a.H))
+    model = GruModel([[cell]])
+    x = rng.randn(a.N, a.T, a.C).astype(np.float32)
+    steps = a.N * a.T
+    print(f"shape T={a.T} N={a.N} C={a.C} H={a.H}; GPU {cuda.get_current_device().name}")
+    rows = []
+    for preset in ("int8", "w8a16", "int16"):
+        obs = new_observers(model, "minmax")
+        observe_batch(model, x[: min(a.N, 32)], obs)
+        qm = build_quant_model(model, obs, preset_config(preset), {})
+        rows.append((f"qtool CUDA integer engine, {preset} (incl. copies)",
+                     best_of(lambda qm=qm: run_int(qm, x, runner=run_cell_cuda), a.repeat)))
+    gru = torch.nn.GRU(a.C, a.H, batch_first=True).cuda()
+    xt = torch.from_numpy(x).cuda()
+
+    def torch_run():
+        with torch.no_grad():
+            gru(xt)
+        torch.cuda.synchronize()
+
+    torch_s = best_of(torch_run, a.repeat)
+    rows.append((f"PyTorch {torch.__version__} nn.GRU float32 cuDNN", torch_s))
+    print(f"{'engine':<52} {'seconds':>9} {'seq*steps/s':>12} {'vs cuDNN':>9}")
+    for name, sec in rows:
+        print(f"{name:<52} {sec:9.4f} {steps / sec:12.0f} {torch_s / sec:8.2f}x")
 
 
 if __name__ == "__main__":
