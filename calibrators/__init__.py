@@ -7,19 +7,25 @@ from __future__ import annotations
 from calibrators.base import Observer
 from calibrators.ema import EmaObserver
 from calibrators.minmax import MinMaxObserver
+from calibrators.percentile import DEFAULT_PERCENTILE, PercentileObserver
 
-METHODS = {"minmax": MinMaxObserver, "ema": EmaObserver}
+METHODS = {"minmax": MinMaxObserver, "ema": EmaObserver, "percentile": PercentileObserver}
+# Sigmoid/tanh outputs are bounded; clipping them only saturates gates, so they keep min/max.
+GATE_OUTPUTS = ("z_out", "r_out", "g_out")
 
 
-def make_observer(method: str, tensor: str) -> Observer:
-    """An observer for one tensor. The seed's EMA applies to x and h; other tensors use min/max."""
+def make_observer(method: str, tensor: str, percentile: float = DEFAULT_PERCENTILE) -> Observer:
+    """An observer for one tensor. The seed's EMA applies to x and h; the gate outputs always use
+    min/max; everything else uses the chosen method."""
     if method not in METHODS:
         from qtool.errors import QtoolError
 
         raise QtoolError(f"unknown calibration method '{method}' (use one of {', '.join(METHODS)})")
-    if method == "ema" and tensor not in ("x", "h"):
+    if (method == "ema" and tensor not in ("x", "h")) or tensor in GATE_OUTPUTS:
         return MinMaxObserver()
+    if method == "percentile":
+        return PercentileObserver(percentile)
     return METHODS[method]()
 
 
-__all__ = ["Observer", "MinMaxObserver", "EmaObserver", "METHODS", "make_observer"]
+__all__ = ["Observer", "MinMaxObserver", "EmaObserver", "PercentileObserver", "METHODS", "make_observer"]

@@ -26,8 +26,9 @@ from qtool.tensors import TensorConfig
 Observers = list[list[dict[str, Observer]]]
 
 
-def new_observers(model: GruModel, method: str) -> Observers:
-    return [[{n: make_observer(method, n) for n in TRACED} for _ in cells] for cells in model.layers]
+def new_observers(model: GruModel, method: str, **options) -> Observers:
+    return [[{n: make_observer(method, n, **options) for n in TRACED} for _ in cells]
+            for cells in model.layers]
 
 
 def observe_batch(model: GruModel, x: np.ndarray, obs: Observers) -> None:

@@ -107,7 +107,8 @@ def calibrate(
     model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The quantized model file to write (.h5).")] = None,
-    method: Annotated[str, typer.Option(help="Range method: minmax (running union) or ema (the seed's per-step EMA on x and h).")] = "minmax",
+    method: Annotated[str, typer.Option(help="Range method: minmax (running union), ema (the seed's per-step EMA on x and h) or percentile.")] = "minmax",
+    percentile: Annotated[float, typer.Option(help="With --method percentile: the share of values kept, two-sided.")] = 99.99,
     bits: Annotated[str, typer.Option(help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
@@ -132,12 +133,14 @@ def calibrate(
         raise QtoolError(f"unknown method '{method}' (use one of {', '.join(METHODS)})")
     if batch_size < 1:
         raise QtoolError("--batch-size must be at least 1")
+    if not 50.0 < percentile <= 100.0:
+        raise QtoolError("--percentile must be in (50, 100]")
     label, config = load_bits(bits)
     model = load_any_model(model_path)
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    obs = new_observers(model, method)
+    obs = new_observers(model, method, **({"percentile": percentile} if method == "percentile" else {}))
     t0 = time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task("calibrating", total=n, rate="")
@@ -145,7 +148,7 @@ def calibrate(
             observe_batch(model, x, obs)
             done = start + len(x)
             bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
-    info = {"method": method, "bits": label, "data_file": data_path.name, "samples": n,
+    info = {"method": method if method != "percentile" else f"percentile {percentile:g}", "bits": label, "data_file": data_path.name, "samples": n,
             "time_steps": data.shape[1]}
     qm = build_quant_model(model, obs, config, info)
     with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
