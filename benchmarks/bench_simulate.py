@@ -32,6 +32,15 @@ def best_of(fn, repeat: int) -> float:
     return min(times)
 
 
+def make_case(a):
+    """A random one-layer GRU with PyTorch's initialisation range, and random inputs."""
+    rng = np.random.RandomState(0)
+    s = 1 / np.sqrt(a.H)
+    cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
+                   rng.uniform(-s, s, 3 * a.H), rng.uniform(-s, s, 3 * a.H))
+    return GruModel([[cell]]), rng.randn(a.N, a.T, a.C).astype(np.float32)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     for k, v in (("T", 100), ("N", 64), ("C", 64), ("H", 256), ("repeat", 5)):
@@ -40,12 +49,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.cuda:
         return bench_cuda(a)
-    rng = np.random.RandomState(0)
-    s = 1 / np.sqrt(a.H)
-    cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
-                   rng.uniform(-s, s, 3 * a.H), rng.uniform(-s, s, 3 * a.H))
-    model = GruModel([[cell]])
-    x = rng.randn(a.N, a.T, a.C).astype(np.float32)
+    model, x = make_case(a)
     steps = a.N * a.T
     print(f"shape T={a.T} N={a.N} C={a.C} H={a.H}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; best of {a.repeat}")
@@ -82,12 +86,7 @@ def bench_cuda(a) -> None:
 
     from qtool.engine_cuda import run_cell_cuda
 
-    rng = np.random.RandomState(0)
-    s = 1 / np.sqrt(a.H)
-    cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
-                   rng.uniform(-s, s, 3 * a.H), rng.uniform(-s, s, 3 * a.H))
-    model = GruModel([[cell]])
-    x = rng.randn(a.N, a.T, a.C).astype(np.float32)
+    model, x = make_case(a)
     steps = a.N * a.T
     print(f"shape T={a.T} N={a.N} C={a.C} H={a.H}; GPU {cuda.get_current_device().name}")
     rows = []

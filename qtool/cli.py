@@ -336,6 +336,18 @@ def export_c_cmd(
               + f" -> {output}")
 
 
+def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:
+    from exporters.tables import write_h5, write_json
+    from qtool.fileio import atomic_path
+    from qtool.qmodel import load_qmodel
+
+    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    output = writable(Path(need(output, f"output {kind} file", "--output")), force)
+    with atomic_path(output) as tmp:
+        (write_json if kind == "JSON" else write_h5)(qm, tmp)
+    out.print(f"parameter tables -> {output}")
+
+
 @export_app.command("json")
 def export_json_cmd(
     qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model.")] = None,
@@ -343,15 +355,7 @@ def export_json_cmd(
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON."""
-    from exporters.tables import write_json
-    from qtool.fileio import atomic_path
-    from qtool.qmodel import load_qmodel
-
-    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
-    output = writable(Path(need(output, "output JSON file", "--output")), force)
-    with atomic_path(output) as tmp:
-        write_json(qm, tmp)
-    out.print(f"parameter tables -> {output}")
+    _export_tables(qmodel_path, output, force, "JSON")
 
 
 @export_app.command("h5")
@@ -361,15 +365,7 @@ def export_h5_cmd(
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5."""
-    from exporters.tables import write_h5
-    from qtool.fileio import atomic_path
-    from qtool.qmodel import load_qmodel
-
-    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
-    output = writable(Path(need(output, "output HDF5 file", "--output")), force)
-    with atomic_path(output) as tmp:
-        write_h5(qm, tmp)
-    out.print(f"parameter tables -> {output}")
+    _export_tables(qmodel_path, output, force, "HDF5")
 
 
 @app.command()

@@ -14,6 +14,15 @@ import numpy as np
 from qtool.errors import QtoolError
 
 
+def _ensure_parent(dest: Path) -> Path:
+    parent = dest.parent if str(dest.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(f"cannot create output directory {parent}: {e.strerror}") from None
+    return parent
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds.
@@ -21,11 +30,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     A failure anywhere leaves neither a partial file nor the temporary behind.
     """
     dest = Path(dest)
-    parent = dest.parent if str(dest.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise QtoolError(f"cannot create output directory {parent}: {e.strerror}") from None
+    parent = _ensure_parent(dest)
     if dest.is_dir():
         raise QtoolError(f"output path is a directory: {dest}")
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
@@ -154,11 +159,7 @@ class SequenceData:
 def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory next to `dest`; it replaces `dest` only if the block succeeds."""
     dest = Path(dest)
-    parent = dest.parent if str(dest.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise QtoolError(f"cannot create output directory {parent}: {e.strerror}") from None
+    parent = _ensure_parent(dest)
     if dest.exists() and not dest.is_dir():
         raise QtoolError(f"output path exists and is not a directory: {dest}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
