@@ -41,6 +41,13 @@ def make_case(a):
     return GruModel([[cell]]), rng.randn(a.N, a.T, a.C).astype(np.float32)
 
 
+def quantized(model, x, preset: str):
+    """Calibrate on (up to) the first 32 sequences with min/max."""
+    obs = new_observers(model, "minmax")
+    observe_batch(model, x[:32], obs)
+    return build_quant_model(model, obs, preset_config(preset), {})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     for k, v in (("T", 100), ("N", 64), ("C", 64), ("H", 256), ("repeat", 5)):
@@ -55,9 +62,7 @@ def main() -> None:
           f"{os.cpu_count()} CPUs; best of {a.repeat}")
     rows = [("qtool float reference (numpy)", best_of(lambda: run_float(model, x), a.repeat))]
     for preset in ("int8", "w8a16", "int16"):
-        obs = new_observers(model, "minmax")
-        observe_batch(model, x[: min(a.N, 32)], obs)
-        qm = build_quant_model(model, obs, preset_config(preset), {})
+        qm = quantized(model, x, preset)
         rows.append((f"qtool integer engine, {preset}", best_of(lambda qm=qm: run_int(qm, x), a.repeat)))
     try:
         import torch
@@ -91,9 +96,7 @@ def bench_cuda(a) -> None:
     print(f"shape T={a.T} N={a.N} C={a.C} H={a.H}; GPU {cuda.get_current_device().name}")
     rows = []
     for preset in ("int8", "w8a16", "int16"):
-        obs = new_observers(model, "minmax")
-        observe_batch(model, x[: min(a.N, 32)], obs)
-        qm = build_quant_model(model, obs, preset_config(preset), {})
+        qm = quantized(model, x, preset)
         rows.append((f"qtool CUDA integer engine, {preset} (incl. copies)",
                      best_of(lambda qm=qm: run_int(qm, x, runner=run_cell_cuda), a.repeat)))
     gru = torch.nn.GRU(a.C, a.H, batch_first=True).cuda()

@@ -43,19 +43,17 @@ def observe_batch(model: GruModel, x: np.ndarray, obs: Observers) -> None:
                 obs[l][d][name].observe(values)
 
 
-def merge_observers(a: Observers, b: Observers) -> Observers:
-    return [[{n: da[n].merge(db[n]) for n in da} for da, db in zip(la, lb)] for la, lb in zip(a, b)]
-
-
 def collect(model: GruModel, data: SequenceData, method: str, chunk: int = 64,
-            limit: int | None = None, progress: Callable[[int], None] | None = None) -> Observers:
-    """Observe the float GRU over the data, streamed in chunks of `chunk` sequences."""
+            limit: int | None = None, progress: Callable[[int], None] | None = None,
+            **options) -> Observers:
+    """Observe the float GRU over the data, streamed in chunks of `chunk` sequences;
+    `progress(done)` sees the number of sequences observed so far."""
     data.check_features(model.input_size)
-    obs = new_observers(model, method)
-    for _, x in data.chunks(chunk, limit):
+    obs = new_observers(model, method, **options)
+    for start, x in data.chunks(chunk, limit):
         observe_batch(model, x, obs)
         if progress:
-            progress(len(x))
+            progress(start + len(x))
     return obs
 
 

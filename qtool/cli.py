@@ -119,7 +119,7 @@ def calibrate(
 ):
     """Observe every tensor of the GRU on calibration data and write the quantized model."""
     from calibrators import METHODS
-    from qtool.calibrate import build_quant_model, new_observers, observe_batch
+    from qtool.calibrate import build_quant_model, collect
     from qtool.fileio import atomic_path, open_sequences
     from qtool.model import open_h5
     from qtool.qmodel import write_qmodel
@@ -140,14 +140,12 @@ def calibrate(
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    obs = new_observers(model, method, **({"percentile": percentile} if method == "percentile" else {}))
+    options = {"percentile": percentile} if method == "percentile" else {}
     t0 = time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task("calibrating", total=n, rate="")
-        for start, x in data.chunks(batch_size, n):
-            observe_batch(model, x, obs)
-            done = start + len(x)
-            bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
+        obs = collect(model, data, method, batch_size, n, progress=lambda done: bar.update(
+            task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"), **options)
     info = {"method": method if method != "percentile" else f"percentile {percentile:g}", "bits": label, "data_file": data_path.name, "samples": n,
             "time_steps": data.shape[1]}
     qm = build_quant_model(model, obs, config, info)
@@ -183,7 +181,7 @@ def simulate(
     from qtool.model import open_h5
     from qtool.qmodel import load_qmodel
     from qtool.report import distance_table
-    from qtool.simulate import Simulation
+    from qtool.simulate import simulate as run_simulation
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
@@ -196,23 +194,22 @@ def simulate(
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(qm.model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    sim = Simulation(qm, per_tensor, runner)
     t0 = time.perf_counter()
     with progress_bar() as bar, (atomic_path(save) if save else nullcontext()) as tmp:
         f = open_h5(tmp, "w") if save else None
         try:
-            if f is not None:
-                shape = (n, data.shape[1], qm.model.output_size)
-                ds = {k: f.create_dataset(k, shape, dtype=dt) for k, dt in
-                      (("float/y", "f4"), ("quant/y", "f4"), ("quant/y_int", "i4"))}
+            shape = (n, data.shape[1], qm.model.output_size)
+            ds = [] if f is None else [f.create_dataset(k, shape, dtype=dt) for k, dt in
+                                       (("float/y", "f4"), ("quant/y", "f4"), ("quant/y_int", "i4"))]
             task = bar.add_task("simulating", total=n, rate="")
-            for start, x in data.chunks(batch_size, n):
-                outs = sim.run_chunk(x)
-                if f is not None:
-                    for d, v in zip(ds.values(), outs):
-                        d[start:start + len(x)] = v
-                done = start + len(x)
+
+            def on_chunk(start, *outs):
+                for d, v in zip(ds, outs):
+                    d[start:start + len(v)] = v
+                done = start + len(outs[0])
                 bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
+
+            sim = run_simulation(qm, data, batch_size, per_tensor, n, on_chunk, runner)
         finally:
             if f is not None:
                 f.close()
