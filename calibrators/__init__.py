@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from calibrators.base import Observer
 from calibrators.ema import EmaObserver
+from calibrators.kl import KlObserver
 from calibrators.minmax import MinMaxObserver
+from calibrators.mse import MseObserver
 from calibrators.percentile import DEFAULT_PERCENTILE, PercentileObserver
 
-METHODS = {"minmax": MinMaxObserver, "ema": EmaObserver, "percentile": PercentileObserver}
+METHODS = {"minmax": MinMaxObserver, "ema": EmaObserver, "percentile": PercentileObserver,
+           "mse": MseObserver, "kl": KlObserver}
 # Sigmoid/tanh outputs are bounded; clipping them only saturates gates, so they keep min/max.
 GATE_OUTPUTS = ("z_out", "r_out", "g_out")
 
@@ -28,4 +31,5 @@ def make_observer(method: str, tensor: str, percentile: float = DEFAULT_PERCENTI
     return METHODS[method]()
 
 
-__all__ = ["Observer", "MinMaxObserver", "EmaObserver", "PercentileObserver", "METHODS", "make_observer"]
+__all__ = ["Observer", "MinMaxObserver", "EmaObserver", "PercentileObserver", "MseObserver", "KlObserver",
+           "METHODS", "make_observer"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import numpy as np
 
 from qtool.qparams import choose_qparams
+
+NO_BOUND = (-math.inf, math.inf)
 
 
 class Observer(ABC):
@@ -24,10 +27,12 @@ class Observer(ABC):
     def range(self) -> tuple[float, float]:
         """The calibrated range [lo, hi]."""
 
-    def compute_params(self, bits: int, symmetric: bool) -> tuple[int, int]:
-        """(exp2_inv, zp) for this tensor. Methods that search over scales override this."""
+    def compute_params(self, bits: int, symmetric: bool, bound: tuple[float, float] = NO_BOUND
+                       ) -> tuple[int, int]:
+        """(exp2_inv, zp) for this tensor. Values beyond `bound` may be clipped for free (the
+        LUTs saturate there). Methods that search over scales override this."""
         lo, hi = self.range()
-        return choose_qparams(lo, hi, bits, symmetric)
+        return choose_qparams(max(lo, bound[0]), min(hi, bound[1]), bits, symmetric)
 
     @property
     def empty(self) -> bool:

@@ -4,9 +4,30 @@ not depend on batch order; only the bin width (the resolution) adapts to the dat
 
 from __future__ import annotations
 
+import copy
+
+import numba as nb
 import numpy as np
 
-MAX_BINS = 4096
+from calibrators.base import Observer
+
+MAX_BINS = 8192  # the resolution of TVM's 8001-bin KL histogram
+
+
+@nb.njit(cache=True)
+def _min_max(v: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.inf, -np.inf
+    for x in v:
+        lo = min(lo, x)
+        hi = max(hi, x)
+    return lo, hi
+
+
+@nb.njit(cache=True)
+def _bin_counts(v: np.ndarray, inv_width: float, start: int, counts: np.ndarray) -> None:
+    """counts[floor(x / 2^w) - start] += 1; inv_width = 2^-w makes the division exact."""
+    for x in v:
+        counts[int(np.floor(x * inv_width)) - start] += 1
 
 
 class Histogram:
@@ -14,6 +35,7 @@ class Histogram:
         self.w = width_exp  # bin width 2^w; None until the first value
         self.start = 0      # index of counts[0] on the grid: bin i covers [i, i+1) * 2^w
         self.counts = np.zeros(0, np.int64)
+        self.lo, self.hi = np.inf, -np.inf  # exact extremes, kept beside the bins
 
     @property
     def total(self) -> int:
@@ -40,16 +62,21 @@ class Histogram:
         return w
 
     def add(self, values: np.ndarray) -> None:
-        v = np.asarray(values, np.float64).ravel()
+        v = np.ascontiguousarray(values).ravel()
         if v.size == 0:
             return
-        lo, hi = float(v.min()), float(v.max())
+        vlo, vhi = (float(a) for a in _min_max(v))
+        self.lo, self.hi = min(self.lo, vlo), max(self.hi, vhi)
+        lo, hi = vlo, vhi
         if self.counts.size:
             lo = min(lo, self.start * 2.0**self.w)
             hi = max(hi, (self.start + self.counts.size) * 2.0**self.w)
         self._coarsen(self._span_exp(lo, hi) if self.w is None else max(self.w, self._span_exp(lo, hi)))
-        idx = np.floor(v / 2.0**self.w).astype(np.int64)
-        self._add_counts(int(idx.min()), np.bincount(idx - idx.min()))
+        inv = 2.0**-self.w
+        start = int(np.floor(vlo * inv))
+        counts = np.zeros(int(np.floor(vhi * inv)) - start + 1, np.int64)
+        _bin_counts(v, inv, start, counts)
+        self._add_counts(start, counts)
 
     def _add_counts(self, start: int, counts: np.ndarray) -> None:
         if self.counts.size == 0:
@@ -77,6 +104,7 @@ class Histogram:
             c._coarsen(w)
             out.w = w
             out._add_counts(c.start, c.counts)
+        out.lo, out.hi = min(self.lo, other.lo), max(self.hi, other.hi)
         return out
 
     def edges(self) -> np.ndarray:
@@ -92,3 +120,37 @@ class Histogram:
         frac = (target - before) / self.counts[i] if self.counts[i] else 0.0
         e = self.edges()
         return float(e[i] + frac * (e[i + 1] - e[i]))
+
+
+class HistogramObserver(Observer):
+    """Base of the histogram methods: observing and merging are the histogram's (exact, order
+    free); subclasses only choose parameters from the counts."""
+
+    def __init__(self) -> None:
+        self.hist = Histogram()
+
+    def observe(self, values: np.ndarray) -> None:
+        self.hist.add(values)
+
+    def merge(self, other: Observer) -> Observer:
+        out = copy.copy(self)
+        out.hist = self.hist.merge(other.hist)
+        return out
+
+    def range(self) -> tuple[float, float]:
+        return (0.0, 0.0) if self.empty else (self.hist.lo, self.hist.hi)
+
+    @property
+    def empty(self) -> bool:
+        return self.hist.counts.size == 0
+
+    def clamped(self, bound: tuple[float, float]) -> tuple[np.ndarray, int, float, float]:
+        """(counts as float64, start, lo, hi) with the mass beyond `bound` moved into the bins at
+        the bound: values the LUTs saturate anyway cost nothing wherever they are clipped."""
+        h = self.hist
+        counts = h.counts.astype(np.float64)
+        lo, hi = max(h.lo, bound[0]), min(h.hi, bound[1])
+        i0, i1 = np.clip(np.floor(np.array([lo, hi]) / 2.0**h.w).astype(np.int64) - h.start, 0, counts.size - 1)
+        counts[i0] += counts[:i0].sum()
+        counts[i1] += counts[i1 + 1:].sum()
+        return counts[i0:i1 + 1], h.start + int(i0), lo, hi

@@ -1,34 +1,82 @@
 """Calibration: run the float GRU over data, observe every tensor of the seed's table, and turn
-the ranges into a QuantModel (scales, zero points, integer weights, tables, shifts).
+the observations into a QuantModel (scales, zero points, integer weights, tables, shifts).
 
 Ties that keep the integer program free of extra requantization:
-- h is shared by both directions of a layer (one range over both);
+- h is shared by both directions of a layer (one observer over both);
 - the input x of layer l > 0 is the h of layer l - 1, so its integers pass through unchanged;
 - z_out's range is widened to also hold 1 - z, because (1 - z) reuses z_out's parameters.
+
+The LUT-fed pre-activations (z_pre, r_pre, g_pre) are bounded where sigmoid/tanh saturate on the
+output grid: beyond that bound every input gives the same output integer, so clipping there is
+free whatever the method (docs/calibration.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibrators import Observer, make_observer
+from calibrators import DEFAULT_PERCENTILE, Observer, make_observer
+from calibrators.base import NO_BOUND
 from qtool.fileio import SequenceData
 from qtool.float_gru import TRACED, run_float
 from qtool.lut import build_lut
 from qtool.model import GruCell, GruModel
 from qtool.qmodel import CellQuant, QuantModel, TensorQ
-from qtool.qparams import choose_qparams, choose_qparams_per_channel, quantize
+from qtool.qparams import choose_qparams, grid_range, qrange, quantize
 from qtool.rescale import derive
-from qtool.tensors import TensorConfig
+from qtool.tensors import TENSORS, TensorConfig
 
 Observers = list[list[dict[str, Observer]]]
+GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
+         ("lut_g", "tanh", "g_pre", "g_out"))
+INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0), "tanh": (math.atanh, -1.0)}
 
 
-def new_observers(model: GruModel, method: str, **options) -> Observers:
-    return [[{n: make_observer(method, n, **options) for n in TRACED} for _ in cells]
-            for cells in model.layers]
+@dataclass
+class MethodPlan:
+    """The calibration method of every tensor: a config file's per-tensor `method`, else
+    `weights` for W and R, else `activations`. Biases (32-bit) keep min/max."""
+
+    activations: str = "minmax"
+    weights: str = "minmax"
+    percentile: float = DEFAULT_PERCENTILE
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: dict[str, TensorConfig], activations: str = "minmax",
+                    weights: str = "minmax", percentile: float = DEFAULT_PERCENTILE) -> MethodPlan:
+        return cls(activations, weights, percentile, {n: c.method for n, c in config.items() if c.method})
+
+    def method(self, name: str) -> str:
+        kind = next(t.kind for t in TENSORS if t.name == name)
+        default = {"bias": "minmax", "weight": self.weights}.get(kind, self.activations)
+        return self.overrides.get(name, default)
+
+    def observer(self, name: str) -> Observer:
+        return make_observer(self.method(name), name, self.percentile)
+
+    def label(self) -> str:
+        def one(m: str) -> str:
+            return f"percentile {self.percentile:g}" if m == "percentile" else m
+        text = one(self.activations)
+        if self.weights != "minmax":
+            text += f", weights {one(self.weights)}"
+        if self.overrides:
+            text += ", " + ", ".join(f"{n} {one(m)}" for n, m in sorted(self.overrides.items()))
+        return text
+
+
+def as_plan(plan: MethodPlan | str | None) -> MethodPlan:
+    return plan if isinstance(plan, MethodPlan) else MethodPlan(plan or "minmax")
+
+
+def new_observers(model: GruModel, plan: MethodPlan | str) -> Observers:
+    plan = as_plan(plan)
+    return [[{n: plan.observer(n) for n in TRACED} for _ in cells] for cells in model.layers]
 
 
 def observe_batch(model: GruModel, x: np.ndarray, obs: Observers) -> None:
@@ -43,13 +91,12 @@ def observe_batch(model: GruModel, x: np.ndarray, obs: Observers) -> None:
                 obs[l][d][name].observe(values)
 
 
-def collect(model: GruModel, data: SequenceData, method: str, chunk: int = 64,
-            limit: int | None = None, progress: Callable[[int], None] | None = None,
-            **options) -> Observers:
+def collect(model: GruModel, data: SequenceData, plan: MethodPlan | str, chunk: int = 64,
+            limit: int | None = None, progress: Callable[[int], None] | None = None) -> Observers:
     """Observe the float GRU over the data, streamed in chunks of `chunk` sequences;
     `progress(done)` sees the number of sequences observed so far."""
     data.check_features(model.input_size)
-    obs = new_observers(model, method, **options)
+    obs = new_observers(model, plan)
     for start, x in data.chunks(chunk, limit):
         observe_batch(model, x, obs)
         if progress:
@@ -57,64 +104,98 @@ def collect(model: GruModel, data: SequenceData, method: str, chunk: int = 64,
     return obs
 
 
-def _activation_range(obs: Observers, l: int, d: int, name: str) -> tuple[float, float]:
-    dirs = obs[l]
+def _observer(obs: Observers, l: int, d: int, name: str) -> Observer:
+    """The observer whose statistics set a tensor's parameters, after the ties."""
     if name == "x" and l > 0:
-        return _activation_range(obs, l - 1, 0, "h")
-    if name == "h":  # one range for both directions
-        merged = dirs[0]["h"]
-        for other in dirs[1:]:
+        return _observer(obs, l - 1, 0, "h")
+    if name == "h":
+        merged = obs[l][0]["h"]
+        for other in obs[l][1:]:
             merged = merged.merge(other["h"])
-        return merged.range()
-    if name == "x":
-        return dirs[0]["x"].range()
-    lo, hi = dirs[d][name].range()
-    if name == "z_out":  # 1 - z must fit the same grid
-        lo, hi = min(lo, 1.0 - hi), max(hi, 1.0 - lo)
-    return lo, hi
+        return merged
+    return obs[l][0 if name == "x" else d][name]
 
 
-def _per_channel(values: np.ndarray, cfg: TensorConfig) -> tuple[TensorQ, np.ndarray]:
+def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND) -> TensorQ:
+    """Parameters from the observer; the recorded range is the part of its range the grid keeps."""
+    if o.empty:
+        e, zp = choose_qparams(0.0, 0.0, cfg.bits, cfg.symmetric)
+        return TensorQ(cfg.bits, cfg.symmetric, e, zp, 0.0, 0.0)
+    e, zp = o.compute_params(cfg.bits, cfg.symmetric, bound)
+    lo, hi = o.range()
+    g_lo, g_hi = grid_range(e, zp, cfg.bits)
+    return TensorQ(cfg.bits, cfg.symmetric, e, zp, max(lo, g_lo, bound[0]), min(hi, g_hi, bound[1]))
+
+
+def saturation_bound(func: str, out: TensorQ, bits_in: int) -> tuple[float, float]:
+    """Inputs beyond which `func` quantized on the `out` grid no longer changes: below lo (above
+    hi) every input rounds to the output integer of f(-inf) (f(+inf)). Widened by the most one
+    step of a `bits_in` grid over the bound can be, so rounding the bound itself stays free."""
+    inverse, f_min = INVERSE[func]
+    qmin, qmax = qrange(out.bits)
+    step = math.ldexp(1.0, -out.exp2_inv)
+
+    def level(y: float) -> int:
+        return int(min(max(math.floor(y / step + 0.5) + out.zp, qmin), qmax))
+
+    # round-half-up: y gives level k iff (k - zp - 0.5) step <= y < (k - zp + 0.5) step
+    y_hi = (level(1.0) - out.zp - 0.5) * step
+    y_lo = (level(f_min) - out.zp + 0.5) * step
+    hi = inverse(y_hi) if f_min < y_hi < 1.0 else math.inf
+    lo = inverse(y_lo) if f_min < y_lo < 1.0 else -math.inf
+    if math.isinf(lo) or math.isinf(hi) or hi <= lo:
+        return NO_BOUND
+    margin = (hi - lo) / ((1 << bits_in) - 3)
+    return lo - margin, hi + margin
+
+
+def _per_channel(values: np.ndarray, cfg: TensorConfig, method: str, plan: MethodPlan
+                 ) -> tuple[TensorQ, np.ndarray]:
     rows = values.reshape(values.shape[0], -1)
-    lo, hi = rows.min(axis=1), rows.max(axis=1)
-    e = choose_qparams_per_channel(lo, hi, cfg.bits)
-    q = quantize(values, e, 0, cfg.bits)
-    return TensorQ(cfg.bits, True, e, 0, lo, hi), q
+    e, lo, hi = [], [], []
+    for row in rows:
+        o = make_observer(method, "W", plan.percentile)
+        o.observe(row[None])
+        t = _tensor_q(o, cfg)
+        e.append(t.exp2_inv)
+        lo.append(t.lo)
+        hi.append(t.hi)
+    e = np.array(e, np.int32)
+    return TensorQ(cfg.bits, True, e, 0, np.array(lo), np.array(hi)), quantize(values, e, 0, cfg.bits)
 
 
-def quantize_cell(cell: GruCell, ranges: dict, config: dict[str, TensorConfig]) -> CellQuant:
+def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
+                  plan: MethodPlan | None = None) -> CellQuant:
+    """Parameters, integer weights, tables and shifts of one cell from its tensors' observers."""
+    plan = plan or MethodPlan()
     spec: dict[str, TensorQ] = {}
-    qW, qR, qbx, qbr = None, None, None, None
-    for name, cfg in config.items():
-        if name in ("W", "R", "bx", "br"):
-            spec[name], q = _per_channel(getattr(cell, name), cfg)
-            if name == "W":
-                qW = q
-            elif name == "R":
-                qR = q
-            elif name == "bx":
-                qbx = q
-            else:
-                qbr = q
-        else:
-            lo, hi = ranges[name]
-            e, zp = choose_qparams(lo, hi, cfg.bits, cfg.symmetric)
-            spec[name] = TensorQ(cfg.bits, cfg.symmetric, e, zp, lo, hi)
+    q: dict[str, np.ndarray] = {}
+    for name in ("W", "R", "bx", "br"):
+        spec[name], q[name] = _per_channel(getattr(cell, name), config[name], plan.method(name), plan)
+    for name, o in observers.items():
+        if name == "z_out":  # 1 - z must fit the same grid
+            lo, hi = o.range()
+            o = make_observer("minmax", name)
+            o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
+        if name not in ("z_pre", "r_pre", "g_pre"):
+            spec[name] = _tensor_q(o, config[name])
     luts, shifts, errors = {}, [], {}
-    for lut, func, src, dst in (("lut_z", "sigmoid", "z_pre", "z_out"),
-                                ("lut_r", "sigmoid", "r_pre", "r_out"),
-                                ("lut_g", "tanh", "g_pre", "g_out")):
+    for lut, func, src, dst in GATES:
+        bound = saturation_bound(func, spec[dst], config[src].bits)
+        spec[src] = _tensor_q(observers[src], config[src], bound)
         a, b = spec[src], spec[dst]
         luts[lut], shift, errors[lut] = build_lut(func, a.bits, a.exp2_inv, a.zp,
                                                   b.bits, b.exp2_inv, b.zp)
         shifts.append(shift)
-    P, CH = derive(spec, qW, qR, qbx, qbr, tuple(shifts))
-    return CellQuant(spec, qW, qR, qbx, qbr, P, CH, luts, errors)
+    P, CH = derive(spec, q["W"], q["R"], q["bx"], q["br"], tuple(shifts))
+    spec = {t.name: spec[t.name] for t in TENSORS}
+    return CellQuant(spec, q["W"], q["R"], q["bx"], q["br"], P, CH, luts, errors)
 
 
 def build_quant_model(model: GruModel, obs: Observers, config: dict[str, TensorConfig],
-                      info: dict) -> QuantModel:
-    """Turn observed ranges into a QuantModel. Layers l > 0 take their x bits from h."""
+                      info: dict, plan: MethodPlan | str | None = None) -> QuantModel:
+    """Turn observations into a QuantModel. Layers l > 0 take their x bits from h."""
+    plan = as_plan(plan)
     cells = []
     for l, layer in enumerate(model.layers):
         cfg = dict(config)
@@ -122,7 +203,7 @@ def build_quant_model(model: GruModel, obs: Observers, config: dict[str, TensorC
             cfg["x"] = config["h"]
         row = []
         for d, cell in enumerate(layer):
-            ranges = {n: _activation_range(obs, l, d, n) for n in TRACED}
-            row.append(quantize_cell(cell, ranges, cfg))
+            observers = {n: _observer(obs, l, d, n) for n in TRACED}
+            row.append(quantize_cell(cell, observers, cfg, plan))
         cells.append(row)
     return QuantModel(model, cells, info)

@@ -107,8 +107,9 @@ def calibrate(
     model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The quantized model file to write (.h5).")] = None,
-    method: Annotated[str, typer.Option(help="Range method: minmax (running union), ema (the seed's per-step EMA on x and h) or percentile.")] = "minmax",
-    percentile: Annotated[float, typer.Option(help="With --method percentile: the share of values kept, two-sided.")] = 99.99,
+    method: Annotated[str, typer.Option(help="Range method for activations: minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "minmax",
+    method_weights: Annotated[str, typer.Option(help="Range method for the weights W and R, per output channel.")] = "minmax",
+    percentile: Annotated[float, typer.Option(help="With percentile: the share of values kept, two-sided.")] = 99.99,
     bits: Annotated[str, typer.Option(help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
@@ -119,7 +120,7 @@ def calibrate(
 ):
     """Observe every tensor of the GRU on calibration data and write the quantized model."""
     from calibrators import METHODS
-    from qtool.calibrate import build_quant_model, collect
+    from qtool.calibrate import MethodPlan, build_quant_model, collect
     from qtool.fileio import atomic_path, open_sequences
     from qtool.model import open_h5
     from qtool.qmodel import write_qmodel
@@ -129,8 +130,9 @@ def calibrate(
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "DATA"))
     output = writable(Path(need(output, "output quantized model file (.h5)", "--output")), force)
-    if method not in METHODS:
-        raise QtoolError(f"unknown method '{method}' (use one of {', '.join(METHODS)})")
+    for m in (method, method_weights):
+        if m not in METHODS:
+            raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
     if batch_size < 1:
         raise QtoolError("--batch-size must be at least 1")
     if not 50.0 < percentile <= 100.0:
@@ -140,15 +142,15 @@ def calibrate(
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    options = {"percentile": percentile} if method == "percentile" else {}
+    plan = MethodPlan.from_config(config, method, method_weights, percentile)
     t0 = time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task("calibrating", total=n, rate="")
-        obs = collect(model, data, method, batch_size, n, progress=lambda done: bar.update(
-            task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"), **options)
-    info = {"method": method if method != "percentile" else f"percentile {percentile:g}", "bits": label, "data_file": data_path.name, "samples": n,
+        obs = collect(model, data, plan, batch_size, n, progress=lambda done: bar.update(
+            task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"))
+    info = {"method": plan.label(), "bits": label, "data_file": data_path.name, "samples": n,
             "time_steps": data.shape[1]}
-    qm = build_quant_model(model, obs, config, info)
+    qm = build_quant_model(model, obs, config, info, plan)
     with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
         write_qmodel(f, qm)
     elapsed = time.perf_counter() - t0
@@ -156,7 +158,7 @@ def calibrate(
         print(json.dumps({"output": str(output), **info, "seconds": elapsed,
                           "tensors": spec_rows(qm)}))
         return
-    out.print(spec_table(qm, f"{model.name}: {label}, {method} over {n} sequences"))
+    out.print(spec_table(qm, f"{model.name}: {label}, {plan.label()} over {n} sequences"))
     out.print(lut_table(qm))
     out.print(f"calibrated in {elapsed:.2f} s -> {output}")
 

@@ -61,6 +61,12 @@ def choose_qparams(lo: float, hi: float, bits: int, symmetric: bool) -> tuple[in
     return e, int(min(max(zp, qmin), qmax))
 
 
+def grid_range(exp2_inv: int, zp: int, bits: int) -> tuple[float, float]:
+    """The real interval a grid represents: [(qmin - zp), (qmax - zp)] * 2^-exp2_inv."""
+    qmin, qmax = qrange(bits)
+    return math.ldexp(qmin - zp, -exp2_inv), math.ldexp(qmax - zp, -exp2_inv)
+
+
 def choose_qparams_per_channel(lo: np.ndarray, hi: np.ndarray, bits: int) -> np.ndarray:
     """exp2_inv per channel for a symmetric per-channel tensor (weights, biases)."""
     return np.array([choose_qparams(a, b, bits, True)[0] for a, b in zip(lo, hi)], np.int32)

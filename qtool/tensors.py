@@ -56,6 +56,7 @@ BITS_LIMITS = {"weight": (2, 16), "activation": (2, 16), "bias": (8, 32)}
 class TensorConfig:
     bits: int
     symmetric: bool
+    method: str | None = None  # calibration method for this tensor; None: the command's choice
 
 
 def preset_config(preset: str) -> dict[str, TensorConfig]:
@@ -83,7 +84,9 @@ def _read_config_file(path: Path) -> dict:
 
 def load_bits(spec: str) -> tuple[str, dict[str, TensorConfig]]:
     """`spec` is a preset name or a JSON/TOML file: {"preset": "int8", "tensors": {"g_pre":
-    {"bits": 16}, "h": {"bits": 16, "symmetric": false}}}. Returns (label, config)."""
+    {"bits": 16}, "h": {"bits": 16, "symmetric": false, "method": "mse"}}}. Returns (label, config)."""
+    from calibrators import METHODS
+
     if spec in PRESETS:
         return spec, preset_config(spec)
     path = Path(spec)
@@ -99,8 +102,8 @@ def load_bits(spec: str) -> tuple[str, dict[str, TensorConfig]]:
     for name, entry in (raw.get("tensors") or {}).items():
         if name not in BY_NAME:
             raise QtoolError(f"{path}: unknown tensor '{name}' (known: {', '.join(NAMES)})")
-        if not isinstance(entry, dict) or set(entry) - {"bits", "symmetric"}:
-            raise QtoolError(f"{path}: tensor '{name}' needs a table with 'bits' and/or 'symmetric'")
+        if not isinstance(entry, dict) or set(entry) - {"bits", "symmetric", "method"}:
+            raise QtoolError(f"{path}: tensor '{name}' needs a table with 'bits', 'symmetric' and/or 'method'")
         t = BY_NAME[name]
         bits = entry.get("bits", config[name].bits)
         lo, hi = BITS_LIMITS[t.kind]
@@ -110,5 +113,10 @@ def load_bits(spec: str) -> tuple[str, dict[str, TensorConfig]]:
         if t.kind != "activation" and not sym:
             raise QtoolError(f"{path}: '{name}' must stay symmetric (zero-point compensation "
                              "assumes symmetric weights and biases)")
-        config[name] = TensorConfig(bits, bool(sym))
+        method = entry.get("method")
+        if method is not None and method not in METHODS:
+            raise QtoolError(f"{path}: method of '{name}' must be one of {', '.join(METHODS)}")
+        if method is not None and t.kind == "bias":
+            raise QtoolError(f"{path}: '{name}' is a 32-bit bias; it keeps its min/max range")
+        config[name] = TensorConfig(bits, bool(sym), method)
     return path.name, config

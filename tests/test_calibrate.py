@@ -7,7 +7,7 @@ import pytest
 from conftest import calibrated, random_model
 
 from calibrators import EmaObserver, MinMaxObserver
-from qtool.calibrate import new_observers, observe_batch
+from qtool.calibrate import GATES, new_observers, observe_batch, saturation_bound
 from qtool.errors import QtoolError
 from qtool.float_gru import run_float
 from qtool.model import open_h5
@@ -48,9 +48,13 @@ def test_tensor_ranges_are_the_float_tensors_ranges():
     for l in range(2):
         for d in range(2):
             s = qm.cells[l][d].spec
-            for name in ("Wx", "Rh", "z_pre", "g_pre", "rRh", "new_contrib"):
+            for name in ("Wx", "Rh", "rRh", "new_contrib"):
                 assert s[name].lo == pytest.approx(traces[l][d][name].min())
                 assert s[name].hi == pytest.approx(traces[l][d][name].max())
+            for name, func, out in (("z_pre", "sigmoid", "z_out"), ("g_pre", "tanh", "g_out")):
+                b_lo, b_hi = saturation_bound(func, s[out], 8)  # observed range cut at saturation
+                assert s[name].lo == pytest.approx(max(traces[l][d][name].min(), b_lo))
+                assert s[name].hi == pytest.approx(min(traces[l][d][name].max(), b_hi))
             # z_out also covers 1 - z; h is shared by directions; x of l > 0 is h of l - 1
             z = traces[l][d]["z_out"]
             assert s["z_out"].lo <= 1 - z.max() + 1e-7 and s["z_out"].hi >= 1 - z.min() - 1e-7
@@ -59,6 +63,29 @@ def test_tensor_ranges_are_the_float_tensors_ranges():
             if l > 0:
                 prev = qm.cells[l - 1][0].spec["h"]
                 assert (s["x"].exp2_inv, s["x"].zp, s["x"].bits) == (prev.exp2_inv, prev.zp, prev.bits)
+
+
+@pytest.mark.parametrize("preset", ["int8", "int16"])
+def test_saturation_bound_is_free(preset):
+    """Beyond the bound every input already gives the output integer of f(+-inf), so clipping the
+    pre-activation grid there changes no output; inside it, the cut costs nothing either."""
+    from qtool.lut import exact_outputs
+    from qtool.qparams import quantize
+
+    model = random_model(C=4, H=6, seed=3, scale=1.5)
+    x = np.random.RandomState(3).randn(8, 10, 4).astype(np.float32) * 2
+    qm = calibrated(model, x, preset)
+    s = qm.cells[0][0].spec
+    for lut, func, src, dst in GATES:
+        a, b = s[src], s[dst]
+        lo, hi = saturation_bound(func, b, a.bits)
+        assert (a.lo, a.hi) == pytest.approx((lo, hi))  # the data reach past the bound: it cuts
+        v = np.concatenate([np.linspace(hi, hi + 50, 200), np.linspace(lo - 50, lo, 200)])
+        q_in = quantize(v, a.exp2_inv, a.zp, a.bits)  # clamped onto the (cut) grid
+        got = exact_outputs(func, q_in, a.exp2_inv, a.zp, b.bits, b.exp2_inv, b.zp)
+        ideal = np.clip(np.floor(np.ldexp({"sigmoid": 1 / (1 + np.exp(-v)), "tanh": np.tanh(v)}[func],
+                                          b.exp2_inv) + 0.5) + b.zp, -(1 << (b.bits - 1)), (1 << (b.bits - 1)) - 1)
+        assert np.array_equal(got, ideal), lut
 
 
 def test_weights_per_channel_and_compensation():

@@ -5,6 +5,7 @@ import pytest
 
 from calibrators import PercentileObserver, make_observer
 from calibrators.histogram import MAX_BINS, Histogram
+from qtool.qparams import choose_qparams
 
 
 def parts():
@@ -59,3 +60,114 @@ def test_percentile_range_matches_numpy(pct):
 def test_gate_outputs_keep_min_max():
     assert type(make_observer("percentile", "z_out")).__name__ == "MinMaxObserver"
     assert type(make_observer("percentile", "g_pre")) is PercentileObserver
+
+
+def samples(kind, n=100000, seed=2):
+    rng = np.random.RandomState(seed)
+    return {"laplace": lambda: rng.laplace(size=n),
+            "outliers": lambda: np.concatenate([rng.randn(n) * 0.5 + 0.3, rng.randn(n // 5000) * 30]),
+            "skew": lambda: rng.exponential(size=n) - 0.3}[kind]()
+
+
+@pytest.mark.parametrize("kind", ["laplace", "outliers", "skew"])
+@pytest.mark.parametrize("bits,sym", [(8, True), (8, False), (4, False)])
+def test_mse_finds_the_best_power_of_two_grid(kind, bits, sym):
+    """Against brute force on the raw samples: quantize, dequantize, average the squared error
+    for every exponent near the choice and every zero point; the choice is the best up to the
+    histogram's resolution (uniform density inside a bin)."""
+    from calibrators import MseObserver
+    from qtool.qparams import dequantize, qrange, quantize
+
+    v = samples(kind)
+    o = MseObserver()
+    for part in np.array_split(v, 3):
+        o.observe(part[None])
+    e, zp = o.compute_params(bits, sym)
+    qmin, qmax = qrange(bits)
+
+    def mse(e, zp):
+        return np.mean((dequantize(quantize(v, e, zp, bits), e, zp) - v) ** 2)
+
+    best = min(mse(ee, z) for ee in range(e - 3, e + 4) for z in ([0] if sym else range(qmin, qmax + 1)))
+    assert mse(e, zp) <= best * 1.01
+    if kind == "outliers":  # min/max would keep the outliers; the least error clips them
+        lo, hi = o.range()
+        assert e > choose_qparams(lo, hi, bits, sym)[0]
+
+
+def test_mse_search_scores_what_the_bin_by_bin_sum_scores():
+    from calibrators.mse import MseObserver, grid_error
+
+    o = MseObserver()
+    o.observe(samples("skew")[None])
+    counts, start, lo, hi = o.clamped((-np.inf, np.inf))
+    e, zp = o.compute_params(8, False)
+    best = grid_error(counts, start, o.hist.w, e, zp, -128, 127)
+    for ee in range(e - 1, e + 6):
+        for z in range(-128, 128, 5):
+            assert grid_error(counts, start, o.hist.w, ee, z, -128, 127) >= best * (1 - 1e-9)
+
+
+def tvm_kl_threshold(arr, num_bins=8001, num_quantized_bins=255):
+    """TVM's `_find_scale_by_kl` (python/tvm/relay/quantize/kl_divergence.py), symmetric int8,
+    written out here as the independent reference."""
+    th = np.abs(arr).max()
+    hist, edges = np.histogram(arr, bins=num_bins, range=(-th, th))
+    zero, half = num_bins // 2, num_quantized_bins // 2
+
+    def smooth(p, eps=1e-4):
+        zeros = p == 0
+        eps1 = eps * zeros.sum() / (p.size - zeros.sum())
+        return p + eps * zeros - eps1 * ~zeros
+
+    best, best_t = np.inf, th
+    for i in range(half, zero + 1):
+        sliced = hist[zero - i:zero + i + 1].astype(np.float64)
+        p = sliced.copy()
+        p[0] += hist[:zero - i].sum()
+        p[-1] += hist[zero + i + 1:].sum()
+        m = sliced.size // num_quantized_bins
+        q = np.zeros_like(p)
+        for j in range(num_quantized_bins):
+            a, b = j * m, (None if j == num_quantized_bins - 1 else (j + 1) * m)
+            nz = (p[a:b] != 0).sum()
+            if nz:
+                q[a:b] = sliced[a:b].sum() / nz
+        q[p == 0] = 0
+        if not q.any():
+            continue
+        p, q = smooth(p), smooth(q)
+        p, q = p / p.sum(), q / q.sum()
+        d = np.sum(p * np.log(p / q))
+        if d < best:
+            best, best_t = d, edges[zero + i + 1]
+    return best_t
+
+
+@pytest.mark.parametrize("kind", ["laplace", "outliers"])
+def test_kl_lands_next_to_tvms_threshold(kind):
+    """TVM's continuous optimum T, snapped to a power of two, lies between the two neighbouring
+    grids; qtool's choice must be one of them."""
+    from calibrators import KlObserver
+
+    v = samples(kind, n=60000)
+    o = KlObserver()
+    o.observe(v[None])
+    e, zp = o.compute_params(8, True)
+    top = 128 * 2.0 ** -e  # the grid covers [-top, top)
+    t = tvm_kl_threshold(v)
+    assert zp == 0 and top / 2 <= t * (1 + 1e-9) and t <= 2 * top * (1 + 1e-9)
+
+
+def test_kl_and_mse_merge_like_one_pass():
+    from calibrators import KlObserver, MseObserver
+
+    v = samples("outliers")
+    for cls in (KlObserver, MseObserver):
+        whole, parts = cls(), []
+        whole.observe(v[None])
+        for p in np.array_split(v, 4):
+            parts.append(cls())
+            parts[-1].observe(p[None])
+        merged = parts[2].merge(parts[0]).merge(parts[3].merge(parts[1]))
+        assert merged.compute_params(8, False) == whole.compute_params(8, False)

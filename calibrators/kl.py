@@ -1,0 +1,107 @@
+"""KL: the entropy method of MXNet/TensorRT as TVM's `kl_divergence` calibration does it (seed
+004), restricted to power-of-two grids.
+
+For a candidate grid, P is the observed histogram inside the grid with the clipped mass added to
+its end bins; Q spreads each quantization level's count evenly over that level's non-empty bins
+(the information the integers keep); both get TVM's smoothing of empty bins (eps = 1e-4) and the
+grid with the least KL(P || Q) wins. The candidates are the power-of-two grids themselves, so the
+snap to a power of two is part of the search: both neighbours of the continuous optimum are
+scored and the one that loses less is kept.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from calibrators.search import SearchObserver
+
+EPS = 1e-4
+ZP_PROBES = 32  # asymmetric: zp on a coarse comb first, then halving steps around the best
+
+
+@nb.njit(cache=True)
+def _smoothed(x: float, zero: bool, eps1: float) -> float:
+    return EPS if zero else x - eps1
+
+
+@nb.njit(cache=True)
+def kl_divergence(counts, start, w, e, zp, qmin, qmax, q) -> float:
+    """KL(P || Q) of one grid; `q` is scratch of counts.size."""
+    bw, s = 2.0**w, 2.0**-e
+    L, H = (qmin - zp) * s, (qmax - zp) * s
+    fine = bw <= 0.5 * s
+    n = counts.size
+    i0, i1 = n, -1  # inside bins: centre within [L, H]
+    for i in range(n):
+        mid = (start + i + 0.5) * bw
+        if L <= mid <= H:
+            i0, i1 = min(i0, i), i
+    if i1 < 0:
+        return np.inf
+    below, above = counts[:i0].sum(), counts[i1 + 1:].sum()
+    # Q: each level's count (outliers excluded, as TVM) spread over its non-empty bins of P
+    i = i0
+    while i <= i1:
+        key = np.floor((start + i + 0.5) * bw / s + 0.5) if fine else float(i)
+        j, total, nnz = i, 0.0, 0
+        while j <= i1 and (np.floor((start + j + 0.5) * bw / s + 0.5) if fine else float(j)) == key:
+            p = counts[j] + (below if j == i0 else 0.0) + (above if j == i1 else 0.0)
+            total += counts[j]
+            nnz += p != 0.0
+            j += 1
+        for k in range(i, j):
+            p = counts[k] + (below if k == i0 else 0.0) + (above if k == i1 else 0.0)
+            q[k] = total / nnz if p != 0.0 else 0.0
+        i = j
+    p_zeros, q_zeros, p_sum, q_sum = 0, 0, 0.0, 0.0
+    for k in range(i0, i1 + 1):
+        p = counts[k] + (below if k == i0 else 0.0) + (above if k == i1 else 0.0)
+        p_zeros += p == 0.0
+        q_zeros += q[k] == 0.0
+        p_sum += p
+        q_sum += q[k]
+    m = i1 - i0 + 1
+    if q_sum == 0.0:
+        return np.inf
+    p_eps1 = EPS * p_zeros / (m - p_zeros)
+    q_eps1 = EPS * q_zeros / (m - q_zeros) if q_zeros < m else 0.0
+    kl = 0.0
+    for k in range(i0, i1 + 1):
+        p = counts[k] + (below if k == i0 else 0.0) + (above if k == i1 else 0.0)
+        ps = _smoothed(p, p == 0.0, p_eps1) / p_sum
+        qs = _smoothed(q[k], q[k] == 0.0, q_eps1) / q_sum
+        if qs <= 0.0:
+            return np.inf
+        kl += ps * np.log(ps / qs)
+    return kl
+
+
+@nb.njit(cache=True)
+def _kl_search(counts, start, w, e_lo, e_hi, qmin, qmax, symmetric, zp0):
+    q = np.zeros(counts.size)
+    best, best_e, best_zp = np.inf, e_lo, zp0
+    for e in range(e_lo, e_hi + 1):
+        e_best, e_zp = kl_divergence(counts, start, w, e, zp0, qmin, qmax, q), zp0
+        if not symmetric:
+            stride = max(1, (qmax - qmin + 1) // ZP_PROBES)
+            for zp in range(qmin, qmax + 1, stride):
+                d = kl_divergence(counts, start, w, e, zp, qmin, qmax, q)
+                if d < e_best * (1.0 - 1e-12):
+                    e_best, e_zp = d, zp
+            while stride > 1:
+                stride //= 2
+                centre = e_zp
+                for zp in (centre - stride, centre + stride):
+                    if qmin <= zp <= qmax:
+                        d = kl_divergence(counts, start, w, e, zp, qmin, qmax, q)
+                        if d < e_best * (1.0 - 1e-12):
+                            e_best, e_zp = d, zp
+        if e_best < best * (1.0 - 1e-12):
+            best, best_e, best_zp = e_best, e, e_zp
+    return best_e, best_zp
+
+
+class KlObserver(SearchObserver):
+    step_at_least_bin = True
+    search = staticmethod(_kl_search)
