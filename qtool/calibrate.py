@@ -79,8 +79,9 @@ def new_observers(model: GruModel, plan: MethodPlan | str) -> Observers:
     return [[{n: plan.observer(n) for n in TRACED} for _ in cells] for cells in model.layers]
 
 
-def observe_batch(model: GruModel, x: np.ndarray, obs: Observers) -> None:
-    """Run the float GRU on one batch `[N, T, C]` and feed every traced tensor to its observer."""
+def observe_batch(model: GruModel, x: np.ndarray, *obs_sets: Observers) -> None:
+    """Run the float GRU on one batch `[N, T, C]` once and feed every traced tensor to its
+    observer in each set."""
     traces: list = []
     run_float(model, x, traces)
     for l, cells in enumerate(traces):
@@ -88,20 +89,27 @@ def observe_batch(model: GruModel, x: np.ndarray, obs: Observers) -> None:
             for name, values in trace.items():
                 if name == "x" and d == 1:
                     continue  # the backward direction sees the same inputs, reversed
-                obs[l][d][name].observe(values)
+                for obs in obs_sets:
+                    obs[l][d][name].observe(values)
+
+
+def collect_many(model: GruModel, data: SequenceData, plans: list[MethodPlan | str], chunk: int = 64,
+                 limit: int | None = None, progress: Callable[[int], None] | None = None
+                 ) -> list[Observers]:
+    """Observe the float GRU over the data for several plans in one pass, streamed in chunks of
+    `chunk` sequences; `progress(done)` sees the number of sequences observed so far."""
+    data.check_features(model.input_size)
+    sets = [new_observers(model, p) for p in plans]
+    for start, x in data.chunks(chunk, limit):
+        observe_batch(model, x, *sets)
+        if progress:
+            progress(start + len(x))
+    return sets
 
 
 def collect(model: GruModel, data: SequenceData, plan: MethodPlan | str, chunk: int = 64,
             limit: int | None = None, progress: Callable[[int], None] | None = None) -> Observers:
-    """Observe the float GRU over the data, streamed in chunks of `chunk` sequences;
-    `progress(done)` sees the number of sequences observed so far."""
-    data.check_features(model.input_size)
-    obs = new_observers(model, plan)
-    for start, x in data.chunks(chunk, limit):
-        observe_batch(model, x, obs)
-        if progress:
-            progress(start + len(x))
-    return obs
+    return collect_many(model, data, [plan], chunk, limit, progress)[0]
 
 
 def _observer(obs: Observers, l: int, d: int, name: str) -> Observer:

@@ -106,10 +106,12 @@ def import_cmd(
 def calibrate(
     model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="The quantized model file to write (.h5).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str, typer.Option(help="Range method for activations: minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "minmax",
     method_weights: Annotated[str, typer.Option(help="Range method for the weights W and R, per output channel.")] = "minmax",
     percentile: Annotated[float, typer.Option(help="With percentile: the share of values kept, two-sided.")] = 99.99,
+    compare: Annotated[str | None, typer.Option(help="Calibrate with each of these methods (comma separated, e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", help="With --compare: held-out sequences to score each method on.")] = None,
     bits: Annotated[str, typer.Option(help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
@@ -120,7 +122,7 @@ def calibrate(
 ):
     """Observe every tensor of the GRU on calibration data and write the quantized model."""
     from calibrators import METHODS
-    from qtool.calibrate import MethodPlan, build_quant_model, collect
+    from qtool.calibrate import MethodPlan, build_quant_model, collect_many
     from qtool.fileio import atomic_path, open_sequences
     from qtool.model import open_h5
     from qtool.qmodel import write_qmodel
@@ -129,10 +131,20 @@ def calibrate(
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "DATA"))
-    output = writable(Path(need(output, "output quantized model file (.h5)", "--output")), force)
-    for m in (method, method_weights):
+    methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
+    if compare is not None and eval_path is None:
+        raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
+    if compare is None and eval_path is not None:
+        raise QtoolError("--eval goes with --compare")
+    if output is None and compare is None:
+        output = need(output, "output quantized model file (.h5)", "--output")
+    if output is not None:
+        output = writable(Path(output), force)
+    for m in [*methods, method_weights]:
         if m not in METHODS:
             raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
+    if not methods or len(set(methods)) != len(methods):
+        raise QtoolError("--compare needs distinct methods, e.g. minmax,percentile,mse,kl")
     if batch_size < 1:
         raise QtoolError("--batch-size must be at least 1")
     if not 50.0 < percentile <= 100.0:
@@ -141,26 +153,68 @@ def calibrate(
     model = load_any_model(model_path)
     data = open_sequences(data_path, dataset, time_first)
     data.check_features(model.input_size)
+    test = None
+    if eval_path is not None:
+        test = open_sequences(eval_path, dataset, time_first)
+        test.check_features(model.input_size)
+        if eval_path.resolve() == data_path.resolve():
+            err.print("warning: --eval is the calibration data; the scores are not on held-out data")
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    plan = MethodPlan.from_config(config, method, method_weights, percentile)
+    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
     t0 = time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task("calibrating", total=n, rate="")
-        obs = collect(model, data, plan, batch_size, n, progress=lambda done: bar.update(
+        obs_sets = collect_many(model, data, plans, batch_size, n, progress=lambda done: bar.update(
             task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"))
-    info = {"method": plan.label(), "bits": label, "data_file": data_path.name, "samples": n,
-            "time_steps": data.shape[1]}
-    qm = build_quant_model(model, obs, config, info, plan)
+    qms = []
+    for plan, obs in zip(plans, obs_sets):
+        info = {"method": plan.label(), "bits": label, "data_file": data_path.name, "samples": n,
+                "time_steps": data.shape[1]}
+        qms.append(build_quant_model(model, obs, config, info, plan))
+    if test is not None:
+        _compare(qms, test, batch_size, output, as_json, f"{model.name}: {label}, calibrated on {n} "
+                 f"sequences of {data_path.name}, scored on {test.num_sequences} of {eval_path.name}")
+        return
+    qm = qms[0]
     with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
         write_qmodel(f, qm)
     elapsed = time.perf_counter() - t0
     if as_json:
-        print(json.dumps({"output": str(output), **info, "seconds": elapsed,
+        print(json.dumps({"output": str(output), **qm.info, "seconds": elapsed,
                           "tensors": spec_rows(qm)}))
         return
-    out.print(spec_table(qm, f"{model.name}: {label}, {plan.label()} over {n} sequences"))
+    out.print(spec_table(qm, f"{model.name}: {label}, {qm.info['method']} over {n} sequences"))
     out.print(lut_table(qm))
     out.print(f"calibrated in {elapsed:.2f} s -> {output}")
+
+
+def _compare(qms: list, test, batch_size: int, output: Path | None, as_json: bool, title: str) -> None:
+    """Score each calibration on held-out data; write the best (by output SNR) if asked."""
+    from qtool.fileio import atomic_path
+    from qtool.model import open_h5
+    from qtool.qmodel import write_qmodel
+    from qtool.report import compare_table
+    from qtool.simulate import simulate as run_simulation
+
+    rows = []
+    with progress_bar() as bar:
+        task = bar.add_task("scoring", total=len(qms) * test.num_sequences, rate="")
+        for k, qm in enumerate(qms):
+            def on_chunk(start, *outs, k=k):
+                bar.update(task, completed=k * test.num_sequences + start + len(outs[0]))
+            sim = run_simulation(qm, test, max(batch_size, 256), False, None, on_chunk)
+            rows.append({"method": qm.info["method"], **sim.output.as_dict()})
+    best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"])
+    if output is not None:
+        with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
+            write_qmodel(f, qms[best])
+    if as_json:
+        print(json.dumps({"methods": rows, "best": rows[best]["method"],
+                          "output": str(output) if output else None}))
+        return
+    out.print(compare_table(rows, best, title))
+    if output is not None:
+        out.print(f"wrote the best, {rows[best]['method']} -> {output}")
 
 
 @app.command()

@@ -26,15 +26,32 @@ def _span(v) -> str:
     return f"{float(a.min()):.4g}..{float(a.max()):.4g}"
 
 
-def distance_table(results: dict, title: str) -> Table:
+def _distance_cells(m: dict) -> tuple[str, ...]:
+    return (_num(m["snr_db"]), _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
+            f"{100 * m['saturated']:.2f}%")
+
+
+def _metric_table(title: str, first: str) -> Table:
     t = Table(title=title)
-    for col in ("tensor", "SNR dB", "cosine", "max |err|", "saturated"):
-        t.add_column(col, justify="left" if col == "tensor" else "right")
+    for col in (first, "SNR dB", "cosine", "max |err|", "saturated"):
+        t.add_column(col, justify="left" if col == first else "right")
+    return t
+
+
+def compare_table(rows: list[dict], best: int, title: str) -> Table:
+    """One row per calibration method, scored at the output on held-out data."""
+    t = _metric_table(title, "method")
+    for i, m in enumerate(rows):
+        t.add_row(m["method"] + (" (best)" if i == best else ""), *_distance_cells(m),
+                  style="bold" if i == best else None)
+    return t
+
+
+def distance_table(results: dict, title: str) -> Table:
+    t = _metric_table(title, "tensor")
     rows = [("output", results["output"])] + list(results["tensors"].items())
     for name, m in rows:
-        t.add_row(name, _num(m["snr_db"]), _num(m["cosine"], "{:.6f}"),
-                  _num(m["max_abs_error"], "{:.3g}"), f"{100 * m['saturated']:.2f}%",
-                  style="bold" if name == "output" else None)
+        t.add_row(name, *_distance_cells(m), style="bold" if name == "output" else None)
     return t
 
 

@@ -150,3 +150,57 @@ def test_prompts_at_a_terminal(qmodel, tmp_path, monkeypatch):
     res = runner.invoke(cli_mod.app, ["calibrate", str(MODEL), str(SAMPLES / "calib.npy"),
                                       "-o", str(tmp_path / "q.h5")], input="n\n")
     assert res.exit_code != 0 and "Overwrite?" in res.output
+
+
+def test_compare_scores_each_method_like_a_separate_run(cli, tmp_path):
+    """--compare calibrates all methods in one float pass; each row must equal what calibrate
+    --method M followed by simulate gives on the same held-out data."""
+    code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--compare", "minmax,mse",
+                         "--eval", SAMPLES / "test.npy", "-o", tmp_path / "best.h5", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    rows = {r["method"]: r for r in res["methods"]}
+    for m in ("minmax", "mse"):
+        code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--method", m, "-o", tmp_path / f"{m}.h5")
+        assert code == 0, err
+        code, out, err = cli("simulate", tmp_path / f"{m}.h5", SAMPLES / "test.npy", "--json", "--no-per-tensor")
+        assert code == 0, err
+        assert json.loads(out)["output"] == pytest.approx({k: v for k, v in rows[m].items() if k != "method"})
+    best = max(rows.values(), key=lambda r: r["snr_db"])["method"]
+    assert res["best"] == best
+    code, out, _ = cli("inspect", tmp_path / "best.h5", "--json")
+    assert json.loads(out)["quant"]["method"] == best
+
+
+def test_compare_and_method_errors(cli, tmp_path):
+    for args, msg in ((("--compare", "minmax,kl"), "--compare needs --eval"),
+                      (("--compare", "minmax,nope", "--eval", SAMPLES / "test.npy"), "unknown method 'nope'"),
+                      (("--compare", "mse,mse", "--eval", SAMPLES / "test.npy"), "distinct methods"),
+                      (("--method-weights", "bogus", "-o", tmp_path / "q.h5"), "unknown method 'bogus'")):
+        code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", *args)
+        assert code == 2 and msg in err and "Traceback" not in err + out
+    assert not (tmp_path / "q.h5").exists()
+
+
+def test_weight_methods_and_per_tensor_methods(cli, tmp_path):
+    """--method-weights mse picks, per output channel, a scale at least as fine as min/max and
+    finer on some channels; a config file sets a method per tensor."""
+    cfg = tmp_path / "bits.json"
+    cfg.write_text(json.dumps({"preset": "int8", "tensors": {"h": {"method": "mse"}}}))
+    specs = {}
+    for name, args in (("mm", ()), ("w", ("--method-weights", "mse")), ("cfg", ("--bits", cfg))):
+        code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / f"{name}.h5", *args)
+        assert code == 0, err
+        from qtool.qmodel import load_qmodel
+
+        specs[name] = load_qmodel(tmp_path / f"{name}.h5")
+    for l in range(2):
+        a, b = specs["mm"].cells[l][0].spec, specs["w"].cells[l][0].spec
+        for t in ("W", "R"):
+            assert (b[t].exp2_inv >= a[t].exp2_inv).all() and (b[t].exp2_inv > a[t].exp2_inv).any()
+        assert b["Wx"].exp2_inv == a["Wx"].exp2_inv  # activations untouched
+    assert "h mse" in specs["cfg"].info["method"]
+    assert specs["cfg"].cells[0][0].spec["h"].exp2_inv >= specs["mm"].cells[0][0].spec["h"].exp2_inv
+    cfg.write_text(json.dumps({"tensors": {"bx": {"method": "mse"}}}))
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "x.h5", "--bits", cfg)
+    assert code == 2 and "keeps its min/max range" in err
