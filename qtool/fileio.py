@@ -64,10 +64,47 @@ def _h5_datasets(f) -> list[str]:
     return names
 
 
+class NpyFile:
+    """A C-order .npy file read with plain file reads, a slice at a time. Unlike a memory map, the
+    pages read do not stay in the process's resident set, so memory stays bounded by the chunk
+    however large the file. Supports `a[i:j]` and `a[:, i:j]`."""
+
+    def __init__(self, path: Path):
+        from numpy.lib import format as npy
+
+        with open(path, "rb") as f:
+            major, _ = npy.read_magic(f)
+            read_header = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
+            self.shape, self.fortran, self.dtype = read_header(f)
+            self.offset = f.tell()
+        self.path = path
+        need = self.offset + int(np.prod(self.shape)) * self.dtype.itemsize
+        if path.stat().st_size < need:
+            raise ValueError(f"file is truncated ({path.stat().st_size} of {need} bytes)")
+
+    def _read(self, f, first: int, count: int) -> np.ndarray:
+        f.seek(self.offset + first * self.dtype.itemsize)
+        return np.fromfile(f, self.dtype, count)
+
+    def __getitem__(self, key) -> np.ndarray:
+        rows = int(np.prod(self.shape[1:]))
+        with open(self.path, "rb") as f:
+            if isinstance(key, slice):  # a[i:j]: one contiguous block
+                i, j, _ = key.indices(self.shape[0])
+                return self._read(f, i * rows, max(j - i, 0) * rows).reshape((max(j - i, 0), *self.shape[1:]))
+            _, sl = key  # a[:, i:j]: one block per leading index
+            i, j, _ = sl.indices(self.shape[1])
+            inner = int(np.prod(self.shape[2:]))
+            parts = []
+            for t in range(self.shape[0]):
+                parts.append(self._read(f, (t * self.shape[1] + i) * inner, max(j - i, 0) * inner))
+            return np.stack(parts).reshape((self.shape[0], max(j - i, 0), *self.shape[2:]))
+
+
 def open_sequences(
     path: str | os.PathLike, dataset: str | None = None, time_first: bool = False
 ) -> np.ndarray | object:
-    """Open a sequence data file lazily: a memory-mapped .npy, an h5py dataset or an array.
+    """Open a sequence data file lazily: a .npy read by slices, an h5py dataset or an array.
 
     The returned object supports `.shape` and slicing along the first axis; call `read_chunk`
     to get validated float32 batches `[n, T, C]`.
@@ -80,7 +117,9 @@ def open_sequences(
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            arr = NpyFile(path)
+            if arr.fortran or arr.dtype.hasobject:  # rare layouts: numpy's own (mapped) reader
+                arr = np.load(path, mmap_mode="r", allow_pickle=False)
         elif suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 arr = _pick_npz({k: z[k] for k in z.files}, dataset, path)
