@@ -79,10 +79,10 @@ def new_observers(model: GruModel, plan: MethodPlan | str) -> Observers:
     return [[{n: plan.observer(n) for n in TRACED} for _ in cells] for cells in model.layers]
 
 
-def observe_batch(model: GruModel, x: np.ndarray, *obs_sets: Observers) -> None:
+def observe_batch(model: GruModel, x: np.ndarray, *obs_sets: Observers, traces: list | None = None) -> None:
     """Run the float GRU on one batch `[N, T, C]` once and feed every traced tensor to its
-    observer in each set."""
-    traces: list = []
+    observer in each set. `traces` may carry the trace arrays over from the previous batch."""
+    traces = [] if traces is None else traces
     run_float(model, x, traces)
     for l, cells in enumerate(traces):
         for d, trace in enumerate(cells):
@@ -100,8 +100,9 @@ def collect_many(model: GruModel, data: SequenceData, plans: list[MethodPlan | s
     `chunk` sequences; `progress(done)` sees the number of sequences observed so far."""
     data.check_features(model.input_size)
     sets = [new_observers(model, p) for p in plans]
+    traces: list = []
     for start, x in data.chunks(chunk, limit):
-        observe_batch(model, x, *sets)
+        observe_batch(model, x, *sets, traces=traces)
         if progress:
             progress(start + len(x))
     return sets

@@ -27,7 +27,8 @@ def sigmoid(v: np.ndarray) -> np.ndarray:
 def run_direction(cell: GruCell, x: np.ndarray, trace: dict | None = None) -> np.ndarray:
     """Run one direction over time-first `x [T, N, C]`; returns `h [T, N, H]`.
 
-    With `trace` (a dict), every tensor of TRACED is stored in it as `[T, N, width]`.
+    With `trace` (a dict), every tensor of TRACED is stored in it as `[T, N, width]`; arrays of
+    the right shape already in it are reused (no fresh pages for every batch).
     """
     T, N, _ = x.shape
     H = cell.R.shape[1]
@@ -37,8 +38,10 @@ def run_direction(cell: GruCell, x: np.ndarray, trace: dict | None = None) -> np
     h = np.zeros((N, H), np.float32)
     hs = np.empty((T, N, H), np.float32)
     if trace is not None:
-        trace.update({k: np.empty((T, N, 3 * H if k in ("Wx", "Rh") else H), np.float32)
-                      for k in TRACED if k != "x"})
+        for k in TRACED:
+            shape = (T, N, 3 * H if k in ("Wx", "Rh") else H)
+            if k != "x" and (k not in trace or trace[k].shape != shape):
+                trace[k] = np.empty(shape, np.float32)
         trace["x"] = x
     for t in range(T):
         Rh = h @ cell.R.T
@@ -67,13 +70,17 @@ def run_direction(cell: GruCell, x: np.ndarray, trace: dict | None = None) -> np
 def run_float(model: GruModel, x: np.ndarray, traces: list | None = None) -> np.ndarray:
     """Run the whole model on batch-first `x [N, T, C]`; returns `y [N, T, H * directions]`.
 
-    With `traces` (a list), `traces[l][d]` receives the trace dict of layer l, direction d.
+    With `traces` (a list), `traces[l][d]` receives the trace dict of layer l, direction d (a
+    list filled by an earlier call is refilled, reusing its arrays).
     """
+    reuse = traces[:] if traces else []
+    if traces is not None:
+        traces.clear()
     seq = np.ascontiguousarray(np.asarray(x, np.float32).transpose(1, 0, 2))  # [T, N, C]
     for cells in model.layers:
         outs, layer_traces = [], []
         for d, cell in enumerate(cells):
-            trace = {} if traces is not None else None
+            trace = None if traces is None else (reuse[len(traces)][d] if len(reuse) > len(traces) else {})
             inp = seq if d == 0 else seq[::-1]
             h = run_direction(cell, np.ascontiguousarray(inp), trace)
             outs.append(h if d == 0 else h[::-1])
