@@ -26,20 +26,23 @@ def accuracy(y_seq: np.ndarray, head: dict, labels: np.ndarray) -> float:
 
 
 def evaluate() -> list[dict]:
+    """Float, then each preset with min/max, then int8 with each calibration method."""
     model = import_model(HERE / "digits_gru.safetensors")
     head = dict(np.load(HERE / "digits_head.npz"))
     x = np.load(HERE / "test.npy")
     labels = np.load(HERE / "test_labels.npy")
     y_float = run_float(model, x)
     rows = [{"preset": "float", "accuracy": accuracy(y_float, head, labels)}]
-    for preset in ("int8", "w8a16", "int16"):
-        obs = collect(model, open_sequences(HERE / "calib.npy"), "minmax")
-        qm = build_quant_model(model, obs, preset_config(preset), {})
+    runs = [(p, "minmax") for p in ("int8", "w8a16", "int16")]
+    runs += [("int8", m) for m in ("ema", "percentile", "mse", "kl")]
+    for preset, method in runs:
+        obs = collect(model, open_sequences(HERE / "calib.npy"), method)
+        qm = build_quant_model(model, obs, preset_config(preset), {}, method)
         s = qm.cells[-1][0].spec["h"]
         y_q = dequantize(run_int(qm, x), s.exp2_inv, s.zp)
         d = Distance()
         d.add(y_q, y_float)
-        rows.append({"preset": preset, "accuracy": accuracy(y_q, head, labels),
+        rows.append({"preset": f"{preset} {method}", "accuracy": accuracy(y_q, head, labels),
                      "cosine": d.cosine, "snr_db": d.snr_db})
     return rows
 
@@ -47,4 +50,4 @@ def evaluate() -> list[dict]:
 if __name__ == "__main__":
     for r in evaluate():
         extra = f"  cosine {r['cosine']:.6f}  SNR {r['snr_db']:.2f} dB" if "cosine" in r else ""
-        print(f"{r['preset']:>6}: accuracy {100 * r['accuracy']:.2f}%{extra}")
+        print(f"{r['preset']:>17}: accuracy {100 * r['accuracy']:.2f}%{extra}")
