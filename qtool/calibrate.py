@@ -113,6 +113,13 @@ def collect(model: GruModel, data: SequenceData, plan: MethodPlan | str, chunk: 
     return collect_many(model, data, [plan], chunk, limit, progress)[0]
 
 
+def merge_observers(a: Observers, b: Observers) -> Observers:
+    """Observers of the same model and plan from disjoint data (other files, other processes:
+    they pickle) merged into one, as if one pass had seen all of it."""
+    return [[{n: o.merge(b[l][d][n]) for n, o in cell.items()} for d, cell in enumerate(layer)]
+            for l, layer in enumerate(a)]
+
+
 def _observer(obs: Observers, l: int, d: int, name: str) -> Observer:
     """The observer whose statistics set a tensor's parameters, after the ties."""
     if name == "x" and l > 0:

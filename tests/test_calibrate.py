@@ -145,3 +145,32 @@ def test_calibration_streams_in_chunks_like_one_batch():
     observe_batch(model, x[4:], two)
     for name in one[0][0]:
         assert one[0][0][name].range() == two[0][0][name].range()
+
+
+def _observe_part(args):
+    model, x, method = args
+    obs = new_observers(model, method)
+    observe_batch(model, x, obs)
+    return obs  # pickled back to the parent
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile", "mse", "kl"])
+def test_observers_from_other_processes_merge_like_one_pass(method):
+    """Calibration split over processes: each observes a part, the parent merges the pickled
+    observers; the parameters equal those of one pass over everything."""
+    import multiprocessing
+
+    from qtool.calibrate import build_quant_model, merge_observers
+    from qtool.tensors import preset_config
+
+    model = random_model(C=3, H=5, layers=2, dirs=2, seed=5)
+    x = np.random.RandomState(5).randn(12, 6, 3).astype(np.float32)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        parts = pool.map(_observe_part, [(model, x[:5], method), (model, x[5:], method)])
+    whole = new_observers(model, method)
+    observe_batch(model, x, whole)
+    qa = build_quant_model(model, merge_observers(*parts), preset_config("int8"), {}, method)
+    qb = build_quant_model(model, whole, preset_config("int8"), {}, method)
+    for ca, cb in zip(sum(qa.cells, []), sum(qb.cells, [])):
+        for name, t in ca.spec.items():
+            assert (np.array_equal(t.exp2_inv, cb.spec[name].exp2_inv) and t.zp == cb.spec[name].zp), name
