@@ -16,6 +16,7 @@ import numpy as np
 
 from qtool import __version__
 from qtool.errors import QtoolError
+from qtool.intops import rshift_round
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.rescale import CHANNEL_ROWS
@@ -63,7 +64,7 @@ SIZES = {"int8_t": 1, "int16_t": 2, "int32_t": 4, "int64_t": 8}
 @dataclass
 class Footprint:
     weight_bytes: int = 0      # qW, qR
-    bias_bytes: int = 0        # qbx, qbr
+    bias_bytes: int = 0        # the folded bias terms
     table_bytes: int = 0       # LUTs
     other_bytes: int = 0       # shifts, compensation, P
     ram_bytes: int = 0         # streaming state + scratch
@@ -79,6 +80,18 @@ def _gemm_acc64(q_w: np.ndarray, bits_in: int) -> bool:
     return int(np.abs(q_w).sum(axis=1).max(initial=0)) * (1 << (bits_in - 1)) >= 2**31
 
 
+def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The bias terms of `intops.gru_cell` are constants per channel: fold them at export.
+    b_pre [3H]: rshift_round(qbx, sh_bx), plus rshift_round(qbr, sh_br) for the z and r blocks
+    (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g)."""
+    bx = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbx"], rows["sh_bx"])], np.int64)
+    br = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbr"], rows["sh_br"])], np.int64)
+    H = bx.size // 3
+    b_pre = bx.copy()
+    b_pre[:2 * H] += br[:2 * H]
+    return b_pre, br[2 * H:]
+
+
 def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint) -> tuple[str, str]:
     """The const arrays of one cell and its qgru_cell_t initializer."""
     cq = qm.cells[l][d]
@@ -90,15 +103,20 @@ def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint) -> 
     out.append(c_array(r_t, f"{p}_qR", cq.qR))
     fp.weight_bytes += cq.qW.size * SIZES[w_t] + cq.qR.size * SIZES[r_t]
     fp.int8_weight_bytes += cq.qW.size + cq.qR.size
-    for name in ("qbx", "qbr"):
-        out.append(c_array("int32_t", f"{p}_{name}", getattr(cq, name)))
-        fp.bias_bytes += getattr(cq, name).size * 4
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
+    b_pre, b_rh = folded_biases(rows)
+    b_t = int_type(np.concatenate([b_pre, b_rh]), ("int8_t", "int16_t", "int32_t"))
+    for name, v in (("b_pre", b_pre), ("b_Rh_add_br", b_rh)):
+        out.append(c_array(b_t, f"{p}_{name}", v))
+        fp.bias_bytes += v.size * SIZES[b_t]
     comps = {}
-    for r in ("sh_W", "sh_R", "sh_bx", "sh_br"):
+    for r in ("sh_W", "sh_R"):
         out.append(c_array("int8_t", f"{p}_{r}", rows[r]))
         fp.other_bytes += rows[r].size
     for r in ("W_sum_mul_x_zp", "R_sum_mul_h_zp"):
+        if not rows[r].any():  # zero point 0: nothing to compensate
+            comps[r] = ("NULL", "NULL")
+            continue
         t = int_type(rows[r], ("int32_t", "int64_t"))
         comps[r] = (f"{p}_{r}", "NULL") if t == "int32_t" else ("NULL", f"{p}_{r}")
         out.append(c_array(t, f"{p}_{r}", rows[r]))
@@ -111,8 +129,8 @@ def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint) -> 
     H, C = cq.qR.shape[1], cq.qW.shape[1]
     fp.macs_per_step += 3 * H * (C + H)
     acc64 = int(_gemm_acc64(cq.qW, cq.spec["x"].bits) or _gemm_acc64(cq.qR, cq.spec["h"].bits))
-    init = (f"    {{{C}, {H}, {SIZES[w_t]}, {SIZES[r_t]}, {acc64}, {p}_qW, {p}_qR, {p}_qbx, "
-            f"{p}_qbr, {p}_sh_W, {p}_sh_R, {p}_sh_bx, {p}_sh_br, "
+    init = (f"    {{{C}, {H}, {SIZES[w_t]}, {SIZES[r_t]}, {acc64}, {p}_qW, {p}_qR, {SIZES[b_t]}, "
+            f"{p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, {p}_sh_R, "
             f"{comps['W_sum_mul_x_zp'][0]}, {comps['W_sum_mul_x_zp'][1]}, "
             f"{comps['R_sum_mul_h_zp'][0]}, {comps['R_sum_mul_h_zp'][1]}, {p}_P, "
             f"{p}_lut_z, {p}_lut_r, {p}_lut_g}}")

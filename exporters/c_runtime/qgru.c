@@ -36,9 +36,19 @@ int64_t qgru_lut_eval(const int16_t *table, int64_t u, int64_t shift)
     return a + qgru_rshift_round((table[i + 1] - a) * f, shift);
 }
 
-static int64_t weight(const void *w, int32_t bytes, int32_t idx)
+/* element idx of a table stored on 1, 2 or 4 bytes */
+static int64_t load(const void *w, int32_t bytes, int32_t idx)
 {
-    return bytes == 1 ? ((const int8_t *)w)[idx] : ((const int16_t *)w)[idx];
+    if (bytes == 1) {
+        return ((const int8_t *)w)[idx];
+    }
+    return bytes == 2 ? ((const int16_t *)w)[idx] : ((const int32_t *)w)[idx];
+}
+
+/* zero-point compensation of channel c; absent tables mean a zero point of 0 */
+static int64_t comp(const int32_t *c32, const int64_t *c64, int32_t c)
+{
+    return c32 ? c32[c] : (c64 ? c64[c] : 0);
 }
 
 /* sum_k w[c][k] * v[k], in int32 when the exported bound allows it, else int64 */
@@ -63,7 +73,7 @@ static int64_t dot(const void *w, int32_t bytes, int32_t acc64, int32_t c, const
     } else {
         int64_t s = 0;
         for (k = 0; k < n; k++) {
-            s += weight(w, bytes, c * n + k) * v[k];
+            s += load(w, bytes, c * n + k) * v[k];
         }
         return s;
     }
@@ -80,19 +90,18 @@ void qgru_cell_step(const qgru_cell_t *cell, const int16_t *x, int16_t *h, qgru_
 
     for (c = 0; c < 3 * H; c++) {
         /* Wx rescale with zero-point compensation */
-        int64_t comp = cell->W_sum_mul_x_zp32 ? cell->W_sum_mul_x_zp32[c] : cell->W_sum_mul_x_zp64[c];
         int64_t acc = dot(cell->qW, cell->w_bytes, cell->acc64, c, x, C);
-        scratch.q_Wx[c] = (int16_t)qgru_rescale(acc - comp, cell->sh_W[c], zp_Wx, P[QGRU_LO_WX],
-                                                P[QGRU_HI_WX]);
+        scratch.q_Wx[c] = (int16_t)qgru_rescale(acc - comp(cell->W_sum_mul_x_zp32, cell->W_sum_mul_x_zp64, c),
+                                                cell->sh_W[c], zp_Wx, P[QGRU_LO_WX], P[QGRU_HI_WX]);
         /* Rh: raw sums over the old state, before any unit is updated */
         scratch.acc_Rh[c] = dot(cell->qR, cell->r_bytes, cell->acc64, c, h, H);
     }
     for (j = 0; j < H; j++) {
         const int32_t jz = j, jr = j + H, jg = j + 2 * H;
         const int64_t q_Wx_z = scratch.q_Wx[jz], q_Wx_r = scratch.q_Wx[jr], q_Wx_g = scratch.q_Wx[jg];
-        const int64_t comp_z = cell->R_sum_mul_h_zp32 ? cell->R_sum_mul_h_zp32[jz] : cell->R_sum_mul_h_zp64[jz];
-        const int64_t comp_r = cell->R_sum_mul_h_zp32 ? cell->R_sum_mul_h_zp32[jr] : cell->R_sum_mul_h_zp64[jr];
-        const int64_t comp_g = cell->R_sum_mul_h_zp32 ? cell->R_sum_mul_h_zp32[jg] : cell->R_sum_mul_h_zp64[jg];
+        const int64_t comp_z = comp(cell->R_sum_mul_h_zp32, cell->R_sum_mul_h_zp64, jz);
+        const int64_t comp_r = comp(cell->R_sum_mul_h_zp32, cell->R_sum_mul_h_zp64, jr);
+        const int64_t comp_g = comp(cell->R_sum_mul_h_zp32, cell->R_sum_mul_h_zp64, jg);
         const int64_t q_h_old = h[j];
         int64_t q_Rh_z, q_Rh_r, q_Rh_g, q_z_pre, q_z, q_r_pre, q_r, q_Rh_add_br, q_rRh, q_g_pre, q_g;
         int64_t q_old_contrib, q_one_minus_z, q_new_contrib, q_h_new;
@@ -104,28 +113,26 @@ void qgru_cell_step(const qgru_cell_t *cell, const int16_t *x, int16_t *h, qgru_
         /* 1. update gate */
         q_z_pre = qgru_clamp(qgru_rshift_round(q_Wx_z - zp_Wx, P[QGRU_SH_WX_Z_PRE])
                              + qgru_rshift_round(q_Rh_z - zp_Rh, P[QGRU_SH_RH_Z_PRE])
-                             + qgru_rshift_round(cell->qbx[jz], cell->sh_bx[jz])
-                             + qgru_rshift_round(cell->qbr[jz], cell->sh_br[jz])
+                             + load(cell->b_pre, cell->b_bytes, jz)
                              + P[QGRU_ZP_Z_PRE], P[QGRU_LO_Z_PRE], P[QGRU_HI_Z_PRE]);
         q_z = qgru_lut_eval(cell->lut_z, q_z_pre - P[QGRU_LO_Z_PRE], P[QGRU_LUT_SHIFT_Z]);
 
         /* 2. reset gate */
         q_r_pre = qgru_clamp(qgru_rshift_round(q_Wx_r - zp_Wx, P[QGRU_SH_WX_R_PRE])
                              + qgru_rshift_round(q_Rh_r - zp_Rh, P[QGRU_SH_RH_R_PRE])
-                             + qgru_rshift_round(cell->qbx[jr], cell->sh_bx[jr])
-                             + qgru_rshift_round(cell->qbr[jr], cell->sh_br[jr])
+                             + load(cell->b_pre, cell->b_bytes, jr)
                              + P[QGRU_ZP_R_PRE], P[QGRU_LO_R_PRE], P[QGRU_HI_R_PRE]);
         q_r = qgru_lut_eval(cell->lut_r, q_r_pre - P[QGRU_LO_R_PRE], P[QGRU_LUT_SHIFT_R]);
 
         /* 3. candidate gate: g = tanh(Wx_g + r * (Rh_g + br_g) + bx_g) */
         q_Rh_add_br = qgru_clamp(qgru_rshift_round(q_Rh_g - zp_Rh, P[QGRU_SH_RH_RH_ADD_BR])
-                                 + qgru_rshift_round(cell->qbr[jg], cell->sh_br[jg])
+                                 + load(cell->b_Rh_add_br, cell->b_bytes, j)
                                  + P[QGRU_ZP_RH_ADD_BR], P[QGRU_LO_RH_ADD_BR], P[QGRU_HI_RH_ADD_BR]);
         q_rRh = qgru_rescale((q_r - P[QGRU_ZP_R_OUT]) * (q_Rh_add_br - P[QGRU_ZP_RH_ADD_BR]),
                              P[QGRU_SH_RRH], P[QGRU_ZP_RRH], P[QGRU_LO_RRH], P[QGRU_HI_RRH]);
         q_g_pre = qgru_clamp(qgru_rshift_round(q_Wx_g - zp_Wx, P[QGRU_SH_WX_G_PRE])
                              + qgru_rshift_round(q_rRh - P[QGRU_ZP_RRH], P[QGRU_SH_RRH_G_PRE])
-                             + qgru_rshift_round(cell->qbx[jg], cell->sh_bx[jg])
+                             + load(cell->b_pre, cell->b_bytes, jg)
                              + P[QGRU_ZP_G_PRE], P[QGRU_LO_G_PRE], P[QGRU_HI_G_PRE]);
         q_g = qgru_lut_eval(cell->lut_g, q_g_pre - P[QGRU_LO_G_PRE], P[QGRU_LUT_SHIFT_G]);
 

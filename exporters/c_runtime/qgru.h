@@ -45,13 +45,13 @@ typedef struct {
     int32_t acc64;                   /* 1: GEMM sums need int64 */
     const void *qW;
     const void *qR;
-    const int32_t *qbx;
-    const int32_t *qbr;
+    int32_t b_bytes;                 /* storage of the two bias arrays: 1, 2 or 4 */
+    const void *b_pre;               /* [3H] rshift_round(qbx, sh_bx) (+ rshift_round(qbr, sh_br) for z, r):
+                                        the bias terms of z_pre | r_pre | g_pre, folded at export */
+    const void *b_Rh_add_br;         /* [H] rshift_round(qbr_g, sh_br_g), the bias term of Rh_add_br */
     const int8_t *sh_W;              /* exp2_inv_W[c] + exp2_inv_x - exp2_inv_Wx */
     const int8_t *sh_R;
-    const int8_t *sh_bx;
-    const int8_t *sh_br;
-    const int32_t *W_sum_mul_x_zp32; /* zp_x * sum_k qW[c][k] */
+    const int32_t *W_sum_mul_x_zp32; /* zp_x * sum_k qW[c][k]; both NULL when zp_x is 0 */
     const int64_t *W_sum_mul_x_zp64;
     const int32_t *R_sum_mul_h_zp32;
     const int64_t *R_sum_mul_h_zp64;
