@@ -36,7 +36,7 @@ int64_t qgru_lut_eval(const int16_t *table, int64_t u, int64_t shift)
     return a + qgru_rshift_round((table[i + 1] - a) * f, shift);
 }
 
-/* element idx of a table stored on 1, 2 or 4 bytes */
+/* element idx of a bias table stored on 1, 2 or 4 bytes */
 static int64_t load(const void *w, int32_t bytes, int32_t idx)
 {
     if (bytes == 1) {
@@ -72,8 +72,16 @@ static int64_t dot(const void *w, int32_t bytes, int32_t acc64, int32_t c, const
         return s;
     } else {
         int64_t s = 0;
-        for (k = 0; k < n; k++) {
-            s += load(w, bytes, c * n + k) * v[k];
+        if (bytes == 1) {
+            const int8_t *row = (const int8_t *)w + (int32_t)c * n;
+            for (k = 0; k < n; k++) {
+                s += (int64_t)row[k] * v[k];
+            }
+        } else {
+            const int16_t *row = (const int16_t *)w + (int32_t)c * n;
+            for (k = 0; k < n; k++) {
+                s += (int64_t)row[k] * v[k];
+            }
         }
         return s;
     }
