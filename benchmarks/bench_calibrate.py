@@ -14,26 +14,15 @@ import contextlib
 import io
 import os
 import platform
-import time
 
 import numpy as np
-from bench_simulate import make_case
+from bench_simulate import best_of, make_case
 
 from calibrators import KlObserver, PercentileObserver
 from qtool.calibrate import build_quant_model, collect
 from qtool.fileio import SequenceData
 from qtool.float_gru import run_float
 from qtool.tensors import preset_config
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()  # warm-up: numba compilation or cache load
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def activations(model, x, batches: int) -> dict[str, list[np.ndarray]]:

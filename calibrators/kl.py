@@ -26,40 +26,43 @@ def _smoothed(x: float, zero: bool, eps1: float) -> float:
 
 
 @nb.njit(cache=True)
-def kl_divergence(counts, start, w, e, zp, qmin, qmax, q) -> float:
-    """KL(P || Q) of one grid; `q` is scratch of counts.size."""
+def _level(i: int, start: int, bw: float, s: float, fine: bool) -> float:
+    """The group of bin i in Q: its quantization level (bins finer than a level), else itself."""
+    return np.floor((start + i + 0.5) * bw / s + 0.5) if fine else float(i)
+
+
+@nb.njit(cache=True)
+def kl_divergence(counts, start, w, e, zp, qmin, qmax, p, q) -> float:
+    """KL(P || Q) of one grid; `p` and `q` are scratch of counts.size."""
     bw, s = 2.0**w, 2.0**-e
-    L, H = (qmin - zp) * s, (qmax - zp) * s
     fine = bw <= 0.5 * s
     n = counts.size
-    i0, i1 = n, -1  # inside bins: centre within [L, H]
-    for i in range(n):
-        mid = (start + i + 0.5) * bw
-        if L <= mid <= H:
-            i0, i1 = min(i0, i), i
-    if i1 < 0:
+    # inside bins: centre within [L, H] (exact: every quantity is a power of two times an integer)
+    i0 = max(0, int(np.ceil((qmin - zp) * s / bw - 0.5)) - start)
+    i1 = min(n - 1, int(np.floor((qmax - zp) * s / bw - 0.5)) - start)
+    if i1 < i0:
         return np.inf
-    below, above = counts[:i0].sum(), counts[i1 + 1:].sum()
-    # Q: each level's count (outliers excluded, as TVM) spread over its non-empty bins of P
+    # P: the inside bins, with the clipped mass added to the end bins
+    p[i0:i1 + 1] = counts[i0:i1 + 1]
+    p[i0] += counts[:i0].sum()
+    p[i1] += counts[i1 + 1:].sum()
+    # Q: each level's count (clipped mass excluded, as TVM) spread over its non-empty bins of P
     i = i0
     while i <= i1:
-        key = np.floor((start + i + 0.5) * bw / s + 0.5) if fine else float(i)
+        key = _level(i, start, bw, s, fine)
         j, total, nnz = i, 0.0, 0
-        while j <= i1 and (np.floor((start + j + 0.5) * bw / s + 0.5) if fine else float(j)) == key:
-            p = counts[j] + (below if j == i0 else 0.0) + (above if j == i1 else 0.0)
+        while j <= i1 and _level(j, start, bw, s, fine) == key:
             total += counts[j]
-            nnz += p != 0.0
+            nnz += p[j] != 0.0
             j += 1
         for k in range(i, j):
-            p = counts[k] + (below if k == i0 else 0.0) + (above if k == i1 else 0.0)
-            q[k] = total / nnz if p != 0.0 else 0.0
+            q[k] = total / nnz if p[k] != 0.0 else 0.0
         i = j
     p_zeros, q_zeros, p_sum, q_sum = 0, 0, 0.0, 0.0
     for k in range(i0, i1 + 1):
-        p = counts[k] + (below if k == i0 else 0.0) + (above if k == i1 else 0.0)
-        p_zeros += p == 0.0
+        p_zeros += p[k] == 0.0
         q_zeros += q[k] == 0.0
-        p_sum += p
+        p_sum += p[k]
         q_sum += q[k]
     m = i1 - i0 + 1
     if q_sum == 0.0:
@@ -68,8 +71,7 @@ def kl_divergence(counts, start, w, e, zp, qmin, qmax, q) -> float:
     q_eps1 = EPS * q_zeros / (m - q_zeros) if q_zeros < m else 0.0
     kl = 0.0
     for k in range(i0, i1 + 1):
-        p = counts[k] + (below if k == i0 else 0.0) + (above if k == i1 else 0.0)
-        ps = _smoothed(p, p == 0.0, p_eps1) / p_sum
+        ps = _smoothed(p[k], p[k] == 0.0, p_eps1) / p_sum
         qs = _smoothed(q[k], q[k] == 0.0, q_eps1) / q_sum
         if qs <= 0.0:
             return np.inf
@@ -79,14 +81,14 @@ def kl_divergence(counts, start, w, e, zp, qmin, qmax, q) -> float:
 
 @nb.njit(cache=True)
 def _kl_search(counts, start, w, e_lo, e_hi, qmin, qmax, symmetric, zp0):
-    q = np.zeros(counts.size)
+    p, q = np.zeros(counts.size), np.zeros(counts.size)
     best, best_e, best_zp = np.inf, e_lo, zp0
     for e in range(e_lo, e_hi + 1):
-        e_best, e_zp = kl_divergence(counts, start, w, e, zp0, qmin, qmax, q), zp0
+        e_best, e_zp = kl_divergence(counts, start, w, e, zp0, qmin, qmax, p, q), zp0
         if not symmetric:
             stride = max(1, (qmax - qmin + 1) // ZP_PROBES)
             for zp in range(qmin, qmax + 1, stride):
-                d = kl_divergence(counts, start, w, e, zp, qmin, qmax, q)
+                d = kl_divergence(counts, start, w, e, zp, qmin, qmax, p, q)
                 if d < e_best * (1.0 - 1e-12):
                     e_best, e_zp = d, zp
             while stride > 1:
@@ -94,7 +96,7 @@ def _kl_search(counts, start, w, e_lo, e_hi, qmin, qmax, symmetric, zp0):
                 centre = e_zp
                 for zp in (centre - stride, centre + stride):
                     if qmin <= zp <= qmax:
-                        d = kl_divergence(counts, start, w, e, zp, qmin, qmax, q)
+                        d = kl_divergence(counts, start, w, e, zp, qmin, qmax, p, q)
                         if d < e_best * (1.0 - 1e-12):
                             e_best, e_zp = d, zp
         if e_best < best * (1.0 - 1e-12):

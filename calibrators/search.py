@@ -9,8 +9,6 @@ Ties keep the coarser grid, and for one exponent the centred zero point of the m
 
 from __future__ import annotations
 
-import numpy as np
-
 from calibrators.base import NO_BOUND
 from calibrators.histogram import HistogramObserver
 from qtool.qparams import E_MAX, choose_qparams, qrange
@@ -42,7 +40,3 @@ class SearchObserver(HistogramObserver):
         e, zp = self.search(counts, start, self.hist.w, e0, e_hi,
                                   qmin, qmax, symmetric, zp0)
         return int(e), int(zp)
-
-
-def bin_edges(start: int, n: int, w: int) -> np.ndarray:
-    return (start + np.arange(n + 1)) * 2.0**w

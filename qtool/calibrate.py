@@ -28,7 +28,7 @@ from qtool.model import GruCell, GruModel
 from qtool.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.qparams import choose_qparams, grid_range, qrange, quantize
 from qtool.rescale import derive
-from qtool.tensors import TENSORS, TensorConfig
+from qtool.tensors import BY_NAME, TENSORS, TensorConfig
 
 Observers = list[list[dict[str, Observer]]]
 GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
@@ -52,7 +52,7 @@ class MethodPlan:
         return cls(activations, weights, percentile, {n: c.method for n, c in config.items() if c.method})
 
     def method(self, name: str) -> str:
-        kind = next(t.kind for t in TENSORS if t.name == name)
+        kind = BY_NAME[name].kind
         default = {"bias": "minmax", "weight": self.weights}.get(kind, self.activations)
         return self.overrides.get(name, default)
 
@@ -165,12 +165,13 @@ def saturation_bound(func: str, out: TensorQ, bits_in: int) -> tuple[float, floa
     return lo - margin, hi + margin
 
 
-def _per_channel(values: np.ndarray, cfg: TensorConfig, method: str, plan: MethodPlan
+def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodPlan
                  ) -> tuple[TensorQ, np.ndarray]:
+    """Symmetric parameters per output channel (row), each from its own observer."""
     rows = values.reshape(values.shape[0], -1)
     e, lo, hi = [], [], []
     for row in rows:
-        o = make_observer(method, "W", plan.percentile)
+        o = plan.observer(name)
         o.observe(row[None])
         t = _tensor_q(o, cfg)
         e.append(t.exp2_inv)
@@ -187,7 +188,7 @@ def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[st
     spec: dict[str, TensorQ] = {}
     q: dict[str, np.ndarray] = {}
     for name in ("W", "R", "bx", "br"):
-        spec[name], q[name] = _per_channel(getattr(cell, name), config[name], plan.method(name), plan)
+        spec[name], q[name] = _per_channel(name, getattr(cell, name), config[name], plan)
     for name, o in observers.items():
         if name == "z_out":  # 1 - z must fit the same grid
             lo, hi = o.range()

@@ -67,11 +67,6 @@ def grid_range(exp2_inv: int, zp: int, bits: int) -> tuple[float, float]:
     return math.ldexp(qmin - zp, -exp2_inv), math.ldexp(qmax - zp, -exp2_inv)
 
 
-def choose_qparams_per_channel(lo: np.ndarray, hi: np.ndarray, bits: int) -> np.ndarray:
-    """exp2_inv per channel for a symmetric per-channel tensor (weights, biases)."""
-    return np.array([choose_qparams(a, b, bits, True)[0] for a, b in zip(lo, hi)], np.int32)
-
-
 def quantize(x, exp2_inv, zp, bits: int) -> np.ndarray:
     """q = clamp(floor(x * 2^exp2_inv + 0.5) + zp); `exp2_inv` may be per row (a [rows] array)."""
     x = np.asarray(x, np.float64)
