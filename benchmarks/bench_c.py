@@ -1,6 +1,6 @@
 """Footprint and speed of the exported C runtime for the bundled sample.
 
-    python benchmarks/bench_c.py [--bits int8]
+    python benchmarks/bench_c.py [--bits int8] [--compensation table|offset]
 
 Prints flash/RAM/MACs, host time steps per second (gcc -O2), instructions per MAC under
 callgrind (if valgrind is installed), and Cortex-M4 .text/.rodata sizes (if arm-none-eabi-gcc is
@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from exporters.c_export import export_c
+from exporters.c_export import COMPENSATION, export_c
 from exporters.c_verify import compile_c
 from qtool.calibrate import build_quant_model, collect
 from qtool.fileio import open_sequences
@@ -53,15 +53,17 @@ int main(int argc, char **argv)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", default="int8")
+    ap.add_argument("--compensation", default="table", choices=COMPENSATION)
     a = ap.parse_args()
     model = import_model(SAMPLES / "digits_gru.safetensors")
     obs = collect(model, open_sequences(SAMPLES / "calib.npy"), "minmax")
     qm = build_quant_model(model, obs, preset_config(a.bits), {"method": "minmax"})
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        fp = export_c(qm, d, "m")
+        fp = export_c(qm, d, "m", a.compensation)
         base = fp.int8_weight_bytes + fp.table_bytes
-        print(f"sample digits GRU ({a.bits}): flash {fp.flash_bytes} B (weights {fp.weight_bytes}, "
+        print(f"sample digits GRU ({a.bits}, {a.compensation} compensation): flash {fp.flash_bytes} B "
+              f"(weights {fp.weight_bytes}, "
               f"biases {fp.bias_bytes}, tables {fp.table_bytes}, shifts/compensation/params "
               f"{fp.other_bytes}), {100 * (fp.flash_bytes / base - 1):.1f}% above int8 weights + "
               f"tables; RAM {fp.ram_bytes} B; {fp.macs_per_step} MACs per step")

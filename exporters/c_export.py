@@ -70,14 +70,32 @@ class Footprint:
     ram_bytes: int = 0         # streaming state + scratch
     macs_per_step: int = 0
     int8_weight_bytes: int = 0  # the bare int8 weight bytes (W and R at 1 byte each)
+    offset_saves: int = 0      # compensation table bytes that compensation="offset" would drop
 
     @property
     def flash_bytes(self) -> int:
         return self.weight_bytes + self.bias_bytes + self.table_bytes + self.other_bytes
 
 
-def _gemm_acc64(q_w: np.ndarray, bits_in: int) -> bool:
-    return int(np.abs(q_w).sum(axis=1).max(initial=0)) * (1 << (bits_in - 1)) >= 2**31
+COMPENSATION = ("table", "offset")
+
+
+def _input_bound(spec, offset: bool) -> int:
+    """Largest |GEMM input|: q on `bits` signed bits, or q - zp when inputs are offset."""
+    lo, hi = -(1 << (spec.bits - 1)), (1 << (spec.bits - 1)) - 1
+    return max(abs(lo - spec.zp), abs(hi - spec.zp)) if offset else max(-lo, hi)
+
+
+def _gemm_acc64(q_w: np.ndarray, in_bound: int) -> bool:
+    return int(np.abs(q_w).sum(axis=1).max(initial=0)) * in_bound >= 2**31
+
+
+def offset_inputs(spec: dict, compensation: str) -> bool:
+    """Whether a cell compensates zero points by offsetting its GEMM inputs: asked for, needed
+    (a zero point is not 0), and possible (every q - zp fits the runtime's int16 buffers)."""
+    x, h = spec["x"], spec["h"]
+    return (compensation == "offset" and (x.zp != 0 or h.zp != 0)
+            and max(_input_bound(x, True), _input_bound(h, True)) < 2**15)
 
 
 def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -92,9 +110,11 @@ def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return b_pre, br[2 * H:]
 
 
-def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint) -> tuple[str, str]:
+def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint,
+                 compensation: str) -> tuple[str, str]:
     """The const arrays of one cell and its qgru_cell_t initializer."""
     cq = qm.cells[l][d]
+    offset = offset_inputs(cq.spec, compensation)
     p = f"{prefix}_l{l}_{DIRECTIONS[d]}"
     out = []
     w_t = "int8_t" if cq.spec["W"].bits <= 8 else "int16_t"
@@ -114,13 +134,14 @@ def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint) -> 
         out.append(c_array("int8_t", f"{p}_{r}", rows[r]))
         fp.other_bytes += rows[r].size
     for r in ("W_sum_mul_x_zp", "R_sum_mul_h_zp"):
-        if not rows[r].any():  # zero point 0: nothing to compensate
+        if offset or not rows[r].any():  # offset inputs, or zero point 0: no table
             comps[r] = ("NULL", "NULL")
             continue
         t = int_type(rows[r], ("int32_t", "int64_t"))
         comps[r] = (f"{p}_{r}", "NULL") if t == "int32_t" else ("NULL", f"{p}_{r}")
         out.append(c_array(t, f"{p}_{r}", rows[r]))
         fp.other_bytes += rows[r].size * SIZES[t]
+        fp.offset_saves += rows[r].size * SIZES[t] * offset_inputs(cq.spec, "offset")
     out.append(c_array("int32_t", f"{p}_P", cq.P))
     fp.other_bytes += cq.P.size * 4
     for lut in ("lut_z", "lut_r", "lut_g"):
@@ -128,8 +149,9 @@ def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint) -> 
         fp.table_bytes += cq.luts[lut].size * 2
     H, C = cq.qR.shape[1], cq.qW.shape[1]
     fp.macs_per_step += 3 * H * (C + H)
-    acc64 = int(_gemm_acc64(cq.qW, cq.spec["x"].bits) or _gemm_acc64(cq.qR, cq.spec["h"].bits))
-    init = (f"    {{{C}, {H}, {SIZES[w_t]}, {SIZES[r_t]}, {acc64}, {p}_qW, {p}_qR, {SIZES[b_t]}, "
+    acc64 = int(_gemm_acc64(cq.qW, _input_bound(cq.spec["x"], offset))
+                or _gemm_acc64(cq.qR, _input_bound(cq.spec["h"], offset)))
+    init = (f"    {{{C}, {H}, {SIZES[w_t]}, {SIZES[r_t]}, {acc64}, {int(offset)}, {p}_qW, {p}_qR, {SIZES[b_t]}, "
             f"{p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, {p}_sh_R, "
             f"{comps['W_sum_mul_x_zp'][0]}, {comps['W_sum_mul_x_zp'][1]}, "
             f"{comps['R_sum_mul_h_zp'][0]}, {comps['R_sum_mul_h_zp'][1]}, {p}_P, "
@@ -152,8 +174,12 @@ def _scale_comments(qm: QuantModel) -> str:
     return "\n".join(comment(x) for x in lines)
 
 
-def export_c(qm: QuantModel, out_dir: Path, name: str) -> Footprint:
-    """Write the C sources for `qm` into `out_dir` (which must exist)."""
+def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table") -> Footprint:
+    """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
+    stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
+    and h - zp_h instead (no tables; see qgru.h)."""
+    if compensation not in COMPENSATION:
+        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
     prefix = c_name(name)
     P = prefix.upper()
     model = qm.model
@@ -161,7 +187,7 @@ def export_c(qm: QuantModel, out_dir: Path, name: str) -> Footprint:
     arrays, inits = [], []
     for l, cells in enumerate(qm.cells):
         for d in range(len(cells)):
-            a, i = _cell_arrays(qm, l, d, prefix, fp)
+            a, i = _cell_arrays(qm, l, d, prefix, fp, compensation)
             arrays.append(a)
             inits.append(i)
     L, D = model.num_layers, model.num_directions
@@ -170,7 +196,10 @@ def export_c(qm: QuantModel, out_dir: Path, name: str) -> Footprint:
     max3h, max_w = 3 * max(hidden), max(widths)
     state = sum(h * D for h in hidden)
     x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
-    fp.ram_bytes = state * 2 + max3h * (2 + 8) + max_w * 2
+    offset = any(offset_inputs(cq.spec, compensation) for cells in qm.cells for cq in cells)
+    off_fields = (f"    int16_t x_off[{P}_MAX_WIDTH];\n    int16_t h_off[{P}_MAX_HIDDEN];\n"
+                  if offset else "")
+    fp.ram_bytes = state * 2 + max3h * (2 + 8) + max_w * 2 + (max_w + max(hidden)) * 2 * offset
     info = qm.info
     provenance = "\n".join(comment(f" * {k}: {v}") for k, v in (
         ("model", f"{model.name} ({model.source})"), ("calibration", info.get("method")),
@@ -216,6 +245,7 @@ static const qgru_cell_t {prefix}_cells[{L * D}] = {{
 #define {P}_STATE_SIZE {state} /* int16 values: every layer's and direction's h */
 #define {P}_MAX_3H {max3h}
 #define {P}_MAX_WIDTH {max_w}
+#define {P}_MAX_HIDDEN {max(hidden)}
 #define {P}_MACS_PER_STEP {fp.macs_per_step}
 /* int16 elements of the work buffer {prefix}_run_sequence needs for T time steps */
 #define {P}_SEQUENCE_WORK(T) (2 * (T) * {P}_MAX_WIDTH)
@@ -230,7 +260,7 @@ typedef struct {{
     int16_t q_Wx[{P}_MAX_3H];
     int64_t acc_Rh[{P}_MAX_3H];
     int16_t layer_io[{P}_MAX_WIDTH];
-}} {prefix}_state_t;
+{off_fields}}} {prefix}_state_t;
 
 /* h = 0 for every layer (q = zp_h). */
 void {prefix}_reset({prefix}_state_t *s);
@@ -298,6 +328,8 @@ static qgru_scratch_t {prefix}_scratch({prefix}_state_t *s)
     qgru_scratch_t sc;
     sc.q_Wx = s->q_Wx;
     sc.acc_Rh = s->acc_Rh;
+    sc.x_off = {"s->x_off" if offset else "NULL"};
+    sc.h_off = {"s->h_off" if offset else "NULL"};
     return sc;
 }}
 

@@ -334,6 +334,11 @@ def export_c_cmd(
     test_vectors: Annotated[bool, typer.Option("--test-vectors", help="Also write test vectors and a main() that checks them.")] = False,
     data_path: Annotated[Path | None, typer.Option("--data", help="Take the test vectors' inputs from this data file (else random in the calibrated input range).")] = None,
     vectors: Annotated[int, typer.Option(help="Number of test sequences.")] = 4,
+    compensation: Annotated[str, typer.Option(
+        help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
+             "(int8 x int8 GEMM, for targets with int8 dot-product instructions); 'offset' subtracts "
+             "the zero point from the GEMM inputs once per step (CMSIS-NN's input offset): no tables, "
+             "less flash, int8 x int16 GEMM. Both give the same integers.")] = "table",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -362,7 +367,7 @@ def export_c_cmd(
             rng = np.random.default_rng(0)
             x = rng.uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
     with atomic_dir(output) as tmp:
-        fp = export_c(qm, tmp, prefix)
+        fp = export_c(qm, tmp, prefix, compensation)
         if x is not None:
             write_test_vectors(qm, tmp, prefix, x)
     base = fp.int8_weight_bytes + fp.table_bytes
@@ -384,6 +389,10 @@ def export_c_cmd(
     out.print(f"{fp.macs_per_step:,} multiply-accumulates per time step; flash is "
               f"{100 * (res['flash_vs_int8_weights_and_tables'] - 1):.1f}% above the bare int8 weights "
               f"plus tables ({base:,} bytes)")
+    if fp.offset_saves:
+        lean = fp.flash_bytes - fp.offset_saves
+        out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
+                  f"({100 * (lean / base - 1):.1f}% above), same integers")
     out.print(f"wrote {prefix}.h, {prefix}.c, {prefix}_params.h, qgru.h, qgru.c"
               + (f", {prefix}_test_vectors.h, {prefix}_test_main.c" if x is not None else "")
               + f" -> {output}")

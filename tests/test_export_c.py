@@ -28,14 +28,29 @@ def model_and_data(layers, dirs, seed, preset, C=5, H=6):
     return qm, rng.randn(5, 11, C).astype(np.float32) * 1.2  # held out, some beyond the range
 
 
+@pytest.mark.parametrize("compensation", ["table", "offset"])
 @pytest.mark.parametrize("preset", ["int8", "w8a16", "int16", "mixed"])
 @pytest.mark.parametrize("layers,dirs", [(1, 1), (2, 1), (2, 2)])
-def test_c_equals_simulator(tmp_path, preset, layers, dirs):
+def test_c_equals_simulator(tmp_path, preset, layers, dirs, compensation):
     qm, x = model_and_data(layers, dirs, layers * 10 + dirs, preset)
-    export_c(qm, tmp_path, "m")
+    export_c(qm, tmp_path, "m", compensation)
     res = verify(qm, tmp_path, "m", x)
     assert res["output_values"] == 5 * 11 * 6 * dirs
     assert res["output_mismatches"] == res["state_mismatches"] == res["dequantized_mismatches"] == 0
+
+
+def test_offset_compensation_drops_the_tables(tmp_path):
+    qm, _ = model_and_data(2, 1, 3, "int8")
+    assert any(cq.spec["x"].zp != 0 for cells in qm.cells for cq in cells)
+    fp_t = export_c(qm, tmp_path, "t", "table")
+    fp_o = export_c(qm, tmp_path, "o", "offset")
+    assert "_sum_mul_" in (tmp_path / "t_params.h").read_text()
+    assert "_sum_mul_" not in (tmp_path / "o_params.h").read_text()
+    comp_bytes = sum(4 * cq.CH[1].size * bool(cq.CH[1].any()) + 4 * cq.CH[3].size * bool(cq.CH[3].any())
+                     for cells in qm.cells for cq in cells)
+    assert fp_t.flash_bytes - fp_o.flash_bytes == comp_bytes
+    with pytest.raises(QtoolError, match="unknown compensation"):
+        export_c(qm, tmp_path, "x", "lazy")
 
 
 STREAM_MAIN = r"""

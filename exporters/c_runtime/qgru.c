@@ -94,15 +94,26 @@ void qgru_cell_step(const qgru_cell_t *cell, const int16_t *x, int16_t *h, qgru_
     const int32_t C = cell->input_size;
     const int64_t zp_Wx = P[QGRU_ZP_WX];
     const int64_t zp_Rh = P[QGRU_ZP_RH];
+    const int16_t *x_in = x, *h_in = h;
     int32_t c, j;
 
+    if (cell->offset_inputs) { /* compensation by offset inputs, once per step (see qgru.h) */
+        for (c = 0; c < C; c++) {
+            scratch.x_off[c] = (int16_t)(x[c] - P[QGRU_ZP_X]);
+        }
+        for (j = 0; j < H; j++) {
+            scratch.h_off[j] = (int16_t)(h[j] - P[QGRU_ZP_H]);
+        }
+        x_in = scratch.x_off;
+        h_in = scratch.h_off;
+    }
     for (c = 0; c < 3 * H; c++) {
         /* Wx rescale with zero-point compensation */
-        int64_t acc = dot(cell->qW, cell->w_bytes, cell->acc64, c, x, C);
+        int64_t acc = dot(cell->qW, cell->w_bytes, cell->acc64, c, x_in, C);
         scratch.q_Wx[c] = (int16_t)qgru_rescale(acc - comp(cell->W_sum_mul_x_zp32, cell->W_sum_mul_x_zp64, c),
                                                 cell->sh_W[c], zp_Wx, P[QGRU_LO_WX], P[QGRU_HI_WX]);
         /* Rh: raw sums over the old state, before any unit is updated */
-        scratch.acc_Rh[c] = dot(cell->qR, cell->r_bytes, cell->acc64, c, h, H);
+        scratch.acc_Rh[c] = dot(cell->qR, cell->r_bytes, cell->acc64, c, h_in, H);
     }
     for (j = 0; j < H; j++) {
         const int32_t jz = j, jr = j + H, jg = j + 2 * H;

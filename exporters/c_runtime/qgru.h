@@ -36,13 +36,19 @@ enum {
 };
 
 /* One direction of one layer. Weights are int8 (w_bytes = 1) or int16 (w_bytes = 2), row-major
- * [3H][C] and [3H][H], gate blocks z | r | g. Exactly one of comp32/comp64 pairs is set. */
+ * [3H][C] and [3H][H], gate blocks z | r | g.
+ * Zero-point compensation, two exact ways: with offset_inputs = 0, the precomputed tables
+ * W_sum_mul_x_zp / R_sum_mul_h_zp (at most one of each 32/64 pair set; both NULL when the zero
+ * point is 0) are subtracted from the raw sums; with offset_inputs = 1 there are no tables and
+ * the GEMMs read (x - zp_x) and (h - zp_h) instead: sum_k W[c][k] (x[k] - zp_x) =
+ * sum_k W[c][k] x[k] - W_sum_mul_x_zp[c], the same integer. */
 typedef struct {
     int32_t input_size;
     int32_t hidden_size;
     int32_t w_bytes;                 /* storage of qW */
     int32_t r_bytes;                 /* storage of qR */
     int32_t acc64;                   /* 1: GEMM sums need int64 */
+    int32_t offset_inputs;           /* 1: compensate by offsetting the GEMM inputs (see above) */
     const void *qW;
     const void *qR;
     int32_t b_bytes;                 /* storage of the two bias arrays: 1, 2 or 4 */
@@ -61,10 +67,13 @@ typedef struct {
     const int16_t *lut_g;
 } qgru_cell_t;
 
-/* Scratch for one step of one cell: 3H rescaled Wx values and 3H Rh sums. */
+/* Scratch for one step of one cell: 3H rescaled Wx values, 3H Rh sums, and (offset_inputs)
+ * the C offset inputs and H offset states. */
 typedef struct {
     int16_t *q_Wx;
     int64_t *acc_Rh;
+    int16_t *x_off;
+    int16_t *h_off;
 } qgru_scratch_t;
 
 int64_t qgru_rshift_round(int64_t v, int64_t n);
