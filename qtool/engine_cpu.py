@@ -1,15 +1,17 @@
 """The integer GRU on the CPU: numba kernels around the scalar functions of qtool.intops.
 
 Integer GEMMs: every product and sum is an integer. When the static bound of a GEMM's result
-(sum_k |q_W[c, k]| * max |q_x|) is below 2^24 (2^53), float32 (float64) arithmetic computes it
-exactly and vectorises best; otherwise int64 does. The choice never changes a result. BLAS is
-not used: its spinning threads fight numba's on small machines.
+(sum_k |q_W[c, k]| * max |q_x|) is below 2^31 and the operands fit int16, int32 sums of int16
+products compute it exactly on the CPU's int16 multiply-add instructions; else below 2^24 (2^53)
+float32 (float64), else int64. The choice never changes a result. BLAS is not used: its
+spinning threads fight numba's on small machines.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import register_jitable
 
 from qtool.intops import gru_cell, rescale
 from qtool.qmodel import CellQuant, QuantModel
@@ -34,21 +36,36 @@ def gemm_dtype(q_w: np.ndarray, bits_in: int):
     return np.int64
 
 
+def gemm_types(q_w: np.ndarray, bits_in: int) -> tuple[type, type, type]:
+    """(input dtype, weight dtype, sum dtype) of the CPU GEMMs: int16 inputs, int8 or int16
+    weights and int32 sums when exact, else `gemm_dtype` for all three."""
+    lo, hi = int(q_w.min(initial=0)), int(q_w.max(initial=0))
+    if bits_in <= 16 and -2**15 <= lo and hi < 2**15 and gemm_bound(q_w, bits_in) < 2**31:
+        return np.int16, np.int8 if -2**7 <= lo and hi < 2**7 else np.int16, np.int32
+    dt = gemm_dtype(q_w, bits_in)
+    return dt, dt, dt
+
+
 @njit(parallel=True, cache=True, fastmath=True)
-def int_gemm(a, w):
-    """a [M, K] @ w[N, K].T in a's dtype (exact when chosen by `gemm_dtype`).
+def _int_gemm(a, w, out):
+    """out[m, c] = sum_k w[c, k] a[m, k], summed in out's dtype.
 
     fastmath only lets the compiler reorder sums, which are exact integers here.
     """
     M, K = a.shape
-    N = w.shape[0]
-    out = np.empty((M, N), a.dtype)
     for m in prange(M):
-        for c in range(N):
-            s = a.dtype.type(0)
+        for c in range(w.shape[0]):
+            s = out.dtype.type(0)
             for k in range(K):
                 s += w[c, k] * a[m, k]
             out[m, c] = s
+
+
+def int_gemm(a: np.ndarray, w: np.ndarray, sum_dtype=None) -> np.ndarray:
+    """a [M, K] @ w [N, K].T, summed in `sum_dtype` (default a's; exact when chosen by
+    `gemm_types` or `gemm_dtype`)."""
+    out = np.empty((a.shape[0], w.shape[0]), sum_dtype or a.dtype)
+    _int_gemm(a, w, out)
     return out
 
 
@@ -62,33 +79,42 @@ def _rescale_wx(acc, P, CH, out):
                                 P[ZP_WX], P[LO_WX], P[HI_WX])
 
 
+@register_jitable(inline="always")
+def _cell_at(q_Wx, acc, out, t, n, j, H, P, CH, lut_z, lut_r, lut_g):
+    """gru_cell for unit j of sequence n at step t."""
+    return gru_cell(np.int64(q_Wx[t, n, j]), np.int64(q_Wx[t, n, j + H]),
+                    np.int64(q_Wx[t, n, j + 2 * H]), np.int64(acc[n, j]),
+                    np.int64(acc[n, j + H]), np.int64(acc[n, j + 2 * H]),
+                    np.int64(out[t, n, j]), j, j + H, j + 2 * H, P, CH, lut_z, lut_r, lut_g)
+
+
 @njit(parallel=True, cache=True, fastmath=True)
-def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, trace, do_trace):
-    """The time loop (seed Step 3): per step and sequence, Rh = R @ h in the GEMM dtype of
-    `qR`/`h_buf` (exact: see gemm_dtype), then the pointwise cell for every hidden unit.
+def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, acc, trace, do_trace):
+    """The time loop (seed Step 3): per step and sequence, Rh = R @ h summed in acc's dtype
+    (exact: see gemm_types), then the pointwise cell for every hidden unit.
 
     fastmath only lets the compiler reorder the float GEMM's sums, which are exact integers.
+    Without a trace the cell loop keeps only h, and the compiler vectorises it.
     """
     T, N, H3 = q_Wx.shape
     H = H3 // 3
-    acc = np.empty((N, H3), qR.dtype)
     for t in range(T):
         for n in prange(N):
             for c in range(H3):
-                s = qR.dtype.type(0)
+                s = acc.dtype.type(0)
                 for k in range(H):
                     s += qR[c, k] * h_buf[n, k]
                 acc[n, c] = s
-            for j in range(H):
-                res = gru_cell(np.int64(q_Wx[t, n, j]), np.int64(q_Wx[t, n, j + H]),
-                               np.int64(q_Wx[t, n, j + 2 * H]), np.int64(acc[n, j]),
-                               np.int64(acc[n, j + H]), np.int64(acc[n, j + 2 * H]),
-                               np.int64(out[t, n, j]), j, j + H, j + 2 * H, P, CH,
-                               lut_z, lut_r, lut_g)
-                out[t + 1, n, j] = res[13]
-                if do_trace:
+            if do_trace:
+                for j in range(H):
+                    res = _cell_at(q_Wx, acc, out, t, n, j, H, P, CH, lut_z, lut_r, lut_g)
+                    out[t + 1, n, j] = res[13]
                     for k in range(N_TRACE):
                         trace[t, n, k, j] = res[k]
+            else:
+                for j in range(H):
+                    out[t + 1, n, j] = _cell_at(q_Wx, acc, out, t, n, j, H, P, CH, lut_z, lut_r,
+                                                lut_g)[13]
             for j in range(H):  # the next step's GEMM operand
                 h_buf[n, j] = out[t + 1, n, j]
 
@@ -100,19 +126,19 @@ def run_cell(cq: CellQuant, qx: np.ndarray, trace: dict | None = None) -> np.nda
     """
     T, N, C = qx.shape
     H = cq.hidden_size
-    dt_W = gemm_dtype(cq.qW, cq.spec["x"].bits)
-    acc_Wx = int_gemm(qx.reshape(T * N, C).astype(dt_W), cq.qW.astype(dt_W))  # Step 1: all steps
+    in_t, w_t, sum_t = gemm_types(cq.qW, cq.spec["x"].bits)
+    acc_Wx = int_gemm(qx.reshape(T * N, C).astype(in_t), cq.qW.astype(w_t), sum_t)  # Step 1
     q_Wx = np.empty((T * N, 3 * H), np.int32)
     _rescale_wx(acc_Wx, cq.P, cq.CH, q_Wx)
-    dt_R = gemm_dtype(cq.qR, cq.spec["h"].bits)
+    in_t, w_t, sum_t = gemm_types(cq.qR, cq.spec["h"].bits)
     out = np.empty((T + 1, N, H), np.int32)
     out[0] = cq.P[ZP_H]  # h0 = 0 exactly
-    h_buf = out[0].astype(dt_R)
+    h_buf = out[0].astype(in_t)
     shape = (T, N, N_TRACE, H) if trace is not None else (1, 1, N_TRACE, 1)
     cell_trace = np.empty(shape, np.int32)
-    _run_steps(q_Wx.reshape(T, N, 3 * H), cq.qR.astype(dt_R), cq.P, cq.CH,
-               cq.luts["lut_z"], cq.luts["lut_r"], cq.luts["lut_g"], out, h_buf, cell_trace,
-               trace is not None)
+    _run_steps(q_Wx.reshape(T, N, 3 * H), cq.qR.astype(w_t), cq.P, cq.CH,
+               cq.luts["lut_z"], cq.luts["lut_r"], cq.luts["lut_g"], out, h_buf,
+               np.empty((N, 3 * H), sum_t), cell_trace, trace is not None)
     if trace is not None:
         trace["Wx"], trace["cell"] = q_Wx.reshape(T, N, 3 * H), cell_trace
     return out[1:]

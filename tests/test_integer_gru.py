@@ -6,7 +6,7 @@ import pytest
 from conftest import calibrated, random_model
 from reference_int_gru import cell_forward
 
-from qtool.engine_cpu import gemm_dtype, int_gemm, run_cell, run_int
+from qtool.engine_cpu import gemm_dtype, gemm_types, int_gemm, run_cell, run_int
 from qtool.intops import clamp, lut_eval, rescale, rshift_round
 from qtool.tensors import TensorConfig, preset_config
 
@@ -46,6 +46,23 @@ def test_int_gemm_exact_in_every_dtype(bits):
     for dt in (gemm_dtype(q_w, bits), np.int64):
         got = int_gemm(q_in.astype(dt), q_w.astype(dt))
         assert np.array_equal(got.astype(np.int64).astype(object), exact)
+
+
+@pytest.mark.parametrize("K,bits,want", [(700, 8, (np.int16, np.int8, np.int32)),
+                                         (1, 16, (np.int16, np.int16, np.int32)),
+                                         (2, 16, (np.float64,) * 3)])
+def test_int16_gemm_exact_at_the_extremes(K, bits, want):
+    """The int32-sum path at the largest products its bound admits (and just past it)."""
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    rng = np.random.RandomState(K)
+    q_w = rng.choice([lo, hi], size=(9, K))
+    q_w[0] = lo
+    q_in = rng.choice([lo, hi], size=(5, K))
+    q_in[0] = lo  # lo * lo summed K times: the largest positive sum
+    assert gemm_types(q_w, bits) == want
+    in_t, w_t, sum_t = want
+    got = int_gemm(q_in.astype(in_t), q_w.astype(w_t), sum_t)
+    assert np.array_equal(got.astype(np.int64).astype(object), q_in.astype(object) @ q_w.T.astype(object))
 
 
 def test_gemm_dtype_bounds():

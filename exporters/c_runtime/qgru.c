@@ -3,10 +3,11 @@
 
 int64_t qgru_rshift_round(int64_t v, int64_t n)
 {
-    if (n > 0) {
-        return (v + ((int64_t)1 << (n - 1))) >> n;
-    }
-    return (int64_t)((uint64_t)v << (-n)); /* v * 2^-n; the shift on unsigned avoids UB */
+    /* one of the two shifts is 0, and so is the half for n <= 0; the left shift on unsigned
+     * avoids UB for negative v */
+    const int64_t r = n > 0 ? n : 0;
+    const int64_t l = n < 0 ? -n : 0;
+    return ((int64_t)((uint64_t)v << l) + (((int64_t)1 << r) >> 1)) >> r;
 }
 
 int64_t qgru_clamp(int64_t v, int64_t lo, int64_t hi)
