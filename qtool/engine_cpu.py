@@ -1,22 +1,24 @@
 """The integer GRU on the CPU: numba kernels around the scalar functions of qtool.intops.
 
 Integer GEMMs: every product and sum is an integer. When the static bound of a GEMM's result
-(sum_k |q_W[c, k]| * max |q_x|) is below 2^31 and the operands fit int16, int32 sums of int16
-products compute it exactly on the CPU's int16 multiply-add instructions; else below 2^24 (2^53)
-float32 (float64), else int64. The choice never changes a result. BLAS is not used: its
-spinning threads fight numba's on small machines.
+(sum_k |q_W[c, k]| * max |q_x|) is below 2^31: int8 weights and 8-bit inputs go to the VNNI dot
+product where the CPU has one (qtool.simd), other operands that fit int16 to int32 sums of int16
+products (the CPU's int16 multiply-add); else below 2^24 (2^53) float32 (float64), else int64.
+The choice never changes a result. BLAS is not used: its spinning threads fight numba's on
+small machines.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
-from numba.extending import register_jitable
+from numba import njit, prange, types
+from numba.extending import overload, register_jitable
 
 from qtool.intops import gru_cell, rescale
 from qtool.qmodel import CellQuant, QuantModel
 from qtool.qparams import quantize
-from qtool.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
+from qtool.rescale import CH_R_SUM_MUL_H_ZP, CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX, sum_mul_zp
+from qtool.simd import BLOCK, HAS_VNNI, dot_u8s8
 
 N_TRACE = 14  # gru_cell's outputs: Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, ..., h
 
@@ -36,14 +38,57 @@ def gemm_dtype(q_w: np.ndarray, bits_in: int):
     return np.int64
 
 
-def gemm_types(q_w: np.ndarray, bits_in: int) -> tuple[type, type, type]:
-    """(input dtype, weight dtype, sum dtype) of the CPU GEMMs: int16 inputs, int8 or int16
-    weights and int32 sums when exact, else `gemm_dtype` for all three."""
+U8_SHIFT = 128  # 8-bit inputs seen as uint8 q + 128 (zero point zp + 128) by the VNNI path
+
+
+def gemm_types(q_w: np.ndarray, bits_in: int, vnni: bool = HAS_VNNI) -> tuple[type, type, type]:
+    """(input dtype, weight dtype, sum dtype) of the CPU GEMMs: uint8 inputs (q + 128) and int8
+    weights on VNNI, int16 inputs and int8/int16 weights with int32 sums, or `gemm_dtype`."""
     lo, hi = int(q_w.min(initial=0)), int(q_w.max(initial=0))
+    abs_sum = int(np.abs(q_w).sum(axis=1).max(initial=0))
+    if vnni and bits_in <= 8 and -2**7 <= lo and hi < 2**7 and abs_sum * 255 < 2**31:
+        return np.uint8, np.int8, np.int32
     if bits_in <= 16 and -2**15 <= lo and hi < 2**15 and gemm_bound(q_w, bits_in) < 2**31:
         return np.int16, np.int8 if -2**7 <= lo and hi < 2**7 else np.int16, np.int32
     dt = gemm_dtype(q_w, bits_in)
     return dt, dt, dt
+
+
+def gemm_operands(q_w: np.ndarray, bits_in: int, zp_in: int, vnni: bool = HAS_VNNI):
+    """The GEMM's weights (rows zero-padded to BLOCK for VNNI), input dtype, sum dtype, the
+    offset added to the inputs, and the zero-point compensation of that input view."""
+    in_t, w_t, sum_t = gemm_types(q_w, bits_in, vnni)
+    shift = U8_SHIFT if in_t is np.uint8 else 0
+    K = q_w.shape[1]
+    w = np.zeros((q_w.shape[0], -(-K // BLOCK) * BLOCK if shift else K), w_t)
+    w[:, :K] = q_w
+    return w, in_t, sum_t, shift, sum_mul_zp(q_w, zp_in + shift)
+
+
+def gemm_input(q: np.ndarray, dtype, width: int, shift: int) -> np.ndarray:
+    """Rows of q [M, K] as the GEMM reads them: offset, in `dtype`, zero-padded to `width`."""
+    out = np.zeros((q.shape[0], width), dtype)
+    out[:, :q.shape[1]] = q + shift
+    return out
+
+
+def row_dot(w, c, a, m, zero):
+    """sum_k w[c, k] * a[m, k], summed in zero's type (numba only)."""
+    raise NotImplementedError
+
+
+@overload(row_dot, inline="always")
+def _row_dot(w, c, a, m, zero):
+    if a.dtype == types.uint8:
+        return lambda w, c, a, m, zero: dot_u8s8(a, m, w, c)
+
+    def impl(w, c, a, m, zero):
+        s = zero
+        for k in range(w.shape[1]):
+            s += w[c, k] * a[m, k]
+        return s
+
+    return impl
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -52,13 +97,9 @@ def _int_gemm(a, w, out):
 
     fastmath only lets the compiler reorder sums, which are exact integers here.
     """
-    M, K = a.shape
-    for m in prange(M):
+    for m in prange(a.shape[0]):
         for c in range(w.shape[0]):
-            s = out.dtype.type(0)
-            for k in range(K):
-                s += w[c, k] * a[m, k]
-            out[m, c] = s
+            out[m, c] = row_dot(w, c, a, m, out.dtype.type(0))
 
 
 def int_gemm(a: np.ndarray, w: np.ndarray, sum_dtype=None) -> np.ndarray:
@@ -69,13 +110,14 @@ def int_gemm(a: np.ndarray, w: np.ndarray, sum_dtype=None) -> np.ndarray:
     return out
 
 
-@njit(parallel=True, cache=True)
-def _rescale_wx(acc, P, CH, out):
-    """q_Wx[c] = S_W[c] S_x / S_Wx (acc[c] - W_sum_mul_x_zp[c]) + Z_Wx, saturated."""
-    M, C3 = acc.shape
-    for m in prange(M):
-        for c in range(C3):
-            out[m, c] = rescale(np.int64(acc[m, c]) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c],
+@njit(parallel=True, cache=True, fastmath=True)
+def _wx(a, w, zero, P, CH, out):
+    """Seed Step 1 with a fused epilogue: q_Wx[m, c] = S_W[c] S_x / S_Wx (sum_k w[c, k] a[m, k]
+    - W_sum_mul_x_zp[c]) + Z_Wx, saturated; the sums in zero's type (exact: see gemm_types)."""
+    for m in prange(a.shape[0]):
+        for c in range(w.shape[0]):
+            acc = row_dot(w, c, a, m, zero)
+            out[m, c] = rescale(np.int64(acc) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c],
                                 P[ZP_WX], P[LO_WX], P[HI_WX])
 
 
@@ -89,9 +131,9 @@ def _cell_at(q_Wx, acc, out, t, n, j, H, P, CH, lut_z, lut_r, lut_g):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, acc, trace, do_trace):
-    """The time loop (seed Step 3): per step and sequence, Rh = R @ h summed in acc's dtype
-    (exact: see gemm_types), then the pointwise cell for every hidden unit.
+def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, h_shift, acc, trace, do_trace):
+    """The time loop (seed Step 3): per step and sequence, Rh = R @ (h + h_shift) summed in
+    acc's dtype (exact: see gemm_types), then the pointwise cell for every hidden unit.
 
     fastmath only lets the compiler reorder the float GEMM's sums, which are exact integers.
     Without a trace the cell loop keeps only h, and the compiler vectorises it.
@@ -101,10 +143,7 @@ def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, acc, trace, do_
     for t in range(T):
         for n in prange(N):
             for c in range(H3):
-                s = acc.dtype.type(0)
-                for k in range(H):
-                    s += qR[c, k] * h_buf[n, k]
-                acc[n, c] = s
+                acc[n, c] = row_dot(qR, c, h_buf, n, acc.dtype.type(0))
             if do_trace:
                 for j in range(H):
                     res = _cell_at(q_Wx, acc, out, t, n, j, H, P, CH, lut_z, lut_r, lut_g)
@@ -116,7 +155,7 @@ def _run_steps(q_Wx, qR, P, CH, lut_z, lut_r, lut_g, out, h_buf, acc, trace, do_
                     out[t + 1, n, j] = _cell_at(q_Wx, acc, out, t, n, j, H, P, CH, lut_z, lut_r,
                                                 lut_g)[13]
             for j in range(H):  # the next step's GEMM operand
-                h_buf[n, j] = out[t + 1, n, j]
+                h_buf[n, j] = out[t + 1, n, j] + h_shift
 
 
 def run_cell(cq: CellQuant, qx: np.ndarray, trace: dict | None = None) -> np.ndarray:
@@ -126,19 +165,20 @@ def run_cell(cq: CellQuant, qx: np.ndarray, trace: dict | None = None) -> np.nda
     """
     T, N, C = qx.shape
     H = cq.hidden_size
-    in_t, w_t, sum_t = gemm_types(cq.qW, cq.spec["x"].bits)
-    acc_Wx = int_gemm(qx.reshape(T * N, C).astype(in_t), cq.qW.astype(w_t), sum_t)  # Step 1
+    x, h = cq.spec["x"], cq.spec["h"]
+    W, in_t, sum_t, x_shift, comp_W = gemm_operands(cq.qW, x.bits, x.zp)
+    R, h_t, h_sum_t, h_shift, comp_R = gemm_operands(cq.qR, h.bits, h.zp)
+    CH = cq.CH.copy()  # the compensation for the inputs as the GEMMs see them
+    CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = comp_W, comp_R
     q_Wx = np.empty((T * N, 3 * H), np.int32)
-    _rescale_wx(acc_Wx, cq.P, cq.CH, q_Wx)
-    in_t, w_t, sum_t = gemm_types(cq.qR, cq.spec["h"].bits)
+    _wx(gemm_input(qx.reshape(T * N, C), in_t, W.shape[1], x_shift), W, sum_t(0), cq.P, CH, q_Wx)
     out = np.empty((T + 1, N, H), np.int32)
     out[0] = cq.P[ZP_H]  # h0 = 0 exactly
-    h_buf = out[0].astype(in_t)
     shape = (T, N, N_TRACE, H) if trace is not None else (1, 1, N_TRACE, 1)
     cell_trace = np.empty(shape, np.int32)
-    _run_steps(q_Wx.reshape(T, N, 3 * H), cq.qR.astype(w_t), cq.P, cq.CH,
-               cq.luts["lut_z"], cq.luts["lut_r"], cq.luts["lut_g"], out, h_buf,
-               np.empty((N, 3 * H), sum_t), cell_trace, trace is not None)
+    _run_steps(q_Wx.reshape(T, N, 3 * H), R, cq.P, CH, cq.luts["lut_z"], cq.luts["lut_r"],
+               cq.luts["lut_g"], out, gemm_input(out[0], h_t, R.shape[1], h_shift), h_shift,
+               np.empty((N, 3 * H), h_sum_t), cell_trace, trace is not None)
     if trace is not None:
         trace["Wx"], trace["cell"] = q_Wx.reshape(T, N, 3 * H), cell_trace
     return out[1:]

@@ -55,6 +55,11 @@ SATURATED = ("Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out", "
 MAX_RIGHT, MAX_LEFT = 62, 24  # right shifts beyond 62 or left beyond 24 mean broken ranges
 
 
+def sum_mul_zp(q_w: np.ndarray, zp: int) -> np.ndarray:
+    """Zero-point compensation: sum_k q_w[c, k] (q_in[k] - zp) = (q_w @ q_in)[c] - zp * sum_k q_w[c, k]."""
+    return zp * np.asarray(q_w, np.int64).sum(axis=1)
+
+
 def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.ndarray,
            lut_shifts: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Build (P, CH) for one layer direction from its spec (name -> TensorQ) and integer weights."""
@@ -86,9 +91,9 @@ def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.
     br_target = np.array([e["z_pre"], e["r_pre"], e["Rh_add_br"]])[gate]
     rows = {
         "sh_W": spec["W"].exp2_inv + e["x"] - e["Wx"],
-        "W_sum_mul_x_zp": zp["x"] * qW.sum(axis=1),
+        "W_sum_mul_x_zp": sum_mul_zp(qW, zp["x"]),
         "sh_R": spec["R"].exp2_inv + e["h"] - e["Rh"],
-        "R_sum_mul_h_zp": zp["h"] * qR.sum(axis=1),
+        "R_sum_mul_h_zp": sum_mul_zp(qR, zp["h"]),
         "qbx": qbx, "qbr": qbr,
         "sh_bx": spec["bx"].exp2_inv - bx_target,
         "sh_br": spec["br"].exp2_inv - br_target,

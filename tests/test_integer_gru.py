@@ -6,8 +6,9 @@ import pytest
 from conftest import calibrated, random_model
 from reference_int_gru import cell_forward
 
-from qtool.engine_cpu import gemm_dtype, gemm_types, int_gemm, run_cell, run_int
+from qtool.engine_cpu import gemm_dtype, gemm_input, gemm_operands, gemm_types, int_gemm, run_cell, run_int
 from qtool.intops import clamp, lut_eval, rescale, rshift_round
+from qtool.simd import HAS_VNNI
 from qtool.tensors import TensorConfig, preset_config
 
 
@@ -59,10 +60,26 @@ def test_int16_gemm_exact_at_the_extremes(K, bits, want):
     q_w[0] = lo
     q_in = rng.choice([lo, hi], size=(5, K))
     q_in[0] = lo  # lo * lo summed K times: the largest positive sum
-    assert gemm_types(q_w, bits) == want
+    assert gemm_types(q_w, bits, vnni=False) == want
     in_t, w_t, sum_t = want
     got = int_gemm(q_in.astype(in_t), q_w.astype(w_t), sum_t)
     assert np.array_equal(got.astype(np.int64).astype(object), q_in.astype(object) @ q_w.T.astype(object))
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("K", [1, 64, 100, 700])
+def test_vnni_gemm_exact_with_its_compensation(K):
+    """uint8 view q + 128 on vpdpbusd, minus (zp + 128) * sum_k w: the seed's W @ (q - zp)."""
+    rng = np.random.RandomState(K)
+    q_w = rng.choice([-128, 127], size=(9, K))
+    q_w[0] = -128
+    q_in = rng.randint(-128, 128, size=(70, K))
+    q_in[0], q_in[1] = -128, 127
+    zp = 3
+    w, in_t, sum_t, shift, comp = gemm_operands(q_w, 8, zp, vnni=True)
+    assert (in_t, sum_t, shift, w.shape[1] % 64) == (np.uint8, np.int32, 128, 0)
+    got = int_gemm(gemm_input(q_in, in_t, w.shape[1], shift), w, sum_t).astype(np.int64) - comp
+    assert np.array_equal(got, (q_in - zp) @ q_w.T)
 
 
 def test_gemm_dtype_bounds():
