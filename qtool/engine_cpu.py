@@ -41,9 +41,11 @@ def gemm_dtype(q_w: np.ndarray, bits_in: int):
 U8_SHIFT = 128  # 8-bit inputs seen as uint8 q + 128 (zero point zp + 128) by the VNNI path
 
 
-def gemm_types(q_w: np.ndarray, bits_in: int, vnni: bool = HAS_VNNI) -> tuple[type, type, type]:
+def gemm_types(q_w: np.ndarray, bits_in: int, vnni: bool | None = None) -> tuple[type, type, type]:
     """(input dtype, weight dtype, sum dtype) of the CPU GEMMs: uint8 inputs (q + 128) and int8
-    weights on VNNI, int16 inputs and int8/int16 weights with int32 sums, or `gemm_dtype`."""
+    weights on VNNI (default: where the CPU has it), int16 inputs and int8/int16 weights with
+    int32 sums, or `gemm_dtype`."""
+    vnni = HAS_VNNI if vnni is None else vnni
     lo, hi = int(q_w.min(initial=0)), int(q_w.max(initial=0))
     abs_sum = int(np.abs(q_w).sum(axis=1).max(initial=0))
     if vnni and bits_in <= 8 and -2**7 <= lo and hi < 2**7 and abs_sum * 255 < 2**31:
@@ -54,7 +56,7 @@ def gemm_types(q_w: np.ndarray, bits_in: int, vnni: bool = HAS_VNNI) -> tuple[ty
     return dt, dt, dt
 
 
-def gemm_operands(q_w: np.ndarray, bits_in: int, zp_in: int, vnni: bool = HAS_VNNI):
+def gemm_operands(q_w: np.ndarray, bits_in: int, zp_in: int, vnni: bool | None = None):
     """The GEMM's weights (rows zero-padded to BLOCK for VNNI), input dtype, sum dtype, the
     offset added to the inputs, and the zero-point compensation of that input view."""
     in_t, w_t, sum_t = gemm_types(q_w, bits_in, vnni)

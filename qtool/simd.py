@@ -22,6 +22,8 @@ BLOCK = 64  # bytes per vpdpbusd operand: rows are zero-padded to a multiple
 def _host_has_vnni() -> bool:
     if config.CPU_NAME not in (None, "host"):  # a generic target for portable caches
         return False
+    if config.CPU_FEATURES is not None and "+avx512vnni" not in config.CPU_FEATURES:
+        return False
     try:
         return bool(llb.get_host_cpu_features().get("avx512vnni"))
     except RuntimeError:

@@ -82,6 +82,20 @@ def test_vnni_gemm_exact_with_its_compensation(K):
     assert np.array_equal(got, (q_in - zp) @ q_w.T)
 
 
+@pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX-512 VNNI")
+def test_engine_same_integers_with_and_without_vnni(monkeypatch):
+    import qtool.engine_cpu as engine
+
+    model = random_model(C=70, H=20, layers=2, dirs=2, seed=5)
+    rng = np.random.RandomState(5)
+    qm = calibrated(model, rng.randn(6, 9, 70).astype(np.float32), "int8")
+    x = rng.randn(4, 13, 70).astype(np.float32)
+    with_vnni = run_int(qm, x)
+    monkeypatch.setattr(engine, "HAS_VNNI", False)
+    assert gemm_types(qm.cells[0][0].qW, 8) == (np.int16, np.int8, np.int32)
+    assert np.array_equal(run_int(qm, x), with_vnni)
+
+
 def test_gemm_dtype_bounds():
     assert gemm_dtype(np.full((1, 1024), 127), 8) == np.float32  # 127 * 128 * 1024 < 2^24
     assert gemm_dtype(np.full((1, 1040), 127), 8) == np.float64
