@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
 
 E_MIN, E_MAX = -24, 40  # scales from 2^24 down to 2^-40 cover every real tensor
 
@@ -68,14 +69,29 @@ def grid_range(exp2_inv: int, zp: int, bits: int) -> tuple[float, float]:
 
 
 def quantize(x, exp2_inv, zp, bits: int) -> np.ndarray:
-    """q = clamp(floor(x * 2^exp2_inv + 0.5) + zp); `exp2_inv` may be per row (a [rows] array)."""
-    x = np.asarray(x, np.float64)
+    """q = clamp(floor(x * 2^exp2_inv + 0.5) + zp); `exp2_inv` may be per row (a [rows] array
+    for [rows] or [rows, cols] values)."""
+    x = np.asarray(x)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
     e = np.asarray(exp2_inv, np.int64)
-    if e.ndim == 1 and x.ndim == 2:
-        e = e[:, None]
+    if e.ndim and not (x.ndim in (1, 2) and x.shape[0] == e.size):
+        raise ValueError(f"per-row exp2_inv {e.shape} does not match values {x.shape}")
+    rows = x.reshape(e.size, -1)
     qmin, qmax = qrange(bits)
-    q = round_half_up(np.ldexp(x, e)) + zp
-    return np.clip(q, qmin, qmax).astype(np.int64)
+    # x * 2^e is exact in float64 (x is float32 or float64 far from its exponent limits)
+    q = _quantize_rows(np.ascontiguousarray(rows), np.ldexp(1.0, e.reshape(-1)), zp, qmin, qmax)
+    return q.reshape(x.shape)
+
+
+@njit(cache=True)
+def _quantize_rows(x, scale, zp, qmin, qmax):
+    out = np.empty(x.shape, np.int64)
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            q = np.int64(np.floor(np.float64(x[r, c]) * scale[r] + 0.5)) + zp
+            out[r, c] = min(max(q, qmin), qmax)
+    return out
 
 
 def dequantize(q, exp2_inv, zp) -> np.ndarray:

@@ -48,3 +48,22 @@ def test_quantize_rounds_half_up_and_saturates():
     assert q.tolist() == [1, 0, 2, -1, 127, -128]
     assert quantize(np.array([[1.0, 2.0], [1.0, 2.0]]), np.array([1, 2]), 0, 8).tolist() == \
         [[2, 4], [4, 8]]
+
+
+def test_quantize_float32_ties_and_per_row_scales_exact():
+    """float32 inputs just below and at each half step, and per-element scales, against exact
+    rational arithmetic."""
+    from fractions import Fraction
+
+    half = np.float32(0.5) / np.float32(8)  # half a step of exp2_inv = 3
+    x = np.array([half, np.nextafter(half, np.float32(0)), -half, 3 * half, 1e-30, -7.3],
+                 np.float32)
+
+    def exact(v, e, zp):
+        return min(max(int((Fraction(float(v)) * Fraction(2)**int(e) + Fraction(1, 2)).__floor__()) + zp, -128), 127)
+
+    assert quantize(x, 3, 5, 8).tolist() == [exact(v, 3, 5) for v in x]
+    e = np.array([3, -2, 0, 7, 40, 1])
+    assert quantize(x, e, 0, 8).tolist() == [exact(v, k, 0) for v, k in zip(x, e)]
+    with pytest.raises(ValueError):
+        quantize(x, e[:3], 0, 8)
