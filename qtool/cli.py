@@ -371,7 +371,8 @@ def export_c_cmd(
         if x is not None:
             write_test_vectors(qm, tmp, prefix, x)
     base = fp.int8_weight_bytes + fp.table_bytes
-    res = {"directory": str(output), "name": prefix, "flash_bytes": fp.flash_bytes,
+    res = {"directory": str(output), "name": prefix, "compensation": compensation,
+           "flash_bytes": fp.flash_bytes,
            "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
            "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
            "flash_vs_int8_weights_and_tables": fp.flash_bytes / base}

@@ -175,6 +175,25 @@ def test_cli_export_verify_and_tables(cli, tmp_path):
         assert f["layer1/fwd/tensors/g_pre"].attrs["bits"] == 16
 
 
+def test_cli_offset_compensation_on_the_sample_meets_the_flash_goal(cli, tmp_path):
+    from conftest import SAMPLES, has
+
+    if not has("safetensors"):
+        pytest.skip("the sample is .safetensors")
+    q = tmp_path / "q.h5"
+    assert cli("calibrate", SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", "-o", q)[0] == 0
+    code, out, err = cli("export", "c", q, "-o", tmp_path / "c", "--compensation", "offset", "--json")
+    assert code == 0, err
+    fp = json.loads(out)
+    assert fp["other_bytes"] == 2 * 2 * 3 * 64 + 2 * 56 * 4  # shifts and P only: no compensation
+    assert fp["flash_vs_int8_weights_and_tables"] <= 1.05
+    code, out, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--json")
+    res = json.loads(out)
+    assert code == 0 and res["output_mismatches"] == res["state_mismatches"] == 0
+    code, _, err = cli("export", "c", q, "-o", tmp_path / "d", "--compensation", "lazy")
+    assert code == 2 and "unknown compensation" in err and not (tmp_path / "d").exists()
+
+
 def test_run_int_finals_are_last_states():
     qm, x = model_and_data(2, 2, 8, "int8")
     finals = []
