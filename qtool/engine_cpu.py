@@ -75,8 +75,9 @@ def gemm_input(q: np.ndarray, dtype, width: int, shift: int) -> np.ndarray:
 
 
 def row_dot(w, c, a, m, zero):
-    """sum_k w[c, k] * a[m, k], summed in zero's type (numba only)."""
-    raise NotImplementedError
+    """sum_k w[c, k] * a[m, k], summed in zero's type. In numba kernels the overload below
+    replaces this reference version."""
+    return type(zero)(np.dot(w[c].astype(np.int64), a[m].astype(np.int64)))
 
 
 @overload(row_dot, inline="always")

@@ -6,7 +6,7 @@ import pytest
 from conftest import calibrated, random_model
 from reference_int_gru import cell_forward
 
-from qtool.engine_cpu import gemm_dtype, gemm_input, gemm_operands, gemm_types, int_gemm, run_cell, run_int
+from qtool.engine_cpu import gemm_dtype, gemm_input, gemm_operands, gemm_types, int_gemm, row_dot, run_cell, run_int
 from qtool.intops import clamp, lut_eval, rescale, rshift_round
 from qtool.simd import HAS_VNNI
 from qtool.tensors import TensorConfig, preset_config
@@ -63,7 +63,9 @@ def test_int16_gemm_exact_at_the_extremes(K, bits, want):
     assert gemm_types(q_w, bits, vnni=False) == want
     in_t, w_t, sum_t = want
     got = int_gemm(q_in.astype(in_t), q_w.astype(w_t), sum_t)
-    assert np.array_equal(got.astype(np.int64).astype(object), q_in.astype(object) @ q_w.T.astype(object))
+    exact = q_in.astype(object) @ q_w.T.astype(object)
+    assert np.array_equal(got.astype(np.int64).astype(object), exact)
+    assert row_dot(q_w.astype(w_t), 0, q_in.astype(in_t), 0, sum_t(0)) == exact[0, 0]  # plain Python
 
 
 @pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX-512 VNNI")
