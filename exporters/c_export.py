@@ -19,6 +19,7 @@ from qtool.errors import QtoolError
 from qtool.intops import rshift_round
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
+from qtool.qparams import qrange
 from qtool.rescale import CHANNEL_ROWS
 from qtool.tensors import TENSORS
 
@@ -82,7 +83,7 @@ COMPENSATION = ("table", "offset")
 
 def _input_bound(spec, offset: bool) -> int:
     """Largest |GEMM input|: q on `bits` signed bits, or q - zp when inputs are offset."""
-    lo, hi = -(1 << (spec.bits - 1)), (1 << (spec.bits - 1)) - 1
+    lo, hi = qrange(spec.bits)
     return max(abs(lo - spec.zp), abs(hi - spec.zp)) if offset else max(-lo, hi)
 
 

@@ -47,11 +47,12 @@ def gemm_types(q_w: np.ndarray, bits_in: int, vnni: bool | None = None) -> tuple
     int32 sums, or `gemm_dtype`."""
     vnni = HAS_VNNI if vnni is None else vnni
     lo, hi = int(q_w.min(initial=0)), int(q_w.max(initial=0))
-    abs_sum = int(np.abs(q_w).sum(axis=1).max(initial=0))
-    if vnni and bits_in <= 8 and -2**7 <= lo and hi < 2**7 and abs_sum * 255 < 2**31:
+    w_int8 = -2**7 <= lo and hi < 2**7
+    bound_1 = gemm_bound(q_w, 1)  # max_c sum_k |q_w[c, k]|
+    if vnni and bits_in <= 8 and w_int8 and bound_1 * 255 < 2**31:  # uint8 inputs up to 255
         return np.uint8, np.int8, np.int32
-    if bits_in <= 16 and -2**15 <= lo and hi < 2**15 and gemm_bound(q_w, bits_in) < 2**31:
-        return np.int16, np.int8 if -2**7 <= lo and hi < 2**7 else np.int16, np.int32
+    if bits_in <= 16 and -2**15 <= lo and hi < 2**15 and bound_1 << (bits_in - 1) < 2**31:
+        return np.int16, np.int8 if w_int8 else np.int16, np.int32
     dt = gemm_dtype(q_w, bits_in)
     return dt, dt, dt
 
