@@ -18,7 +18,7 @@ from pathlib import Path
 
 from exporters.c_export import COMPENSATION, export_c
 from exporters.c_verify import compile_c
-from qtool.calibrate import build_quant_model, collect
+from qtool.calibration import build_quant_model, collect
 from qtool.fileio import open_sequences
 from qtool.importers import import_model
 from qtool.tensors import preset_config

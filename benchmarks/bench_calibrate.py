@@ -19,7 +19,7 @@ import numpy as np
 from bench_simulate import best_of, make_case
 
 from calibrators import KlObserver, PercentileObserver
-from qtool.calibrate import build_quant_model, collect
+from qtool.calibration import build_quant_model, collect
 from qtool.fileio import SequenceData
 from qtool.float_gru import run_float
 from qtool.tensors import preset_config

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from qtool.calibrate import build_quant_model, new_observers, observe_batch
+from qtool.calibration import build_quant_model, new_observers, observe_batch
 from qtool.engine_cpu import run_int
 from qtool.float_gru import run_float
 from qtool.model import GruCell, GruModel

@@ -122,7 +122,7 @@ def calibrate(
 ):
     """Observe every tensor of the GRU on calibration data and write the quantized model."""
     from calibrators import METHODS
-    from qtool.calibrate import MethodPlan, build_quant_model, collect_many
+    from qtool.calibration import MethodPlan, build_quant_model, collect_many
     from qtool.fileio import atomic_path, open_sequences
     from qtool.model import open_h5
     from qtool.qmodel import write_qmodel
@@ -194,7 +194,7 @@ def _compare(qms: list, test, batch_size: int, output: Path | None, as_json: boo
     from qtool.model import open_h5
     from qtool.qmodel import write_qmodel
     from qtool.report import compare_table
-    from qtool.simulate import simulate as run_simulation
+    from qtool.simulation import simulate as run_simulation
 
     rows = []
     with progress_bar() as bar:
@@ -237,7 +237,7 @@ def simulate(
     from qtool.model import open_h5
     from qtool.qmodel import load_qmodel
     from qtool.report import distance_table
-    from qtool.simulate import simulate as run_simulation
+    from qtool.simulation import simulate as run_simulation
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))

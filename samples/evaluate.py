@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.calibrate import build_quant_model, collect
+from qtool.calibration import build_quant_model, collect
 from qtool.engine_cpu import run_int
 from qtool.fileio import open_sequences
 from qtool.float_gru import run_float

@@ -32,7 +32,7 @@ def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
 
 
 def calibrated(model, x_calib, preset="int8", method="minmax", config=None):
-    from qtool.calibrate import build_quant_model, new_observers, observe_batch
+    from qtool.calibration import build_quant_model, new_observers, observe_batch
     from qtool.tensors import preset_config
 
     obs = new_observers(model, method)

@@ -7,7 +7,7 @@ import pytest
 from conftest import calibrated, random_model
 
 from calibrators import EmaObserver, MinMaxObserver
-from qtool.calibrate import GATES, new_observers, observe_batch, saturation_bound
+from qtool.calibration import GATES, new_observers, observe_batch, saturation_bound
 from qtool.errors import QtoolError
 from qtool.float_gru import run_float
 from qtool.model import open_h5
@@ -160,7 +160,7 @@ def test_observers_from_other_processes_merge_like_one_pass(method):
     observers; the parameters equal those of one pass over everything."""
     import multiprocessing
 
-    from qtool.calibrate import build_quant_model, merge_observers
+    from qtool.calibration import build_quant_model, merge_observers
     from qtool.tensors import preset_config
 
     model = random_model(C=3, H=5, layers=2, dirs=2, seed=5)
