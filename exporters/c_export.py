@@ -248,6 +248,8 @@ static const qgru_cell_t {prefix}_cells[{L * D}] = {{
 #define {P}_MAX_WIDTH {max_w}
 #define {P}_MAX_HIDDEN {max(hidden)}
 #define {P}_MACS_PER_STEP {fp.macs_per_step}
+/* the quantized model this export computes (qtool's fingerprint: qtool verify checks it) */
+#define {P}_MODEL_FINGERPRINT "{qm.fingerprint()}"
 /* int16 elements of the work buffer {prefix}_run_sequence needs for T time steps */
 #define {P}_SEQUENCE_WORK(T) (2 * (T) * {P}_MAX_WIDTH)
 #define {P}_INPUT_EXP2_INV {int(x_spec.exp2_inv)}

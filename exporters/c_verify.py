@@ -4,6 +4,7 @@ every output integer of every time step, and every final state, with the simulat
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -65,6 +66,15 @@ int main(int argc, char **argv)
     return 0;
 }}
 """
+
+
+def export_fingerprint(export_dir: Path, prefix: str) -> str | None:
+    """The fingerprint of the quantized model an export was made from (None: not recorded)."""
+    header = export_dir / f"{prefix}.h"
+    if not header.is_file():
+        return None
+    m = re.search(r'_MODEL_FINGERPRINT "([0-9a-f]+)"', header.read_text(errors="replace"))
+    return m.group(1) if m else None
 
 
 def find_compiler() -> list[str]:

@@ -23,7 +23,7 @@ from calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from calibrators.base import NO_BOUND
 from qtool.fileio import SequenceData
 from qtool.float_gru import TRACED, run_float
-from qtool.lut import build_lut
+from qtool.lut import GATES, build_lut
 from qtool.model import GruCell, GruModel
 from qtool.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.qparams import choose_qparams, grid_range, qrange, quantize
@@ -31,8 +31,6 @@ from qtool.rescale import derive
 from qtool.tensors import BY_NAME, TENSORS, TensorConfig
 
 Observers = list[list[dict[str, Observer]]]
-GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
-         ("lut_g", "tanh", "g_pre", "g_out"))
 INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0), "tanh": (math.atanh, -1.0)}
 
 

@@ -13,7 +13,9 @@ from qtool.rescale import PARAMS
 from qtool.tensors import TENSORS
 
 
-def _num(v: float, fmt: str = "{:.2f}") -> str:
+def _num(v: float | None, fmt: str = "{:.2f}") -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float) and math.isinf(v):
         return "inf" if v > 0 else "-inf"
     return fmt.format(v)
@@ -27,7 +29,8 @@ def _span(v) -> str:
 
 
 def _distance_cells(m: dict) -> tuple[str, ...]:
-    return (_num(m["snr_db"]), _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
+    snr = "exact" if m.get("exact") else _num(m["snr_db"])
+    return (snr, _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
             f"{100 * m['saturated']:.2f}%")
 
 
@@ -47,11 +50,31 @@ def compare_table(rows: list[dict], best: int, title: str) -> Table:
     return t
 
 
-def distance_table(results: dict, title: str) -> Table:
+SUMMARY_WORST = 5  # tensors shown beside the output and each layer's h
+
+
+def _snr_key(m: dict) -> float:
+    return math.inf if m.get("exact") else (m["snr_db"] if m["snr_db"] is not None else -math.inf)
+
+
+def distance_table(results: dict, title: str, everything: bool = True) -> Table:
+    """The output, then every tensor (`everything`) or a summary: each layer's h and the few
+    tensors with the lowest SNR."""
     t = _metric_table(title, "tensor")
-    rows = [("output", results["output"])] + list(results["tensors"].items())
+    tensors = results["tensors"]
+    if everything:
+        rows = list(tensors.items())
+    else:
+        h = [k for k in tensors if k.endswith(".h")]
+        worst = sorted((k for k in tensors if k not in h), key=lambda k: _snr_key(tensors[k]))[:SUMMARY_WORST]
+        rows = [(k, tensors[k]) for k in h] + [(f"{k} (low)", tensors[k]) for k in worst]
+    t.add_row("output", *_distance_cells(results["output"]), style="bold")
     for name, m in rows:
-        t.add_row(name, *_distance_cells(m), style="bold" if name == "output" else None)
+        t.add_row(name, *_distance_cells(m))
+    if not everything and len(tensors) > len(rows):
+        t.caption = (f"{len(rows)} of {len(tensors)} tensors: each layer's h and the {SUMMARY_WORST} "
+                     "lowest SNRs (--tensors all: every one)")
+    t.caption_justify = "left"
     return t
 
 
@@ -95,4 +118,54 @@ def lut_table(qm: QuantModel) -> Table:
                 shift = int(cq.P[PARAMS.index(f"lut_shift_{shift_idx}")])
                 t.add_row(f"{l}.{DIRECTIONS[d]}", name, str(len(cq.luts[name])), str(shift),
                           f"{cq.lut_error[name]:g}")
+    return t
+
+
+def calibration_summary(qm: QuantModel, title: str) -> Table:
+    """One row per layer direction: the grids of its input and state, and its tables' error."""
+    t = Table(title=title)
+    for col in ("layer", "x grid", "h grid", "h range", "LUT max error (LSB)"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    for l, cells in enumerate(qm.cells):
+        for d, cq in enumerate(cells):
+            x, h = cq.spec["x"], cq.spec["h"]
+            t.add_row(f"{l}.{DIRECTIONS[d]}", f"int{x.bits}, 2^-{x.exp2_inv}, zp {x.zp}",
+                      f"int{h.bits}, 2^-{h.exp2_inv}, zp {h.zp}", f"[{float(h.lo):.4g}, {float(h.hi):.4g}]",
+                      f"{max(cq.lut_error.values()):g}")
+    return t
+
+
+def layer_rows(model) -> list[dict]:
+    return [{"layer": l, "direction": DIRECTIONS[d], "W": list(c.W.shape), "R": list(c.R.shape),
+             "bx": list(c.bx.shape), "br": list(c.br.shape)}
+            for l, cells in enumerate(model.layers) for d, c in enumerate(cells)]
+
+
+def shapes_table(model, title: str) -> Table:
+    t = Table(title=title)
+    for col in ("layer", "W", "R", "bx", "br", "hidden"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    for r in layer_rows(model):
+        t.add_row(f"{r['layer']}.{r['direction']}", *("x".join(map(str, r[k])) for k in ("W", "R", "bx", "br")),
+                  str(r["R"][1]))
+    return t
+
+
+def provenance_table(qm: QuantModel) -> Table:
+    t = Table(title="provenance", show_header=False)
+    t.add_column("key", style="bold")
+    t.add_column("value", overflow="fold")
+    t.add_row("fingerprint", qm.fingerprint())
+    for k, v in qm.info.items():
+        if k != "bits_config":
+            t.add_row(k, str(v))
+    return t
+
+
+def footprint_table(summary: dict, title: str) -> Table:
+    t = Table(title=title)
+    t.add_column("what")
+    t.add_column("bytes", justify="right")
+    for k in ("weight_bytes", "bias_bytes", "table_bytes", "other_bytes", "flash_bytes", "ram_bytes"):
+        t.add_row(k.replace("_bytes", "").replace("other", "shifts, compensation, params"), f"{summary[k]:,}")
     return t

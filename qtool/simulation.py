@@ -10,7 +10,7 @@ import numpy as np
 from qtool.engine_cpu import run_cell, run_int
 from qtool.fileio import SequenceData
 from qtool.float_gru import run_float
-from qtool.metrics import Distance, count_saturated
+from qtool.metrics import Distance, count_clipped, finite_or_none
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.qparams import dequantize
@@ -55,8 +55,8 @@ class Simulation:
                 for name, q in (("W", cq.qW), ("R", cq.qR), ("bx", cq.qbx), ("br", cq.qbr)):
                     s = cq.spec[name]
                     dist = Distance()
-                    dist.add(dequantize(q, s.exp2_inv, 0), getattr(cell, name),
-                             count_saturated(q, s.bits))
+                    ref = getattr(cell, name)
+                    dist.add(dequantize(q, s.exp2_inv, 0), ref, count_clipped(ref, s.exp2_inv, 0, s.bits))
                     self.tensors[tensor_key(l, d, name)] = dist
 
     def run_chunk(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -67,7 +67,7 @@ class Simulation:
         y_int = run_int(self.qm, x, itr, runner=self.runner)
         s = self.qm.cells[-1][0].spec["h"]
         y_q = dequantize(y_int, s.exp2_inv, s.zp).astype(np.float32)
-        self.output.add(y_q, y_float, count_saturated(y_int, s.bits))
+        self.output.add(y_q, y_float, count_clipped(y_float, s.exp2_inv, s.zp, s.bits))
         T = x.shape[1]
         while len(self.steps) < T:
             self.steps.append(Distance())
@@ -84,17 +84,21 @@ class Simulation:
                 for name, q in ints.items():
                     s = cq.spec[name]
                     key = tensor_key(l, d, name)
+                    ref = ftr[l][d][name]
                     self.tensors.setdefault(key, Distance()).add(
-                        dequantize(q, s.exp2_inv, s.zp), ftr[l][d][name],
-                        count_saturated(q, s.bits))
+                        dequantize(q, s.exp2_inv, s.zp), ref, count_clipped(ref, s.exp2_inv, s.zp, s.bits))
 
     def results(self) -> dict:
         order = {name: i for i, name in enumerate(NAMES)}
-        keys = sorted(self.tensors, key=lambda k: (k.rsplit(".", 1)[0], order[k.rsplit(".", 1)[1]]))
+
+        def rank(key: str) -> tuple:
+            layer, direction, name = key.split(".")
+            return int(layer[5:]), DIRECTIONS.index(direction), order[name]
+
         return {
             "output": self.output.as_dict(),
-            "tensors": {k: self.tensors[k].as_dict() for k in keys},
-            "per_step_snr_db": [d.snr_db for d in self.steps],
+            "tensors": {k: self.tensors[k].as_dict() for k in sorted(self.tensors, key=rank)},
+            "per_step_snr_db": [finite_or_none(d.snr_db) for d in self.steps],
         }
 
 

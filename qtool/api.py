@@ -1,0 +1,385 @@
+"""The Python API: the pipeline as functions that take models and data and return objects. The
+command line (qtool.cli) only turns arguments into these calls and results into tables or JSON;
+notebooks, training scripts and distributed runs call the same functions.
+
+    import qtool
+    model = qtool.load_model("model.safetensors")          # or .pt, .keras, .onnx, haste .npz
+    qm = qtool.calibrate(model, "calib.npy", bits="int8", method="mse")
+    qtool.save(qm, "q.h5")
+    res = qtool.simulate(qm, "test.npy")
+    print(res.output.snr_db, res.output.cosine)
+    qtool.export_c(qm, "out/c", name="digits")
+    print(qtool.verify(qm, "out/c", "test.npy"))
+
+Data arguments take a file path (.npy, .npz, .h5), a float array `[N, T, C]` or a SequenceData.
+Every user error raises qtool.errors.QtoolError with a one-line message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.fileio import SequenceData, claim_output, open_sequences
+from qtool.model import GruModel
+from qtool.qmodel import QuantModel
+
+Progress = Callable[[int, int], None]  # progress(done, total)
+DataLike = str | os.PathLike | np.ndarray | SequenceData
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False) -> SequenceData:
+    """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData."""
+    if isinstance(data, SequenceData):
+        return data
+    if isinstance(data, np.ndarray):
+        return SequenceData(data, time_first, "array")
+    return open_sequences(Path(data), dataset, time_first)
+
+
+def count(data: SequenceData, limit: int | None) -> int:
+    """How many sequences to use: all, or `limit` (at least 1)."""
+    if limit is None:
+        return data.num_sequences
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise QtoolError(f"--limit must be a positive number of sequences, got {limit}")
+    return min(int(limit), data.num_sequences)
+
+
+def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None) -> GruModel:
+    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste)."""
+    from qtool.importers import import_model
+    from qtool.model import load_model as load_h5_model
+    from qtool.model import open_h5
+
+    path = Path(path)
+    model = None
+    if path.suffix.lower() in (".h5", ".hdf5") and fmt is None and path.is_file():
+        import h5py
+
+        if h5py.is_hdf5(path):
+            with open_h5(path) as f:
+                fmt_attr = f.attrs.get("format", "")
+                fmt_attr = fmt_attr.decode(errors="replace") if isinstance(fmt_attr, bytes) else str(fmt_attr)
+            if fmt_attr == "qtool-gru":
+                model = load_h5_model(path)
+            elif fmt_attr == "qtool-qgru":
+                model = load(path).model
+    if model is None:
+        model = import_model(path, fmt, name)
+    if path.is_file():
+        model.extra["sha256"] = sha256_file(path)
+    return model
+
+
+def load(path: str | os.PathLike) -> QuantModel:
+    """A quantized model file, validated (qtool.validate): safe for every engine and exporter."""
+    from qtool.qmodel import load_qmodel
+
+    return load_qmodel(Path(path))
+
+
+def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
+         confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
+    """Write a quantized model file atomically (validated first; see fileio.claim_output for when
+    an existing file may be replaced)."""
+    from qtool.fileio import write_h5
+    from qtool.qmodel import write_qmodel
+
+    path = claim_output(path, force, inputs, confirm)
+    write_h5(path, lambda f: write_qmodel(f, qm))
+    return path
+
+
+def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
+               confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
+    """Write a float model file (format qtool-gru) atomically."""
+    from qtool.fileio import write_h5
+    from qtool.model import write_model
+
+    path = claim_output(path, force, inputs, confirm)
+    write_h5(path, lambda f: write_model(f, model))
+    return path
+
+
+def _bits_config(bits: str | dict) -> tuple[str, dict]:
+    from qtool.tensors import TensorConfig, load_bits
+
+    if isinstance(bits, dict):
+        if not all(isinstance(v, TensorConfig) for v in bits.values()):
+            raise QtoolError("bits must be a preset name, a bits file or a {tensor: TensorConfig} dict")
+        return "custom", bits
+    return load_bits(bits)
+
+
+def _provenance(model: GruModel, data: SequenceData, n: int, label: str, config: dict,
+                method: str) -> dict:
+    config_text = json.dumps({k: {"bits": c.bits, "symmetric": c.symmetric, "method": c.method}
+                              for k, c in config.items()}, sort_keys=True)
+    path = Path(data.name)
+    return {
+        "method": method, "bits": label, "bits_config": config_text,
+        "data_file": path.name, "data_sha256": sha256_file(path) if path.is_file() else "",
+        "samples": n, "time_steps": data.shape[1], "source": model.source,
+        "source_sha256": model.extra.get("sha256", ""), "created": now_utc(),
+    }
+
+
+@dataclass
+class Calibration:
+    """The observations of one float pass and how to turn them into quantized models."""
+
+    model: GruModel
+    data: SequenceData
+    samples: int
+    label: str
+    config: dict
+    plans: list
+    observers: list
+
+    def quant_model(self, k: int = 0) -> QuantModel:
+        from qtool.calibration import build_quant_model
+
+        info = _provenance(self.model, self.data, self.samples, self.label, self.config,
+                           self.plans[k].label())
+        return build_quant_model(self.model, self.observers[k], self.config, info, self.plans[k])
+
+
+def observe(model: GruModel | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
+            methods: Sequence[str] = ("minmax",), method_weights: str = "minmax",
+            percentile: float = 99.99, batch_size: int = 64, limit: int | None = None,
+            dataset: str | None = None, time_first: bool = False,
+            progress: Progress | None = None) -> Calibration:
+    """One float pass over the calibration data feeding the observers of every method asked for."""
+    from calibrators import METHODS
+    from qtool.calibration import MethodPlan, collect_many
+
+    for m in [*methods, method_weights]:
+        if m not in METHODS:
+            raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
+    if not methods or len(set(methods)) != len(methods):
+        raise QtoolError("--compare needs distinct methods, e.g. minmax,percentile,mse,kl")
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    if not 50.0 < percentile <= 100.0:
+        raise QtoolError("--percentile must be in (50, 100]")
+    label, config = _bits_config(bits)
+    model = model if isinstance(model, GruModel) else load_model(model)
+    data = as_data(data, dataset, time_first)
+    data.check_features(model.input_size)
+    n = count(data, limit)
+    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
+    obs = collect_many(model, data, plans, batch_size, n,
+                       progress=(lambda done: progress(done, n)) if progress else None)
+    return Calibration(model, data, n, label, config, plans, obs)
+
+
+def calibrate(model: GruModel | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
+              method: str = "minmax", method_weights: str = "minmax", percentile: float = 99.99,
+              batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
+              time_first: bool = False, progress: Progress | None = None) -> QuantModel:
+    """Observe every tensor of the float GRU on calibration data; return the quantized model."""
+    return observe(model, data, bits=bits, methods=(method,), method_weights=method_weights,
+                   percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                   time_first=time_first, progress=progress).quant_model(0)
+
+
+@dataclass
+class Comparison:
+    """Calibration methods scored on held-out data (`rows[k]`: method and output distance)."""
+
+    models: list[QuantModel]
+    rows: list[dict]
+    best: int
+
+
+def compare(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike,
+            methods: Sequence[str], *, bits: str | dict = "int8", method_weights: str = "minmax",
+            percentile: float = 99.99, batch_size: int = 64, limit: int | None = None,
+            dataset: str | None = None, time_first: bool = False,
+            progress: Progress | None = None) -> Comparison:
+    """Calibrate with each method in one float pass and score each on held-out `test` data."""
+    cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
+                  percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                  time_first=time_first)
+    test = as_data(test, dataset, time_first)
+    test.check_features(cal.model.input_size)
+    models = [cal.quant_model(k) for k in range(len(methods))]
+    rows = []
+    total = len(models) * test.num_sequences
+    for k, qm in enumerate(models):
+        def part(done: int, _n: int, k=k) -> None:
+            if progress:
+                progress(k * test.num_sequences + done, total)
+        sim = simulate(qm, test, per_tensor=False, batch_size=max(batch_size, 256), backend="cpu",
+                       progress=part)
+        rows.append({"method": qm.info["method"], **sim.output})
+    best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"] if rows[i]["snr_db"] is not None
+               else float("inf") if rows[i]["exact"] else float("-inf"))
+    return Comparison(models, rows, best)
+
+
+@dataclass
+class SimulationResult:
+    """Distances between the integer GRU (dequantized) and the float GRU: at the output, per
+    tensor (`tensors`, keyed layer{l}.{fwd,bwd}.{tensor}) and per time step."""
+
+    output: dict
+    tensors: dict
+    per_step_snr_db: list
+    samples: int
+    seconds: float
+    backend: str
+    backend_reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"output": self.output, "tensors": self.tensors, "per_step_snr_db": self.per_step_snr_db,
+                "samples": self.samples, "seconds": self.seconds, "backend": self.backend,
+                "backend_reason": self.backend_reason, **self.extra}
+
+
+def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
+             backend: str = "auto", batch_size: int = 256, limit: int | None = None,
+             save: str | os.PathLike | None = None, force: bool = False,
+             confirm: Callable[[str], bool] | None = None, dataset: str | None = None,
+             time_first: bool = False, progress: Progress | None = None) -> SimulationResult:
+    """Run the integer GRU and the float GRU side by side on `data` and measure how far apart
+    they are. `save` writes both outputs and the raw output integers to an HDF5 file."""
+    import time
+
+    from qtool.engine_cuda import select_backend
+    from qtool.simulation import simulate as run_simulation
+
+    runner, label, reason = select_backend(backend)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    data_in = data
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    if save is not None:
+        save = claim_output(save, force, [qm_path, data.name if not isinstance(data_in, np.ndarray) else None],
+                            confirm)
+    t0 = time.perf_counter()
+    if save is None:
+        sim = run_simulation(qm, data, batch_size, per_tensor, n,
+                             (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner)
+    else:
+        from qtool.results import write_results
+
+        sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
+            qm, data, batch_size, per_tensor, n, on_chunk, runner), progress)
+    res = sim.results()
+    return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
+                            time.perf_counter() - t0, label, reason)
+
+
+@dataclass
+class ExportResult:
+    directory: Path
+    name: str
+    files: list[str]
+    replaced: list[str]
+    footprint: object
+    compensation: str
+    fingerprint: str
+
+
+def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+             compensation: str = "table", test_vectors: np.ndarray | None = None, force: bool = False,
+             confirm: Callable[[str], bool] | None = None) -> ExportResult:
+    """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
+    files of the same names that qtool wrote; other files in the directory are left alone.
+    `test_vectors`: float inputs `[V, T, C]` for a self-checking test main."""
+    import tempfile
+
+    from exporters.c_export import RUNTIME, c_name
+    from exporters.c_export import export_c as write_c
+    from exporters.c_vectors import write_test_vectors
+    from qtool.fileio import write_files
+
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    prefix = c_name(name or qm.model.name)
+    runtime = {p.stem for p in RUNTIME.iterdir()}
+    if prefix in runtime:
+        raise QtoolError(f"--name {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; "
+                         "choose another name")
+    with tempfile.TemporaryDirectory(prefix="qtool-export-") as tmp:
+        tmp = Path(tmp)
+        fp = write_c(qm, tmp, prefix, compensation)
+        if test_vectors is not None:
+            write_test_vectors(qm, tmp, prefix, test_vectors)
+        files = {p.name: p.read_bytes() for p in sorted(tmp.iterdir())}
+    replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
+    return ExportResult(Path(out_dir), prefix, list(files), replaced, fp, compensation, qm.fingerprint())
+
+
+def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
+    """The prefix of the export in `export_dir`: `name`, else the only one there, else the model's."""
+    from exporters.c_export import c_name
+
+    if not export_dir.is_dir():
+        raise QtoolError(f"export directory not found: {export_dir}")
+    if name is not None:
+        return c_name(name)
+    prefixes = sorted(p.name[:-len("_params.h")] for p in export_dir.glob("*_params.h"))
+    if len(prefixes) == 1:
+        return prefixes[0]
+    if not prefixes:
+        raise QtoolError(f"{export_dir}: no qtool C export here (no NAME_params.h); run 'qtool export c'")
+    default = c_name(qm.model.name)
+    if default in prefixes:
+        return default
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}); choose one with --name")
+
+
+def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+           name: str | None = None, limit: int | None = None, dataset: str | None = None,
+           time_first: bool = False) -> dict:
+    """Compile the exported C with the host compiler, run it on `data` and count the output
+    integers, final states and dequantized outputs that differ from the simulator's."""
+    from exporters.c_verify import export_fingerprint
+    from exporters.c_verify import verify as run_verify
+
+    if not isinstance(qm, QuantModel):
+        qm = load(Path(qm))
+    export_dir = Path(export_dir)
+    prefix = find_export(export_dir, name, qm)
+    stamp = export_fingerprint(export_dir, prefix)
+    if stamp is not None and stamp != qm.fingerprint():
+        raise QtoolError(f"the export in {export_dir} was made from another model (fingerprint "
+                         f"{stamp}, this model is {qm.fingerprint()}); run 'qtool export c' again")
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    res = run_verify(qm, export_dir, prefix, data.chunk(0, n))
+    res["name"] = prefix
+    return res
