@@ -30,8 +30,9 @@ out = Console()
 err = Console(stderr=True)
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP: unwinds like Ctrl-C, so every temporary file is removed."""
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
+    and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -458,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     try:
-        app(args=argv, prog_name="qtool", standalone_mode=False)
+        code = app(args=argv, prog_name="qtool", standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
@@ -472,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     except QtoolError as e:
         err.print(f"[red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt as e:
+    except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
         err.print(f"interrupted ({signal.Signals(signum).name}); no output was left half written")
         sys.exit(128 + signum)
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"[red]internal error:[/] {type(e).__name__}: {_one_line(e)} (please report it; set "
                   "QTOOL_DEBUG=1 for a traceback)", highlight=False, soft_wrap=True)
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)  # typer returns the code of a typer.Exit
 
 
 if __name__ == "__main__":
