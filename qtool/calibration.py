@@ -21,6 +21,7 @@ import numpy as np
 
 from calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from calibrators.base import NO_BOUND
+from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
 from qtool.float_gru import TRACED, run_float
 from qtool.lut import GATES, build_lut
@@ -130,8 +131,16 @@ def _observer(obs: Observers, l: int, d: int, name: str) -> Observer:
     return obs[l][0 if name == "x" else d][name]
 
 
-def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND) -> TensorQ:
+def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND,
+              name: str = "") -> TensorQ:
     """Parameters from the observer; the recorded range is the part of its range the grid keeps."""
+    try:
+        return _observed_q(o, cfg, bound)
+    except QtoolError as e:
+        raise QtoolError(f"{name}: {e}" if name else str(e)) from None
+
+
+def _observed_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float]) -> TensorQ:
     if o.empty:
         e, zp = choose_qparams(0.0, 0.0, cfg.bits, cfg.symmetric)
         return TensorQ(cfg.bits, cfg.symmetric, e, zp, 0.0, 0.0)
@@ -171,7 +180,7 @@ def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodP
     for row in rows:
         o = plan.observer(name)
         o.observe(row[None])
-        t = _tensor_q(o, cfg)
+        t = _tensor_q(o, cfg, name=name)
         e.append(t.exp2_inv)
         lo.append(t.lo)
         hi.append(t.hi)
@@ -193,11 +202,11 @@ def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[st
             o = make_observer("minmax", name)
             o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
         if name not in ("z_pre", "r_pre", "g_pre"):
-            spec[name] = _tensor_q(o, config[name])
+            spec[name] = _tensor_q(o, config[name], name=name)
     luts, shifts, errors = {}, [], {}
     for lut, func, src, dst in GATES:
         bound = saturation_bound(func, spec[dst], config[src].bits)
-        spec[src] = _tensor_q(observers[src], config[src], bound)
+        spec[src] = _tensor_q(observers[src], config[src], bound, src)
         a, b = spec[src], spec[dst]
         luts[lut], shift, errors[lut] = build_lut(func, a.bits, a.exp2_inv, a.zp,
                                                   b.bits, b.exp2_inv, b.zp)

@@ -9,11 +9,13 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
@@ -147,7 +149,7 @@ def import_cmd(
     api.save_model(model, output, force, confirm_at_terminal(), inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
-              f"input {model.input_size}, hidden {model.hidden_size} -> {output}")
+              f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
 
 
 @app.command()
@@ -211,7 +213,7 @@ def calibrate(
         out.print(compare_table(res.rows, res.best, f"{model.name}: {info['bits']}, calibrated on "
                                 f"{info['samples']} sequences of {info['data_file']}, scored on {eval_path.name}"))
         if output is not None:
-            out.print(f"wrote the best, {res.rows[res.best]['method']} -> {output}")
+            out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
         return
     with Bar("calibrating", 1) as bar:
         qm = api.calibrate(model, data_path, bits=bits, method=method, method_weights=method_weights,
@@ -229,7 +231,7 @@ def calibrate(
         out.print(lut_table(qm))
     else:
         out.print(calibration_summary(qm, title))
-    out.print(f"calibrated in {elapsed:.2f} s -> {output}" + ("" if verbose else "  (--verbose: every tensor)"))
+    out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}" + ("" if verbose else "  (--verbose: every tensor)"))
 
 
 @app.command()
@@ -275,7 +277,7 @@ def simulate(
     out.print(f"output SNR by time step: first {db(snr[0])}, middle {db(snr[len(snr) // 2])}, last {db(snr[-1])}")
     out.print(f"backend: {res.backend} ({res.backend_reason}); {res.seconds:.2f} s")
     if save:
-        out.print(f"saved outputs -> {save}")
+        out.print(f"saved outputs -> {escape(str(save))}")
 
 
 @app.command()
@@ -371,7 +373,7 @@ def export_c_cmd(
         out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
                   f"({100 * (lean / base - 1):.1f}% above), same integers")
     replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
-    out.print(f"wrote {', '.join(res.files)} -> {output}{replaced}")
+    out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
 
 
 def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:
@@ -387,7 +389,7 @@ def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, k
         write_bytes(output, json_bytes(qm))
     else:
         write_h5(qm, output)
-    out.print(f"parameter tables -> {output}")
+    out.print(f"parameter tables -> {escape(str(output))}")
 
 
 @export_app.command("json")
@@ -449,8 +451,9 @@ def version():
     out.print(f"qtool {__version__}")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+def _one_line(text) -> str:
+    """A message as one line, with rich markup escaped (brackets are common in shapes)."""
+    return escape(" ".join(str(text).split()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -458,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+    if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
+        warnings.simplefilter("ignore")
     try:
         code = app(args=argv, prog_name="qtool", standalone_mode=False)
     except typer.Exit as e:

@@ -21,7 +21,8 @@ GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "
 
 
 def sigmoid(v):
-    return 1.0 / (1.0 + np.exp(-v))
+    with np.errstate(over="ignore"):  # exp(-v) overflows to inf for v << 0: sigmoid is 0 there
+        return 1.0 / (1.0 + np.exp(-v))
 
 
 FUNCS = {"sigmoid": sigmoid, "tanh": np.tanh}

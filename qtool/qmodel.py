@@ -141,12 +141,18 @@ def _read_spec(g, name: str, H: int, where: str) -> TensorQ:
                    hi.astype(np.float64) if hi.ndim else float(hi))
 
 
+def _name_list(g, dataset: str, attr: str) -> list[str] | None:
+    """A dataset's attribute that lists names (P's parameter names, CH's row names)."""
+    v = getattr(g.get(dataset), "attrs", {}).get(attr)
+    if v is None or np.ndim(v) != 1:
+        return None
+    return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in v]
+
+
 def _read_cell(g, C: int, H: int, where: str) -> CellQuant:
     """Read one cell, checking each dataset's presence, shape and dtype before reading it."""
     spec = {name: _read_spec(g, name, H, where) for name in NAMES}
-    names = [str(n) for n in g["P"].attrs.get("names", [])] if "P" in g else []
-    rows = [str(n) for n in g["CH"].attrs.get("rows", [])] if "CH" in g else []
-    if names != list(PARAMS) or rows != list(CHANNEL_ROWS):
+    if _name_list(g, "P", "names") != list(PARAMS) or _name_list(g, "CH", "rows") != list(CHANNEL_ROWS):
         raise QtoolError(f"{where}: rescale parameters P/CH are missing or were written by an "
                          "incompatible qtool")
     ints = {n: h5_dataset(g, n, shp, "i", where).astype(np.int64) for n, shp in (

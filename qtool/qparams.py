@@ -54,6 +54,12 @@ def choose_qparams(lo: float, hi: float, bits: int, symmetric: bool) -> tuple[in
     e = min(E_MAX, max(E_MIN, math.floor(math.log2(levels / width)) + 2))
     while e > E_MIN and not _fits(lo, hi, e, bits, symmetric):
         e -= 1
+    if not _fits(lo, hi, e, bits, symmetric):
+        from qtool.errors import QtoolError
+
+        top = math.ldexp((1 << (bits - 1)) - 1, -E_MIN)
+        raise QtoolError(f"range [{lo:.3g}, {hi:.3g}] is wider than any {bits}-bit power-of-two grid "
+                         f"holds (|x| up to {top:.3g}); check the data's scale")
     if symmetric:
         return e, 0
     qmin, qmax = qrange(bits)
