@@ -32,6 +32,22 @@ out = Console()
 err = Console(stderr=True)
 
 
+def _flags_without_type_labels() -> None:
+    """typer's rich help labels every option with its type, flags too (`--force -f <bool>`); a
+    flag takes no value, so show none (click's own convention)."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is not None and not getattr(shown, "qtool_flags", False):
+        def display(self, ctx):
+            return None if getattr(self, "is_flag", False) else shown(self, ctx)
+        display.qtool_flags = True
+        TyperOption.display_type_rich = display
+
+
+_flags_without_type_labels()
+
+
 class Interrupted(BaseException):
     """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
     and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""
@@ -423,8 +439,8 @@ def verify(
     limit: LimitOpt = None,
     as_json: JsonOpt = False,
 ):
-    """Compile the exported C with the host compiler ($CC, default cc) and check that every output
-    integer of every time step, and every final state, equals the simulator's."""
+    """Compile the exported C ($CC, default cc) and check every output and final-state integer
+    against the simulator's."""
     from qtool import api
 
     qm = api.load(Path(need(qmodel_path, "quantized model file", "QMODEL")))
