@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
+from qtool.dist import command_scope
 from qtool.errors import QtoolError
 
 app = typer.Typer(
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> None:
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")
     try:
-        code = app(args=argv, prog_name="qtool", standalone_mode=False)
+        with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
+            code = app(args=argv, prog_name="qtool", standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

@@ -1,0 +1,120 @@
+"""Distributed calibration: every rank observes its chunks (qtool.dist.rounds); the observers
+then merge into exactly the state one process reaches by observing every chunk in order.
+
+- minmax: the union of ranges, exact in any order.
+- percentile, mse, kl (histograms): the counts on a grid of width 2^w are the counts of any
+  finer aligned grid added in groups, so they merge exactly; but the width a histogram ends with
+  depends on the order its batches came in (each batch may widen the bins so that the span seen
+  so far, measured on the aligned grid, fits). So every rank logs its histogram's extent after
+  each chunk, the root replays one process's sequence of widths from the logs in chunk order (a
+  scratch histogram fed the extents), and re-bins every rank's counts onto that width.
+- ema: the seed's EMA is a recurrence over time steps in data order; every rank logs each
+  chunk's per-step minima and maxima and the root runs the recurrence over them in chunk order.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+
+from calibrators.base import Observer
+from calibrators.ema import EmaObserver
+from calibrators.histogram import Histogram, HistogramObserver
+from qtool.calibration import MethodPlan, Observers, new_observers, observe_batch
+from qtool.dist.agree import agreed, exchange
+from qtool.dist.rounds import run_rounds
+from qtool.fileio import SequenceData
+from qtool.model import GruModel
+
+
+class Logged:
+    """An observer that also logs, per chunk (`clock[0]`: the chunk's first sequence), what the
+    exact merge needs. A rank's histogram extent after chunk k stands in for chunk k's own
+    extent: both give the same width step, because the part of the rank's extent that chunk k
+    did not add lies inside the extent one process has seen by then (earlier chunks)."""
+
+    def __init__(self, inner: Observer, clock: list[int]):
+        self.inner = inner
+        self.clock = clock
+        self.log: list[tuple] = []
+
+    def observe(self, values: np.ndarray) -> None:
+        self.inner.observe(values)
+        if not np.size(values):
+            return
+        if isinstance(self.inner, HistogramObserver):
+            self.log.append((self.clock[0], self.inner.hist.lo, self.inner.hist.hi))
+        elif isinstance(self.inner, EmaObserver):
+            flat = values.reshape(values.shape[0], -1)
+            self.log.append((self.clock[0], flat.min(axis=1), flat.max(axis=1)))
+
+
+def _map(obs: Observers, f) -> Observers:
+    return [[{name: f(o) for name, o in cell.items()} for cell in layer] for layer in obs]
+
+
+def _histogram_on(parts: list[Histogram], w: int) -> Histogram:
+    """The sum of histograms re-binned onto width 2^w (exact: aligned power-of-two bins)."""
+    out = Histogram(w)
+    for h in parts:
+        if not h.counts.size:
+            continue
+        if h.w > w:
+            raise RuntimeError(f"a rank's histogram is coarser (2^{h.w}) than one process's (2^{w})")
+        c = copy.deepcopy(h)
+        c._coarsen(w)
+        out._add_counts(c.start, c.counts)
+        out.lo, out.hi = min(out.lo, h.lo), max(out.hi, h.hi)
+    return out
+
+
+def merge_logged(parts: list[tuple[Observer, list]]) -> Observer:
+    """One observer from every rank's (observer, log), equal to one process's."""
+    observers = [o for o, _ in parts]
+    log = sorted((entry for _, entries in parts for entry in entries), key=lambda e: e[0])
+    first = observers[0]
+    if isinstance(first, HistogramObserver):
+        if not log:
+            return first
+        widths = Histogram()
+        for _, lo, hi in log:
+            widths.add(np.array([lo, hi]))
+        out = copy.copy(first)
+        out.hist = _histogram_on([o.hist for o in observers], widths.w)
+        return out
+    if isinstance(first, EmaObserver):
+        ema = EmaObserver()
+        for _, lo, hi in log:
+            ema.observe(np.stack([lo, hi], axis=1))
+        return ema
+    return functools.reduce(lambda a, b: a.merge(b), observers)
+
+
+def collect_many(comm, model: GruModel, data: SequenceData, plans: list[MethodPlan | str], chunk: int,
+                 n: int, progress=None) -> list[Observers]:
+    """qtool.calibration.collect_many over the ranks of `comm`: the same observers on every
+    rank, equal to one process's."""
+    data.check_features(model.input_size)
+    clock = [0]
+    sets = [_map(new_observers(model, p), lambda o: Logged(o, clock)) for p in plans]
+    traces: list = []
+
+    def work(start: int, x: np.ndarray) -> None:
+        clock[0] = start
+        observe_batch(model, x, *sets, traces=traces)
+
+    merged = None
+    with agreed(comm):
+        run_rounds(comm, data, chunk, n, work, progress=progress)
+        states = exchange(comm, [_map(s, lambda o: (o.inner, o.log)) for s in sets])
+        if comm.Get_rank() == 0:
+            merged = [_zip_merge([st[k] for st in states]) for k in range(len(sets))]
+    return comm.bcast(merged, root=0)
+
+
+def _zip_merge(per_rank: list[Observers]) -> Observers:
+    first = per_rank[0]
+    return [[{name: merge_logged([obs[l][d][name] for obs in per_rank]) for name in cell}
+             for d, cell in enumerate(layer)] for l, layer in enumerate(first)]

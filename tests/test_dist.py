@@ -1,0 +1,244 @@
+"""Distributed runs (qtool.dist): `mpiexec -n R qtool calibrate/simulate` give files identical to
+one process's, errors on any rank end every rank with one line, and the seed's AllGather +
+int8 matmul + dequantize operator is exact on 1, 2 and 3 ranks with a different A on every
+rank. The MPI runs launch mpiexec (from the `mpi` extra); without it they are skipped."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import has, random_model
+
+HERE = Path(__file__).resolve().parent
+MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                         os.environ.get("PATH", "")]))
+needs_mpi = pytest.mark.skipif(not (has("mpi4py") and MPIEXEC),
+                               reason="MPI runs need mpi4py and mpiexec: pip install 'qtool[mpi]'")
+CLI = ("-c", "from qtool.cli import main; main()")
+METHODS = ("minmax", "ema", "percentile", "mse", "kl")
+
+
+def mpirun(n: int, *args, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`mpiexec -n n python ARGS`; one thread per rank (the ranks share the machine's cores)."""
+    env = {k: v for k, v in os.environ.items() if k != "QTOOL_MPI"}
+    env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               NUMBA_ENABLE_CUDASIM="1")
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def h5_contents(path: Path) -> dict:
+    """Every dataset and attribute of an HDF5 file, but the creation time."""
+    out = {}
+    with h5py.File(path) as f:
+        def visit(name, obj):
+            out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()]
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
+def assert_same_file(a: Path, b: Path) -> None:
+    ca, cb = h5_contents(a), h5_contents(b)
+    assert sorted(ca) == sorted(cb)
+    differ = [k for k in ca if not np.array_equal(np.asarray(ca[k]), np.asarray(cb[k]))]
+    assert not differ, f"{a.name} and {b.name} differ in {differ}"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A stacked bidirectional GRU; calibration data whose scale grows from chunk to chunk (so
+    the histograms re-bin as they go); test data."""
+    from qtool.model import open_h5, write_model
+
+    d = tmp_path_factory.mktemp("dist")
+    with open_h5(d / "m.h5", "w") as f:
+        write_model(f, random_model(C=5, H=7, layers=2, dirs=2, seed=3))
+    rng = np.random.RandomState(1)
+    calib = rng.randn(150, 9, 5) * np.repeat(1.6 ** np.arange(10), 16)[:150, None, None]
+    np.save(d / "calib.npy", calib.astype(np.float32))
+    np.save(d / "test.npy", rng.randn(77, 9, 5).astype(np.float32))
+    return d
+
+
+# --- without MPI -------------------------------------------------------------------------------
+
+def test_no_mpi_without_mpiexec(monkeypatch, files, cli):
+    """Outside mpiexec nothing of MPI is imported and the commands run as one process."""
+    import qtool.dist as dist
+
+    for var in (*dist.SIZE_VARS, "QTOOL_MPI"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(dist, "_world", [])
+    code, _, err = cli("calibrate", files / "m.h5", files / "calib.npy", "-o", files / "plain.h5", "--force")
+    assert code == 0, err
+    assert dist.world() is None and "mpi4py" not in sys.modules
+
+
+def test_mpiexec_without_mpi4py_is_one_clear_line(monkeypatch, files, cli):
+    import qtool.dist as dist
+
+    monkeypatch.setenv("PMI_SIZE", "4")
+    monkeypatch.delenv("QTOOL_MPI", raising=False)
+    monkeypatch.setattr(dist, "_world", [])
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails
+    code, out, err = cli("calibrate", files / "m.h5", files / "calib.npy", "-o", files / "x.h5")
+    assert code == 2 and err.count("\n") == 1 and "one of 4 processes" in err and "qtool[mpi]" in err
+    monkeypatch.setenv("QTOOL_MPI", "0")  # the way out it names
+    monkeypatch.setattr(dist, "_world", [])
+    assert dist.world() is None
+
+
+def test_histogram_merge_lands_on_one_process_width():
+    """Two chunks whose naive merge picks a coarser histogram than one pass does: the logged
+    merge replays one pass's widths and equals it exactly."""
+    from calibrators.kl import KlObserver
+    from calibrators.percentile import PercentileObserver
+    from qtool.dist.calibrate import Logged, merge_logged
+
+    chunks = [np.array([0.5, 100.0], np.float32), np.array([100.0, 8190.4], np.float32)]
+    for cls in (KlObserver, PercentileObserver):
+        one = cls()
+        for c in chunks:
+            one.observe(c)
+        parts = [cls(), cls()]
+        for o, c in zip(parts, chunks):
+            o.observe(c)
+        assert parts[0].merge(parts[1]).hist.w != one.hist.w  # the order-free merge cannot match
+        clock = [0]
+        logged = [Logged(cls(), clock), Logged(cls(), clock)]
+        for k, (o, c) in enumerate(zip(logged, chunks)):
+            clock[0] = k
+            o.observe(c)
+        exact = merge_logged([(o.inner, o.log) for o in logged])
+        assert (exact.hist.w, exact.hist.start, exact.hist.lo, exact.hist.hi) == \
+               (one.hist.w, one.hist.start, one.hist.lo, one.hist.hi)
+        assert np.array_equal(exact.hist.counts, one.hist.counts) and exact.range() == one.range()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_logged_merge_equals_one_pass(method):
+    """Chunks dealt round-robin to 3 'ranks' and merged equal one pass over them in order,
+    field for field (ema too: its recurrence is replayed in chunk order)."""
+    from calibrators import make_observer
+    from qtool.dist.calibrate import Logged, merge_logged
+
+    rng = np.random.RandomState(7)
+    chunks = [(rng.randn(9, 4, 3) * 1.5**k + k).astype(np.float32) for k in range(8)]
+    one = make_observer(method, "h")
+    for c in chunks:
+        one.observe(c)
+    clock = [0]
+    ranks = [Logged(make_observer(method, "h"), clock) for _ in range(3)]
+    for k, c in enumerate(chunks):
+        clock[0] = k
+        ranks[k % 3].observe(c)
+    merged = merge_logged([(o.inner, o.log) for o in ranks])
+    assert vars(merged).keys() == vars(one).keys()
+    for key, value in vars(one).items():
+        if key == "hist":
+            assert vars(merged.hist).keys() == vars(value).keys()
+            for k2, v2 in vars(value).items():
+                assert np.array_equal(getattr(merged.hist, k2), v2), (method, k2)
+        else:
+            assert np.array_equal(getattr(merged, key), value), (method, key)
+
+
+def test_chunk_partials_fold_to_one_pass(files):
+    """Per-chunk partial statistics folded in chunk order give one pass's results exactly."""
+    from qtool import api
+    from qtool.dist.simulate import chunk_partial, fold
+    from qtool.simulation import Simulation
+
+    qm = api.calibrate(files / "m.h5", files / "calib.npy")
+    x = np.load(files / "test.npy")
+    one, sim, acc = Simulation(qm), Simulation(qm), Simulation(qm)
+    parts = []
+    for start in range(0, len(x), 10):
+        one.run_chunk(x[start:start + 10])
+        parts.append(chunk_partial(sim, x[start:start + 10], False)[0])
+    for p in parts:
+        fold(acc, p)
+    assert json.dumps(acc.results()) == json.dumps(one.results())
+
+
+# --- under mpiexec ---------------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_operator_strict(ranks):
+    """Seed 001's operator on R ranks, R / 2 ranks and 1 rank, every rank with its own A_i and
+    its own b: int32 exact and float16 bit-identical to the single-process reference (uneven
+    rows, a rank with none, chunks that do not divide them, K not a multiple of 64, -128 and
+    127, permuted rows, the CUDA backend under the simulator, a bad argument on one rank)."""
+    p = mpirun(ranks, HERE / "mpi_operator.py")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count(", 0 in all") == ranks
+
+
+@needs_mpi
+def test_calibrate_every_method_on_two_ranks_equals_one_process(files, tmp_path):
+    """Every method, dataset for dataset (ema included: its EMA is replayed in data order)."""
+    from qtool import api
+
+    p = mpirun(2, HERE / "mpi_calibrate.py", files / "m.h5", files / "calib.npy", tmp_path, 16)
+    assert p.returncode == 0, p.stderr
+    one = api.observe(files / "m.h5", files / "calib.npy", methods=METHODS, batch_size=16)
+    for k, method in enumerate(METHODS):
+        api.save(one.quant_model(k), tmp_path / f"one_{method}.h5")
+        assert_same_file(tmp_path / f"one_{method}.h5", tmp_path / f"{method}.h5")
+
+
+@needs_mpi
+def test_mpiexec_calibrate_and_simulate_save_equal_one_process(files, tmp_path, cli):
+    """`mpiexec -n 2 qtool calibrate` writes the same quantized model as one process, and
+    `mpiexec -n 3 qtool simulate --save` the same results file and metrics."""
+    args = ("calibrate", files / "m.h5", files / "calib.npy", "--method", "kl", "--batch-size", 16)
+    code, _, err = cli(*args, "-o", tmp_path / "q1.h5")
+    assert code == 0, err
+    p = mpirun(2, *CLI, *args, "-o", tmp_path / "q2.h5")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("calibrated in") == 1  # rank 0 alone prints
+    assert_same_file(tmp_path / "q1.h5", tmp_path / "q2.h5")
+
+    args = ("simulate", tmp_path / "q1.h5", files / "test.npy", "--batch-size", 10, "--json")
+    code, out, err = cli(*args, "--save", tmp_path / "r1.h5")
+    assert code == 0, err
+    p = mpirun(3, *CLI, *args, "--save", tmp_path / "r3.h5")
+    assert p.returncode == 0, p.stderr
+    one, three = json.loads(out), json.loads(p.stdout)
+    one.pop("seconds"), three.pop("seconds")
+    assert one == three
+    assert_same_file(tmp_path / "r1.h5", tmp_path / "r3.h5")
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["q1.h5", "q2.h5", "r1.h5", "r3.h5"]
+
+
+@needs_mpi
+def test_error_on_one_rank_stops_every_rank(files, tmp_path, cli):
+    """A NaN in a chunk of rank 1 (of 3), and a write that fails on rank 0 alone after the
+    others finished: one error line (one process's), exit code 2, nothing left behind."""
+    x = np.load(files / "test.npy")
+    x[45, 3, 1] = np.nan  # chunk 4 of 10-sequence chunks: rank 1's in the second round
+    np.save(tmp_path / "bad.npy", x)
+    args = ("simulate", files / "m.h5", tmp_path / "bad.npy", "--batch-size", 10)
+    code, _, err_one = cli("calibrate", files / "m.h5", files / "calib.npy", "-o", tmp_path / "q.h5")
+    assert code == 0, err_one
+    args = ("simulate", tmp_path / "q.h5", tmp_path / "bad.npy", "--batch-size", 10)
+    code, _, err_one = cli(*args)
+    p = mpirun(3, *CLI, *args, "--save", tmp_path / "r.h5")
+    assert code == p.returncode == 2
+    assert p.stderr.strip() == err_one.strip() and "sequence 45 contains NaN" in p.stderr
+    (tmp_path / "file").write_text("a file, not a directory")
+    args = ("calibrate", files / "m.h5", files / "calib.npy", "-o", tmp_path / "file" / "q.h5")
+    code, _, err_one = cli(*args)
+    p = mpirun(2, *CLI, *args)
+    assert code == p.returncode == 2 and p.stderr.strip() == err_one.strip(), p.stderr
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["bad.npy", "file", "q.h5"]
