@@ -242,3 +242,22 @@ def test_error_on_one_rank_stops_every_rank(files, tmp_path, cli):
     p = mpirun(2, *CLI, *args)
     assert code == p.returncode == 2 and p.stderr.strip() == err_one.strip(), p.stderr
     assert sorted(q.name for q in tmp_path.iterdir()) == ["bad.npy", "file", "q.h5"]
+
+
+def test_float16_rounding_equals_numpy():
+    """The CPU epilogue's float32 -> float16 rounding (on the bits: numba has no float16) equals
+    numpy's astype on every exponent, both signs, every tie pattern, subnormals, overflow,
+    inf and NaN."""
+    from qtool.dist.half import halves
+
+    exps = np.arange(256, dtype=np.uint32) << 23
+    ties = np.arange(1024, dtype=np.uint32) << 13  # every float16 significand, exactly at a tie and beside it
+    low = np.arange(4096, dtype=np.uint32)  # what subnormal results round away
+    some = np.random.default_rng(0).integers(0, 1 << 23, 2000, dtype=np.uint32)
+    mant = np.unique(np.concatenate([ties | 0x1000, ties | 0x0FFF, ties | 0x1001, ties, low, some]))
+    bits = (exps[:, None] | (mant[None, :] & 0x7FFFFF)).ravel()
+    x = np.concatenate([bits, bits | np.uint32(0x80000000)]).view(np.float32)
+    out = np.empty(x.size, np.uint16)
+    halves(x, out)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(out, x.astype(np.float16).view(np.uint16))

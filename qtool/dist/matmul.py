@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.dist.half import dequantize_rows
 from qtool.engine_cpu import gemm_bound, gemm_input, gemm_operands, int_gemm
 
 STEPS = 8             # pipeline steps aimed at: the first gather and the last GEMM are not hidden
@@ -50,17 +51,31 @@ class CpuGemm:
         # int_gemm multiplies by w [N, K] transposed; 8-bit inputs with zero point 0
         self.w, self.in_t, self.sum_t, self.shift, self.comp = gemm_operands(np.ascontiguousarray(b.T), 8, 0)
         self.channel_scale = channel_scale
+        self.scratch = np.zeros((0, self.w.shape[1]), np.uint8)  # padding columns stay zero
+
+    def view(self, rows: np.ndarray) -> np.ndarray:
+        """The rows as the GEMM reads them (engine_cpu.gemm_input for int8 rows): on the VNNI
+        path q + 128 as uint8, which is q's bits with the sign bit flipped, zero-padded."""
+        if self.in_t is not np.uint8:
+            return gemm_input(rows.astype(np.int16), self.in_t, self.w.shape[1], self.shift)
+        if self.scratch.shape[0] < rows.shape[0]:
+            self.scratch = np.zeros((rows.shape[0], self.w.shape[1]), np.uint8)
+        out = self.scratch[:rows.shape[0]]
+        np.bitwise_xor(rows.view(np.uint8), np.uint8(self.shift), out=out[:, :rows.shape[1]])
+        return out
 
     def __call__(self, rows: np.ndarray, token_scale: np.ndarray, poll=None) -> tuple[np.ndarray, np.ndarray]:
         acc = np.empty((rows.shape[0], self.w.shape[0]), np.int32)
+        d = np.empty(acc.shape, np.float16)
         block = max(-(-rows.shape[0] // POLLS), 8)
         for i in range(0, rows.shape[0], block):
-            a = gemm_input(rows[i:i + block].astype(np.int16), self.in_t, self.w.shape[1], self.shift)
+            a = self.view(rows[i:i + block])
             # the uint8 view (a + 128) of the VNNI path is compensated by 128 * sum_k b[k, n]
-            acc[i:i + block] = int_gemm(a, self.w, self.sum_t) - self.comp
+            dequantize_rows(int_gemm(a, self.w, self.sum_t), self.comp, token_scale[i:i + block],
+                            self.channel_scale, acc[i:i + block], d[i:i + block].view(np.uint16))
             if poll is not None:
                 poll()
-        return acc, dequantize(acc, token_scale, self.channel_scale)
+        return acc, d
 
 
 def _make_gemm(backend: str, b: np.ndarray, channel_scale: np.ndarray):
