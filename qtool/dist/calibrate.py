@@ -7,9 +7,12 @@ then merge into exactly the state one process reaches by observing every chunk i
   depends on the order its batches came in (each batch may widen the bins so that the span seen
   so far, measured on the aligned grid, fits). So every rank logs its histogram's extent after
   each chunk, the root replays one process's sequence of widths from the logs in chunk order (a
-  scratch histogram fed the extents), and re-bins every rank's counts onto that width.
+  scratch histogram fed the extents), and re-bins the counts onto that width.
 - ema: the seed's EMA is a recurrence over time steps in data order; every rank logs each
   chunk's per-step minima and maxima and the root runs the recurrence over them in chunk order.
+
+The ranks' states (counts on a common width, logs) merge exactly in any grouping, so they
+reduce in a binomial tree (log2 R steps); the root finishes with the replays.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from calibrators.base import Observer
 from calibrators.ema import EmaObserver
 from calibrators.histogram import Histogram, HistogramObserver
 from qtool.calibration import MethodPlan, Observers, new_observers, observe_batch
-from qtool.dist.agree import agreed, exchange
-from qtool.dist.rounds import run_rounds
+from qtool.dist.agree import agreed
+from qtool.dist.rounds import reduce_in_rank_order, run_rounds
 from qtool.fileio import SequenceData
 from qtool.model import GruModel
 
@@ -70,26 +73,44 @@ def _histogram_on(parts: list[Histogram], w: int) -> Histogram:
     return out
 
 
-def merge_logged(parts: list[tuple[Observer, list]]) -> Observer:
-    """One observer from every rank's (observer, log), equal to one process's."""
-    observers = [o for o, _ in parts]
-    log = sorted((entry for _, entries in parts for entry in entries), key=lambda e: e[0])
-    first = observers[0]
-    if isinstance(first, HistogramObserver):
-        if not log:
-            return first
+def merge_pair(left: tuple[Observer, list], right: tuple[Observer, list]) -> tuple[Observer, list]:
+    """Two partial states (observer, log) of disjoint chunks as one: exact and associative, so
+    the ranks can merge in a tree. Histograms add on the coarser of their widths (still at most
+    one process's), logs concatenate; the final width and the EMA come in `finish`."""
+    (a, log_a), (b, log_b) = left, right
+    if isinstance(a, HistogramObserver):
+        widths = [h.w for h in (a.hist, b.hist) if h.counts.size]
+        out = copy.copy(a)
+        out.hist = _histogram_on([a.hist, b.hist], max(widths)) if widths else a.hist
+        return out, log_a + log_b
+    if isinstance(a, EmaObserver):
+        return a, log_a + log_b  # the recurrence is replayed from the logs in `finish`
+    return a.merge(b), []
+
+
+def finish(state: tuple[Observer, list]) -> Observer:
+    """The merged state as one process's observer: histograms on the width one process ends
+    with (replayed from the extents in chunk order), the EMA replayed in chunk order."""
+    obs, log = state
+    log = sorted(log, key=lambda e: e[0])  # stable: a chunk's entries keep their order
+    if isinstance(obs, HistogramObserver) and log:
         widths = Histogram()
         for _, lo, hi in log:
             widths.add(np.array([lo, hi]))
-        out = copy.copy(first)
-        out.hist = _histogram_on([o.hist for o in observers], widths.w)
+        out = copy.copy(obs)
+        out.hist = _histogram_on([obs.hist], widths.w)
         return out
-    if isinstance(first, EmaObserver):
+    if isinstance(obs, EmaObserver):
         ema = EmaObserver()
         for _, lo, hi in log:
             ema.observe(np.stack([lo, hi], axis=1))
         return ema
-    return functools.reduce(lambda a, b: a.merge(b), observers)
+    return obs
+
+
+def merge_logged(parts: list[tuple[Observer, list]]) -> Observer:
+    """One observer from every rank's (observer, log), equal to one process's."""
+    return finish(functools.reduce(merge_pair, parts))
 
 
 def collect_many(comm, model: GruModel, data: SequenceData, plans: list[MethodPlan | str], chunk: int,
@@ -108,13 +129,13 @@ def collect_many(comm, model: GruModel, data: SequenceData, plans: list[MethodPl
     merged = None
     with agreed(comm):
         run_rounds(comm, data, chunk, n, work, progress=progress)
-        states = exchange(comm, [_map(s, lambda o: (o.inner, o.log)) for s in sets])
+        states = [_map(s, lambda o: (o.inner, o.log)) for s in sets]
+        states = reduce_in_rank_order(comm, states, lambda a, b: [_zip(merge_pair, x, y) for x, y in zip(a, b)])
         if comm.Get_rank() == 0:
-            merged = [_zip_merge([st[k] for st in states]) for k in range(len(sets))]
+            merged = [_map(s, finish) for s in states]
     return comm.bcast(merged, root=0)
 
 
-def _zip_merge(per_rank: list[Observers]) -> Observers:
-    first = per_rank[0]
-    return [[{name: merge_logged([obs[l][d][name] for obs in per_rank]) for name in cell}
-             for d, cell in enumerate(layer)] for l, layer in enumerate(first)]
+def _zip(f, a: Observers, b: Observers) -> Observers:
+    return [[{name: f(o, b[l][d][name]) for name, o in cell.items()} for d, cell in enumerate(layer)]
+            for l, layer in enumerate(a)]

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.dist.agree import exchange
+from qtool.dist.agree import Failure, exchange
+from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
 
 
@@ -40,3 +41,28 @@ def run_rounds(comm, data: SequenceData, size: int, n: int, work: Callable[[int,
                     receive(*got)
             if progress:
                 progress(bounds[min(first + R, len(bounds)) - 1][1])
+
+
+def reduce_in_rank_order(comm, value, merge: Callable[[object, object], object]):
+    """merge(...merge(v_0, v_1)..., v_{R-1}) on the root (None elsewhere) in a binomial tree:
+    log2 R steps, every merge's left operand from lower ranks than its right. A merge that
+    fails travels up as a Failure instead of leaving a parent waiting; the root raises it."""
+    R, me = comm.Get_size(), comm.Get_rank()
+    step = 1
+    while step < R:
+        if me % (2 * step):
+            comm.send(value, dest=me - step, tag=step)
+            return None
+        if me + step < R:
+            other = comm.recv(source=me + step, tag=step)
+            if isinstance(other, Failure) or isinstance(value, Failure):
+                value = value if isinstance(value, Failure) else other
+            else:
+                try:
+                    value = merge(value, other)
+                except Exception as e:
+                    value = Failure.of(me, e)
+        step *= 2
+    if isinstance(value, Failure):
+        raise QtoolError(value.message)
+    return value
