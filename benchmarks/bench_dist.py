@@ -71,7 +71,7 @@ def operator(a) -> None:
 
 def one_shape(comm, m: int, K: int, N: int, a) -> dict[str, float]:
     """The four timings of one shape (every rank its own random A_i and b)."""
-    from qtool.dist.matmul import CpuGemm, allgather_dequant_matmul
+    from qtool.dist.matmul import allgather_dequant_matmul, prepare
 
     R = comm.Get_size()
     rng = np.random.default_rng(comm.Get_rank())
@@ -80,7 +80,7 @@ def one_shape(comm, m: int, K: int, N: int, a) -> dict[str, float]:
     ts, cs = rng.random(m, np.float32), rng.random(N, np.float32)
     A = np.empty((R * m, K), np.int8)
     ts_all = np.empty(R * m, np.float32)
-    gemm = CpuGemm(b, cs)
+    gemm = prepare(b, cs)  # b laid out once, as a layer's weights would be
 
     def comm_only():
         comm.Allgather(x, A)
@@ -94,7 +94,7 @@ def one_shape(comm, m: int, K: int, N: int, a) -> dict[str, float]:
         gemm(A, ts_all)
 
     def pipelined():
-        allgather_dequant_matmul(comm, x, b, ts, cs, chunk_rows=a.chunk_rows)
+        allgather_dequant_matmul(comm, x, gemm, ts, None, chunk_rows=a.chunk_rows)
 
     return {f.__name__: slowest(comm, f, a.repeat) for f in (comm_only, gemm_only, serial, pipelined)}
 
@@ -123,25 +123,30 @@ def run_cli(cmd: list[str], env: dict) -> tuple[float, dict]:
 
 
 def state_sizes(model: Path, data: Path, a) -> None:
-    """What the scaling model needs: the bytes a rank sends at the merge, and the root's time
-    to merge one rank's state."""
+    """What the scaling model needs: the bytes a rank's observer state has at the merge, the
+    time of one pairwise merge (a tree level) and of the root's final replays."""
     from qtool import api
     from qtool.calibration import MethodPlan, new_observers, observe_batch
-    from qtool.dist.calibrate import Logged, _map, _zip_merge
+    from qtool.dist.calibrate import Logged, _map, _zip, finish, merge_pair
 
     m = api.load_model(model)
-    x = np.load(data)[:a.batch]
+    x = np.load(data, mmap_mode="r")
     clock = [0]
     obs = _map(new_observers(m, MethodPlan("kl")), lambda o: Logged(o, clock))
-    observe_batch(m, x, obs)
+    for k in range(2):
+        clock[0] = k
+        observe_batch(m, np.asarray(x[k * a.batch:(k + 1) * a.batch]), obs)
     state = _map(obs, lambda o: (o.inner, o.log))
     size = len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     t0 = time.perf_counter()
-    _zip_merge([state] * 8)
-    per_rank = (time.perf_counter() - t0) / 8
-    seq = len(pickle.dumps((0, None)))
-    print(f"merge: {size / 2**10:.0f} KiB of observer state per rank (kl, {a.H} hidden); the root merges "
-          f"one rank's in {per_rank * 1e3:.1f} ms; a round's exchange carries {seq} B per rank")
+    merged = _zip(merge_pair, state, state)
+    t_pair = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _map(merged, finish)
+    t_finish = time.perf_counter() - t0
+    print(f"merge: a rank's kl observer state is {size / 2**10:.0f} KiB ({a.H} hidden units); one pairwise "
+          f"merge {t_pair * 1e3:.1f} ms, the root's final replays {t_finish * 1e3:.1f} ms; a round's exchange "
+          f"carries {len(pickle.dumps((0, None)))} B per rank")
 
 
 def calibrate(a) -> None:

@@ -74,6 +74,14 @@ def allgather_dequant_matmul(comm, a, b, token_scale, channel_scale, return_int3
                backend=backend)
 
 
+def prepare(b, channel_scale, backend: str = "cpu"):
+    """b [K, N] and channel_scale [N] laid out for allgather_dequant_matmul once, for repeated
+    calls with the same b (pass it as b, with channel_scale None)."""
+    from qtool.dist.matmul import prepare as run
+
+    return run(b, channel_scale, backend)
+
+
 @contextlib.contextmanager
 def command_scope(*consoles) -> Iterator[None]:
     """A command-line run: under mpiexec rank 0 alone prints (the other ranks' consoles and

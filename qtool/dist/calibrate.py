@@ -94,11 +94,8 @@ def finish(state: tuple[Observer, list]) -> Observer:
     obs, log = state
     log = sorted(log, key=lambda e: e[0])  # stable: a chunk's entries keep their order
     if isinstance(obs, HistogramObserver) and log:
-        widths = Histogram()
-        for _, lo, hi in log:
-            widths.add(np.array([lo, hi]))
         out = copy.copy(obs)
-        out.hist = _histogram_on([obs.hist], widths.w)
+        out.hist = _histogram_on([obs.hist], _final_width(log))
         return out
     if isinstance(obs, EmaObserver):
         ema = EmaObserver()
@@ -106,6 +103,25 @@ def finish(state: tuple[Observer, list]) -> Observer:
             ema.observe(np.stack([lo, hi], axis=1))
         return ema
     return obs
+
+
+def _final_width(log: list) -> int:
+    """The bin width one process's histogram ends with, from the extents logged in chunk order.
+    A scratch histogram is fed, per chunk, the extent seen so far by all ranks (which gives the
+    same width steps as the chunk's own extent), skipping a repeat of an input that left the
+    scratch's grid unchanged (the same input on the same grid leaves it unchanged again), so a
+    long run costs one add per change, not per chunk."""
+    widths = Histogram()
+    lo, hi = np.inf, -np.inf
+    fixed = None
+    for _, chunk_lo, chunk_hi in log:
+        lo, hi = min(lo, chunk_lo), max(hi, chunk_hi)
+        grid = (widths.w, widths.start, widths.counts.size)
+        if (lo, hi, grid) == fixed:
+            continue
+        widths.add(np.array([lo, hi]))
+        fixed = (lo, hi, grid) if (widths.w, widths.start, widths.counts.size) == grid else None
+    return widths.w
 
 
 def merge_logged(parts: list[tuple[Observer, list]]) -> Observer:

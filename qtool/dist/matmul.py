@@ -44,13 +44,39 @@ def dequantize(acc: np.ndarray, token_scale: np.ndarray, channel_scale: np.ndarr
         return (acc.astype(np.float32) * token_scale[:, None] * channel_scale[None, :]).astype(np.float16)
 
 
-class CpuGemm:
-    """C = rows @ b with qtool's exact integer GEMM, then the dequantization."""
+def _describe(x) -> str:
+    return f"{getattr(x, 'dtype', type(x).__name__)} {list(np.shape(x))}"
+
+
+class Prepared:
+    """b [K, N] and channel_scale [N] ready for the GEMM: `prepare(b, channel_scale)` once, then
+    pass it as `b` (and None as channel_scale) to every call that multiplies by the same b."""
+
+    backend = ""
 
     def __init__(self, b: np.ndarray, channel_scale: np.ndarray):
+        if not (isinstance(b, np.ndarray) and b.dtype == np.int8 and b.ndim == 2):
+            raise ValueError(f"b must be an int8 array [K, N], got {_describe(b)}")
+        if not (isinstance(channel_scale, np.ndarray) and channel_scale.dtype == np.float32
+                and channel_scale.shape == (b.shape[1],)):
+            raise ValueError(f"channel_scale must be float32 [{b.shape[1]}], got {_describe(channel_scale)}")
+        self.wide = b.T.astype(np.int32)  # [N, K], widened: |-128| must count as 128 in the bounds
+        if gemm_bound(self.wide, 8) >= 2**31:
+            raise ValueError("int32 sums could overflow: sum_k |b[k, n]| * 128 reaches 2^31 for some column n")
+        self.K, self.N = b.shape
+        self.channel_scale = np.ascontiguousarray(channel_scale)
+
+
+class CpuGemm(Prepared):
+    """C = rows @ b with qtool's exact integer GEMM (engine_cpu), then the dequantization."""
+
+    backend = "cpu"
+
+    def __init__(self, b: np.ndarray, channel_scale: np.ndarray):
+        super().__init__(b, channel_scale)
         # int_gemm multiplies by w [N, K] transposed; 8-bit inputs with zero point 0
-        self.w, self.in_t, self.sum_t, self.shift, self.comp = gemm_operands(np.ascontiguousarray(b.T), 8, 0)
-        self.channel_scale = channel_scale
+        self.w, self.in_t, self.sum_t, self.shift, self.comp = gemm_operands(self.wide, 8, 0)
+        del self.wide
         self.scratch = np.zeros((0, self.w.shape[1]), np.uint8)  # padding columns stay zero
 
     def view(self, rows: np.ndarray) -> np.ndarray:
@@ -65,7 +91,7 @@ class CpuGemm:
         return out
 
     def __call__(self, rows: np.ndarray, token_scale: np.ndarray, poll=None) -> tuple[np.ndarray, np.ndarray]:
-        acc = np.empty((rows.shape[0], self.w.shape[0]), np.int32)
+        acc = np.empty((rows.shape[0], self.N), np.int32)
         d = np.empty(acc.shape, np.float16)
         block = max(-(-rows.shape[0] // POLLS), 8)
         for i in range(0, rows.shape[0], block):
@@ -78,56 +104,54 @@ class CpuGemm:
         return acc, d
 
 
-def _make_gemm(backend: str, b: np.ndarray, channel_scale: np.ndarray):
+def prepare(b: np.ndarray, channel_scale: np.ndarray, backend: str = "cpu") -> Prepared:
+    """b and its channel scales laid out for the GEMM once (transposed, padded, compensated;
+    on the GPU for backend="cuda"), for repeated calls with the same b."""
     if backend == "cuda":
         from qtool.dist.matmul_cuda import CudaGemm
 
         return CudaGemm(b, channel_scale)
+    if backend != "cpu":
+        raise ValueError(f"backend must be 'cpu' or 'cuda', got {backend!r}")
     return CpuGemm(b, channel_scale)
 
 
-def _problem(a, b, token_scale, channel_scale, backend: str, chunk_rows) -> str | None:
-    """What is wrong with this rank's arguments, or None."""
-    def desc(x) -> str:
-        return f"{getattr(x, 'dtype', type(x).__name__)} {list(np.shape(x))}"
-
+def _local(a, b, token_scale, channel_scale, chunk_rows, backend: str) -> tuple[Prepared | None, str | None]:
+    """This rank's GEMM, or what is wrong with its arguments."""
     if not (isinstance(a, np.ndarray) and a.dtype == np.int8 and a.ndim == 2):
-        return f"a must be an int8 array [M_i, K], got {desc(a)}"
-    if not (isinstance(b, np.ndarray) and b.dtype == np.int8 and b.ndim == 2 and b.shape[0] == a.shape[1]):
-        return f"b must be an int8 array [K, N] with K = {a.shape[1]}, got {desc(b)}"
+        return None, f"a must be an int8 array [M_i, K], got {_describe(a)}"
     if not (isinstance(token_scale, np.ndarray) and token_scale.dtype == np.float32
             and token_scale.shape == (a.shape[0],)):
-        return f"token_scale must be float32 [{a.shape[0]}], got {desc(token_scale)}"
-    if not (isinstance(channel_scale, np.ndarray) and channel_scale.dtype == np.float32
-            and channel_scale.shape == (b.shape[1],)):
-        return f"channel_scale must be float32 [{b.shape[1]}], got {desc(channel_scale)}"
-    if backend not in ("cpu", "cuda"):
-        return f"backend must be 'cpu' or 'cuda', got {backend!r}"
+        return None, f"token_scale must be float32 [{a.shape[0]}], got {_describe(token_scale)}"
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer))
                                    or chunk_rows < 1):
-        return f"chunk_rows must be a positive integer, got {chunk_rows!r}"
-    if gemm_bound(b.T, 8) >= 2**31:
-        return "int32 sums could overflow: sum_k |b[k, n]| * 128 reaches 2^31 for some column n"
-    return None
+        return None, f"chunk_rows must be a positive integer, got {chunk_rows!r}"
+    try:
+        if isinstance(b, Prepared):
+            if channel_scale is not None:
+                return None, "with a prepared b, channel_scale is the prepared one: pass None"
+            gemm = b
+        else:
+            gemm = prepare(b, channel_scale, backend)
+    except Exception as e:  # a bad b, or no usable GPU
+        return None, str(e) if isinstance(e, ValueError) else f"backend {backend}: {type(e).__name__}: {e}"
+    if gemm.K != a.shape[1]:
+        return None, f"a has K = {a.shape[1]} columns but b has {gemm.K} rows"
+    return gemm, None
 
 
-def allgather_dequant_matmul(comm, a: np.ndarray, b: np.ndarray, token_scale: np.ndarray,
-                             channel_scale: np.ndarray, return_int32: bool = False, *,
+def allgather_dequant_matmul(comm, a: np.ndarray, b, token_scale: np.ndarray,
+                             channel_scale: np.ndarray | None, return_int32: bool = False, *,
                              chunk_rows: int | None = None, backend: str = "cpu"):
     """float16 D [sum M_i, N] (and with return_int32 the int32 C) on every rank of `comm` (an
     mpi4py communicator). a: int8 [M_i, K], this rank's rows (M_i may differ, 0 too); b: int8
-    [K, N]; token_scale: float32 [M_i]; channel_scale: float32 [N]. chunk_rows: rows per rank
-    per pipeline step (default: auto_chunk_rows). backend: "cpu" or "cuda" (GEMM and epilogue
-    on the GPU). Argument errors on any rank raise ValueError on every rank."""
+    [K, N], or `prepare(b, channel_scale, backend)` with channel_scale None; token_scale:
+    float32 [M_i]; channel_scale: float32 [N]. chunk_rows: rows per rank per pipeline step
+    (default: auto_chunk_rows). backend: "cpu" or "cuda" (the GEMM and the epilogue on the
+    GPU). A bad argument on any rank raises ValueError on every rank."""
     from mpi4py import MPI
 
-    problem = _problem(a, b, token_scale, channel_scale, backend, chunk_rows)
-    gemm = None
-    if problem is None:
-        try:
-            gemm = _make_gemm(backend, b, channel_scale)
-        except Exception as e:  # reported to every rank below, before any rank waits on data
-            problem = f"backend {backend}: {type(e).__name__}: {e}"
+    gemm, problem = _local(a, b, token_scale, channel_scale, chunk_rows, backend)
     shapes = comm.allgather((problem, None if problem else a.shape))
     for r, (p, _) in enumerate(shapes):
         if p:
@@ -136,7 +160,7 @@ def allgather_dequant_matmul(comm, a: np.ndarray, b: np.ndarray, token_scale: np
         raise ValueError(f"allgather_dequant_matmul: the ranks' a differ in K: {[s[1] for _, s in shapes]}")
     counts = [shape[0] for _, shape in shapes]
     displs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    M, K, N = int(displs[-1]), a.shape[1], b.shape[1]
+    M, K, N = int(displs[-1]), a.shape[1], gemm.N
     ts_all = np.empty(M, np.float32)
     comm.Allgatherv(np.ascontiguousarray(token_scale), [ts_all, (counts, displs[:-1]), MPI.FLOAT])
     if M and K and N:
@@ -145,7 +169,7 @@ def allgather_dequant_matmul(comm, a: np.ndarray, b: np.ndarray, token_scale: np
         _pipeline(comm, np.ascontiguousarray(a), counts, displs, int(rows), gemm, ts_all, acc, d, MPI)
     else:  # nothing to gather or to sum: C is all zeros
         acc = np.zeros((M, N), np.int32)
-        d = dequantize(acc, ts_all, channel_scale)
+        d = dequantize(acc, ts_all, gemm.channel_scale)
     return (d, acc) if return_int32 else d
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from qtool.dist.matmul import Prepared
+
 THREADS = (16, 16)
 
 
@@ -22,21 +24,25 @@ def gemm_dequant_kernel(a, b, token_scale, channel_scale, acc, d):
         d[m, n] = np.float32(s) * token_scale[m] * channel_scale[n]
 
 
-class CudaGemm:
+class CudaGemm(Prepared):
     """Holds b and the channel scales on the device; each call copies one stage of rows in."""
 
+    backend = "cuda"
+
     def __init__(self, b: np.ndarray, channel_scale: np.ndarray):
+        super().__init__(b, channel_scale)
+        del self.wide
         self.b = cuda.to_device(np.ascontiguousarray(b))
-        self.channel_scale = cuda.to_device(np.ascontiguousarray(channel_scale))
+        self.device_scale = cuda.to_device(self.channel_scale)
 
     def __call__(self, rows: np.ndarray, token_scale: np.ndarray, poll=None) -> tuple[np.ndarray, np.ndarray]:
-        M, N = rows.shape[0], self.b.shape[1]
+        M, N = rows.shape[0], self.N
         acc = cuda.device_array((M, N), np.int32)
         d = cuda.device_array((M, N), np.float16)
         grid = (-(-M // THREADS[0]), -(-N // THREADS[1]))
         gemm_dequant_kernel[grid, THREADS](cuda.to_device(np.ascontiguousarray(rows)), self.b,
                                            cuda.to_device(np.ascontiguousarray(token_scale)),
-                                           self.channel_scale, acc, d)
+                                           self.device_scale, acc, d)
         if poll is not None:  # the launch returns at once on a GPU: MPI progresses meanwhile
             poll()
         return acc.copy_to_host(), d.copy_to_host()
