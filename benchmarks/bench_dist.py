@@ -3,14 +3,16 @@ gather-then-GEMM, and `mpiexec -n R qtool calibrate --method kl` against one pro
 A benchmark, not a test; needs the `mpi` extra.
 
     mpiexec -n 2 python benchmarks/bench_dist.py operator [--repeat 5]
-    python benchmarks/bench_dist.py calibrate [--ranks 2 --runs 3 --N 512 --T 100 --C 64 --H 256]
+    python benchmarks/bench_dist.py cli [--ranks 2 --runs 3 --N 2048 --T 100 --C 64 --H 256]
 
 operator: for each shape (rows per rank M_i, K, N), the best of --repeat runs (the slowest
 rank's time) of the communication alone (one blocking Allgatherv of A), the GEMM + dequant alone
 (on the gathered A), both one after the other, and the pipelined operator; overlap efficiency =
 (comm + gemm - pipelined) / min(comm, gemm): the share of the shorter one that was hidden.
-calibrate: end-to-end wall time of the CLI, one process (default threads) against R ranks (one
-thread each), alternating, with the files compared; and the sizes the scaling model needs.
+cli: `qtool calibrate --method kl` and `qtool simulate --save` as one process (its default
+threads, and one thread) and as R ranks (one thread each), alternating; the time the command
+reports (model loaded to file written) and the wall time of the whole process; the outputs
+compared; then the sizes and times the scaling estimates need.
 """
 
 from __future__ import annotations
@@ -122,12 +124,46 @@ def run_cli(cmd: list[str], env: dict) -> tuple[float, dict]:
     return wall, json.loads(p.stdout)
 
 
-def state_sizes(model: Path, data: Path, a) -> None:
-    """What the scaling model needs: the bytes a rank's observer state has at the merge, the
-    time of one pairwise merge (a tree level) and of the root's final replays."""
+def timed(a, args: list[str], out_flag: str, d: Path, tag: str) -> dict[str, list]:
+    """(wall, in-command seconds, JSON) of each run: one process with its default threads, one
+    process with one thread, and R ranks with one thread each; alternating, --runs times."""
+    mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    qtool = [sys.executable, "-c", "from qtool.cli import main; main()"]
+    one = dict(os.environ)
+    single = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    runs = {"one process": ([*qtool, *args, out_flag, str(d / f"{tag}1.h5")], one),
+            "one process, 1 thread": ([*qtool, *args, out_flag, str(d / f"{tag}0.h5")], single),
+            f"mpiexec -n {a.ranks}": ([mpiexec, "-n", str(a.ranks), *qtool, *args, out_flag, str(d / f"{tag}r.h5")],
+                                      single)}
+    run_cli(*runs["one process"])  # numba caches
+    times: dict[str, list] = {k: [] for k in runs}
+    for _ in range(a.runs):
+        for label, (cmd, env) in runs.items():
+            wall, res = run_cli(cmd, env)
+            times[label].append((wall, res["seconds"], res))
+    return times
+
+
+def report(a, what: str, times: dict[str, list], same: bool) -> None:
+    print(f"{what}: {a.N} sequences (T={a.T} C={a.C} H={a.H}); load {os.getloadavg()[0]:.1f}")
+    for label, ts in times.items():
+        walls, inner = [t[0] for t in ts], [t[1] for t in ts]
+        print(f"  {label:24s} wall {min(walls):6.2f}-{max(walls):6.2f} s, in-command {min(inner):6.2f}-"
+              f"{max(inner):6.2f} s ({a.N / min(inner):.0f} sequences/s at best)")
+    for base in ("one process", "one process, 1 thread"):
+        ratios = [b[1] / m[1] for b, m in zip(times[base], times[f"mpiexec -n {a.ranks}"])]
+        print(f"  speed-up over {base}, run by run: {min(ratios):.2f}-{max(ratios):.2f}x")
+    print(f"  outputs identical to one process's (metrics: to one process with one thread): {same}")
+
+
+def sizes(model: Path, data: Path, qmodel: Path, a) -> None:
+    """What the scaling estimates need: a rank's observer state at the merge (bytes, one
+    pairwise merge, the root's final replays) and a chunk's simulation partial (bytes, one fold)."""
     from qtool import api
     from qtool.calibration import MethodPlan, new_observers, observe_batch
     from qtool.dist.calibrate import Logged, _map, _zip, finish, merge_pair
+    from qtool.dist.simulate import chunk_partial, fold
+    from qtool.simulation import Simulation
 
     m = api.load_model(model)
     x = np.load(data, mmap_mode="r")
@@ -144,74 +180,69 @@ def state_sizes(model: Path, data: Path, a) -> None:
     t0 = time.perf_counter()
     _map(merged, finish)
     t_finish = time.perf_counter() - t0
-    print(f"merge: a rank's kl observer state is {size / 2**10:.0f} KiB ({a.H} hidden units); one pairwise "
-          f"merge {t_pair * 1e3:.1f} ms, the root's final replays {t_finish * 1e3:.1f} ms; a round's exchange "
-          f"carries {len(pickle.dumps((0, None)))} B per rank")
+    print(f"calibration merge: a rank's kl observer state {size / 2**10:.0f} KiB; one pairwise merge "
+          f"{t_pair * 1e3:.1f} ms; the root's replays {t_finish * 1e3:.1f} ms; a round's exchange "
+          f"{len(pickle.dumps((0, None)))} B per rank")
+    sim = Simulation(api.load(qmodel))
+    part = chunk_partial(sim, np.asarray(x[:a.sim_batch]), False)[0]
+    t0 = time.perf_counter()
+    for _ in range(100):
+        fold(sim, part)
+    t_fold = (time.perf_counter() - t0) / 100
+    print(f"simulation fold: a chunk's partial statistics {len(pickle.dumps(part)) / 2**10:.0f} KiB, folded "
+          f"in {t_fold * 1e3:.2f} ms; --save adds {a.sim_batch * a.T * a.H * 12 / 2**20:.1f} MiB of outputs "
+          f"per chunk of {a.sim_batch}")
 
 
-def calibrate(a) -> None:
-    mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    qtool = [sys.executable, "-c", "from qtool.cli import main; main()"]
+def contents(path: Path) -> dict:
+    """Every dataset and attribute of an HDF5 file, but the creation time."""
+    import h5py
+
+    out = {}
+    with h5py.File(path) as f:
+        def visit(name, obj):
+            out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()]
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
+def same_files(d: Path, tag: str) -> bool:
+    ref = contents(d / f"{tag}1.h5")
+    return all(c.keys() == ref.keys() and all(np.array_equal(np.asarray(ref[k]), np.asarray(c[k])) for k in ref)
+               for c in (contents(d / f"{tag}0.h5"), contents(d / f"{tag}r.h5")))
+
+
+def cli(a) -> None:
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; mpiexec -n {a.ranks}, "
+          f"one thread per rank")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         model, data = make_files(d, a)
-        args = ["calibrate", str(model), str(data), "--method", "kl", "--batch-size", str(a.batch), "--json"]
-        one_env = dict(os.environ)
-        rank_env = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        runs = {"one process": ([*qtool, *args, "-o", str(d / "q1.h5"), "--force"], one_env),
-                "one process, 1 thread": ([*qtool, *args, "-o", str(d / "q0.h5"), "--force"], rank_env),
-                f"mpiexec -n {a.ranks}": ([mpiexec, "-n", str(a.ranks), *qtool, *args, "-o", str(d / "qr.h5"),
-                                           "--force"], rank_env)}
-        times: dict[str, list] = {k: [] for k in runs}
-        run_cli(*runs["one process"])  # numba caches
-        for _ in range(a.runs):
-            for label, (cmd, env) in runs.items():
-                wall, res = run_cli(cmd, env)
-                times[label].append((wall, res["seconds"]))
-        print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; kl calibration of "
-              f"{a.N} sequences (T={a.T} C={a.C} H={a.H}), chunks of {a.batch}; load {os.getloadavg()[0]:.1f}")
-        for label, ts in times.items():
-            walls, inner = [t[0] for t in ts], [t[1] for t in ts]
-            print(f"  {label:24s} wall {min(walls):6.2f}-{max(walls):6.2f} s, in-command {min(inner):6.2f}-"
-                  f"{max(inner):6.2f} s")
-        base = times["one process"]
-        mpi = times[f"mpiexec -n {a.ranks}"]
-        ratios = [b[1] / m[1] for b, m in zip(base, mpi)]
-        print(f"  speed-up per run (in-command): {min(ratios):.2f}-{max(ratios):.2f}x; "
-              f"files identical to one process's: {compare(d)}")
-        state_sizes(model, data, a)
-
-
-def compare(d: Path) -> bool:
-    """The quantized models match, dataset for dataset and attribute for attribute."""
-    import h5py
-
-    def contents(path):
-        out = {}
-        with h5py.File(path) as f:
-            def visit(name, obj):
-                out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
-                if isinstance(obj, h5py.Dataset):
-                    out[name] = obj[()]
-            visit("/", f)
-            f.visititems(visit)
-        return out
-
-    one = contents(d / "q1.h5")
-    others = [contents(d / f) for f in ("q0.h5", "qr.h5")]
-    return all(o.keys() == one.keys() and all(np.array_equal(np.asarray(one[k]), np.asarray(o[k])) for k in one)
-               for o in others)
+        args = ["calibrate", str(model), str(data), "--method", "kl", "--batch-size", str(a.batch), "--json",
+                "--force"]
+        times = timed(a, args, "-o", d, "q")
+        report(a, "kl calibration", times, same_files(d, "q"))
+        args = ["simulate", str(d / "q1.h5"), str(data), "--batch-size", str(a.sim_batch), "--json", "--force"]
+        times = timed(a, args, "--save", d, "r")
+        # the metrics' dot products split over BLAS threads: compare runs of one thread per process
+        res = [{k: v for k, v in t[2].items() if k != "seconds"} for label, ts in times.items() for t in ts
+               if label != "one process"]
+        report(a, "simulate --save", times, same_files(d, "r") and all(r == res[0] for r in res))
+        sizes(model, data, d / "q1.h5", a)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("operator", "calibrate"))
-    for k, v in (("repeat", 5), ("runs", 3), ("ranks", 2), ("N", 512), ("T", 100), ("C", 64), ("H", 256),
-                 ("batch", 64)):
-        ap.add_argument(f"--{k}", type=int, default=v)
+    ap.add_argument("what", choices=("operator", "cli"))
+    for k, v in (("repeat", 5), ("runs", 3), ("ranks", 2), ("N", 2048), ("T", 100), ("C", 64), ("H", 256),
+                 ("batch", 64), ("sim_batch", 64)):
+        ap.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     ap.add_argument("--chunk-rows", type=int, default=None)
     a = ap.parse_args()
-    operator(a) if a.what == "operator" else calibrate(a)
+    operator(a) if a.what == "operator" else cli(a)
 
 
 if __name__ == "__main__":

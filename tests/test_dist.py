@@ -210,6 +210,8 @@ def test_mpiexec_calibrate_and_simulate_save_equal_one_process(files, tmp_path, 
     assert p.stdout.count("calibrated in") == 1  # rank 0 alone prints
     assert_same_file(tmp_path / "q1.h5", tmp_path / "q2.h5")
 
+    # chunks of 10 sequences keep every metric's dot product below OpenBLAS's threading threshold
+    # (10,000 elements), so this process's BLAS threads and the ranks' single threads sum alike
     args = ("simulate", tmp_path / "q1.h5", files / "test.npy", "--batch-size", 10, "--json")
     code, out, err = cli(*args, "--save", tmp_path / "r1.h5")
     assert code == 0, err
