@@ -54,7 +54,8 @@ class Logged:
             self.log.append((self.clock[0], flat.min(axis=1), flat.max(axis=1)))
 
 
-def _map(obs: Observers, f) -> Observers:
+def map_observers(obs: Observers, f) -> Observers:
+    """f applied to every observer of a set (layers, directions, tensors)."""
     return [[{name: f(o) for name, o in cell.items()} for cell in layer] for layer in obs]
 
 
@@ -135,7 +136,7 @@ def collect_many(comm, model: GruModel, data: SequenceData, plans: list[MethodPl
     rank, equal to one process's."""
     data.check_features(model.input_size)
     clock = [0]
-    sets = [_map(new_observers(model, p), lambda o: Logged(o, clock)) for p in plans]
+    sets = [map_observers(new_observers(model, p), lambda o: Logged(o, clock)) for p in plans]
     traces: list = []
 
     def work(start: int, x: np.ndarray) -> None:
@@ -145,13 +146,18 @@ def collect_many(comm, model: GruModel, data: SequenceData, plans: list[MethodPl
     merged = None
     with agreed(comm):
         run_rounds(comm, data, chunk, n, work, progress=progress)
-        states = [_map(s, lambda o: (o.inner, o.log)) for s in sets]
-        states = reduce_in_rank_order(comm, states, lambda a, b: [_zip(merge_pair, x, y) for x, y in zip(a, b)])
+        states = [map_observers(s, lambda o: (o.inner, o.log)) for s in sets]
+        states = reduce_in_rank_order(comm, states, _merge_sets)
         if comm.Get_rank() == 0:
-            merged = [_map(s, finish) for s in states]
+            merged = [map_observers(s, finish) for s in states]
     return comm.bcast(merged, root=0)
 
 
-def _zip(f, a: Observers, b: Observers) -> Observers:
+def _merge_sets(a: list[Observers], b: list[Observers]) -> list[Observers]:
+    return [zip_observers(merge_pair, x, y) for x, y in zip(a, b)]
+
+
+def zip_observers(f, a: Observers, b: Observers) -> Observers:
+    """f applied to the observers of two sets of the same model and plan, pairwise."""
     return [[{name: f(o, b[l][d][name]) for name, o in cell.items()} for d, cell in enumerate(layer)]
             for l, layer in enumerate(a)]
