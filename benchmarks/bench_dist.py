@@ -12,7 +12,8 @@ rank's time) of the communication alone (one blocking Allgatherv of A), the GEMM
 cli: `qtool calibrate --method kl` and `qtool simulate --save` as one process (its default
 threads, and one thread) and as R ranks (one thread each), alternating; the time the command
 reports (model loaded to file written) and the wall time of the whole process; the outputs
-compared; then the sizes and times the scaling estimates need.
+compared; then (`sizes`, one thread) the rank's warm throughput and the sizes and times of
+the merges that the scaling estimates in docs/distributed.md need.
 """
 
 from __future__ import annotations
@@ -159,42 +160,56 @@ def report(a, what: str, times: dict[str, list], same: bool) -> None:
     print(f"  outputs identical to one process's (metrics: to one process with one thread): {same}")
 
 
-def sizes(model: Path, data: Path, qmodel: Path, a) -> None:
-    """What the scaling estimates need: a rank's observer state at the merge (bytes, one
-    pairwise merge, the root's final replays) and a chunk's simulation partial (bytes, one fold)."""
+def sizes(a) -> None:
+    """What the scaling estimates need, on one rank (run it with one thread): the rank's
+    throughput once warm, its observer state at the merge (bytes, one pairwise merge, the root's
+    final replays) and a chunk's simulation partial (bytes, one fold at the root)."""
     from qtool import api
-    from qtool.calibration import MethodPlan, new_observers, observe_batch
+    from qtool.calibration import MethodPlan, collect, new_observers, observe_batch
     from qtool.dist.calibrate import Logged, finish, map_observers, merge_pair, zip_observers
     from qtool.dist.simulate import chunk_partial, fold
-    from qtool.simulation import Simulation
+    from qtool.fileio import SequenceData
+    from qtool.simulation import Simulation, simulate
 
-    m = api.load_model(model)
-    x = np.load(data, mmap_mode="r")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path, data_path = make_files(Path(tmp), a)
+        m = api.load_model(model_path)
+        x = np.load(data_path)
+    data = SequenceData(x, False, "bench")
+    t_obs = best_of(lambda: collect(m, data, "kl", a.batch), 2)
+    qm = api.calibrate(m, x, method="kl", batch_size=a.batch)
+    t_sim = best_of(lambda: simulate(qm, data, a.sim_batch), 2)
+    print(f"one rank, warm: observes {a.N / t_obs:.0f} sequences/s (kl), simulates {a.N / t_sim:.0f} "
+          f"sequences/s (every tensor); T={a.T} C={a.C} H={a.H}")
     clock = [0]
     obs = map_observers(new_observers(m, MethodPlan("kl")), lambda o: Logged(o, clock))
     for k in range(2):
         clock[0] = k
-        observe_batch(m, np.asarray(x[k * a.batch:(k + 1) * a.batch]), obs)
+        observe_batch(m, x[k * a.batch:(k + 1) * a.batch], obs)
     state = map_observers(obs, lambda o: (o.inner, o.log))
     size = len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
-    t0 = time.perf_counter()
+    t_pair = best_of(lambda: zip_observers(merge_pair, state, state), 3)
     merged = zip_observers(merge_pair, state, state)
-    t_pair = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    map_observers(merged, finish)
-    t_finish = time.perf_counter() - t0
+    t_finish = best_of(lambda: map_observers(merged, finish), 3)
     print(f"calibration merge: a rank's kl observer state {size / 2**10:.0f} KiB; one pairwise merge "
           f"{t_pair * 1e3:.1f} ms; the root's replays {t_finish * 1e3:.1f} ms; a round's exchange "
           f"{len(pickle.dumps((0, None)))} B per rank")
-    sim = Simulation(api.load(qmodel))
-    part = chunk_partial(sim, np.asarray(x[:a.sim_batch]), False)[0]
-    t0 = time.perf_counter()
-    for _ in range(100):
-        fold(sim, part)
-    t_fold = (time.perf_counter() - t0) / 100
+    sim = Simulation(qm)
+    part = chunk_partial(sim, x[:a.sim_batch], False)[0]
+    t_fold = best_of(lambda: fold(sim, part), 20)
     print(f"simulation fold: a chunk's partial statistics {len(pickle.dumps(part)) / 2**10:.0f} KiB, folded "
           f"in {t_fold * 1e3:.2f} ms; --save adds {a.sim_batch * a.T * a.H * 12 / 2**20:.1f} MiB of outputs "
           f"per chunk of {a.sim_batch}")
+
+
+def best_of(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def contents(path: Path) -> dict:
@@ -234,18 +249,20 @@ def cli(a) -> None:
         res = [{k: v for k, v in t[2].items() if k != "seconds"} for label, ts in times.items() for t in ts
                if label != "one process"]
         report(a, "simulate --save", times, same_files(d, "r") and all(r == res[0] for r in res))
-        sizes(model, data, d / "q1.h5", a)
+    single = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, __file__, "sizes", *(f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
+                                                        if k not in ("what", "chunk_rows"))], env=single, check=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("operator", "cli"))
+    ap.add_argument("what", choices=("operator", "cli", "sizes"))
     for k, v in (("repeat", 10), ("runs", 3), ("ranks", 2), ("N", 2048), ("T", 100), ("C", 64), ("H", 256),
                  ("batch", 64), ("sim_batch", 64)):
         ap.add_argument(f"--{k.replace('_', '-')}", type=int, default=v)
     ap.add_argument("--chunk-rows", type=int, default=None)
     a = ap.parse_args()
-    operator(a) if a.what == "operator" else cli(a)
+    {"operator": operator, "cli": cli, "sizes": sizes}[a.what](a)
 
 
 if __name__ == "__main__":

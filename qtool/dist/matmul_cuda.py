@@ -43,6 +43,11 @@ class CudaGemm(Prepared):
         gemm_dequant_kernel[grid, THREADS](cuda.to_device(np.ascontiguousarray(rows)), self.b,
                                            cuda.to_device(np.ascontiguousarray(token_scale)),
                                            self.device_scale, acc, d)
-        if poll is not None:  # the launch returns at once on a GPU: MPI progresses meanwhile
-            poll()
+        done = cuda.event()
+        done.record()
+        # the launch returns at once: the host lets MPI progress the next gather until the
+        # kernel or the gather is done (numba's simulator runs kernels at once, has no query)
+        while poll is not None and hasattr(done, "query") and not done.query():
+            if poll():
+                break
         return acc.copy_to_host(), d.copy_to_host()
