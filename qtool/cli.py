@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
-from qtool.dist import command_scope
+from qtool.dist import command_scope, stop_every_rank
 from qtool.errors import QtoolError
 
 app = typer.Typer(
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
         err.print(f"interrupted ({signal.Signals(signum).name}); no output was left half written")
-        sys.exit(128 + signum)
+        stop_every_rank(128 + signum)  # under mpiexec a rank blocked in a collective would wait on
     except Exception as e:  # anything else is a bug, but still one line unless debugging
         if os.environ.get("QTOOL_DEBUG"):
             raise

@@ -270,3 +270,27 @@ def test_float16_rounding_equals_numpy():
     halves(x, out)
     with np.errstate(over="ignore"):
         assert np.array_equal(out, x.astype(np.float16).view(np.uint16))
+
+
+@needs_mpi
+def test_ctrl_c_stops_every_rank_and_leaves_nothing(files, qmodel, tmp_path):
+    """SIGINT to mpiexec while rank 0 writes --save: every rank ends (exit 128 + 2), rank 0
+    says so once, and its temporary file is gone."""
+    import signal
+    import time
+
+    np.save(tmp_path / "long.npy", np.random.RandomState(2).randn(4000, 9, 5).astype(np.float32))
+    env = {k: v for k, v in os.environ.items() if k != "QTOOL_MPI"}
+    env.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, *CLI, "simulate", qmodel, tmp_path / "long.npy",
+                          "--batch-size", "4", "--save", out / "r.h5"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not any(out.iterdir()) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until rank 0 has its temporary file open
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGINT, err
+    assert err.count("interrupted (SIGINT)") == 1 and not any(out.iterdir())

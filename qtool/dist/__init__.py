@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 
 from qtool.errors import QtoolError
@@ -101,3 +102,20 @@ def command_scope(*consoles) -> Iterator[None]:
         sys.stdout = open(os.devnull, "w")  # for the rest of the process
     with agreed(comm, passes=(typer.Exit, typer.Abort, typer.TyperException)):
         yield
+
+
+ABORT_GRACE_S = 2.0  # how long the other ranks let rank 0 remove its temporary file first
+
+
+def stop_every_rank(code: int) -> None:
+    """Exit after a signal, once this rank's temporary files are gone. Under mpiexec another
+    rank may be blocked in a collective, or may have swallowed the signal (raised where Python
+    ignores exceptions), so MPI_Abort ends them all: rank 0 at once, the others after a grace
+    period, so that an abort elsewhere does not kill rank 0 before it removed its temporary."""
+    comm = world() if _world else None
+    if comm is not None:
+        sys.stderr.flush()
+        if comm.Get_rank() != 0:
+            time.sleep(ABORT_GRACE_S)
+        comm.Abort(code)
+    sys.exit(code)
