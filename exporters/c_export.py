@@ -1,8 +1,10 @@
 """`qtool export c`: C99 headers with the integer parameters and a portable integer GRU.
 
-Writes into DIR: qgru.h / qgru.c (the runtime, copied verbatim), NAME_params.h (const tables),
-NAME.h / NAME.c (the model: prefix quantize, integer core, suffix dequantize; streaming and
-whole-sequence APIs). Reads the quantized model only; never recomputes numerics.
+Writes into DIR: qgru.h / qgru.c (the runtime, copied verbatim), NAME_params.h / NAME_params.c
+(the tables: declared in the header, defined once), NAME.h / NAME.c (the model: prefix quantize,
+integer core, suffix dequantize; streaming and whole-sequence APIs; the cell is
+c_runtime/qgru_cell.c.in in the integer types exporters/c_bounds.py proves enough). Reads the
+quantized model only; never recomputes numerics.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 
 import numpy as np
 
+from exporters.c_bounds import folded_biases, model_bits
 from qtool import __version__
 from qtool.errors import QtoolError
-from qtool.intops import rshift_round
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.qparams import qrange
@@ -44,22 +47,36 @@ def comment(text: str) -> str:
     return text.replace("*/", "* /").replace("/*", "/ *")
 
 
-def c_array(ctype: str, name: str, values: np.ndarray, per_line: int = 16) -> str:
+def c_values(values: np.ndarray, per_line: int = 16) -> str:
     flat = np.asarray(values).ravel()
-    body = ",\n".join("    " + ", ".join(str(int(v)) for v in flat[i:i + per_line])
+    return ",\n".join("    " + ", ".join(str(int(v)) for v in flat[i:i + per_line])
                       for i in range(0, len(flat), per_line))
-    return f"static const {ctype} {name}[{len(flat)}] QGRU_SECTION = {{\n{body}\n}};\n"
 
 
-def int_type(values: np.ndarray, choices=("int8_t", "int16_t", "int32_t", "int64_t")) -> str:
-    lo, hi = int(np.min(values)), int(np.max(values))
-    for t, bits in (("int8_t", 8), ("int16_t", 16), ("int32_t", 32), ("int64_t", 64)):
+def c_array(ctype: str, name: str, values: np.ndarray) -> str:
+    """A file-local table (test vectors)."""
+    return f"static const {ctype} {name}[{np.size(values)}] = {{\n{c_values(values)}\n}};\n"
+
+
+def c_table(ctype: str, name: str, values: np.ndarray) -> tuple[str, str]:
+    """A model table: its `extern` declaration for the header, its one aligned definition."""
+    n = np.size(values)
+    return (f"extern const {ctype} {name}[{n}];",
+            f"const {ctype} {name}[{n}] QGRU_ALIGN QGRU_SECTION = {{\n{c_values(values)}\n}};\n")
+
+
+INT_TYPES = (("int8_t", 8), ("int16_t", 16), ("int32_t", 32), ("int64_t", 64))
+SIZES = {t: bits // 8 for t, bits in INT_TYPES}
+
+
+def int_type(values, choices=tuple(SIZES)) -> str:
+    """The narrowest of `choices` that holds every value (int32_t for no values)."""
+    vals = [int(v) for a in values for v in np.ravel(a)]
+    lo, hi = min(vals, default=0), max(vals, default=0)
+    for t, bits in INT_TYPES:
         if t in choices and -(1 << (bits - 1)) <= lo and hi < (1 << (bits - 1)):
             return t
     raise QtoolError(f"values [{lo}, {hi}] fit none of {choices}")
-
-
-SIZES = {"int8_t": 1, "int16_t": 2, "int32_t": 4, "int64_t": 8}
 
 
 @dataclass
@@ -81,83 +98,99 @@ class Footprint:
 COMPENSATION = ("table", "offset")
 
 
-def _input_bound(spec, offset: bool) -> int:
-    """Largest |GEMM input|: q on `bits` signed bits, or q - zp when inputs are offset."""
-    lo, hi = qrange(spec.bits)
-    return max(abs(lo - spec.zp), abs(hi - spec.zp)) if offset else max(-lo, hi)
-
-
-def _gemm_acc64(q_w: np.ndarray, in_bound: int) -> bool:
-    return int(np.abs(q_w).sum(axis=1).max(initial=0)) * in_bound >= 2**31
-
-
 def offset_inputs(spec: dict, compensation: str) -> bool:
-    """Whether a cell compensates zero points by offsetting its GEMM inputs: asked for, needed
-    (a zero point is not 0), and possible (every q - zp fits the runtime's int16 buffers)."""
-    x, h = spec["x"], spec["h"]
-    return (compensation == "offset" and (x.zp != 0 or h.zp != 0)
-            and max(_input_bound(x, True), _input_bound(h, True)) < 2**15)
+    """Whether a cell compensates zero points by offsetting its GEMM inputs: asked for, and
+    needed (a zero point is not 0). The runtime adds the offset as it reads each input."""
+    return compensation == "offset" and (spec["x"].zp != 0 or spec["h"].zp != 0)
 
 
-def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The bias terms of `intops.gru_cell` are constants per channel: fold them at export.
-    b_pre [3H]: rshift_round(qbx, sh_bx), plus rshift_round(qbr, sh_br) for the z and r blocks
-    (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g)."""
-    bx = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbx"], rows["sh_bx"])], np.int64)
-    br = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbr"], rows["sh_br"])], np.int64)
-    H = bx.size // 3
-    b_pre = bx.copy()
-    b_pre[:2 * H] += br[:2 * H]
-    return b_pre, br[2 * H:]
+@dataclass
+class ModelTypes:
+    """The C types of one model's storage and arithmetic (one cell function serves all cells)."""
+
+    q_t: str       # every activation and state integer
+    w_t: str       # qW
+    r_t: str       # qR
+    b_t: str       # the folded biases
+    cw_t: str      # W_sum_mul_x_zp
+    cr_t: str      # R_sum_mul_h_zp
+    lut_t: str     # activation tables
+    bits: dict     # statement -> 32 or 64 (c_bounds.STATEMENTS)
+    offsets: list  # [layer][direction] -> offset inputs
+
+    def acc(self, gemm: str) -> str:
+        return f"int{self.bits[gemm]}_t"
+
+    def dsp(self, gemm: str) -> bool:
+        """The int8 SMLAD kernel applies: int8 weights and activations, int32 sums."""
+        w = self.w_t if gemm == "Wx" else self.r_t
+        return w == "int8_t" and self.q_t == "int8_t" and self.bits[gemm] == 32
 
 
-def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint,
-                 compensation: str) -> tuple[str, str]:
-    """The const arrays of one cell and its qgru_cell_t initializer."""
+def _comp_tables(qm: QuantModel, row: str, offsets) -> list[np.ndarray]:
+    i = CHANNEL_ROWS.index(row)
+    return [cq.CH[i] for l, cells in enumerate(qm.cells) for d, cq in enumerate(cells)
+            if not offsets[l][d] and cq.CH[i].any()]
+
+
+def act_type(qm: QuantModel) -> str:
+    """The storage of every activation and state integer: int8_t when all of them fit."""
+    bits = max(max(cq.spec["x"].bits, cq.spec["h"].bits) for cells in qm.cells for cq in cells)
+    return "int8_t" if bits <= 8 else "int16_t"
+
+
+def model_types(qm: QuantModel, compensation: str) -> ModelTypes:
+    cqs = [cq for cells in qm.cells for cq in cells]
+    offsets = [[offset_inputs(cq.spec, compensation) for cq in cells] for cells in qm.cells]
+    rows = [{r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)} for cq in cqs]
+    return ModelTypes(
+        q_t=act_type(qm),
+        w_t="int8_t" if max(cq.spec["W"].bits for cq in cqs) <= 8 else "int16_t",
+        r_t="int8_t" if max(cq.spec["R"].bits for cq in cqs) <= 8 else "int16_t",
+        b_t=int_type([b for r in rows for b in folded_biases(r)], ("int8_t", "int16_t", "int32_t", "int64_t")),
+        cw_t=int_type(_comp_tables(qm, "W_sum_mul_x_zp", offsets), ("int32_t", "int64_t")),
+        cr_t=int_type(_comp_tables(qm, "R_sum_mul_h_zp", offsets), ("int32_t", "int64_t")),
+        lut_t=int_type([cq.luts[k] for cq in cqs for k in cq.luts], ("int8_t", "int16_t")),
+        bits=model_bits(qm, offsets), offsets=offsets)
+
+
+def _cell_tables(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes,
+                 fp: Footprint) -> tuple[list[tuple[str, str]], str]:
+    """The tables of one cell (declaration, definition) and its cell_t initializer."""
     cq = qm.cells[l][d]
-    offset = offset_inputs(cq.spec, compensation)
+    offset = ty.offsets[l][d]
     p = f"{prefix}_l{l}_{DIRECTIONS[d]}"
-    out = []
-    w_t = "int8_t" if cq.spec["W"].bits <= 8 else "int16_t"
-    r_t = "int8_t" if cq.spec["R"].bits <= 8 else "int16_t"
-    out.append(c_array(w_t, f"{p}_qW", cq.qW))
-    out.append(c_array(r_t, f"{p}_qR", cq.qR))
-    fp.weight_bytes += cq.qW.size * SIZES[w_t] + cq.qR.size * SIZES[r_t]
-    fp.int8_weight_bytes += cq.qW.size + cq.qR.size
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
-    b_pre, b_rh = folded_biases(rows)
-    b_t = int_type(np.concatenate([b_pre, b_rh]), ("int8_t", "int16_t", "int32_t"))
-    for name, v in (("b_pre", b_pre), ("b_Rh_add_br", b_rh)):
-        out.append(c_array(b_t, f"{p}_{name}", v))
-        fp.bias_bytes += v.size * SIZES[b_t]
+    b_pre, b_rab = folded_biases(rows)
+    tables = [(ty.w_t, "qW", cq.qW), (ty.r_t, "qR", cq.qR), (ty.b_t, "b_pre", b_pre),
+              (ty.b_t, "b_Rh_add_br", b_rab), ("int8_t", "sh_W", rows["sh_W"]),
+              ("int8_t", "sh_R", rows["sh_R"])]
     comps = {}
-    for r in ("sh_W", "sh_R"):
-        out.append(c_array("int8_t", f"{p}_{r}", rows[r]))
-        fp.other_bytes += rows[r].size
-    for r in ("W_sum_mul_x_zp", "R_sum_mul_h_zp"):
-        if offset or not rows[r].any():  # offset inputs, or zero point 0: no table
-            comps[r] = ("NULL", "NULL")
-            continue
-        t = int_type(rows[r], ("int32_t", "int64_t"))
-        comps[r] = (f"{p}_{r}", "NULL") if t == "int32_t" else ("NULL", f"{p}_{r}")
-        out.append(c_array(t, f"{p}_{r}", rows[r]))
-        fp.other_bytes += rows[r].size * SIZES[t]
-        fp.offset_saves += rows[r].size * SIZES[t] * offset_inputs(cq.spec, "offset")
-    out.append(c_array("int32_t", f"{p}_P", cq.P))
-    fp.other_bytes += cq.P.size * 4
-    for lut in ("lut_z", "lut_r", "lut_g"):
-        out.append(c_array("int16_t", f"{p}_{lut}", cq.luts[lut]))
-        fp.table_bytes += cq.luts[lut].size * 2
+    for r, t in (("W_sum_mul_x_zp", ty.cw_t), ("R_sum_mul_h_zp", ty.cr_t)):
+        comps[r] = "NULL" if offset or not rows[r].any() else f"{p}_{r}"  # none: zero point 0
+        if comps[r] != "NULL":
+            tables.append((t, r, rows[r]))
+            fp.offset_saves += rows[r].size * SIZES[t]
+    tables += [("int32_t", "P", cq.P)] + [(ty.lut_t, k, cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
+    out = []
+    for t, name, v in tables:
+        out.append(c_table(t, f"{p}_{name}", v))
+        nbytes = np.size(v) * SIZES[t]
+        if name in ("qW", "qR"):
+            fp.weight_bytes += nbytes
+        elif name.startswith("b_"):
+            fp.bias_bytes += nbytes
+        elif name.startswith("lut_"):
+            fp.table_bytes += nbytes
+        else:
+            fp.other_bytes += nbytes
+    fp.int8_weight_bytes += cq.qW.size + cq.qR.size
     H, C = cq.qR.shape[1], cq.qW.shape[1]
     fp.macs_per_step += 3 * H * (C + H)
-    acc64 = int(_gemm_acc64(cq.qW, _input_bound(cq.spec["x"], offset))
-                or _gemm_acc64(cq.qR, _input_bound(cq.spec["h"], offset)))
-    init = (f"    {{{C}, {H}, {SIZES[w_t]}, {SIZES[r_t]}, {acc64}, {int(offset)}, {p}_qW, {p}_qR, {SIZES[b_t]}, "
-            f"{p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, {p}_sh_R, "
-            f"{comps['W_sum_mul_x_zp'][0]}, {comps['W_sum_mul_x_zp'][1]}, "
-            f"{comps['R_sum_mul_h_zp'][0]}, {comps['R_sum_mul_h_zp'][1]}, {p}_P, "
+    init = (f"    {{{C}, {H}, {int(offset)}, {p}_qW, {p}_qR, {p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, "
+            f"{p}_sh_R, {comps['W_sum_mul_x_zp']}, {comps['R_sum_mul_h_zp']}, {p}_P, "
             f"{p}_lut_z, {p}_lut_r, {p}_lut_g}}")
-    return "\n".join(out), init
+    return out, init
 
 
 def _scale_comments(qm: QuantModel) -> str:
@@ -175,201 +208,268 @@ def _scale_comments(qm: QuantModel) -> str:
     return "\n".join(comment(x) for x in lines)
 
 
-def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table") -> Footprint:
-    """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
-    stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
-    and h - zp_h instead (no tables; see qgru.h)."""
-    if compensation not in COMPENSATION:
-        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
-    prefix = c_name(name)
-    P = prefix.upper()
-    model = qm.model
-    fp = Footprint()
-    arrays, inits = [], []
-    for l, cells in enumerate(qm.cells):
-        for d in range(len(cells)):
-            a, i = _cell_arrays(qm, l, d, prefix, fp, compensation)
-            arrays.append(a)
-            inits.append(i)
-    L, D = model.num_layers, model.num_directions
-    hidden = [cells[0].hidden_size for cells in qm.cells]
-    widths = [model.input_size] + [h * D for h in hidden]
-    max3h, max_w = 3 * max(hidden), max(widths)
-    state = sum(h * D for h in hidden)
-    x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
-    offset = any(offset_inputs(cq.spec, compensation) for cells in qm.cells for cq in cells)
-    off_fields = (f"    int16_t x_off[{P}_MAX_WIDTH];\n    int16_t h_off[{P}_MAX_HIDDEN];\n"
-                  if offset else "")
-    fp.ram_bytes = state * 2 + max3h * (2 + 8) + max_w * 2 + (max_w + max(hidden)) * 2 * offset
-    info = qm.info
-    provenance = "\n".join(comment(f" * {k}: {v}") for k, v in (
+def _dot3_source(prefix: str, gemm: str, w_t: str, q_t: str, acc_t: str, dsp: bool) -> str:
+    """The GEMM of one unit's three rows: the int8 SMLAD kernel where it applies, else the plain
+    loop in the types the bounds chose."""
+    which = gemm[0]
+    loop = f"""    const {w_t} *w0 = w, *w1 = w + row_step, *w2 = w + 2 * row_step;
+    {acc_t} s0 = 0, s1 = 0, s2 = 0;
+    int32_t k;
+    for (k = 0; k < n; k++) {{
+        const {acc_t} v_k = ({acc_t})(v[k] + v_offset);
+        s0 += w0[k] * v_k;
+        s1 += w1[k] * v_k;
+        s2 += w2[k] * v_k;
+    }}
+    acc[0] = s0;
+    acc[1] = s1;
+    acc[2] = s2;
+"""
+    if dsp:
+        loop = f"#if QGRU_DSP\n    qgru_dot3_s8_dsp(w, row_step, v, n, v_offset, acc);\n#else\n{loop}#endif\n"
+    return f"""/* sum_k w[row][k] * (v[k] + v_offset) for the rows 0, row_step and 2 row_step of w: the z, r
+ * and g rows of one unit ({acc_t}: the exported bound holds every partial sum) */
+static void {prefix}_dot3_{which}(const {w_t} *w, int32_t row_step, const {q_t} *v, int32_t n,
+{" " * (len(prefix) + 18)}int32_t v_offset, {acc_t} acc[3])
+{{
+{loop}}}
+"""
+
+
+def _cell_source(prefix: str, ty: ModelTypes) -> str:
+    subs = {"p": prefix, "q_t": ty.q_t, "lut_t": ty.lut_t, "acc_W_t": ty.acc("Wx"),
+            "acc_R_t": ty.acc("Rh")}
+    for name, b in ty.bits.items():
+        subs[f"n_{name}"] = str(b)
+        subs[f"t_{name}"] = f"int{b}_t"
+    cell = Template((RUNTIME / "qgru_cell.c.in").read_text()).substitute(subs)
+    return (_dot3_source(prefix, "Wx", ty.w_t, ty.q_t, ty.acc("Wx"), ty.dsp("Wx")) + "\n"
+            + _dot3_source(prefix, "Rh", ty.r_t, ty.q_t, ty.acc("Rh"), ty.dsp("Rh")) + "\n" + cell)
+
+
+def _provenance(qm: QuantModel) -> str:
+    model, info = qm.model, qm.info
+    return "\n".join(comment(f" * {k}: {v}") for k, v in (
         ("model", f"{model.name} ({model.source})"), ("calibration", info.get("method")),
         ("bits", info.get("bits")), ("calibration data", f"{info.get('data_file')}, "
                                                           f"{info.get('samples')} sequences"),
         ("generated by", f"qtool {__version__}")))
-    guard = f"{P}_PARAMS_H"
-    params_h = f"""/*
+
+
+def _params_h(qm: QuantModel, prefix: str, ty: ModelTypes, decls: list[str]) -> str:
+    guard = f"{prefix.upper()}_PARAMS_H"
+    n = sum(len(c) for c in qm.cells)
+    return f"""/*
  * {prefix}: integer GRU parameters, generated by qtool. Do not edit.
-{provenance}
+{_provenance(qm)}
  *
  * Every tensor's quantization (value = (q - zp) * scale):
 {_scale_comments(qm)}
+ *
+ * The tables are defined once, in {prefix}_params.c (QGRU_ALIGN, QGRU_SECTION: see qgru.h).
  */
 #ifndef {guard}
 #define {guard}
 
+#include <stddef.h>
 #include "qgru.h"
 
-{chr(10).join(arrays)}
-static const qgru_cell_t {prefix}_cells[{L * D}] = {{
-{("," + chr(10)).join(inits)}
-}};
+/* One direction of one layer. Weights row-major [3H][C] and [3H][H], gate blocks z | r | g.
+ * Zero-point compensation, two exact ways: with offset_inputs = 0, the precomputed tables
+ * W_sum_mul_x_zp / R_sum_mul_h_zp (NULL when the zero point is 0) are subtracted from the raw
+ * sums; with offset_inputs = 1 there are no tables and the GEMMs read (x - zp_x) and (h - zp_h)
+ * instead: sum_k W[c][k] (x[k] - zp_x) = sum_k W[c][k] x[k] - W_sum_mul_x_zp[c], the same integer. */
+typedef struct {{
+    int32_t input_size;
+    int32_t hidden_size;
+    int32_t offset_inputs;
+    const {ty.w_t} *qW;
+    const {ty.r_t} *qR;
+    const {ty.b_t} *b_pre;       /* [3H] rshift_round(qbx, sh_bx) (+ rshift_round(qbr, sh_br) for z, r) */
+    const {ty.b_t} *b_Rh_add_br; /* [H] rshift_round(qbr_g, sh_br_g) */
+    const int8_t *sh_W;        /* exp2_inv_W[c] + exp2_inv_x - exp2_inv_Wx */
+    const int8_t *sh_R;
+    const {ty.cw_t} *W_sum_mul_x_zp; /* zp_x * sum_k qW[c][k]; NULL: none */
+    const {ty.cr_t} *R_sum_mul_h_zp;
+    const int32_t *P;          /* QGRU_NUM_PARAMS scalars */
+    const {ty.lut_t} *lut_z;
+    const {ty.lut_t} *lut_r;
+    const {ty.lut_t} *lut_g;
+}} {prefix}_cell_t;
+
+{chr(10).join(decls)}
+extern const {prefix}_cell_t {prefix}_cells[{n}];
 
 #endif /* {guard} */
 """
-    model_h = f"""/*
+
+
+def _model_h(qm: QuantModel, prefix: str, ty: ModelTypes, fp: Footprint) -> str:
+    P = prefix.upper()
+    model = qm.model
+    L, D = model.num_layers, model.num_directions
+    hidden = [cells[0].hidden_size for cells in qm.cells]
+    max_w = max([model.input_size] + [h * D for h in hidden])
+    x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
+    return f"""/*
  * {prefix}: integer-only GRU generated by qtool {__version__}. Do not edit.
  * Three parts (as TVM's partition_conversions): {prefix}_quantize_input (prefix, float in),
  * the integer core ({prefix}_step / {prefix}_run_sequence, fully integral), and
- * {prefix}_dequantize_output (suffix, float out).
+ * {prefix}_dequantize_output (suffix, float out). The float wrappers use single precision
+ * only (no double, no libm); define QGRU_NO_FLOAT to leave them out.
  */
 #ifndef {P}_H
 #define {P}_H
 
 #include <stdint.h>
 
-#define {P}_INPUT_SIZE {model.input_size}
-#define {P}_HIDDEN_SIZE {model.hidden_size}
-#define {P}_OUTPUT_SIZE {model.output_size}
-#define {P}_NUM_LAYERS {L}
-#define {P}_NUM_DIRECTIONS {D}
-#define {P}_STATE_SIZE {state} /* int16 values: every layer's and direction's h */
-#define {P}_MAX_3H {max3h}
-#define {P}_MAX_WIDTH {max_w}
-#define {P}_MAX_HIDDEN {max(hidden)}
-#define {P}_MACS_PER_STEP {fp.macs_per_step}
-/* int16 elements of the work buffer {prefix}_run_sequence needs for T time steps */
+#define {P}_INPUT_SIZE ({model.input_size})
+#define {P}_HIDDEN_SIZE ({model.hidden_size})
+#define {P}_OUTPUT_SIZE ({model.output_size})
+#define {P}_NUM_LAYERS ({L})
+#define {P}_NUM_DIRECTIONS ({D})
+#define {P}_STATE_SIZE ({sum(h * D for h in hidden)}) /* every layer's and direction's h */
+#define {P}_MAX_WIDTH ({max_w})
+#define {P}_MAX_HIDDEN ({max(hidden)})
+#define {P}_MACS_PER_STEP ({fp.macs_per_step})
+/* {P}_q_t elements of the work buffer {prefix}_run_sequence needs for T time steps */
 #define {P}_SEQUENCE_WORK(T) (2 * (T) * {P}_MAX_WIDTH)
-#define {P}_INPUT_EXP2_INV {int(x_spec.exp2_inv)}
-#define {P}_INPUT_ZP {x_spec.zp}
-#define {P}_OUTPUT_EXP2_INV {int(y_spec.exp2_inv)}
-#define {P}_OUTPUT_ZP {y_spec.zp}
+#define {P}_INPUT_EXP2_INV ({int(x_spec.exp2_inv)})
+#define {P}_INPUT_ZP ({x_spec.zp})
+#define {P}_OUTPUT_EXP2_INV ({int(y_spec.exp2_inv)})
+#define {P}_OUTPUT_ZP ({y_spec.zp})
 
-/* Caller-owned state and scratch: allocate statically. */
+/* The storage of every activation and state integer (x, h, y). */
+typedef {ty.q_t} {prefix}_q_t;
+
+/* Caller-owned state and scratch ({fp.ram_bytes} bytes): allocate statically. */
 typedef struct {{
-    int16_t h[{P}_STATE_SIZE];
-    int16_t q_Wx[{P}_MAX_3H];
-    int64_t acc_Rh[{P}_MAX_3H];
-    int16_t layer_io[{P}_MAX_WIDTH];
-{off_fields}}} {prefix}_state_t;
+    {prefix}_q_t h[{P}_STATE_SIZE];
+    {prefix}_q_t h_new[{P}_MAX_HIDDEN];
+}} {prefix}_state_t;
 
 /* h = 0 for every layer (q = zp_h). */
 void {prefix}_reset({prefix}_state_t *s);
-/* prefix: q = clamp(floor(x * 2^exp2_inv_x + 0.5) + zp_x), n values */
-void {prefix}_quantize_input(const float *x, int16_t *x_q, int32_t n);
-/* suffix: y = (q - zp_h) * 2^-exp2_inv_h, n values */
-void {prefix}_dequantize_output(const int16_t *y_q, float *y, int32_t n);
-/* core, streaming: one time step, x_q [INPUT_SIZE] -> y_q [OUTPUT_SIZE]; returns -1 for a
- * bidirectional model (it needs the whole sequence) */
-int {prefix}_step({prefix}_state_t *s, const int16_t *x_q, int16_t *y_q);
+#ifndef QGRU_NO_FLOAT
+/* prefix: q = clamp(floor(x * 2^exp2_inv_x + 0.5) + zp_x), n values; saturates before the
+ * conversion (+-1e30, +-inf give qmin/qmax; NaN gives qmin) */
+void {prefix}_quantize_input(const float *x, {prefix}_q_t *x_q, int32_t n);
+/* suffix: y = (q - zp_h) * 2^-exp2_inv_h, n values (exact in single precision) */
+void {prefix}_dequantize_output(const {prefix}_q_t *y_q, float *y, int32_t n);
+#endif
+/* core, streaming: one time step, x_q [INPUT_SIZE] -> y_q [OUTPUT_SIZE]; returns 0, or -1
+ * (and computes nothing) for a bidirectional model, which needs the whole sequence */
+int {prefix}_step({prefix}_state_t *s, const {prefix}_q_t *x_q, {prefix}_q_t *y_q);
 /* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [T][OUTPUT_SIZE]; work holds
- * {P}_SEQUENCE_WORK(T) int16 values; s->h ends with every layer's final state */
-void {prefix}_run_sequence({prefix}_state_t *s, const int16_t *x_q, int32_t T, int16_t *y_q,
-                           int16_t *work);
+ * {P}_SEQUENCE_WORK(T) values; s->h ends with every layer's final state */
+void {prefix}_run_sequence({prefix}_state_t *s, const {prefix}_q_t *x_q, int32_t T,
+                           {prefix}_q_t *y_q, {prefix}_q_t *work);
 
 #endif /* {P}_H */
 """
-    hidden_list = ", ".join(str(h) for h in hidden)
-    width_list = ", ".join(str(w) for w in widths)
-    model_c = f"""/* {prefix}: generated by qtool {__version__}. Do not edit. */
-#include <math.h>
+
+
+def _float_literal(e: int) -> str:
+    """2^e as an exact single-precision literal."""
+    return f"0x1p{e:+d}f"
+
+
+def _model_c(qm: QuantModel, prefix: str, ty: ModelTypes) -> str:
+    P = prefix.upper()
+    model = qm.model
+    L = model.num_layers
+    hidden = [cells[0].hidden_size for cells in qm.cells]
+    widths = [model.input_size] + [h * model.num_directions for h in hidden]
+    x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
+    qmin, qmax = qrange(x_spec.bits)
+    q = f"{prefix}_q_t"
+    return f"""/* {prefix}: generated by qtool {__version__}. Do not edit. */
 #include <string.h>
 
 #include "{prefix}.h"
 #include "{prefix}_params.h"
 
-static const int32_t {prefix}_hidden[{L}] = {{{hidden_list}}};
-static const int32_t {prefix}_width[{L + 1}] = {{{width_list}}};
+static const int32_t {prefix}_hidden[{L}] = {{{", ".join(map(str, hidden))}}};
+static const int32_t {prefix}_width[{L + 1}] = {{{", ".join(map(str, widths))}}};
 
+{_cell_source(prefix, ty)}
 void {prefix}_reset({prefix}_state_t *s)
 {{
     int32_t l, d, j, off = 0;
     for (l = 0; l < {P}_NUM_LAYERS; l++) {{
         for (d = 0; d < {P}_NUM_DIRECTIONS; d++) {{
             for (j = 0; j < {prefix}_hidden[l]; j++) {{
-                s->h[off++] = (int16_t){prefix}_cells[l * {P}_NUM_DIRECTIONS + d].P[QGRU_ZP_H];
+                s->h[off++] = ({q}){prefix}_cells[l * {P}_NUM_DIRECTIONS + d].P[QGRU_ZP_H];
             }}
         }}
     }}
 }}
 
-void {prefix}_quantize_input(const float *x, int16_t *x_q, int32_t n)
-{{
-    int32_t i;
-    const double scale = ldexp(1.0, {P}_INPUT_EXP2_INV);
-    const int32_t zp = {P}_INPUT_ZP;
-    const int64_t lo = {-(1 << (x_spec.bits - 1))};
-    const int64_t hi = {(1 << (x_spec.bits - 1)) - 1};
-    for (i = 0; i < n; i++) {{
-        int64_t q = (int64_t)floor((double)x[i] * scale + 0.5) + zp;
-        x_q[i] = (int16_t)qgru_clamp(q, lo, hi);
-    }}
-}}
-
-void {prefix}_dequantize_output(const int16_t *y_q, float *y, int32_t n)
+#ifndef QGRU_NO_FLOAT
+void {prefix}_quantize_input(const float *x, {q} *x_q, int32_t n)
 {{
     int32_t i;
     for (i = 0; i < n; i++) {{
-        y[i] = (float)ldexp((double)(y_q[i] - {P}_OUTPUT_ZP), -{P}_OUTPUT_EXP2_INV);
+        /* x * 2^exp2_inv is exact; + 0.5 is too for the values that do not saturate */
+        float v = x[i] * {_float_literal(int(x_spec.exp2_inv))} + 0.5f;
+        int32_t q;
+        if (!(v >= {float(qmin - x_spec.zp)!r}f)) {{ /* saturate before converting; NaN too */
+            v = {float(qmin - x_spec.zp)!r}f;
+        }}
+        if (v > {float(qmax - x_spec.zp)!r}f) {{
+            v = {float(qmax - x_spec.zp)!r}f;
+        }}
+        q = (int32_t)v; /* truncation; floor: */
+        if ((float)q > v) {{
+            q -= 1;
+        }}
+        x_q[i] = ({q})(q + {P}_INPUT_ZP);
     }}
 }}
 
-static qgru_scratch_t {prefix}_scratch({prefix}_state_t *s)
+void {prefix}_dequantize_output(const {q} *y_q, float *y, int32_t n)
 {{
-    qgru_scratch_t sc;
-    sc.q_Wx = s->q_Wx;
-    sc.acc_Rh = s->acc_Rh;
-    sc.x_off = {"s->x_off" if offset else "NULL"};
-    sc.h_off = {"s->h_off" if offset else "NULL"};
-    return sc;
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        y[i] = (float)(y_q[i] - {P}_OUTPUT_ZP) * {_float_literal(-int(y_spec.exp2_inv))};
+    }}
 }}
+#endif
 
-int {prefix}_step({prefix}_state_t *s, const int16_t *x_q, int16_t *y_q)
+int {prefix}_step({prefix}_state_t *s, const {q} *x_q, {q} *y_q)
 {{
     int32_t l, off = 0;
-    const int16_t *in = x_q;
+    const {q} *in = x_q;
     if ({P}_NUM_DIRECTIONS != 1) {{
         return -1;
     }}
     for (l = 0; l < {P}_NUM_LAYERS; l++) {{
-        qgru_cell_step(&{prefix}_cells[l], in, s->h + off, {prefix}_scratch(s));
+        {prefix}_cell_step(&{prefix}_cells[l], in, s->h + off, s->h_new);
         in = s->h + off;
         off += {prefix}_hidden[l];
     }}
-    memcpy(y_q, in, sizeof(int16_t) * {P}_OUTPUT_SIZE);
+    memcpy(y_q, in, sizeof({q}) * {P}_OUTPUT_SIZE);
     return 0;
 }}
 
-void {prefix}_run_sequence({prefix}_state_t *s, const int16_t *x_q, int32_t T, int16_t *y_q,
-                           int16_t *work)
+void {prefix}_run_sequence({prefix}_state_t *s, const {q} *x_q, int32_t T, {q} *y_q, {q} *work)
 {{
     int32_t l, d, t, off = 0;
-    const int16_t *in = x_q;
-    int16_t *bufs[2];
+    const {q} *in = x_q;
+    {q} *bufs[2];
     bufs[0] = work;
-    bufs[1] = work + (int32_t)T * {P}_MAX_WIDTH;
+    bufs[1] = work + T * {P}_MAX_WIDTH;
     {prefix}_reset(s);
     for (l = 0; l < {P}_NUM_LAYERS; l++) {{
         const int32_t H = {prefix}_hidden[l], C = {prefix}_width[l];
         const int32_t out_w = {prefix}_width[l + 1];
-        int16_t *out = (l == {P}_NUM_LAYERS - 1) ? y_q : bufs[l % 2];
+        {q} *out = (l == {P}_NUM_LAYERS - 1) ? y_q : bufs[l % 2];
         for (d = 0; d < {P}_NUM_DIRECTIONS; d++) {{
-            int16_t *h = s->h + off + d * H;
+            {q} *h = s->h + off + d * H;
             for (t = 0; t < T; t++) {{
                 const int32_t tt = d == 0 ? t : T - 1 - t; /* backward runs reversed */
-                qgru_cell_step(&{prefix}_cells[l * {P}_NUM_DIRECTIONS + d], in + tt * C, h,
-                               {prefix}_scratch(s));
-                memcpy(out + tt * out_w + d * H, h, sizeof(int16_t) * H);
+                {prefix}_cell_step(&{prefix}_cells[l * {P}_NUM_DIRECTIONS + d], in + tt * C, h, s->h_new);
+                memcpy(out + tt * out_w + d * H, h, sizeof({q}) * (size_t)H);
             }}
         }}
         in = out;
@@ -377,9 +477,39 @@ void {prefix}_run_sequence({prefix}_state_t *s, const int16_t *x_q, int32_t T, i
     }}
 }}
 """
+
+
+def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table") -> Footprint:
+    """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
+    stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
+    and h - zp_h instead (no tables; see NAME_params.h)."""
+    if compensation not in COMPENSATION:
+        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
+    prefix = c_name(name)
+    ty = model_types(qm, compensation)
+    fp = Footprint()
+    tables, inits = [], []
+    for l, cells in enumerate(qm.cells):
+        for d in range(len(cells)):
+            t, i = _cell_tables(qm, l, d, prefix, ty, fp)
+            tables += t
+            inits.append(i)
+    hidden = [cells[0].hidden_size for cells in qm.cells]
+    state = sum(h * qm.model.num_directions for h in hidden)
+    fp.ram_bytes = (state + max(hidden)) * SIZES[ty.q_t]
+    params_c = (f"/* {prefix}: integer GRU parameters, generated by qtool. Do not edit. */\n"
+                f'#include "{prefix}_params.h"\n\n' + "\n".join(d for _, d in tables)
+                + f"\nconst {prefix}_cell_t {prefix}_cells[{len(inits)}] QGRU_SECTION = {{\n"
+                + ",\n".join(inits) + "\n};\n")
     for f in ("qgru.h", "qgru.c"):
         shutil.copyfile(RUNTIME / f, out_dir / f)
-    (out_dir / f"{prefix}_params.h").write_text(params_h)
-    (out_dir / f"{prefix}.h").write_text(model_h)
-    (out_dir / f"{prefix}.c").write_text(model_c)
+    (out_dir / f"{prefix}_params.h").write_text(_params_h(qm, prefix, ty, [d for d, _ in tables]))
+    (out_dir / f"{prefix}_params.c").write_text(params_c)
+    (out_dir / f"{prefix}.h").write_text(_model_h(qm, prefix, ty, fp))
+    (out_dir / f"{prefix}.c").write_text(_model_c(qm, prefix, ty))
     return fp
+
+
+def sources(out_dir: Path, prefix: str) -> list[Path]:
+    """The C files of an export to compile."""
+    return [out_dir / "qgru.c", out_dir / f"{prefix}.c", out_dir / f"{prefix}_params.c"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exporters.c_export import c_array
+from exporters.c_export import act_type, c_array
 from qtool.engine_cpu import run_int
 from qtool.qmodel import QuantModel
 
@@ -34,7 +34,7 @@ def write_test_vectors(qm: QuantModel, out_dir: Path, prefix: str, x: np.ndarray
 #define {P}_TEST_SEQUENCES {V}
 #define {P}_TEST_STEPS {T}
 {float_array(f"{prefix}_test_input", x)}
-{c_array("int16_t", f"{prefix}_test_expected", y)}
+{c_array(act_type(qm), f"{prefix}_test_expected", y)}
 #endif
 """
     main = f"""/* {prefix}: runs the test vectors through the exported GRU and prints pass/fail. */
@@ -43,9 +43,9 @@ def write_test_vectors(qm: QuantModel, out_dir: Path, prefix: str, x: np.ndarray
 #include "{prefix}_test_vectors.h"
 
 static {prefix}_state_t state;
-static int16_t x_q[{P}_TEST_STEPS * {P}_INPUT_SIZE];
-static int16_t y_q[{P}_TEST_STEPS * {P}_OUTPUT_SIZE];
-static int16_t work[{P}_SEQUENCE_WORK({P}_TEST_STEPS)];
+static {prefix}_q_t x_q[{P}_TEST_STEPS * {P}_INPUT_SIZE];
+static {prefix}_q_t y_q[{P}_TEST_STEPS * {P}_OUTPUT_SIZE];
+static {prefix}_q_t work[{P}_SEQUENCE_WORK({P}_TEST_STEPS)];
 
 int main(void)
 {{
