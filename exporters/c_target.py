@@ -87,6 +87,11 @@ def cross_compile(t: Target, sources: list[Path], exe: Path, include: Path, cfla
         raise QtoolError(f"the exported C did not build for {t.name}: {first}")
 
 
+def output(res: subprocess.CompletedProcess) -> str:
+    """What the program printed: QEMU writes the semihosting console to its stderr."""
+    return res.stdout + res.stderr
+
+
 def run(t: Target, exe: Path, args: list[str], cwd: Path, timeout: float,
         icount: bool = False) -> subprocess.CompletedProcess:
     """Run `exe` on the emulated board; file names in `args` are relative to `cwd`.

@@ -394,7 +394,7 @@ def export_c_cmd(
         lean = fp.flash_bytes - fp.offset_saves
         out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
                   f"({100 * (lean / base - 1):.1f}% above), same integers")
-    out.print(f"wrote {prefix}.h, {prefix}.c, {prefix}_params.h, qgru.h, qgru.c"
+    out.print(f"wrote {prefix}.h, {prefix}.c, {prefix}_params.h, {prefix}_params.c, qgru.h, qgru.c"
               + (f", {prefix}_test_vectors.h, {prefix}_test_main.c" if x is not None else "")
               + f" -> {output}")
 
@@ -440,10 +440,15 @@ def verify(
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
+    target: Annotated[str, typer.Option(
+        help="Where to run: 'host' ($CC), or 'cortex-m4' / 'cortex-m33' / 'cortex-m55': "
+             "arm-none-eabi-gcc with picolibc, run on an emulated MPS2/MPS3 board under "
+             "qemu-system-arm.")] = "host",
     as_json: JsonOpt = False,
 ):
-    """Compile the exported C with the host compiler ($CC, default cc) and check that every output
-    integer of every time step, and every final state, equals the simulator's."""
+    """Compile the exported C with the host compiler ($CC, default cc), or for an emulated
+    Cortex-M, and check that every output integer of every time step, and every final state,
+    equals the simulator's."""
     from exporters.c_export import c_name
     from exporters.c_verify import verify as run_verify
     from qtool.fileio import open_sequences
@@ -456,12 +461,12 @@ def verify(
     data = open_sequences(Path(need(data_path, "data file", "DATA")), dataset, time_first)
     data.check_features(qm.model.input_size)
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    res = run_verify(qm, export_dir, c_name(name or qm.model.name), data.chunk(0, n))
+    res = run_verify(qm, export_dir, c_name(name or qm.model.name), data.chunk(0, n), target)
     bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
     if as_json:
         print(json.dumps(res))
     else:
-        out.print(f"{res['sequences']} sequences x {res['time_steps']} steps: "
+        out.print(f"{res['target']}: {res['sequences']} sequences x {res['time_steps']} steps: "
                   f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
                   f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
                   f"{res['dequantized_mismatches']} in the dequantized outputs")
