@@ -48,25 +48,30 @@ void qgru_dot3_s8_dsp(const int8_t *w, int32_t row_step, const int8_t *v, int32_
     const int8_t *w0 = w, *w1 = w + row_step, *w2 = w + 2 * row_step;
     const int16x2_t off = (int16x2_t)((uint32_t)(uint16_t)v_offset * 0x10001u);
     int32_t s0 = 0, s1 = 0, s2 = 0, k;
-    for (k = 0; k + 4 <= n; k += 4) {
-        const int8x4_t x = read_s8x4(v + k);
+    /* pointers that advance and a count that runs down: no register spills in the loop */
+    for (k = n >> 2; k > 0; k--) {
+        const int8x4_t x = read_s8x4(v);
         const int16x2_t x02 = __sxtab16(off, x);
         const int16x2_t x13 = sxtab16_ror8(off, x);
-        int8x4_t a = read_s8x4(w0 + k);
+        int8x4_t a = read_s8x4(w0);
         s0 = __smlad(__sxtb16(a), x02, s0);
         s0 = __smlad(sxtb16_ror8(a), x13, s0);
-        a = read_s8x4(w1 + k);
+        a = read_s8x4(w1);
         s1 = __smlad(__sxtb16(a), x02, s1);
         s1 = __smlad(sxtb16_ror8(a), x13, s1);
-        a = read_s8x4(w2 + k);
+        a = read_s8x4(w2);
         s2 = __smlad(__sxtb16(a), x02, s2);
         s2 = __smlad(sxtb16_ror8(a), x13, s2);
+        v += 4;
+        w0 += 4;
+        w1 += 4;
+        w2 += 4;
     }
-    for (; k < n; k++) {
-        const int32_t x = v[k] + v_offset;
-        s0 += w0[k] * x;
-        s1 += w1[k] * x;
-        s2 += w2[k] * x;
+    for (k = n & 3; k > 0; k--) {
+        const int32_t x = *v++ + v_offset;
+        s0 += *w0++ * x;
+        s1 += *w1++ * x;
+        s2 += *w2++ * x;
     }
     acc[0] = s0;
     acc[1] = s1;

@@ -54,21 +54,23 @@ enum {
 };
 
 /* intops.rshift_round: v * 2^-n rounded half up, (v + 2^(n-1)) >> n for n > 0, v << -n
- * otherwise; branch-free as in intops (one of the two shifts is 0, and so is the half for
- * n <= 0). The additions run on unsigned values: the exported bounds prove that the result
+ * otherwise (intops writes it branch-free for vector units; an in-order core prefers the
+ * branch). The additions run on unsigned values: the exported bounds prove that the result
  * fits, so converting it back is exact. */
 static inline int32_t qgru_rshift_round32(int32_t v, int32_t n)
 {
-    const int32_t r = n > 0 ? n : 0;
-    const int32_t l = n < 0 ? -n : 0;
-    return (int32_t)(((uint32_t)v << l) + ((UINT32_C(1) << r) >> 1)) >> r;
+    if (n > 0) {
+        return (int32_t)((uint32_t)v + (UINT32_C(1) << (n - 1))) >> n;
+    }
+    return (int32_t)((uint32_t)v << -n);
 }
 
 static inline int64_t qgru_rshift_round64(int64_t v, int32_t n)
 {
-    const int32_t r = n > 0 ? n : 0;
-    const int32_t l = n < 0 ? -n : 0;
-    return (int64_t)(((uint64_t)v << l) + ((UINT64_C(1) << r) >> 1)) >> r;
+    if (n > 0) {
+        return (int64_t)((uint64_t)v + (UINT64_C(1) << (n - 1))) >> n;
+    }
+    return (int64_t)((uint64_t)v << -n);
 }
 
 /* intops.clamp */
