@@ -204,11 +204,24 @@ def cortex_m4(d: Path, qm, macs: int, opt: str, steps: int, cmsis_nn: Path | Non
         c = _qemu_counts(d, CMSIS_MAIN, srcs, ["-std=c99", opt, f"-I{cmsis_nn / 'Include'}"], steps)
         print(f"Cortex-M4 {opt} CMSIS-NN arm_nn_vec_mat_mult_t_s8 (DSP), the same matrices: "
               f"{c['cmsis'] / gemm_macs:.2f} instructions per MAC")
-    size = subprocess.run(["arm-none-eabi-size", "-A", str(d / "bench.elf")], capture_output=True,
-                          text=True).stdout
-    print("Cortex-M4 program sections (bench build, bytes):",
-          ", ".join(f"{p[0]} {p[1]}" for p in (line.split() for line in size.splitlines())
-                    if len(p) >= 2 and p[0] in (".text", ".rodata", ".data", ".bss")))
+    print(f"Cortex-M4 code and constants of the model (qgru.c, m.c, m_params.c), -Os: {object_sizes(d)}")
+
+
+def object_sizes(d: Path) -> str:
+    """.text and .rodata of the export's objects for the Cortex-M4, -Os."""
+    t = c_target.TARGETS["cortex-m4"]
+    sizes: dict[str, int] = {}
+    for src in sources(d, "m"):
+        obj = d / (src.name + ".o")
+        subprocess.run([c_target.CROSS_CC, *t.cflags, "-Os", "-std=c99", "-ffunction-sections",
+                        "-fdata-sections", f"-I{d}", "-c", str(src), "-o", str(obj)], check=True)
+        out = subprocess.run(["arm-none-eabi-size", "-A", str(obj)], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].startswith((".text", ".rodata")):
+                key = parts[0].split(".")[1]
+                sizes[key] = sizes.get(key, 0) + int(parts[1])
+    return f".text {sizes.get('text', 0):,} B, .rodata {sizes.get('rodata', 0):,} B"
 
 
 def main() -> None:

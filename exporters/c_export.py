@@ -112,8 +112,8 @@ class ModelTypes:
     w_t: str       # qW
     r_t: str       # qR
     b_t: str       # the folded biases
-    cw_t: str      # W_sum_mul_x_zp
-    cr_t: str      # R_sum_mul_h_zp
+    comp64: dict   # "W", "R" -> some compensation table of that GEMM needs int64 (each table
+                   # is stored in the narrower of int32/int64 that holds it)
     lut_t: str     # activation tables
     bits: dict     # statement -> 32 or 64 (c_bounds.STATEMENTS)
     offsets: list  # [layer][direction] -> offset inputs
@@ -148,8 +148,8 @@ def model_types(qm: QuantModel, compensation: str) -> ModelTypes:
         w_t="int8_t" if max(cq.spec["W"].bits for cq in cqs) <= 8 else "int16_t",
         r_t="int8_t" if max(cq.spec["R"].bits for cq in cqs) <= 8 else "int16_t",
         b_t=int_type([b for r in rows for b in folded_biases(r)], ("int8_t", "int16_t", "int32_t", "int64_t")),
-        cw_t=int_type(_comp_tables(qm, "W_sum_mul_x_zp", offsets), ("int32_t", "int64_t")),
-        cr_t=int_type(_comp_tables(qm, "R_sum_mul_h_zp", offsets), ("int32_t", "int64_t")),
+        comp64={k: int_type(_comp_tables(qm, row, offsets), ("int32_t", "int64_t")) == "int64_t"
+                for k, row in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp"))},
         lut_t=int_type([cq.luts[k] for cq in cqs for k in cq.luts], ("int8_t", "int16_t")),
         bits=model_bits(qm, offsets), offsets=offsets)
 
@@ -165,12 +165,16 @@ def _cell_tables(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes,
     tables = [(ty.w_t, "qW", cq.qW), (ty.r_t, "qR", cq.qR), (ty.b_t, "b_pre", b_pre),
               (ty.b_t, "b_Rh_add_br", b_rab), ("int8_t", "sh_W", rows["sh_W"]),
               ("int8_t", "sh_R", rows["sh_R"])]
-    comps = {}
-    for r, t in (("W_sum_mul_x_zp", ty.cw_t), ("R_sum_mul_h_zp", ty.cr_t)):
-        comps[r] = "NULL" if offset or not rows[r].any() else f"{p}_{r}"  # none: zero point 0
-        if comps[r] != "NULL":
+    comps = []  # the initializers of the compensation pointers (NULL: none, zero point 0)
+    for k, r in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp")):
+        t = int_type([rows[r]], ("int32_t", "int64_t"))
+        table = not offset and rows[r].any()
+        if table:
             tables.append((t, r, rows[r]))
             fp.offset_saves += rows[r].size * SIZES[t]
+        comps.append(f"{p}_{r}" if table and t == "int32_t" else "NULL")
+        if ty.comp64[k]:
+            comps.append(f"{p}_{r}" if table and t == "int64_t" else "NULL")
     tables += [("int32_t", "P", cq.P)] + [(ty.lut_t, k, cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
     out = []
     for t, name, v in tables:
@@ -188,8 +192,7 @@ def _cell_tables(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes,
     H, C = cq.qR.shape[1], cq.qW.shape[1]
     fp.macs_per_step += 3 * H * (C + H)
     init = (f"    {{{C}, {H}, {int(offset)}, {p}_qW, {p}_qR, {p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, "
-            f"{p}_sh_R, {comps['W_sum_mul_x_zp']}, {comps['R_sum_mul_h_zp']}, {p}_P, "
-            f"{p}_lut_z, {p}_lut_r, {p}_lut_g}}")
+            f"{p}_sh_R, {', '.join(comps)}, {p}_P, {p}_lut_z, {p}_lut_r, {p}_lut_g}}")
     return out, init
 
 
@@ -239,6 +242,11 @@ static void {prefix}_dot3_{which}(const {w_t} *w, int32_t row_step, const {q_t} 
 def _cell_source(prefix: str, ty: ModelTypes) -> str:
     subs = {"p": prefix, "q_t": ty.q_t, "lut_t": ty.lut_t, "acc_W_t": ty.acc("Wx"),
             "acc_R_t": ty.acc("Rh")}
+    for k, row in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp")):
+        comp = f"cell->{row} ? cell->{row}[c] : 0"
+        if ty.comp64[k]:  # then the sums are int64 too: the bound covers the table's values
+            comp = f"cell->{row} ? cell->{row}[c] : (cell->{row}64 ? cell->{row}64[c] : 0)"
+        subs[f"comp_{k}"] = comp
     for name, b in ty.bits.items():
         subs[f"n_{name}"] = str(b)
         subs[f"t_{name}"] = f"int{b}_t"
@@ -289,8 +297,10 @@ typedef struct {{
     const {ty.b_t} *b_Rh_add_br; /* [H] rshift_round(qbr_g, sh_br_g) */
     const int8_t *sh_W;        /* exp2_inv_W[c] + exp2_inv_x - exp2_inv_Wx */
     const int8_t *sh_R;
-    const {ty.cw_t} *W_sum_mul_x_zp; /* zp_x * sum_k qW[c][k]; NULL: none */
-    const {ty.cr_t} *R_sum_mul_h_zp;
+    const int32_t *W_sum_mul_x_zp; /* zp_x * sum_k qW[c][k]; NULL: none */
+{"    const int64_t *W_sum_mul_x_zp64; /* the same, where it needs 64 bits */" + chr(10) if ty.comp64["W"] else ""}\
+    const int32_t *R_sum_mul_h_zp;
+{"    const int64_t *R_sum_mul_h_zp64;" + chr(10) if ty.comp64["R"] else ""}\
     const int32_t *P;          /* QGRU_NUM_PARAMS scalars */
     const {ty.lut_t} *lut_z;
     const {ty.lut_t} *lut_r;
