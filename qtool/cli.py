@@ -336,9 +336,9 @@ def export_c_cmd(
     vectors: Annotated[int, typer.Option(help="Number of test sequences.")] = 4,
     compensation: Annotated[str, typer.Option(
         help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
-             "(int8 x int8 GEMM, for targets with int8 dot-product instructions); 'offset' subtracts "
-             "the zero point from the GEMM inputs once per step (CMSIS-NN's input offset): no tables, "
-             "less flash, int8 x int16 GEMM. Both give the same integers.")] = "table",
+             "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
+             "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
+             "less flash. Both give the same integers.")] = "table",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,

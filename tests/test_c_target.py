@@ -2,6 +2,7 @@
 (picolibc) and run on emulated Cortex-M boards under QEMU, it computes every integer the
 simulator computes; the Cortex-M4F build links no double-precision routines."""
 
+import shutil
 import subprocess
 
 import pytest
@@ -113,3 +114,39 @@ def test_targets_are_consistent():
     assert set(c_target.CHOICES) == {"host", "cortex-m4", "cortex-m33", "cortex-m55"}
     for t in c_target.TARGETS.values():
         assert t.cflags[0] == f"-mcpu={t.name}" and t.flash_size >= 0x80000 and t.ram_size >= 0x80000
+
+
+def _picolibc_includes() -> list[str]:
+    res = subprocess.run([c_target.CROSS_CC, "--specs=picolibc.specs", "-E", "-Wp,-v", "-x", "c",
+                          "/dev/null", "-o", "/dev/null"], capture_output=True, text=True)
+    lines = res.stderr.splitlines()
+    start = lines.index("#include <...> search starts here:") + 1
+    # the C library's headers only: clang brings its own stdint.h and arm_acle.h
+    return [f"-isystem{p.strip()}" for p in lines[start:lines.index("End of search list.")]
+            if "picolibc" in p]
+
+
+@needs_qemu
+@pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
+def test_clang_for_cortex_m4(tmp_path):
+    """clang builds the export for the Cortex-M4 warning-free under the strict flags (its SMLAD
+    kernel uses the intrinsics alone: clang folds the rotations) and the result passes on the
+    board."""
+    qm, x = model_and_data(2, 2, 25, "int8")
+    export_c(qm, tmp_path, "m", "offset")
+    write_test_vectors(qm, tmp_path, "m", x[:2])
+    t = c_target.TARGETS["cortex-m4"]
+    objs = []
+    for src in sources(tmp_path, "m") + [tmp_path / "m_test_main.c"]:
+        obj = tmp_path / (src.name + ".o")
+        res = subprocess.run(["clang", "--target=arm-none-eabi", *t.cflags, *_picolibc_includes(),
+                              *CFLAGS, f"-I{tmp_path}", "-c", str(src), "-o", str(obj)],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        objs.append(str(obj))
+    exe = tmp_path / "t.elf"
+    subprocess.run([c_target.CROSS_CC, *t.cflags, *objs, "-o", str(exe), *c_target.link_flags(t)],
+                   check=True)
+    assert "smlad" in _objdump(exe)
+    res = c_target.run(t, exe, [], tmp_path, timeout=60)
+    assert res.returncode == 0 and "PASS: 0 mismatches in 264 " in c_target.output(res)
