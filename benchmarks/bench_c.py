@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from exporters import c_target
-from exporters.c_export import COMPENSATION, export_c, model_types, sources
+from exporters.c_export import export_c, sources
+from exporters.c_types import COMPENSATION, model_types
 from exporters.c_verify import compile_c
 from qtool.calibration import build_quant_model, collect, new_observers, observe_batch
 from qtool.fileio import open_sequences

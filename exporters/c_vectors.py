@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exporters.c_export import act_type, c_array
+from exporters.c_source import c_array
+from exporters.c_types import act_type
 from qtool.engine_cpu import run_int
 from qtool.qmodel import QuantModel
 

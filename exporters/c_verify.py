@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from exporters import c_target
-from exporters.c_export import act_type, sources
+from exporters.c_export import sources
 from exporters.c_target import HOST, TARGETS, check_tools, cross_compile
+from exporters.c_types import act_type
 from qtool.engine_cpu import run_int
 from qtool.errors import QtoolError
 from qtool.qmodel import QuantModel

@@ -11,7 +11,8 @@ import pytest
 from conftest import calibrated, random_model
 from test_integer_gru import mixed_config
 
-from exporters.c_export import c_name, export_c, model_types, sources
+from exporters.c_export import c_name, export_c, sources
+from exporters.c_types import model_types
 from exporters.c_vectors import write_test_vectors
 from exporters.c_verify import CFLAGS, compile_c, verify
 from qtool.engine_cpu import run_int
