@@ -363,9 +363,10 @@ def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
 
 def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
            name: str | None = None, limit: int | None = None, dataset: str | None = None,
-           time_first: bool = False) -> dict:
-    """Compile the exported C with the host compiler, run it on `data` and count the output
-    integers, final states and dequantized outputs that differ from the simulator's."""
+           time_first: bool = False, target: str = "host") -> dict:
+    """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
+    "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
+    states and dequantized outputs that differ from the simulator's."""
     from exporters.c_verify import export_fingerprint
     from exporters.c_verify import verify as run_verify
 
@@ -380,6 +381,6 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     data = as_data(data, dataset, time_first)
     data.check_features(qm.model.input_size)
     n = count(data, limit)
-    res = run_verify(qm, export_dir, prefix, data.chunk(0, n))
+    res = run_verify(qm, export_dir, prefix, data.chunk(0, n), target)
     res["name"] = prefix
     return res

@@ -341,9 +341,9 @@ def export_c_cmd(
     vectors: Annotated[int, typer.Option(metavar="N", help="Number of test sequences.", min=1)] = 4,
     compensation: Annotated[str, typer.Option(metavar="table|offset",
         help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
-             "(int8 x int8 GEMM, for targets with int8 dot-product instructions); 'offset' subtracts "
-             "the zero point from the GEMM inputs once per step (CMSIS-NN's input offset): no tables, "
-             "less flash, int8 x int16 GEMM. Both give the same integers.")] = "table",
+             "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
+             "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
+             "less flash. Both give the same integers.")] = "table",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -437,21 +437,26 @@ def verify(
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     limit: LimitOpt = None,
+    target: Annotated[str, typer.Option(metavar="TARGET",
+        help="Where to run: 'host' ($CC), or 'cortex-m4' / 'cortex-m33' / 'cortex-m55': "
+             "arm-none-eabi-gcc with picolibc, run on an emulated MPS2/MPS3 board under "
+             "qemu-system-arm.")] = "host",
     as_json: JsonOpt = False,
 ):
-    """Compile the exported C ($CC, default cc) and check every output and final-state integer
-    against the simulator's."""
+    """Compile the exported C for the host ($CC, default cc) or an emulated Cortex-M, run it, and
+    check every output and final-state integer against the simulator's."""
     from qtool import api
 
     qm = api.load(Path(need(qmodel_path, "quantized model file", "QMODEL")))
     export_dir = Path(need(export_dir, "exported C directory", "DIR"))
     data_path = Path(need(data_path, "data file", "DATA"))
-    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first)
+    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                     target=target)
     bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
     if as_json:
         emit_json(res)
     else:
-        out.print(f"{res['sequences']} sequences x {res['time_steps']} steps: "
+        out.print(f"{res['target']}: {res['sequences']} sequences x {res['time_steps']} steps: "
                   f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
                   f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
                   f"{res['dequantized_mismatches']} in the dequantized outputs")
