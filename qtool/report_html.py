@@ -31,6 +31,7 @@ td, th { padding: .15rem .6rem; border-bottom: 1px solid #e9ecef; text-align: ri
 td:first-child, th:first-child, table.tensors td:nth-child(2), table.tensors th:nth-child(2) { text-align: left; }
 table.kv td { text-align: left; white-space: normal; word-break: break-all; }
 .clip { color: #c92a2a; font-weight: 600; }
+.wide { overflow-x: auto; }
 .note { color: #495057; max-width: 70rem; }
 details { margin: .5rem 0; }
 code { font-size: .9em; }
@@ -273,7 +274,7 @@ def render(qm: QuantModel, data: ReportData, source: str, units: int = 4) -> str
                          "W, R, bx, br are per output channel and shown in units of their channel's step.</p>",
                          (f"hist-{tag}", _tensor_figure(views)),
                          (f"chan-{tag}", _channel_figure([c for c in data.channels if c.key.startswith(tag + ".")]))]
-    sections += ['<h2 id="tensors">All tensors</h2>', _tensor_table(data.tensors)]
+    sections += ['<h2 id="tensors">All tensors</h2>', f'<div class="wide">{_tensor_table(data.tensors)}</div>']
     body = []
     for part in sections:
         if isinstance(part, str):

@@ -189,7 +189,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 def test_renders_in_a_browser(page, tmp_path):
     """Headless Chromium opens the file with no server and no network; every plot is drawn."""
-    from PIL import Image
+    Image = pytest.importorskip("PIL.Image", reason="pillow reads the screenshot (pip install pillow)")
 
     png = tmp_path / "shot.png"
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
