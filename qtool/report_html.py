@@ -271,7 +271,9 @@ def render(qm: QuantModel, data: ReportData, source: str, units: int = 4) -> str
                          '<p class="note">Bars: the float values (the reference the integers are measured '
                          "against); green: the values the grid holds, [(qmin - zp - 1/2) s, (qmax - zp + 1/2) s); "
                          "dashed: the calibrated range; clipped: the share of values outside the grid. "
-                         "W, R, bx, br are per output channel and shown in units of their channel's step.</p>",
+                         "W, R, bx, br are per output channel and shown in units of their channel's step. "
+                         "The pre-activations z_pre, r_pre, g_pre are calibrated to where their sigmoid or tanh "
+                         "saturates on its output grid: what is clipped beyond costs nothing.</p>",
                          (f"hist-{tag}", _tensor_figure(views)),
                          (f"chan-{tag}", _channel_figure([c for c in data.channels if c.key.startswith(tag + ".")]))]
     sections += ['<h2 id="tensors">All tensors</h2>', f'<div class="wide">{_tensor_table(data.tensors)}</div>']
