@@ -125,7 +125,7 @@ def _traces_figure(data: ReportData, qm: QuantModel, units: int):
     S, T, width = data.y_float.shape
     picked = trace_units(width, units)
     labels = unit_labels(picked, qm.model.hidden_size, len(qm.cells[0]))
-    fig = make_subplots(rows=S, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+    fig = make_subplots(rows=S, cols=1, shared_xaxes=True, vertical_spacing=min(0.06, 0.5 / S),
                         subplot_titles=[f"sequence {i}" for i in range(S)])
     colors = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f59f00", "#0ca678", "#c2255c", "#5c7cfa")
     t = np.arange(T)

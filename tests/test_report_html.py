@@ -151,10 +151,11 @@ def test_cli_writes_once_and_refuses_what_it_did_not_write(case, page, cli):
     code, _, err = cli("report", q_path, test_path, "-o", foreign, "--force", "--limit", "4")
     assert code == 2 and "not written by qtool" in err and foreign.read_text() == "<html>mine</html>"
     foreign.unlink()
-    code, out, err = cli("report", q_path, test_path, "-o", page, "-f", "--limit", "4", "--backend", "cpu", "--json")
+    code, out, err = cli("report", q_path, test_path, "-o", page, "-f", "--limit", "30", "--sequences", "30",
+                         "--backend", "cpu", "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["samples"] == 4 and res["bytes"] == page.stat().st_size and page.stat().st_mtime_ns != before
+    assert res["samples"] == 30 and res["bytes"] == page.stat().st_size and page.stat().st_mtime_ns != before
 
 
 def test_failure_leaves_nothing(case, cli, monkeypatch, tmp_path):
