@@ -384,3 +384,48 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     res = run_verify(qm, export_dir, prefix, data.chunk(0, n), target)
     res["name"] = prefix
     return res
+
+
+@dataclass
+class ReportResult:
+    """The page `html_report` wrote and the output metrics it shows (simulate's)."""
+
+    path: Path
+    output: dict
+    per_step_snr_db: list
+    samples: int
+    size: int
+    backend: str
+
+
+def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
+                limit: int | None = None, sequences: int = 3, units: int = 4, backend: str = "auto",
+                batch_size: int = 256, force: bool = False, confirm: Callable[[str], bool] | None = None,
+                dataset: str | None = None, time_first: bool = False,
+                progress: Progress | None = None) -> ReportResult:
+    """Simulate as `simulate` does and write one self-contained HTML page of plots (needs the
+    `report` extra, plotly): per tensor its float histogram against its grid, the output error
+    by time step, float vs integer output traces of the first `sequences` sequences."""
+    from qtool.engine_cuda import select_backend
+    from qtool.fileio import write_bytes
+    from qtool.report_data import collect
+    from qtool.report_html import plotly_modules, render
+
+    plotly_modules()  # refuse before the work, not after it
+    runner, label, _ = select_backend(backend)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    for value, option in ((batch_size, "--batch-size"), (sequences, "--sequences"), (units, "--units")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise QtoolError(f"{option} must be at least 1, got {value}")
+    data_in = data
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    out = claim_output(out, force, [qm_path, None if isinstance(data_in, np.ndarray) else data.name], confirm)
+    rd = collect(qm, data, n, keep=sequences, batch_size=batch_size, runner=runner, progress=progress)
+    page = render(qm, rd, Path(data.name).name, units).encode()
+    write_bytes(out, page)
+    return ReportResult(out, rd.results["output"], rd.results["per_step_snr_db"], n, len(page), label)

@@ -297,6 +297,42 @@ def simulate(
 
 
 @app.command()
+def report(
+    qmodel_path: QModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server).")] = None,
+    sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
+    units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
+    limit: LimitOpt = None,
+    backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Draw what the quantization did, as one HTML page: every tensor's float histogram against its
+    grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]")."""
+    from qtool import api
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    data_path = Path(need(data_path, "test data file", "DATA"))
+    output = Path(need(output, "output HTML file", "--output"))
+    with Bar("simulating", 1) as bar:
+        res = api.html_report(qmodel_path, data_path, output, limit=limit, sequences=sequences, units=units,
+                              backend=backend, batch_size=batch_size, force=force, confirm=confirm_at_terminal(),
+                              dataset=dataset, time_first=time_first, progress=bar.update)
+    if as_json:
+        emit_json({"output": str(res.path), "bytes": res.size, "samples": res.samples, "backend": res.backend,
+                   "metrics": res.output, "per_step_snr_db": res.per_step_snr_db})
+        return
+    m = res.output
+    snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+    out.print(f"output SNR {snr}, cosine {m['cosine']:.6f} on {res.samples} sequences; "
+              f"report ({res.size / 2**20:.1f} MiB) -> {escape(str(res.path))}")
+
+
+@app.command()
 def inspect(
     path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A model or quantized model file.")] = None,
     as_json: JsonOpt = False,
