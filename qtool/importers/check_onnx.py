@@ -1,0 +1,42 @@
+"""The ONNX side of the import check: each GRU node, copied with all its attributes into a one-node
+model, run by ONNX Runtime; a stack feeds each node the one before's output with its directions
+concatenated (what onnx_graph.feeds_next proved the graph's layout ops do)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qtool.importers.onnx_graph import Graph, attr, float_tensor
+
+
+def _one_node_model(model, graph: Graph, node):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = [n for n in node.input[1:4] if n]  # W, R and B; initial_h was proved zero or is an input
+    inits = [numpy_helper.from_array(float_tensor(n, graph.consts[n], n), n) for n in weights]
+    gru = helper.make_node("GRU", ["X", *node.input[1:4]], ["Y"], name=node.name)
+    gru.attribute.extend(node.attribute)
+    g = helper.make_graph([gru], "check", [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    opset = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    return helper.make_model(g, opset_imports=opset, ir_version=model.ir_version)
+
+
+def run_onnx(model, nodes: list, x: np.ndarray) -> np.ndarray:
+    """ONNX Runtime on the GRU `nodes`, one after another, on batch-first `x [N, T, C]`."""
+    import onnxruntime as ort  # ImportError: ONNX Runtime is not installed
+
+    graph = Graph(model.graph)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    y = np.asarray(x, np.float32)
+    for node in nodes:
+        sess = ort.InferenceSession(_one_node_model(model, graph, node).SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        batch_first = attr(node, "layout", 0) == 1
+        out = sess.run(["Y"], {"X": np.ascontiguousarray(y if batch_first else y.transpose(1, 0, 2))})[0]
+        if not batch_first:  # Y [T, dirs, N, H] -> [N, T, dirs, H]
+            out = out.transpose(2, 0, 1, 3)
+        y = out.reshape(out.shape[0], out.shape[1], -1)
+    return y
