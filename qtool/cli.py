@@ -85,21 +85,24 @@ def import_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The qtool model file to write (.h5).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Which GRU, when the file holds several.")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import.")] = False,
     force: Force = False,
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
     from qtool.fileio import atomic_path
     from qtool.importers import import_model
+    from qtool.importers.crosscheck import describe
     from qtool.model import open_h5, write_model
 
     src = Path(need(src, "model file to import", "SRC"))
     output = writable(Path(need(output, "output model file (.h5)", "--output")), force)
-    model = import_model(src, fmt, name)
+    model = import_model(src, fmt, name, check=not no_check)
     with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
         write_model(f, model)
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {output}")
+    out.print(describe(model.extra.get("check")), highlight=False)
 
 
 @app.command()

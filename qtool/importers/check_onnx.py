@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qtool.importers.onnx_graph import Graph, attr, float_tensor
+from qtool.importers.onnx_graph import Graph, float_tensor
 
 
 def _one_node_model(model, graph: Graph, node):
@@ -34,9 +34,6 @@ def run_onnx(model, nodes: list, x: np.ndarray) -> np.ndarray:
     for node in nodes:
         sess = ort.InferenceSession(_one_node_model(model, graph, node).SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
-        batch_first = attr(node, "layout", 0) == 1
-        out = sess.run(["Y"], {"X": np.ascontiguousarray(y if batch_first else y.transpose(1, 0, 2))})[0]
-        if not batch_first:  # Y [T, dirs, N, H] -> [N, T, dirs, H]
-            out = out.transpose(2, 0, 1, 3)
-        y = out.reshape(out.shape[0], out.shape[1], -1)
+        out = sess.run(["Y"], {"X": np.ascontiguousarray(y.transpose(1, 0, 2))})[0]  # time-first
+        y = out.transpose(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [T, dirs, N, H] -> [N, T, dirs * H]
     return y

@@ -48,3 +48,13 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
                          f"on random inputs (tolerance {TOLERANCE:g}); refusing a wrong import")
     return {"checked": True, "framework": stack.framework, "max_abs_diff": diff,
             "sequences": SEQUENCES, "steps": STEPS, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def describe(check: dict | None) -> str:
+    """One line for the `import` command: what the model was checked against and how closely."""
+    if check is None:
+        return "not checked against the source framework (--no-check)"
+    if not check["checked"]:
+        return f"not checked against the source framework: {check['reason']}"
+    return (f"matches {check['framework']} on {check['sequences']} random sequences x {check['steps']} steps: "
+            f"max abs difference {check['max_abs_diff']:.2g} ({check['seconds']:.2f} s)")

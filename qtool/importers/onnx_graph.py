@@ -104,14 +104,12 @@ class Graph:
         H = int(self.consts[a.input[2]].dims[-1])
         y = np.arange(PROBE_T * dirs * PROBE_N * H, dtype=np.float64).reshape(PROBE_T, dirs, PROBE_N, H)
         want = y.transpose(0, 2, 1, 3).reshape(PROBE_T, PROBE_N, dirs * H)  # [T, N, dirs * H]
-        v = y.transpose(2, 0, 1, 3) if attr(a, "layout", 0) == 1 else y
+        v = y
         try:
             for node in reversed(ops):
                 v = self._replay(node, v)
         except (ValueError, TypeError, IndexError, QtoolError):
             return False
-        if attr(b, "layout", 0) == 1:
-            want = want.transpose(1, 0, 2)
         return v.shape == want.shape and bool(np.array_equal(v, want))
 
     def _ints(self, node, index: int, name: str):

@@ -40,8 +40,9 @@ def _check_attributes(node, where: str) -> int:
         raise QtoolError(f"{where} has activations {acts}; qtool's GRU computes Sigmoid, Tanh per direction")
     if attr(node, "clip", None) is not None:
         raise QtoolError(f"{where} clips its pre-activations (clip={attr(node, 'clip', None)}); not supported")
-    if attr(node, "layout", 0) not in (0, 1):  # 1: batch-first X and Y; the weights are the same
-        raise QtoolError(f"{where} has layout={attr(node, 'layout', 0)}")
+    if attr(node, "layout", 0) != 0:  # ONNX Runtime does not run layout=1 either
+        raise QtoolError(f"{where} has layout={attr(node, 'layout', 0)}; only layout=0 (time-first) "
+                         "is supported")
     return dirs
 
 

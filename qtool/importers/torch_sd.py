@@ -74,11 +74,15 @@ def _load_safetensors(path: Path) -> dict:
 def _torch_error(path: Path, e: Exception) -> QtoolError:
     """torch's unpickling errors are long and coloured: say in one line what the file holds."""
     msg = ANSI.sub("", str(e))
+    save = "save the weights instead: torch.save(model.state_dict(), 'model.pt')"
     glob = re.search(r"GLOBAL ([\w.]+)", msg)
     if glob:
-        return QtoolError(f"{path}: holds pickled Python code ({glob[1]}), not just tensors; qtool "
-                          "does not run code from files. Save the weights instead: "
-                          "torch.save(model.state_dict(), 'model.pt')")
+        return QtoolError(f"{path}: holds pickled Python objects ({glob[1]}), not only tensors; loading them "
+                          f"would run code from the file, which qtool does not do; {save}")
+    detail = re.search(r"WeightsUnpickler error:\s*(.+)", msg)
+    if detail:
+        return QtoolError(f"{path}: a pickle that PyTorch's weights-only loader refuses "
+                          f"({detail[1].strip()[:100]}), not a torch.save'd state_dict; {save}")
     first = msg.strip().splitlines()[0][:200] if msg.strip() else type(e).__name__
     return QtoolError(f"{path}: cannot load as a weights-only PyTorch file ({first})")
 
