@@ -187,3 +187,24 @@ def test_weights_entry_declaring_too_much_is_refused_before_reading(keras, tmp_p
     (tmp_path / "bomb.keras").write_bytes(bytes(data))
     with pytest.raises(QtoolError, match="beyond qtool's limit"):
         import_model(tmp_path / "bomb.keras")
+
+
+def test_config_claiming_huge_layers_is_not_loaded_with_keras(keras, tmp_path):
+    """The GRU is fine, but a Dense layer's config claims 10^9 units: Keras would allocate 4 GB
+    building it before noticing that the weights do not match, so the check refuses to load it."""
+    import json
+    import zipfile
+
+    m = keras.Sequential([keras.Input((None, 3)), gru(keras, 4), keras.layers.Dense(2)])
+    m.save(tmp_path / "m.keras")
+    with zipfile.ZipFile(tmp_path / "m.keras") as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    config = json.loads(files["config.json"])
+    config["config"]["layers"][-1]["config"]["units"] = 10**9
+    files["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(tmp_path / "big.keras", "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    with pytest.raises(QtoolError, match=r"layer 'dense.*' \(units=1000000000\) would make Keras allocate"):
+        import_model(tmp_path / "big.keras")
+    assert import_model(tmp_path / "big.keras", check=False).hidden_size == 4

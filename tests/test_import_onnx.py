@@ -155,3 +155,15 @@ def test_two_gru_nodes_that_do_not_chain_are_not_a_stack(tmp_path):
     with pytest.raises(QtoolError, match="several GRUs"):
         import_model(path)
     assert import_model(path, name="g2").name == "g2"
+
+
+def test_duplicate_gru_node_names_are_refused(tmp_path):
+    import onnx
+
+    path = gru_model(tmp_path / "m.onnx")
+    m = onnx.load(path)
+    m.graph.node.append(m.graph.node[0])
+    m.graph.node[-1].output[0] = "Y2"
+    onnx.save(m, path)
+    with pytest.raises(QtoolError, match="two GRU nodes have this name"):
+        import_model(path)

@@ -48,6 +48,7 @@ def refused(path, match):
     (lambda sd, t: sd.update({k: v.to(t.complex64) for k, v in sd.items()}), "complex64"),
     (lambda sd, t: sd.update(weight_ih_l0=sd["weight_ih_l0"].to(t.int64)), "torch.int64"),
     (lambda sd, t: sd.pop("bias_hh_l0"), "only one of bias_ih_l0 and bias_hh_l0"),
+    (lambda sd, t: sd.update(bias_hh_l0=t.full((12,), 1e300, dtype=t.float64)), "'bias_hh_l0' contains NaN or Inf"),
     # one stored value viewed as 840 M (stride 0): refused before it is materialised
     (lambda sd, t: sd.update(weight_ih_l0=t.zeros(1).expand(12, 10**5, 700)), "beyond qtool's limit"),
 ])
@@ -67,6 +68,14 @@ def test_lstm_with_projection_and_mixed_hidden_sizes_are_refused(tmp_path):
     sd = {**{k: v for k, v in state_dict(3, 4).items()},
           **{k.replace("l0", "l1"): v for k, v in state_dict(4, 2).items()}}
     refused(save(tmp_path, sd), "different hidden sizes")
+
+
+@needs_torch
+def test_an_unprefixed_gru_beside_others_is_not_chosen_silently(tmp_path):
+    sd = {**state_dict(), **{f"dec.{k}": v for k, v in state_dict(3, 2).items()}}
+    with pytest.raises(QtoolError, match="several GRUs .root, dec."):
+        import_model(save(tmp_path, sd))
+    assert import_model(tmp_path / "m.pt", name="root").hidden_size == 4
 
 
 @needs_torch

@@ -17,6 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.errors import QtoolError
+from qtool.importers.validate import MAX_TENSOR_ELEMENTS
+
+SIZE_KEYS = ("units", "filters", "input_dim", "output_dim", "num_heads", "key_dim", "value_dim",
+             "num_tokens", "max_tokens")
+
 
 def _import_keras():
     """Keras 3 uses TensorFlow unless configured otherwise; when the configured backend is not
@@ -47,14 +53,35 @@ def _full_sequence_config(cfg: dict) -> dict:
     return cfg
 
 
+def _oversized(config) -> str | None:
+    """A layer whose config would make Keras allocate more than MAX_TENSOR_ELEMENTS for one weight
+    when it builds the model (qtool validated only the GRU layers' sizes against their weights)."""
+    if isinstance(config, list):
+        return next((r for v in config if (r := _oversized(v))), None)
+    if not isinstance(config, dict):
+        return None
+    cfg = config.get("config")
+    if isinstance(cfg, dict):
+        shape = (config.get("build_config") or {}).get("input_shape")
+        fan_in = shape[-1] if isinstance(shape, list) and shape and isinstance(shape[-1], int) else 1
+        sizes = {k: v for k in SIZE_KEYS if isinstance(v := cfg.get(k), int)}
+        if sizes and max(max(sizes.values()) * fan_in, int(np.prod(list(sizes.values())))) > MAX_TENSOR_ELEMENTS:
+            return f"layer '{cfg.get('name')}' ({', '.join(f'{k}={v}' for k, v in sizes.items())})"
+    return next((r for v in config.values() if (r := _oversized(v))), None)
+
+
 def _layer(model, name: str):
     for part in name.split("/"):
         model = model.get_layer(part)
     return model
 
 
-def run_keras(path: Path, names: list[str], x: np.ndarray) -> np.ndarray:
+def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.ndarray:
     """The named GRU layers of the Keras model at `path`, one after another, on `x [N, T, C]`."""
+    big = _oversized(config)
+    if big:
+        raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values "
+                         "for one weight; not loaded with Keras (--no-check imports the GRU without it)")
     keras = _import_keras()
     model = keras.saving.load_model(str(path), compile=False, safe_mode=True)
     y = np.asarray(x, np.float32)

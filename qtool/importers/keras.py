@@ -185,7 +185,7 @@ def read_keras(path: Path) -> dict[str, Stack]:
             _refuse_unclaimed(where, f, grus, legacy)
     from qtool.importers.check_keras import run_keras
 
-    stacks = {g.name: Stack([layers[g.name]], "Keras", partial(run_keras, path, [g.name])) for g in grus}
+    stacks = {g.name: Stack([layers[g.name]], "Keras", partial(run_keras, path, config, [g.name])) for g in grus}
     if chain(grus):
-        stacks[""] = Stack([layers[g.name] for g in grus], "Keras", partial(run_keras, path, list(layers)))
+        stacks[""] = Stack([layers[g.name] for g in grus], "Keras", partial(run_keras, path, config, list(layers)))
     return stacks

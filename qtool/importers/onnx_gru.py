@@ -19,8 +19,10 @@ from qtool.importers import Stack
 from qtool.importers.onnx_graph import Graph, attr, float_tensor
 from qtool.importers.validate import expect_shape, hidden_from_recurrent
 
+# output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta only
+# parameterise activations other than Sigmoid and Tanh, which are refused
 ATTRIBUTES = {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size",
-              "layout", "linear_before_reset"}
+              "layout", "linear_before_reset", "output_sequence"}
 
 
 def _check_attributes(node, where: str) -> int:
@@ -96,6 +98,8 @@ def read_onnx(path: Path) -> dict[str, Stack]:
     for i, node in enumerate(n for n in model.graph.node if n.op_type == "GRU"):
         name = node.name or f"GRU_{i}"
         where = f"{path}: GRU node '{name}'"
+        if name in stacks:
+            raise QtoolError(f"{where}: two GRU nodes have this name; give them unique names")
         dirs = _check_attributes(node, where)
         _check_inputs(graph, node, where)
         cells = _cells(graph, node, dirs, where)

@@ -93,15 +93,16 @@ def _load_pt(path: Path) -> dict:
     except ImportError:
         raise QtoolError("reading .pt/.pth files needs PyTorch (pip install torch==2.13.0, the CPU "
                          "build); or export the state_dict to .safetensors") from None
-    if zipfile.is_zipfile(path):
+    mmap = zipfile.is_zipfile(path)  # torch's zip format: tensors are mapped, only the GRU's are read
+    if mmap:
         try:
-            with zipfile.ZipFile(path) as z:
-                check_archive(path, z)
+            with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
+                check_archive(path, z, {i.filename for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED})
         except zipfile.BadZipFile as e:
             raise QtoolError(f"{path}: not a readable PyTorch file ({e})") from None
     try:
         with quiet():
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling errors come in many types
         raise _torch_error(path, e) from None
     if not isinstance(obj, dict):
@@ -170,6 +171,8 @@ def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
     out = {}
     for prefix, state in groups.items():
         where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
+        if not prefix and len(groups) > 1:
+            prefix = "root"  # "" would mean "the only GRU": with others beside it, it needs a name
         state = {k: as_float32(where, k, v) for k, v in state.items()}
         out[prefix] = Stack(_stack(state, where), "PyTorch nn.GRU", partial(run_torch, state))
     return out

@@ -45,11 +45,15 @@ def check_float_dtype(where: str, name: str, dtype) -> None:
 
 
 def as_float32(where: str, name: str, a) -> np.ndarray:
-    """A numpy array checked for size and dtype, as float32."""
+    """A numpy array checked for size and dtype, as float32 (and finite as float32)."""
     a = np.asarray(a)
     check_size(where, name, a.shape)
     check_float_dtype(where, name, a.dtype)
-    return a.astype(np.float32)
+    with np.errstate(over="ignore"):
+        a = a.astype(np.float32)
+    if not np.isfinite(a).all():
+        raise QtoolError(f"{where}: tensor '{name}' contains NaN or Inf (or values beyond float32's range)")
+    return a
 
 
 def expect_shape(where: str, name: str, a: np.ndarray, shape: tuple) -> np.ndarray:
