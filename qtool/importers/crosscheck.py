@@ -14,7 +14,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.float_gru import run_float
-from qtool.importers.validate import quiet
+from qtool.importers.validate import quiet, reason
 from qtool.model import GruModel
 
 SEQUENCES, STEPS = 3, 8
@@ -36,8 +36,7 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
     except QtoolError:
         raise
     except Exception as e:  # the framework refused the file qtool accepted: say so, in one line
-        raise QtoolError(f"{where}: {stack.framework} cannot run this GRU ({type(e).__name__}: "
-                         f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
+        raise QtoolError(f"{where}: {stack.framework} cannot run this GRU ({reason(e)})") from None
     got = run_float(model, x)
     if want.shape != got.shape:
         raise QtoolError(f"{where}: {stack.framework} gives outputs of shape {want.shape}, qtool's "

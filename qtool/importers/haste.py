@@ -21,6 +21,7 @@ from qtool.importers.validate import (
     check_size,
     expect_shape,
     hidden_from_recurrent,
+    reason,
 )
 from qtool.model import GruCell
 
@@ -56,7 +57,7 @@ def _read_arrays(path: Path) -> tuple[dict, list]:
     except QtoolError:
         raise
     except Exception as e:  # zipfile and numpy raise several types for corrupt archives
-        raise QtoolError(f"{path}: not a readable .npz file ({str(e).splitlines()[0][:200]})") from None
+        raise QtoolError(f"{path}: not a readable .npz file ({reason(e)})") from None
     if extra:
         raise QtoolError(f"{path}: '{extra[0]}' is a layer-norm parameter (haste LayerNormGRU); only "
                          "the plain haste GRU is supported")

@@ -27,6 +27,7 @@ from qtool.importers.validate import (
     check_archive,
     check_size,
     expect_shape,
+    reason,
 )
 from qtool.model import GruCell
 
@@ -166,23 +167,29 @@ def _open(path: Path, tmp) -> tuple[dict | None, h5py.File, bool]:
     return config, f, "model_weights" in f
 
 
-def read_keras(path: Path) -> dict[str, Stack]:
+def _read(path: Path, tmp) -> tuple[dict, list[KerasGru], dict]:
+    config, f, legacy = _open(path, tmp)
     where = str(path)
+    with f:
+        if not isinstance(config, dict):
+            raise QtoolError(f"{path}: no model config (a weights-only file): qtool cannot tell the "
+                             "GRUs' order and settings; save the whole model (model.save('m.keras'))")
+        grus = find_grus(config, where)
+        read = _cells_legacy if legacy else _cells_keras3
+        layers = {g.name: read(where, f, g) for g in grus}
+        _refuse_unclaimed(where, f, grus, legacy)
+    return config, grus, layers
+
+
+def read_keras(path: Path) -> dict[str, Stack]:
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as tmp:
         try:
-            config, f, legacy = _open(path, tmp)
+            config, grus, layers = _read(path, tmp)
         except QtoolError:
             raise
-        except (OSError, KeyError, ValueError, RecursionError, zipfile.BadZipFile) as e:
-            raise QtoolError(f"{path}: not a readable Keras file ({str(e).split(',')[0][:200]})") from None
-        with f:
-            if not isinstance(config, dict):
-                raise QtoolError(f"{path}: no model config (a weights-only file): qtool cannot tell the "
-                                 "GRUs' order and settings; save the whole model (model.save('m.keras'))")
-            grus = find_grus(config, where)
-            read = _cells_legacy if legacy else _cells_keras3
-            layers = {g.name: read(where, f, g) for g in grus}
-            _refuse_unclaimed(where, f, grus, legacy)
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError,
+                UnicodeError, RecursionError, zipfile.BadZipFile) as e:  # h5py, zipfile, json, a malformed config
+            raise QtoolError(f"{path}: not a readable Keras file ({reason(e)})") from None
     from qtool.importers.check_keras import run_keras
 
     stacks = {g.name: Stack([layers[g.name]], "Keras", partial(run_keras, path, config, [g.name])) for g in grus}

@@ -24,8 +24,8 @@ def attr(node, name: str, default):
         if a.name == name:
             v = helper.get_attribute_value(a)
             if isinstance(v, bytes):
-                return v.decode()
-            return [s.decode() if isinstance(s, bytes) else s for s in v] if isinstance(v, list) else v
+                return v.decode(errors="replace")
+            return [s.decode(errors="replace") if isinstance(s, bytes) else s for s in v] if isinstance(v, list) else v
     return default
 
 
@@ -77,18 +77,18 @@ class Graph:
                 self.consts[node.output[0]] = attr(node, "value", None)
         self.inputs = {i.name for i in graph.input} - set(self.consts)
 
-    def is_zero(self, where: str, name: str) -> bool:
+    def is_zero(self, where: str, name: str, depth: int = 0) -> bool:
         """Whether the value `name` is provably all zeros (a constant, or zeros moved by layout ops)."""
         if name in self.consts:
             tp = self.consts[name]
             return tp.data_type in FLOAT_TYPES and not np.any(float_tensor(where, tp, name))
         node = self.producer.get(name)
-        if node is None:
+        if node is None or depth > len(self.producer):  # a cycle: not a valid graph, not provably zero
             return False
         if node.op_type == "ConstantOfShape":
             value = attr(node, "value", None)
             return value is None or not np.any(float_tensor(where, value, name))
-        return node.op_type in ZERO_PRESERVING and self.is_zero(where, node.input[0])
+        return node.op_type in ZERO_PRESERVING and self.is_zero(where, node.input[0], depth + 1)
 
     def feeds_next(self, a, b) -> bool:
         """Whether GRU node `b` reads GRU node `a`'s output Y with its directions concatenated per time
@@ -96,7 +96,7 @@ class Graph:
         ops, name = [], b.input[0]
         while name != (a.output[0] if a.output else None):
             node = self.producer.get(name)
-            if node is None or node.op_type not in LAYOUT_OPS:
+            if node is None or node.op_type not in LAYOUT_OPS or len(ops) > len(self.producer):
                 return False
             ops.append(node)
             name = node.input[0]

@@ -17,7 +17,7 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.importers import Stack
 from qtool.importers.onnx_graph import Graph, attr, float_tensor
-from qtool.importers.validate import expect_shape, hidden_from_recurrent
+from qtool.importers.validate import expect_shape, hidden_from_recurrent, reason
 
 # output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta only
 # parameterise activations other than Sigmoid and Tanh, which are refused
@@ -38,7 +38,7 @@ def _check_attributes(node, where: str) -> int:
         raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional are supported")
     dirs = 2 if direction == "bidirectional" else 1
     acts = attr(node, "activations", None)
-    if acts is not None and [a.lower() for a in acts] != ["sigmoid", "tanh"] * dirs:
+    if acts is not None and [str(a).lower() for a in acts] != ["sigmoid", "tanh"] * dirs:
         raise QtoolError(f"{where} has activations {acts}; qtool's GRU computes Sigmoid, Tanh per direction")
     if attr(node, "clip", None) is not None:
         raise QtoolError(f"{where} clips its pre-activations (clip={attr(node, 'clip', None)}); not supported")
@@ -90,7 +90,16 @@ def read_onnx(path: Path) -> dict[str, Stack]:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have several types
-        raise QtoolError(f"{path}: not a readable ONNX file ({str(e)[:200]})") from None
+        raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+    try:
+        return _read_graph(path, model)
+    except QtoolError:
+        raise
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError) as e:  # a malformed graph
+        raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
+
+
+def _read_graph(path: Path, model) -> dict[str, Stack]:
     from qtool.importers.check_onnx import run_onnx
 
     graph = Graph(model.graph)

@@ -22,6 +22,7 @@ from qtool.importers.validate import (
     expect_shape,
     hidden_from_recurrent,
     quiet,
+    reason,
 )
 from qtool.model import GruCell
 
@@ -67,7 +68,7 @@ def _load_safetensors(path: Path) -> dict:
     except QtoolError:
         raise
     except Exception as e:  # the library raises several types for corrupt files
-        raise QtoolError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0][:200]})") from None
+        raise QtoolError(f"{path}: not a readable safetensors file ({reason(e)})") from None
     return out
 
 
@@ -83,8 +84,9 @@ def _torch_error(path: Path, e: Exception) -> QtoolError:
     if detail:
         return QtoolError(f"{path}: a pickle that PyTorch's weights-only loader refuses "
                           f"({detail[1].strip()[:100]}), not a torch.save'd state_dict; {save}")
-    first = msg.strip().splitlines()[0][:200] if msg.strip() else type(e).__name__
-    return QtoolError(f"{path}: cannot load as a weights-only PyTorch file ({first})")
+    lines = msg.strip().splitlines()
+    return QtoolError(f"{path}: cannot load as a weights-only PyTorch file "
+                      f"({lines[0][:200] if lines else type(e).__name__})")
 
 
 def _load_pt(path: Path) -> dict:
@@ -98,8 +100,10 @@ def _load_pt(path: Path) -> dict:
         try:
             with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
                 check_archive(path, z, {i.filename for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED})
-        except zipfile.BadZipFile as e:
-            raise QtoolError(f"{path}: not a readable PyTorch file ({e})") from None
+        except QtoolError:
+            raise
+        except Exception as e:  # zipfile raises several types for corrupt directories
+            raise QtoolError(f"{path}: not a readable PyTorch file ({reason(e)})") from None
     try:
         with quiet():
             obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)

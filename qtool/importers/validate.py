@@ -84,6 +84,12 @@ def check_archive(path, z: zipfile.ZipFile, members=None) -> None:
                          f"of {MAX_ARCHIVE_BYTES:,}")
 
 
+def reason(e: BaseException) -> str:
+    """A library's exception as a short one-line reason (its messages can span pages)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
 @contextmanager
 def quiet() -> Iterator[None]:
     """Silence library warnings: qtool says what matters in its own one-line messages."""
