@@ -208,3 +208,15 @@ def test_config_claiming_huge_layers_is_not_loaded_with_keras(keras, tmp_path):
     with pytest.raises(QtoolError, match=r"layer 'dense.*' \(units=1000000000\) would make Keras allocate"):
         import_model(tmp_path / "big.keras")
     assert import_model(tmp_path / "big.keras", check=False).hidden_size == 4
+
+
+def test_nested_model_stack_and_its_layers(keras, tmp_path):
+    inner = keras.Sequential([keras.Input((None, 3)), gru(keras, 4, name="g1"), gru(keras, 5, name="g2")],
+                             name="enc")
+    i = keras.Input((None, 3))
+    m = keras.Model(i, keras.layers.Dense(2)(inner(i)))
+    m.save(tmp_path / "m.keras")
+    x = held_out(3)
+    assert np.abs(run_float(import_model(tmp_path / "m.keras"), x) - keras_out(inner, x)).max() < 1e-5
+    g2 = import_model(tmp_path / "m.keras", name="enc/g2")
+    assert g2.input_size == 4 and g2.name == "enc_g2" and g2.extra["check"]["checked"]

@@ -48,8 +48,10 @@ def _full_sequence_config(cfg: dict) -> dict:
     inner = [cfg[k]["config"] for k in ("layer", "backward_layer") if isinstance(cfg.get(k), dict)]
     for c in inner or [cfg]:
         c.update(return_sequences=True, return_state=False, stateful=False, dtype="float32")
-        if isinstance(c.get("cell"), dict):  # keras.layers.RNN(GRUCell)
-            c["cell"]["config"]["dtype"] = "float32"
+        cell = c["cell"]["config"] if isinstance(c.get("cell"), dict) else c  # keras.layers.RNN(GRUCell)
+        # the weights are replaced at once: skip the orthogonal initializer's QR decompositions
+        cell.update(dtype="float32", kernel_initializer="zeros", recurrent_initializer="zeros",
+                    bias_initializer="zeros")
     return cfg
 
 
@@ -70,6 +72,27 @@ def _oversized(config) -> str | None:
     return next((r for v in config.values() if (r := _oversized(v))), None)
 
 
+def _zero_initializers(config):
+    """The config with every initializer 'zeros': Keras builds the model without the orthogonal
+    initializer's QR decompositions (seconds for large GRUs); every weight is then loaded from the file."""
+    if isinstance(config, dict):
+        return {k: "zeros" if k.endswith("_initializer") and v is not None else _zero_initializers(v)
+                for k, v in config.items()}
+    if isinstance(config, list):
+        return [_zero_initializers(v) for v in config]
+    return config
+
+
+def _load(keras, path: Path, config: dict):
+    """The model as Keras reads it: built from the file's config (safe_mode: no code from the file
+    runs), then Keras assigns the file's weights to its layers."""
+    if str(path).endswith(".keras"):
+        model = keras.saving.deserialize_keras_object(_zero_initializers(config), safe_mode=True)
+        model.load_weights(str(path))
+        return model
+    return keras.saving.load_model(str(path), compile=False, safe_mode=True)
+
+
 def _layer(model, name: str):
     for part in name.split("/"):
         model = model.get_layer(part)
@@ -83,7 +106,7 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
         raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values "
                          "for one weight; not loaded with Keras (--no-check imports the GRU without it)")
     keras = _import_keras()
-    model = keras.saving.load_model(str(path), compile=False, safe_mode=True)
+    model = _load(keras, path, config)
     y = np.asarray(x, np.float32)
     for name in names:
         layer = _layer(model, name)

@@ -9,17 +9,18 @@ import numpy as np
 from qtool.importers.onnx_graph import Graph, float_tensor
 
 
-def _one_node_model(model, graph: Graph, node):
+def _one_node_model(graph: Graph, node):
     from onnx import TensorProto, helper, numpy_helper
 
     weights = [n for n in node.input[1:4] if n]  # W, R and B; initial_h was proved zero or is an input
     inits = [numpy_helper.from_array(float_tensor(n, graph.consts[n], n), n) for n in weights]
     gru = helper.make_node("GRU", ["X", *node.input[1:4]], ["Y"], name=node.name)
-    gru.attribute.extend(node.attribute)
+    gru.attribute.extend(a for a in node.attribute if a.name != "output_sequence")  # GRU-1/3 only
     g = helper.make_graph([gru], "check", [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
                           [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
-    opset = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    return helper.make_model(g, opset_imports=opset, ir_version=model.ir_version)
+    # GRU computes the same from opset 7 on (14 added `layout`, refused unless 0); a fixed opset and IR
+    # version let ONNX Runtime run nodes of files written for newer or older runtimes
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
 
 
 def run_onnx(model, nodes: list, x: np.ndarray) -> np.ndarray:
@@ -32,7 +33,7 @@ def run_onnx(model, nodes: list, x: np.ndarray) -> np.ndarray:
     opts.intra_op_num_threads = 1
     y = np.asarray(x, np.float32)
     for node in nodes:
-        sess = ort.InferenceSession(_one_node_model(model, graph, node).SerializeToString(), opts,
+        sess = ort.InferenceSession(_one_node_model(graph, node).SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
         out = sess.run(["Y"], {"X": np.ascontiguousarray(y.transpose(1, 0, 2))})[0]  # time-first
         y = out.transpose(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [T, dirs, N, H] -> [N, T, dirs * H]
