@@ -199,15 +199,20 @@ def test_config_claiming_huge_layers_is_not_loaded_with_keras(keras, tmp_path):
     m.save(tmp_path / "m.keras")
     with zipfile.ZipFile(tmp_path / "m.keras") as z:
         files = {n: z.read(n) for n in z.namelist()}
-    config = json.loads(files["config.json"])
-    config["config"]["layers"][-1]["config"]["units"] = 10**9
-    files["config.json"] = json.dumps(config).encode()
-    with zipfile.ZipFile(tmp_path / "big.keras", "w") as z:
-        for n, data in files.items():
-            z.writestr(n, data)
+
+    def with_units(layer: int, units: int):
+        config = json.loads(files["config.json"])
+        config["config"]["layers"][layer]["config"]["units"] = units
+        with zipfile.ZipFile(tmp_path / "big.keras", "w") as z:
+            for n, data in files.items():
+                z.writestr(n, json.dumps(config) if n == "config.json" else data)
+        return tmp_path / "big.keras"
+
     with pytest.raises(QtoolError, match=r"layer 'dense.*' \(units=1000000000\) would make Keras allocate"):
-        import_model(tmp_path / "big.keras")
+        import_model(with_units(-1, 10**9))
     assert import_model(tmp_path / "big.keras", check=False).hidden_size == 4
+    with pytest.raises(QtoolError, match=r"has shape \(4, 12\), expected \(1000000000, 3000000000\)"):
+        import_model(with_units(1, 10**9), check=False)  # the GRU claims H = 1e9: checked, never allocated
 
 
 def test_nested_model_stack_and_its_layers(keras, tmp_path):

@@ -33,6 +33,7 @@ from qtool.model import GruCell
 
 SPOOL_BYTES = 64 << 20  # weights archives up to this size are read in memory, larger ones via disk
 LEGACY_ROLES = ("kernel", "recurrent_kernel", "bias")
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def _dataset(where: str, f: h5py.File, path: str) -> np.ndarray:
@@ -153,6 +154,10 @@ def _open_keras3(path: Path, tmp) -> tuple[dict, h5py.File]:
             raise QtoolError(f"{path}: config.json is larger than {MAX_JSON_BYTES:,} bytes")
         config = json.loads(z.read("config.json"))
         with z.open("model.weights.h5") as src:  # never more than the declared (checked) size
+            head = src.read(8)
+            if head != HDF5_SIGNATURE:  # before anything large is inflated
+                raise QtoolError(f"{path}: model.weights.h5 in the archive is not an HDF5 file")
+            tmp.write(head)
             shutil.copyfileobj(src, tmp, 1 << 20)
     tmp.seek(0)
     return config, h5py.File(tmp, "r")
