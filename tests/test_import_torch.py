@@ -139,7 +139,7 @@ def test_check_without_the_framework_says_so(tmp_path, monkeypatch):
 
     monkeypatch.setattr(check_torch, "run_torch", no_torch)
     check = import_model(tmp_path / "m.safetensors").extra["check"]
-    assert check == {"checked": False, "reason": "PyTorch nn.GRU is not installed (torch)"}
+    assert check == {"checked": False, "reason": "PyTorch nn.GRU cannot be imported (no module 'torch')"}
 
 
 @pytest.mark.skipif(not has("safetensors"), reason="safetensors not installed")

@@ -50,7 +50,8 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
         with quiet(), one_torch_thread():
             want = np.asarray(stack.run_source(x), np.float32)
     except ImportError as e:
-        return {"checked": False, "reason": f"{stack.framework} is not installed ({e.name or e})"}
+        missing = f"no module {e.name!r}" if e.name else str(e)
+        return {"checked": False, "reason": f"{stack.framework} cannot be imported ({missing})"}
     except QtoolError:
         raise
     except Exception as e:  # the framework refused the file qtool accepted: say so, in one line
