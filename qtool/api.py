@@ -66,8 +66,10 @@ def count(data: SequenceData, limit: int | None) -> int:
     return min(int(limit), data.num_sequences)
 
 
-def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None) -> GruModel:
-    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste)."""
+def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
+               check: bool = True) -> GruModel:
+    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste).
+    An imported model is checked against its source framework where that is installed (`check`)."""
     from qtool.importers import import_model
     from qtool.model import load_model as load_h5_model
     from qtool.model import open_h5
@@ -86,7 +88,7 @@ def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None
             elif fmt_attr == "qtool-qgru":
                 model = load(path).model
     if model is None:
-        model = import_model(path, fmt, name)
+        model = import_model(path, fmt, name, check=check)
     if path.is_file():
         model.extra["sha256"] = sha256_file(path)
     return model

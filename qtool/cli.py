@@ -154,18 +154,21 @@ def import_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
     name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several.")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import.")] = False,
     force: Force = False,
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
     from qtool import api
+    from qtool.importers.crosscheck import describe
 
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
-    model = api.load_model(src, fmt, name)
+    model = api.load_model(src, fmt, name, check=not no_check)
     api.save_model(model, output, force, confirm_at_terminal(), inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
+    out.print(describe(model.extra.get("check")), highlight=False)
 
 
 @app.command()
