@@ -228,15 +228,17 @@ def simulate(
     batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 256,
     limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
     backend: Annotated[str, typer.Option(help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    mode: Annotated[str, typer.Option(help="integer: the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
     force: Force = False,
     as_json: JsonOpt = False,
 ):
     """Run the integer GRU and the float GRU on the same data and report how far apart they are."""
     from qtool.engine_cuda import select_backend
+    from qtool.fakequant_sim import EXPLANATION, MODES
     from qtool.fileio import atomic_path, open_sequences
     from qtool.model import open_h5
     from qtool.qmodel import load_qmodel
-    from qtool.report import distance_table
+    from qtool.report import both_table, distance_table
     from qtool.simulation import simulate as run_simulation
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
@@ -245,6 +247,8 @@ def simulate(
         writable(save, force)
     if batch_size < 1:
         raise QtoolError("--batch-size must be at least 1")
+    if mode not in MODES:
+        raise QtoolError(f"unknown --mode '{mode}' (use one of {', '.join(MODES)})")
     runner, backend_label = select_backend(backend)
     qm = load_qmodel(qmodel_path)
     data = open_sequences(data_path, dataset, time_first)
@@ -265,7 +269,7 @@ def simulate(
                 done = start + len(outs[0])
                 bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
 
-            sim = run_simulation(qm, data, batch_size, per_tensor, n, on_chunk, runner)
+            sim = run_simulation(qm, data, batch_size, per_tensor, n, on_chunk, runner, mode)
         finally:
             if f is not None:
                 f.close()
@@ -274,7 +278,14 @@ def simulate(
     if as_json:
         print(json.dumps(res))
         return
-    out.print(distance_table(res, f"integer ({backend_label}) vs float on {n} sequences ({data_path.name})"))
+    where = f"on {n} sequences ({data_path.name})"
+    if mode == "both":
+        out.print(both_table(res, f"integer ({backend_label}) and fakequant vs float {where}"))
+    else:
+        label = "fakequant" if mode == "fakequant" else f"integer ({backend_label})"
+        out.print(distance_table(res, f"{label} vs float {where}"))
+    if mode != "integer":
+        out.print(EXPLANATION)
     snr = res["per_step_snr_db"]
     out.print(f"output SNR by time step: first {snr[0]:.2f} dB, middle {snr[len(snr) // 2]:.2f} dB, "
               f"last {snr[-1]:.2f} dB")

@@ -55,6 +55,26 @@ def distance_table(results: dict, title: str) -> Table:
     return t
 
 
+def both_table(results: dict, title: str) -> Table:
+    """`simulate --mode both`: integer and fake-quant distances from float side by side per tensor,
+    and how many integers the two GRUs share."""
+    fq = results["fakequant"]
+    agree = fq.get("agreement", {})
+    t = Table(title=title)
+    for col in ("tensor", "integer SNR dB", "fakequant SNR dB", "integer - fakequant", "same integers",
+                "max |diff| LSB"):
+        t.add_column(col, justify="left" if col == "tensor" else "right")
+    rows = [("output", results["output"], fq["output"])]
+    rows += [(k, m, fq["tensors"][k]) for k, m in results["tensors"].items() if k in fq["tensors"]]
+    for name, mi, mf in rows:
+        a = agree.get(name)
+        gap = mi["snr_db"] - mf["snr_db"] if math.isfinite(mi["snr_db"] - mf["snr_db"]) else 0.0
+        t.add_row(name, _num(mi["snr_db"]), _num(mf["snr_db"]), f"{gap:+.2f}",
+                  f"{100 * a['identical']:.2f}%" if a else "-", str(a["max_lsb"]) if a else "-",
+                  style="bold" if name == "output" else None)
+    return t
+
+
 def spec_rows(qm: QuantModel) -> list[dict]:
     rows = []
     for l, cells in enumerate(qm.cells):
