@@ -100,6 +100,9 @@ class NumpyOps:
     def with_grad_of(self, value, grad_fn):
         return value  # no autograd here: the forward value is all there is
 
+    def act(self, func: str, v):
+        return FUNCS[func](v)
+
     def to_int(self, v):
         return v.astype(np.int64)
 
@@ -128,12 +131,12 @@ def add(ops, terms: tuple, g: Grid, rounding: str):
 def gate(ops, func: str, v, g_in: Grid, g_out: Grid, lut):
     """sigmoid/tanh onto the output grid: f(v) rounded ("tensor"), or the table itself."""
     if lut is None:
-        return ops.qdq(FUNCS[func](v), g_out)
+        return ops.qdq(ops.act(func, v), g_out)
     table, shift = lut
     xp = ops.xp
     u = ops.to_int(xp.floor(v * g_in.inv + 0.5) + (g_in.zp - g_in.qmin))  # q_in - qmin
     y = (ops.to_float(lut_eval(table, u, shift)) - g_out.zp) / g_out.inv
-    return ops.with_grad_of(y, lambda: ops.qdq(FUNCS[func](v), g_out))
+    return ops.with_grad_of(y, lambda: ops.qdq(ops.act(func, v), g_out))
 
 
 def cell_step(ops, c: CellFQ, Wx, h, rounding: str) -> dict:
@@ -181,10 +184,12 @@ def run_direction(ops, c: CellFQ, x, rounding: str, trace: dict | None = None):
     return ops.xp.stack(hs)
 
 
-def run_layers(ops, cells: list, x, rounding: str, traces: list | None = None, between=None):
+def run_layers(ops, cells: list, x, rounding: str, traces: list | None = None, between=None,
+               finals: list | None = None):
     """The whole stack on time-first `x [T, N, C]`: returns the last layer's `h [T, N, H * D]`.
     The input of layer l > 0 is layer l - 1's h, already on its grid (the tie). `between(l, seq)`
-    may transform the sequence between layers (training-time dropout)."""
+    may transform the sequence between layers (training-time dropout); `finals` receives each
+    layer's and direction's final state `[N, H]`, in order."""
     seq = ops.qdq(x, cells[0][0].grids["x"])
     for l, layer in enumerate(cells):
         if l and between is not None:
@@ -193,6 +198,8 @@ def run_layers(ops, cells: list, x, rounding: str, traces: list | None = None, b
         for d, c in enumerate(layer):
             tr = {} if traces is not None else None
             h = run_direction(ops, c, seq if d == 0 else ops.flip(seq), rounding, tr)
+            if finals is not None:
+                finals.append(h[-1])
             outs.append(h if d == 0 else ops.flip(h))
             row.append(tr)
         if traces is not None:
