@@ -25,7 +25,7 @@ from qtool.lut import build_lut
 from qtool.model import GruCell, GruModel
 from qtool.qat.ops import TorchGrid, TorchOps, ste_round
 from qtool.qmodel import QuantModel, TensorQ
-from qtool.qparams import qrange
+from qtool.qparams import choose_qparams, qrange
 
 WEIGHTS = (("W", "weight_ih"), ("R", "weight_hh"), ("bx", "bias_ih"), ("br", "bias_hh"))
 SHARED = ("x", "h")  # one quantizer per layer, not per direction
@@ -45,17 +45,24 @@ def slot(name: str, layer: int, direction: int) -> str:
 
 
 class TensorQuantizer(nn.Module):
-    """One tensor's grid: learned exp2_inv (and zero point), rounded in the forward pass."""
+    """One tensor's grid: learned exp2_inv (and zero point), rounded in the forward pass; or, for
+    the 32-bit biases (`follow=True`), the calibration rule applied to the current values, so
+    that a bias never saturates however far training moves it."""
 
-    def __init__(self, t: TensorQ, rows: np.ndarray | None = None):
+    def __init__(self, t: TensorQ, rows: np.ndarray | None = None, follow: bool = False):
         super().__init__()
+        self.follow = follow
         e = np.asarray(t.exp2_inv, np.float64)
         lo, hi = np.asarray(t.lo, np.float64), np.asarray(t.hi, np.float64)
         if rows is not None:  # per channel: stored in PyTorch's row order
             canon = (e, lo, hi)
             e, lo, hi = (np.empty(len(rows)) for _ in range(3))
             e[rows], lo[rows], hi[rows] = canon
-        self.exp2_inv = nn.Parameter(torch.tensor(e, dtype=torch.float32))
+        e = torch.tensor(e, dtype=torch.float32)
+        if follow:
+            self.register_buffer("exp2_inv", e)
+        else:
+            self.exp2_inv = nn.Parameter(e)
         zp = torch.tensor(float(t.zp))
         if t.symmetric:
             self.register_buffer("zero_point", zp)
@@ -66,12 +73,24 @@ class TensorQuantizer(nn.Module):
         self.register_buffer("range_lo", torch.tensor(lo))
         self.register_buffer("range_hi", torch.tensor(hi))
 
-    def grid(self, rows: np.ndarray | None = None, column: bool = False) -> TorchGrid:
+    def grid(self, rows: np.ndarray | None = None, column: bool = False,
+             values: torch.Tensor | None = None) -> TorchGrid:
+        """The grid; `rows` picks per-channel exponents in qtool's row order (`column`: as a
+        column, for a matrix); a following quantizer first sets them from `values`."""
+        if self.follow and values is not None:
+            self.fit(values)
         e = ste_round(self.exp2_inv)
         if rows is not None:
             e = e[torch.as_tensor(rows)]
             e = e[:, None] if column else e
         return TorchGrid(e, ste_round(self.zero_point), int(self.bits))
+
+    @torch.no_grad()
+    def fit(self, values: torch.Tensor) -> None:
+        """exp2_inv per row from the row's range, as calibration sets it (its min/max rule)."""
+        rows = values.detach().reshape(values.shape[0], -1).double().cpu().numpy()
+        e = [choose_qparams(r.min(), r.max(), int(self.bits), True)[0] for r in rows]
+        self.exp2_inv.copy_(torch.tensor(e, dtype=self.exp2_inv.dtype))
 
     def tensor_q(self, rows: np.ndarray | None = None) -> TensorQ:
         """The grid as qtool's spec; the recorded range is the calibrated one, within the grid."""
@@ -112,7 +131,8 @@ class QuantGRU(nn.Module):
                     values[torch_rows(H)] = getattr(cell, name)  # back to r | z | n
                     sfx = "_reverse" if d else ""
                     self.register_parameter(f"{alias}_l{l}{sfx}", nn.Parameter(torch.tensor(values)))
-                    self.add_module(f"{slot(name, l, d)}_fake_quant", TensorQuantizer(cq.spec[name], torch_rows(H)))
+                    self.add_module(f"{slot(name, l, d)}_fake_quant",
+                                    TensorQuantizer(cq.spec[name], torch_rows(H), follow=name in ("bx", "br")))
                 for name in ACTIVATIONS:
                     key = f"{slot(name, l, d)}_fake_quant"
                     if (name == "x" and l > 0) or hasattr(self, key):
@@ -174,8 +194,9 @@ class QuantGRU(nn.Module):
         rows = torch_rows(H)
         consts = []
         for name, _ in WEIGHTS:
-            v = self._float(name, l, d)[torch.as_tensor(rows)]
-            g = self._quantizer(name, l, d).grid(rows, column=v.dim() == 2)
+            values = self._float(name, l, d)
+            v = values[torch.as_tensor(rows)]
+            g = self._quantizer(name, l, d).grid(rows, column=v.dim() == 2, values=values)
             consts.append(ops.qdq(v, g))
         grids = {n: self._quantizer(n, l, d).grid() for n in ACTIVATIONS}
         luts = {}
@@ -230,6 +251,8 @@ class QuantGRU(nn.Module):
             rows = torch_rows(layer[0].R.shape[1])
             row = []
             for d, cell in enumerate(layer):
+                for n in ("bx", "br"):
+                    self._quantizer(n, l, d).fit(self._float(n, l, d))
                 spec = {n: self._quantizer(n, l, d).tensor_q(rows) for n, _ in WEIGHTS}
                 spec.update({n: self._quantizer(n, l, d).tensor_q() for n in ACTIVATIONS})
                 row.append(cell_from_spec(cell, spec))
