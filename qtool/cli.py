@@ -117,29 +117,29 @@ def calibrate(
     time_first: TimeFirst = False,
     batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 64,
     limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
+    snap: Annotated[str, typer.Option(help="For quantized or QAT-trained models (ONNX QDQ, PyTorch fake-quant, QAT checkpoints): a file scale that is not a power of two goes 'up' to the finest power-of-two grid that does not clip its range, or to the 'nearest' power of two.")] = "up",
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Observe every tensor of the GRU on calibration data and write the quantized model."""
+    """Observe every tensor of the GRU on calibration data and write the quantized model.
+
+    A quantized or QAT-trained model keeps the ranges its file holds; DATA calibrates the rest
+    (without DATA, the file must hold them all)."""
     from calibrators import METHODS
     from qtool.calibration import MethodPlan, build_quant_model, collect_many
     from qtool.fileio import atomic_path, open_sequences
+    from qtool.importers.ranges import build_from_file, read_imported
     from qtool.model import open_h5
     from qtool.qmodel import write_qmodel
-    from qtool.report import lut_table, spec_rows, spec_table
+    from qtool.report import lut_table, ranges_table, spec_rows, spec_table
     from qtool.tensors import load_bits
 
     model_path = Path(need(model_path, "model file", "MODEL"))
-    data_path = Path(need(data_path, "calibration data file", "DATA"))
     methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
     if compare is not None and eval_path is None:
         raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
     if compare is None and eval_path is not None:
         raise QtoolError("--eval goes with --compare")
-    if output is None and compare is None:
-        output = need(output, "output quantized model file (.h5)", "--output")
-    if output is not None:
-        output = writable(Path(output), force)
     for m in [*methods, method_weights]:
         if m not in METHODS:
             raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
@@ -151,26 +151,42 @@ def calibrate(
         raise QtoolError("--percentile must be in (50, 100]")
     label, config = load_bits(bits)
     model = load_any_model(model_path)
-    data = open_sequences(data_path, dataset, time_first)
-    data.check_features(model.input_size)
+    imported = read_imported(model_path, model)  # the ranges a quantized or QAT-trained file holds
+    if imported is None or data_path is not None or compare is not None:
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
+    if output is None and compare is None:
+        output = need(output, "output quantized model file (.h5)", "--output")
+    if output is not None:
+        output = writable(Path(output), force)
+    data = open_sequences(data_path, dataset, time_first) if data_path is not None else None
+    if data is not None:
+        data.check_features(model.input_size)
     test = None
     if eval_path is not None:
         test = open_sequences(eval_path, dataset, time_first)
         test.check_features(model.input_size)
         if eval_path.resolve() == data_path.resolve():
             err.print("warning: --eval is the calibration data; the scores are not on held-out data")
-    n = data.num_sequences if limit is None else min(limit, data.num_sequences)
     plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
     t0 = time.perf_counter()
-    with progress_bar() as bar:
-        task = bar.add_task("calibrating", total=n, rate="")
-        obs_sets = collect_many(model, data, plans, batch_size, n, progress=lambda done: bar.update(
-            task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"))
-    qms = []
+    n, obs_sets, info = 0, [None], {"bits": label, "data_file": model_path.name, "samples": 0}
+    if data is not None:
+        n = data.num_sequences if limit is None else min(limit, data.num_sequences)
+        with progress_bar() as bar:
+            task = bar.add_task("calibrating", total=n, rate="")
+            obs_sets = collect_many(model, data, plans, batch_size, n, progress=lambda done: bar.update(
+                task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"))
+        info = {"bits": label, "data_file": data_path.name, "samples": n, "time_steps": data.shape[1]}
+    qms, rows = [], []
     for plan, obs in zip(plans, obs_sets):
-        info = {"method": plan.label(), "bits": label, "data_file": data_path.name, "samples": n,
-                "time_steps": data.shape[1]}
-        qms.append(build_quant_model(model, obs, config, info, plan))
+        if imported is None:
+            qms.append(build_quant_model(model, obs, config, {**info, "method": plan.label()}, plan))
+            continue
+        method_label = f"ranges from the {imported.kind} file (snap {snap})"
+        if obs is not None:
+            method_label += f", the rest {plan.label()}"
+        qm, rows = build_from_file(imported, model, config, {**info, "method": method_label}, snap, obs, plan)
+        qms.append(qm)
     if test is not None:
         _compare(qms, test, batch_size, output, as_json, f"{model.name}: {label}, calibrated on {n} "
                  f"sequences of {data_path.name}, scored on {test.num_sequences} of {eval_path.name}")
@@ -179,12 +195,18 @@ def calibrate(
     with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
         write_qmodel(f, qm)
     elapsed = time.perf_counter() - t0
+    ranges = {} if imported is None else {"imported": rows, "notes": imported.notes}
     if as_json:
         print(json.dumps({"output": str(output), **qm.info, "seconds": elapsed,
-                          "tensors": spec_rows(qm)}))
+                          "tensors": spec_rows(qm), **ranges}))
         return
-    out.print(spec_table(qm, f"{model.name}: {label}, {qm.info['method']} over {n} sequences"))
+    out.print(spec_table(qm, f"{model.name}: {label}, {qm.info['method']}" + (f" over {n} sequences" if n else "")))
     out.print(lut_table(qm))
+    if imported is not None:
+        out.print(ranges_table(rows, f"ranges from the {imported.kind} file (every other tensor: "
+                                     + (f"calibrated on {data_path.name})" if data_path else "none)")))
+        for note in imported.notes:
+            out.print(f"note: {note}", highlight=False)
     out.print(f"calibrated in {elapsed:.2f} s -> {output}")
 
 

@@ -75,6 +75,19 @@ def both_table(results: dict, title: str) -> Table:
     return t
 
 
+def ranges_table(rows: list[dict], title: str) -> Table:
+    """The ranges a quantized model file held: where each came from, qtool's power-of-two grid for
+    it, and how far the step moved (dB of expected noise; + is coarser)."""
+    t = Table(title=title)
+    for col in ("layer", "tensor", "from", "bits", "exp2_inv", "zp", "moved dB", "clips"):
+        t.add_column(col, justify="left" if col in ("layer", "tensor", "from") else "right")
+    for r in rows:
+        moved = "-" if r["moved_db"] is None else f"{r['moved_db']:+.2f}"
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], r["source"], str(r["bits"]),
+                  _span(r["exp2_inv"]), str(r["zp"]), moved, "yes" if r["clips"] else "no")
+    return t
+
+
 def spec_rows(qm: QuantModel) -> list[dict]:
     rows = []
     for l, cells in enumerate(qm.cells):

@@ -13,6 +13,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers import stack_layers
+from qtool.importers.qdq import dequantized_constants
 from qtool.model import GruCell
 
 
@@ -41,6 +42,7 @@ def read_onnx(path: Path) -> dict:
             value = _attr(node, "value", None)
             if value is not None:
                 inits[node.output[0]] = numpy_helper.to_array(value)
+    inits.update(dequantized_constants(model.graph, inits))  # QDQ files: DequantizeLinear on constants
     stacks, chain = {}, []
     for i, node in enumerate(n for n in model.graph.node if n.op_type == "GRU"):
         name = node.name or f"GRU_{i}"
