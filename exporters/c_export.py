@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from qtool import __version__
 from qtool.errors import QtoolError
-from qtool.intops import rshift_round
 from qtool.model import DIRECTIONS
+from qtool.passes import folded_biases, report, run_passes
 from qtool.qmodel import QuantModel
 from qtool.qparams import qrange
 from qtool.rescale import CHANNEL_ROWS
@@ -72,6 +72,7 @@ class Footprint:
     macs_per_step: int = 0
     int8_weight_bytes: int = 0  # the bare int8 weight bytes (W and R at 1 byte each)
     offset_saves: int = 0      # compensation table bytes that compensation="offset" would drop
+    passes: dict = field(default_factory=dict)  # what qtool.passes removed, and the partition
 
     @property
     def flash_bytes(self) -> int:
@@ -97,18 +98,6 @@ def offset_inputs(spec: dict, compensation: str) -> bool:
     x, h = spec["x"], spec["h"]
     return (compensation == "offset" and (x.zp != 0 or h.zp != 0)
             and max(_input_bound(x, True), _input_bound(h, True)) < 2**15)
-
-
-def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The bias terms of `intops.gru_cell` are constants per channel: fold them at export.
-    b_pre [3H]: rshift_round(qbx, sh_bx), plus rshift_round(qbr, sh_br) for the z and r blocks
-    (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g)."""
-    bx = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbx"], rows["sh_bx"])], np.int64)
-    br = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbr"], rows["sh_br"])], np.int64)
-    H = bx.size // 3
-    b_pre = bx.copy()
-    b_pre[:2 * H] += br[:2 * H]
-    return b_pre, br[2 * H:]
 
 
 def _cell_arrays(qm: QuantModel, l: int, d: int, prefix: str, fp: Footprint,
@@ -175,16 +164,18 @@ def _scale_comments(qm: QuantModel) -> str:
     return "\n".join(comment(x) for x in lines)
 
 
-def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table") -> Footprint:
+def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table",
+             fully_integral: bool = True) -> Footprint:
     """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
     stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
-    and h - zp_h instead (no tables; see qgru.h)."""
+    and h - zp_h instead (no tables; see qgru.h). `fully_integral`: refuse a core with a
+    floating-point operation (in the program after qtool.passes, and in the C written)."""
     if compensation not in COMPENSATION:
         raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
     prefix = c_name(name)
     P = prefix.upper()
     model = qm.model
-    fp = Footprint()
+    fp = Footprint(passes=report(run_passes(qm, fully_integral)))
     arrays, inits = [], []
     for l, cells in enumerate(qm.cells):
         for d in range(len(cells)):
@@ -382,4 +373,8 @@ void {prefix}_run_sequence({prefix}_state_t *s, const int16_t *x_q, int32_t T, i
     (out_dir / f"{prefix}_params.h").write_text(params_h)
     (out_dir / f"{prefix}.h").write_text(model_h)
     (out_dir / f"{prefix}.c").write_text(model_c)
+    if fully_integral:
+        from exporters.c_integral import check_core
+
+        check_core(out_dir, ["qgru.c", f"{prefix}.c"], {f"{prefix}_quantize_input", f"{prefix}_dequantize_output"})
     return fp

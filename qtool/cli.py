@@ -372,6 +372,7 @@ def export_c_cmd(
              "(int8 x int8 GEMM, for targets with int8 dot-product instructions); 'offset' subtracts "
              "the zero point from the GEMM inputs once per step (CMSIS-NN's input offset): no tables, "
              "less flash, int8 x int16 GEMM. Both give the same integers.")] = "table",
+    fully_integral: Annotated[bool, typer.Option("--fully-integral/--no-fully-integral", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written.")] = True,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -400,7 +401,7 @@ def export_c_cmd(
             rng = np.random.default_rng(0)
             x = rng.uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
     with atomic_dir(output) as tmp:
-        fp = export_c(qm, tmp, prefix, compensation)
+        fp = export_c(qm, tmp, prefix, compensation, fully_integral)
         if x is not None:
             write_test_vectors(qm, tmp, prefix, x)
     base = fp.int8_weight_bytes + fp.table_bytes
@@ -408,11 +409,15 @@ def export_c_cmd(
            "flash_bytes": fp.flash_bytes,
            "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
            "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
-           "flash_vs_int8_weights_and_tables": fp.flash_bytes / base}
+           "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
     if as_json:
         print(json.dumps(res))
         return
     from rich.table import Table
+
+    from qtool.report import passes_table
+
+    out.print(passes_table(fp.passes, f"{prefix}: compiler passes"))
 
     t = Table(title=f"{prefix}: footprint")
     t.add_column("what")

@@ -88,6 +88,22 @@ def ranges_table(rows: list[dict], title: str) -> Table:
     return t
 
 
+def passes_table(rep: dict, title: str) -> Table:
+    """What each pass of qtool.passes removed from the realized program; the partition below."""
+    part = rep["partition"]
+    caption = (f"partition_conversions: prefix {', '.join(part['prefix'])}; core of {part['core_operations']} "
+               f"operations, {'fully integral' if part['core_fully_integral'] else 'NOT integral'}; "
+               f"suffix {', '.join(part['suffix'])}")
+    t = Table(title=title, caption=caption)
+    for col in ("pass", "removed", "per step", "once", "kinds"):
+        t.add_column(col, justify="left" if col in ("pass", "kinds") else "right")
+    for name, r in rep["passes"].items():
+        kinds = sorted({w.split(": ", 1)[1].split(" ", 1)[0] for w in r["what"]})
+        t.add_row(name, str(r["operations"]), f"{r['per_step_elements']:,}", f"{r['once_elements']:,}",
+                  ", ".join(kinds) or "-")
+    return t
+
+
 def spec_rows(qm: QuantModel) -> list[dict]:
     rows = []
     for l, cells in enumerate(qm.cells):
