@@ -33,8 +33,6 @@ ROUNDINGS = ("tensor", "integer")
 # tensors whose grids the cell reads (weights and biases come fake-quantized as values)
 ACTIVATIONS = ("x", "h", "Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
                "Rh_add_br", "rRh", "old_contrib", "new_contrib")
-GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
-         ("lut_g", "tanh", "g_pre", "g_out"))
 
 
 def qdq(xp, v, inv, zp, qmin: int, qmax: int):
@@ -95,10 +93,11 @@ class NumpyOps:
     def qdq(self, v, g: Grid):
         return qdq(np, v, g.inv, g.zp, g.qmin, g.qmax)
 
-    exact = qdq
+    def integer_sum(self, terms: tuple, g: Grid):
+        return self.qdq(sum(snap(np, t, g.inv) for t in terms), g)
 
-    def with_grad_of(self, value, grad_fn):
-        return value  # no autograd here: the forward value is all there is
+    def table_gate(self, func: str, v, g_out: Grid, y_table):
+        return y_table  # no gradients here: the table's value is all there is
 
     def act(self, func: str, v):
         return FUNCS[func](v)
@@ -124,8 +123,7 @@ def add(ops, terms: tuple, g: Grid, rounding: str):
     rounded onto the sum's grid first, as the integer program's rshift_round does ("integer")."""
     if rounding == "tensor":
         return ops.qdq(sum(terms), g)
-    y = ops.exact(sum(snap(ops.xp, t, g.inv) for t in terms), g)
-    return ops.with_grad_of(y, lambda: ops.qdq(sum(terms), g))
+    return ops.integer_sum(terms, g)
 
 
 def gate(ops, func: str, v, g_in: Grid, g_out: Grid, lut):
@@ -136,7 +134,7 @@ def gate(ops, func: str, v, g_in: Grid, g_out: Grid, lut):
     xp = ops.xp
     u = ops.to_int(xp.floor(v * g_in.inv + 0.5) + (g_in.zp - g_in.qmin))  # q_in - qmin
     y = (ops.to_float(lut_eval(table, u, shift)) - g_out.zp) / g_out.inv
-    return ops.with_grad_of(y, lambda: ops.qdq(ops.act(func, v), g_out))
+    return ops.table_gate(func, v, g_out, y)
 
 
 def cell_step(ops, c: CellFQ, Wx, h, rounding: str) -> dict:

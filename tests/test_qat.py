@@ -81,6 +81,38 @@ def test_fake_quant_gradients(torch):
     assert zp.grad.item() == pytest.approx(-2 * s * scale)
 
 
+def test_integer_sum_and_table_gate_have_the_fake_quant_gradients(torch):
+    """The fused nodes of the integer rounding give the gradients of the unfused simulated
+    quantization: qdq of the float sum, qdq of the float sigmoid."""
+    from qtool.qat.ops import FakeQuant, IntegerSum, TableGate
+
+    g = torch.Generator().manual_seed(0)
+    terms = [torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True) * 3 for _ in range(2)]
+    terms = [t.detach().requires_grad_() for t in terms] + [torch.randn(4, dtype=torch.float64, requires_grad=True)]
+    grads = []
+    for fused in (True, False):
+        e = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+        zp = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+        y = IntegerSum.apply(e, zp, -32, 31, *terms) if fused else FakeQuant.apply(sum(terms), e, zp, -32, 31)
+        (y * torch.arange(24, dtype=torch.float64).reshape(6, 4)).sum().backward()
+        grads.append([e.grad.item(), zp.grad.item()] + [t.grad.clone() for t in terms])
+        for t in terms:
+            t.grad = None
+    assert grads[0][:2] == pytest.approx(grads[1][:2])
+    assert all(torch.equal(a, b) for a, b in zip(grads[0][2:], grads[1][2:]))
+    v = torch.linspace(-6, 6, 50, dtype=torch.float64, requires_grad=True)
+    out = []
+    for fused in (True, False):
+        e = torch.tensor(7.0, dtype=torch.float64, requires_grad=True)
+        zp = torch.tensor(-64.0, dtype=torch.float64, requires_grad=True)
+        y = (TableGate.apply(v, e, zp, -128, 127, torch.zeros(50), False) if fused
+             else FakeQuant.apply(torch.sigmoid(v), e, zp, -128, 127))
+        (y * torch.linspace(1, 2, 50, dtype=torch.float64)).sum().backward()
+        out.append((v.grad.clone(), e.grad.item(), zp.grad.item()))
+        v.grad = None
+    assert torch.allclose(out[0][0], out[1][0]) and out[0][1:] == pytest.approx(out[1][1:])
+
+
 def test_initial_state_and_bad_input(torch):
     from qtool.errors import QtoolError
     from qtool.qat import QuantGRU

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from qtool.calibration import GATES
 from qtool.errors import QtoolError
-from qtool.fakequant import ACTIVATIONS, GATES, CellFQ, run_layers
+from qtool.fakequant import ACTIVATIONS, CellFQ, run_layers
 from qtool.lut import build_lut
 from qtool.model import GruCell, GruModel
 from qtool.qat.ops import TorchGrid, TorchOps, ste_round
@@ -182,7 +183,8 @@ class QuantGRU(nn.Module):
         return getattr(self, f"{alias}_l{l}" + ("_reverse" if d else ""))
 
     def _lut(self, func: str, a: TorchGrid, b: TorchGrid, device) -> tuple:
-        key = (func, a.bits, int(a.exp2_inv), int(a.zp), b.bits, int(b.exp2_inv), int(b.zp))
+        key = (func, a.bits, *(int(t.detach()) for t in (a.exp2_inv, a.zp)), b.bits,
+               *(int(t.detach()) for t in (b.exp2_inv, b.zp)))
         if key not in self._luts:
             table, shift, _ = build_lut(func, *key[1:])
             self._luts[key] = (torch.as_tensor(np.append(table, table[-1])), shift)

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from qtool.fakequant import qdq
+from qtool.fakequant import qdq, snap
 from qtool.qparams import qrange
 
 
@@ -39,27 +39,75 @@ def _reduce(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return grad
 
 
+def _lsq(ctx, gy, needs_e: bool, needs_zp: bool):
+    """Gradients of y = qdq(v) saved by `_save`: straight-through for v, LSQ for exp2_inv and zp."""
+    v, e, zp, inv, t = ctx.saved_tensors
+    qmin, qmax = ctx.bounds
+    inside = (t >= qmin) & (t <= qmax)
+    s = 1.0 / inv
+    scale = 1.0 / math.sqrt(max(v.numel() // max(e.numel(), 1), 1) * qmax)
+    dy_ds = torch.where(inside, (t - zp) - v * inv, t.clamp(qmin, qmax) - zp)
+    ge = _reduce(gy * dy_ds * (-math.log(2.0)) * s, e.shape) * scale if needs_e else None
+    gzp = _reduce(torch.where(inside, 0.0, -s) * gy, zp.shape) * scale if needs_zp else None
+    return gy * inside, ge, gzp
+
+
+def _save(ctx, v, e, zp, inv, qmin: int, qmax: int) -> None:
+    ctx.save_for_backward(v, e, zp, inv, torch.floor(v * inv + 0.5) + zp)  # t: before saturation
+    ctx.bounds = (qmin, qmax)
+
+
 class FakeQuant(torch.autograd.Function):
+    """y = qdq(v) on the grid (exp2_inv, zp)."""
+
     @staticmethod
     def forward(ctx, v, e, zp, qmin: int, qmax: int):
         inv = torch.exp2(e).to(v.dtype)
-        t = torch.floor(v * inv + 0.5) + zp  # before saturation
-        y = qdq(torch, v, inv, zp, qmin, qmax)
-        ctx.save_for_backward(v, e, zp, inv, t)
-        ctx.bounds = (qmin, qmax)
-        return y
+        _save(ctx, v, e, zp, inv, qmin, qmax)
+        return qdq(torch, v, inv, zp, qmin, qmax)
 
     @staticmethod
     def backward(ctx, gy):
-        v, e, zp, inv, t = ctx.saved_tensors
-        qmin, qmax = ctx.bounds
-        inside = (t >= qmin) & (t <= qmax)
-        s = 1.0 / inv
-        scale = 1.0 / math.sqrt(max(v.numel() // max(e.numel(), 1), 1) * qmax)
-        dy_ds = torch.where(inside, (t - zp) - v * inv, t.clamp(qmin, qmax) - zp)
-        ge = _reduce(gy * dy_ds * (-math.log(2.0)) * s, e.shape) * scale if ctx.needs_input_grad[1] else None
-        gzp = _reduce(torch.where(inside, 0.0, -s) * gy, zp.shape) * scale if ctx.needs_input_grad[2] else None
-        return gy * inside, ge, gzp, None, None
+        return (*_lsq(ctx, gy, *ctx.needs_input_grad[1:3]), None, None)
+
+
+class IntegerSum(torch.autograd.Function):
+    """The integer program's sum: each term rounded onto the sum's grid (fakequant.snap), added,
+    saturated. One node instead of the rounded and the float sums: its gradients are those of
+    qdq(sum of the terms), each term receiving the sum's."""
+
+    @staticmethod
+    def forward(ctx, e, zp, qmin: int, qmax: int, *terms):
+        v = sum(terms)
+        inv = torch.exp2(e).to(v.dtype)
+        _save(ctx, v, e, zp, inv, qmin, qmax)
+        ctx.shapes = [t.shape for t in terms]
+        return qdq(torch, sum(snap(torch, t, inv) for t in terms), inv, zp, qmin, qmax)
+
+    @staticmethod
+    def backward(ctx, gy):
+        gv, ge, gzp = _lsq(ctx, gy, *ctx.needs_input_grad[:2])
+        return (ge, gzp, None, None, *(_reduce(gv, shape) for shape in ctx.shapes))
+
+
+class TableGate(torch.autograd.Function):
+    """A gate output from its table (the integer program's value); gradients of qdq(f(v)) on the
+    output grid: f'(v) where f(v) is inside the grid, LSQ for the output grid."""
+
+    @staticmethod
+    def forward(ctx, v, e_out, zp_out, qmin: int, qmax: int, y_table, tanh: bool):
+        f = torch.tanh(v) if tanh else torch.sigmoid(v)
+        inv = torch.exp2(e_out).to(v.dtype)
+        _save(ctx, f, e_out, zp_out, inv, qmin, qmax)
+        ctx.tanh = tanh
+        return y_table.to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, gy):
+        gf, ge, gzp = _lsq(ctx, gy, *ctx.needs_input_grad[1:3])
+        f = ctx.saved_tensors[0]
+        df = 1.0 - f * f if ctx.tanh else f * (1.0 - f)
+        return gf * df, ge, gzp, None, None, None, None
 
 
 class TorchGrid:
@@ -75,20 +123,20 @@ class TorchGrid:
 
 
 class TorchOps:
-    """fakequant's backend protocol in torch: values carry gradients through FakeQuant."""
+    """fakequant's backend protocol in torch: values carry gradients through FakeQuant, and the
+    integer rounding's sums and tables through IntegerSum and TableGate."""
 
     xp = torch
 
     def qdq(self, v, g: TorchGrid):
         return FakeQuant.apply(v, g.exp2_inv, g.zp.to(v.dtype), g.qmin, g.qmax)
 
-    def exact(self, v, g: TorchGrid):
-        return qdq(torch, v.detach(), g.inv.to(v.dtype), g.zp.detach().to(v.dtype), g.qmin, g.qmax)
+    def integer_sum(self, terms: tuple, g: TorchGrid):
+        return IntegerSum.apply(g.exp2_inv, g.zp.to(terms[0].dtype), g.qmin, g.qmax, *terms)
 
-    def with_grad_of(self, value, grad_fn):
-        """`value` in the forward pass, the gradients of `grad_fn()` in the backward pass."""
-        f = grad_fn()
-        return f + (value.to(f.dtype) - f).detach()
+    def table_gate(self, func: str, v, g_out: TorchGrid, y_table):
+        return TableGate.apply(v, g_out.exp2_inv, g_out.zp.to(v.dtype), g_out.qmin, g_out.qmax,
+                               y_table.detach(), func == "tanh")
 
     def act(self, func: str, v):
         return torch.sigmoid(v) if func == "sigmoid" else torch.tanh(v)
