@@ -96,7 +96,7 @@ def sample_qmodels(tmp_path_factory):
 @pytest.mark.parametrize("preset", ["int8", "w8a16", "int16"])
 def test_simulate_mode_both_on_every_preset(cli, sample_qmodels, preset):
     code, out, err = cli("simulate", sample_qmodels / f"{preset}.h5", SAMPLES / "test.npy", "--mode",
-                         "both", "--limit", "100", "--json")
+                         "both", "--limit", "50", "--json")
     assert code == 0, err
     res = json.loads(out)
     fq, agree = res["fakequant"], res["fakequant"]["agreement"]
