@@ -73,6 +73,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", action="store_true", help="retrain the float model first")
     ap.add_argument("--epochs", type=int, default=3, help="QAT epochs over the training split")
+    ap.add_argument("--loss", choices=("ce", "distill"), default="distill",
+                    help="ce: the task loss, fine-tuning the head too; distill: match the float GRU's "
+                         "last hidden state, the head unchanged")
+    ap.add_argument("--lr", type=float, default=1e-4, help="learning rate of the weights")
     a = ap.parse_args()
     torch.set_num_threads(1)  # small tensors: more threads only add synchronisation
     x_tr, y_tr, x_te, y_te = data()
@@ -94,16 +98,21 @@ def main() -> None:
     best = max(METHODS, key=lambda m: ptq[m])
     torch.manual_seed(0)
     qgru = QuantGRU.from_float(gru, x_tr[:400], "int8", method=best)
-    opt = torch.optim.Adam([{"params": qgru.weight_parameters(), "lr": 3e-4},
-                            {"params": head.parameters(), "lr": 3e-4},
-                            {"params": qgru.range_parameters(), "lr": 1e-2}])
+    groups = [{"params": qgru.weight_parameters(), "lr": a.lr}, {"params": qgru.range_parameters(), "lr": 1e-2}]
+    if a.loss == "ce":
+        groups.append({"params": head.parameters(), "lr": a.lr})
+    opt = torch.optim.Adam(groups)
     xt, yt = torch.from_numpy(x_tr), torch.from_numpy(y_tr).long()
+    with torch.no_grad():
+        teacher = gru(xt)[0][:, -1]
     t0, steps = time.perf_counter(), 0
     for epoch in range(a.epochs):
         perm = torch.randperm(len(xt))
         for i in range(0, len(xt), 64):
             idx = perm[i:i + 64]
-            loss = torch.nn.functional.cross_entropy(head(qgru(xt[idx])[0][:, -1]), yt[idx])
+            last = qgru(xt[idx])[0][:, -1]
+            loss = (torch.nn.functional.cross_entropy(head(last), yt[idx]) if a.loss == "ce"
+                    else ((last - teacher[idx]) ** 2).mean())
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -117,7 +126,7 @@ def main() -> None:
     s = qm.cells[-1][0].spec["h"]
     q_mod = np.floor(y_mod.double().numpy() * 2.0 ** s.exp2_inv + 0.5) + s.zp
     same = float((q_mod == run_int(qm, x_te)).mean())
-    print(f"int8 QAT (from {best}, {steps} steps of 64, {time.perf_counter() - t0:.0f} s): "
+    print(f"int8 QAT (from {best}, {a.loss}, {steps} steps of 64, {time.perf_counter() - t0:.0f} s): "
           f"{100 * int_accuracy(qm, x_te, head, y_te):.2f}%; QuantGRU and the written file agree on "
           f"{100 * same:.2f}% of the output integers -> {out}")
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from qtool.calibration import GATES
 from qtool.errors import QtoolError
-from qtool.fakequant import ACTIVATIONS, CellFQ, run_layers
+from qtool.fakequant import ACTIVATIONS, ROUNDINGS, CellFQ, run_layers
 from qtool.lut import build_lut
 from qtool.model import GruCell, GruModel
 from qtool.qat.ops import TorchGrid, TorchOps, ste_round
@@ -115,8 +115,8 @@ class QuantGRU(nn.Module):
     def __init__(self, qm: QuantModel, batch_first: bool = False, dropout: float = 0.0,
                  rounding: str = "integer"):
         super().__init__()
-        if rounding not in ("integer", "tensor"):
-            raise ValueError("rounding must be 'integer' or 'tensor'")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}")
         model = qm.model
         self.input_size, self.hidden_size = model.input_size, model.hidden_size
         self.num_layers, self.bidirectional = model.num_layers, model.bidirectional
