@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.intops import rshift_round as int_rshift_round
+from qtool.passes import folded_biases
 from qtool.qparams import qrange
 from qtool.rescale import CHANNEL_ROWS, PARAMS
 
@@ -140,18 +140,6 @@ def _gemm(st: Statement, q_w, in_spec, sh, comp, offset: bool, P: dict, name: st
         t = add(st, rshift_round(st, acc, int(sh[c])), P[f"zp_{name}"])
         out.append(clamp(st, t, P[f"lo_{name}"], P[f"hi_{name}"]))
     return out
-
-
-def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The bias terms of `intops.gru_cell` are constants per channel: the export folds them.
-    b_pre [3H]: rshift_round(qbx, sh_bx), plus rshift_round(qbr, sh_br) for the z and r blocks
-    (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g)."""
-    bx = np.array([int_rshift_round(int(q), int(n)) for q, n in zip(rows["qbx"], rows["sh_bx"])], np.int64)
-    br = np.array([int_rshift_round(int(q), int(n)) for q, n in zip(rows["qbr"], rows["sh_br"])], np.int64)
-    H = bx.size // 3
-    b_pre = bx.copy()
-    b_pre[:2 * H] += br[:2 * H]
-    return b_pre, br[2 * H:]
 
 
 def _hull(ivs: list[Iv]) -> Iv:

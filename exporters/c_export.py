@@ -10,16 +10,16 @@ quantized model only; never recomputes numerics.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from exporters.c_bounds import folded_biases
 from exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h
 from exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, model_types
 from qtool.errors import QtoolError
 from qtool.model import DIRECTIONS
+from qtool.passes import folded_biases, report, run_passes
 from qtool.qmodel import QuantModel
 from qtool.rescale import CHANNEL_ROWS
 
@@ -34,6 +34,7 @@ class Footprint:
     macs_per_step: int = 0
     int8_weight_bytes: int = 0  # the bare int8 weight bytes (W and R at 1 byte each)
     offset_saves: int = 0      # compensation table bytes that compensation="offset" would drop
+    passes: dict = field(default_factory=dict)  # what qtool.passes removed, and the partition
 
     @property
     def flash_bytes(self) -> int:
@@ -82,15 +83,17 @@ def _cell_tables(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes,
     return out, init
 
 
-def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table") -> Footprint:
+def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table",
+             fully_integral: bool = True) -> Footprint:
     """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
     stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
-    and h - zp_h instead (no tables; see NAME_params.h)."""
+    and h - zp_h instead (no tables; see NAME_params.h). `fully_integral`: refuse a core with a
+    floating-point operation (in the program after qtool.passes, and in the C written)."""
     if compensation not in COMPENSATION:
         raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
     prefix = c_name(name)
     ty = model_types(qm, compensation)
-    fp = Footprint()
+    fp = Footprint(passes=report(run_passes(qm, fully_integral)))
     tables, inits = [], []
     for l, cells in enumerate(qm.cells):
         for d in range(len(cells)):
@@ -110,6 +113,11 @@ def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "tabl
     (out_dir / f"{prefix}_params.c").write_text(params_c)
     (out_dir / f"{prefix}.h").write_text(model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes))
     (out_dir / f"{prefix}.c").write_text(model_c(qm, prefix, ty))
+    if fully_integral:
+        from exporters.c_integral import check_core
+
+        check_core(out_dir, ["qgru.h", "qgru.c", f"{prefix}.h", f"{prefix}.c", f"{prefix}_params.c"],
+                   {f"{prefix}_quantize_input", f"{prefix}_dequantize_output"})
     return fp
 
 

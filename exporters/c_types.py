@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporters.c_bounds import folded_biases, model_bits
+from exporters.c_bounds import model_bits
 from qtool.errors import QtoolError
+from qtool.passes import folded_biases
 from qtool.qmodel import QuantModel
 from qtool.rescale import CHANNEL_ROWS
 

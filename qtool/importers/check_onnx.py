@@ -28,6 +28,7 @@ def run_onnx(model, nodes: list, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort  # ImportError: ONNX Runtime is not installed
 
     graph = Graph(model.graph)
+    graph.fold_dequantized(model.graph, "ONNX check")  # a QDQ file's weights: the floats they stand for
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = 1

@@ -14,6 +14,8 @@ INT64 = 7
 # ops that only move values: a state made of zeros through them is still zeros
 ZERO_PRESERVING = ("Expand", "Tile", "Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Transpose")
 LAYOUT_OPS = ("Identity", "Dropout", "Transpose", "Reshape", "Squeeze", "Unsqueeze")
+# a QDQ file's fake-quant of h between two layers: qtool imports it as h's grid (qtool.importers.qdq)
+FAKE_QUANT_OPS = ("QuantizeLinear", "DequantizeLinear")
 PROBE_T, PROBE_N = 7, 5  # a probe sequence for the layout ops between two GRUs
 
 
@@ -54,6 +56,18 @@ def float_tensor(where: str, tp, name: str) -> np.ndarray:
     return as_float32(where, name, numpy_helper.to_array(tp).astype(np.float32))
 
 
+def any_tensor(where: str, tp, name: str) -> np.ndarray:
+    """A numeric constant of any type, its payload checked against its dims before allocating."""
+    from onnx import helper, numpy_helper
+
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tp.data_type))
+    except (KeyError, TypeError, ValueError):
+        raise QtoolError(f"{where}: tensor '{name}' has unknown ONNX data type {tp.data_type}") from None
+    _payload(where, tp, name, dtype.itemsize)
+    return numpy_helper.to_array(tp)
+
+
 def int_tensor(where: str, tp, name: str) -> np.ndarray | None:
     """A small int64 constant (shapes, axes), or None when it is not one."""
     from onnx import numpy_helper
@@ -77,6 +91,18 @@ class Graph:
                 self.consts[node.output[0]] = attr(node, "value", None)
         self.inputs = {i.name for i in graph.input} - set(self.consts)
 
+    def fold_dequantized(self, graph, where: str) -> None:
+        """QDQ files (seed 002: fake-quant on a constant folds into it): DequantizeLinear of an
+        integer constant becomes the float constant it stands for."""
+        from onnx import numpy_helper
+
+        from qtool.importers.qdq import dequantized_constants
+
+        needed = {i for n in graph.node if n.op_type == "DequantizeLinear" for i in n.input if i}
+        arrays = {k: any_tensor(where, self.consts[k], k) for k in needed if k in self.consts}
+        for name, value in dequantized_constants(graph, arrays).items():
+            self.consts[name] = numpy_helper.from_array(value, name)
+
     def is_zero(self, where: str, name: str, depth: int = 0) -> bool:
         """Whether the value `name` is provably all zeros (a constant, or zeros moved by layout ops)."""
         if name in self.consts:
@@ -88,6 +114,10 @@ class Graph:
         if node.op_type == "ConstantOfShape":
             value = attr(node, "value", None)
             return value is None or not np.any(float_tensor(where, value, name))
+        if node.op_type == "DequantizeLinear":  # DQ(Q(0)) = 0 when both use the same scale and zero point
+            q = self.producer.get(node.input[0])
+            same = q is not None and q.op_type == "QuantizeLinear" and list(q.input[1:]) == list(node.input[1:])
+            return same and self.is_zero(where, q.input[0], depth + 1)
         return node.op_type in ZERO_PRESERVING and self.is_zero(where, node.input[0], depth + 1)
 
     def feeds_next(self, a, b) -> bool:
@@ -96,7 +126,7 @@ class Graph:
         ops, name = [], b.input[0]
         while name != (a.output[0] if a.output else None):
             node = self.producer.get(name)
-            if node is None or node.op_type not in LAYOUT_OPS or len(ops) > len(self.producer):
+            if node is None or node.op_type not in LAYOUT_OPS + FAKE_QUANT_OPS or len(ops) > len(self.producer):
                 return False
             ops.append(node)
             name = node.input[0]
@@ -124,7 +154,7 @@ class Graph:
 
     def _replay(self, node, v: np.ndarray) -> np.ndarray:
         op = node.op_type
-        if op in ("Identity", "Dropout"):
+        if op in ("Identity", "Dropout") + FAKE_QUANT_OPS:
             return v
         if op == "Transpose":
             return v.transpose(attr(node, "perm", None) or list(range(v.ndim))[::-1])

@@ -103,6 +103,7 @@ def _read_graph(path: Path, model) -> dict[str, Stack]:
     from qtool.importers.check_onnx import run_onnx
 
     graph = Graph(model.graph)
+    graph.fold_dequantized(model.graph, str(path))
     stacks, chain = {}, []
     for i, node in enumerate(n for n in model.graph.node if n.op_type == "GRU"):
         name = node.name or f"GRU_{i}"

@@ -47,7 +47,17 @@ def _flatten(d, prefix: str = "") -> dict:
     return out
 
 
-def _load_safetensors(path: Path) -> dict:
+def load_tensors(path: Path, fmt: str, keep=None) -> dict:
+    """The tensors of a state dict whose keys `keep` accepts (default: the GRU weights), as
+    numpy arrays, each checked for size first; only the GRU weights must be floating point."""
+    return _load_safetensors(path, keep) if fmt == "safetensors" else _load_pt(path, keep)
+
+
+def _is_gru_key(k: str) -> bool:
+    return KEY.match(k) is not None
+
+
+def _load_safetensors(path: Path, keep=None) -> dict:
     try:
         from safetensors import safe_open
     except ImportError:
@@ -57,11 +67,11 @@ def _load_safetensors(path: Path) -> dict:
     try:
         with safe_open(str(path), framework="numpy") as f:
             for k in f.keys():
-                if not KEY.match(k):
+                if not (keep or _is_gru_key)(k):
                     continue  # other tensors of the file are never read
                 sl = f.get_slice(k)
                 check_size(str(path), k, sl.get_shape())
-                if sl.get_dtype() not in SAFETENSORS_FLOATS:
+                if _is_gru_key(k) and sl.get_dtype() not in SAFETENSORS_FLOATS:
                     raise QtoolError(f"{path}: tensor '{k}' has dtype {sl.get_dtype()}; GRU weights must "
                                      "be real floating point (F16, F32 or F64)")
                 out[k] = f.get_tensor(k)
@@ -89,7 +99,7 @@ def _torch_error(path: Path, e: Exception) -> QtoolError:
                       f"({lines[0][:200] if lines else type(e).__name__})")
 
 
-def _load_pt(path: Path) -> dict:
+def _load_pt(path: Path, keep=None) -> dict:
     try:
         import torch
     except ImportError:
@@ -113,13 +123,14 @@ def _load_pt(path: Path) -> dict:
         raise QtoolError(f"{path}: expected a state_dict (a dict of tensors), got {type(obj).__name__}")
     out = {}
     for k, v in _flatten(obj).items():
-        if not (KEY.match(k) and isinstance(v, torch.Tensor)):
+        if not ((keep or _is_gru_key)(k) and isinstance(v, torch.Tensor)):
             continue
         check_size(str(path), k, v.shape)
-        if v.layout != torch.strided or v.is_quantized or not v.dtype.is_floating_point:
-            raise QtoolError(f"{path}: tensor '{k}' is {v.dtype} ({v.layout}); GRU weights must be "
-                             "dense real floating point")
-        out[k] = v.detach().to(torch.float32).numpy()
+        if v.layout != torch.strided or v.is_quantized or v.is_complex():
+            raise QtoolError(f"{path}: tensor '{k}' is {v.dtype} ({v.layout}); expected dense real numbers")
+        if _is_gru_key(k) and not v.dtype.is_floating_point:
+            raise QtoolError(f"{path}: tensor '{k}' is {v.dtype}; GRU weights must be real floating point")
+        out[k] = v.detach().to(torch.float32 if v.dtype.is_floating_point else torch.int64).numpy()
     return out
 
 
@@ -167,7 +178,7 @@ def _stack(state: dict, where: str) -> list:
 def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
     from qtool.importers.check_torch import run_torch
 
-    tensors = _load_safetensors(path) if fmt == "safetensors" else _load_pt(path)
+    tensors = load_tensors(path, fmt)
     groups: dict[str, dict] = {}
     for key, val in tensors.items():
         m = KEY.match(key)
