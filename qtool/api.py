@@ -358,7 +358,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
     if comm is not None:  # under mpiexec: each rank simulates its chunks, rank 0 writes `save`
         from qtool.dist.simulate import simulate as simulate_ranks
 
-        sim = simulate_ranks(comm, qm, data, batch_size, per_tensor, n, runner, progress, save)
+        sim = simulate_ranks(comm, qm, data, batch_size, per_tensor, n, runner, progress, save, mode)
     elif save is None:
         sim = run_simulation(qm, data, batch_size, per_tensor, n,
                              (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner,

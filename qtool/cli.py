@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
-from qtool.dist import command_scope, stop_every_rank
+from qtool.dist import check_command, command_scope, stop_every_rank
 from qtool.errors import QtoolError
 
 app = typer.Typer(
@@ -135,6 +135,7 @@ def _version(value: bool) -> None:
 def root(ctx: typer.Context,
          version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print qtool's version and exit.")] = False):
+    check_command(ctx.invoked_subcommand)  # under mpiexec: calibrate and simulate only
     if ctx.invoked_subcommand is None:
         out.print(ctx.get_help())
         raise typer.Exit()

@@ -161,22 +161,38 @@ def test_logged_merge_equals_one_pass(method):
             assert np.array_equal(getattr(merged, key), value), (method, key)
 
 
-def test_chunk_partials_fold_to_one_pass(files, qmodel):
-    """Per-chunk partial statistics folded in chunk order give one pass's results exactly."""
+@pytest.mark.parametrize("mode", ["integer", "fakequant", "both"])
+def test_chunk_partials_fold_to_one_pass(files, qmodel, mode):
+    """Per-chunk partial statistics, folded in chunk order whatever order they arrive in, give
+    one pass's results exactly (the fake-quant side's distances and agreement too)."""
     from qtool import api
-    from qtool.dist.simulate import chunk_partial, fold
+    from qtool.simfold import chunk_stats, fold_in_chunk_order
     from qtool.simulation import Simulation
 
     qm = api.load(qmodel)
     x = np.load(files / "test.npy")
-    one, sim, acc = Simulation(qm), Simulation(qm), Simulation(qm)
+    one, sim, acc = Simulation(qm, mode=mode), Simulation(qm, mode=mode), Simulation(qm, mode=mode)
     parts = []
     for start in range(0, len(x), 10):
         one.run_chunk(x[start:start + 10])
-        parts.append(chunk_partial(sim, x[start:start + 10], False)[0])
-    for p in parts:
-        fold(acc, p)
+        parts.append((start, chunk_stats(sim, x[start:start + 10])[0]))
+    fold_in_chunk_order(acc, parts[::-1])
     assert json.dumps(acc.results()) == json.dumps(one.results())
+    assert json.dumps(sim.results()) == json.dumps(Simulation(qm, mode=mode).results())  # left as it was
+
+
+def test_commands_that_are_not_distributed_are_refused(monkeypatch):
+    """Under mpiexec a command that would run whole on every rank (each writing the same files)
+    stops with one line; calibrate, simulate and the read-only ones run."""
+    import qtool.dist as dist
+    from qtool.errors import QtoolError
+
+    monkeypatch.setattr(dist, "_world", [object()])
+    for name in ("calibrate", "simulate", "inspect", "version", None):
+        dist.check_command(name)
+    for name in ("export", "verify", "import", "report"):
+        with pytest.raises(QtoolError, match=f"qtool {name} runs as one process"):
+            dist.check_command(name)
 
 
 # --- under mpiexec ---------------------------------------------------------------------------
@@ -210,7 +226,8 @@ def test_calibrate_every_method_on_three_ranks_equals_one_process(files, tmp_pat
 @needs_mpi
 def test_mpiexec_calibrate_and_simulate_save_equal_one_process(files, tmp_path, cli):
     """`mpiexec -n 2 qtool calibrate` writes the same quantized model as one process, and
-    `mpiexec -n 3 qtool simulate --save` the same results file and metrics."""
+    `mpiexec -n 3 qtool simulate --mode both --save` the same results file and metrics (the
+    integer GRU's and the fake-quant GRU's, with their agreement)."""
     args = ("calibrate", files / "m.h5", files / "calib.npy", "--method", "kl", "--batch-size", 16)
     code, _, err = cli(*args, "-o", tmp_path / "q1.h5")
     assert code == 0, err
@@ -221,7 +238,7 @@ def test_mpiexec_calibrate_and_simulate_save_equal_one_process(files, tmp_path, 
 
     # chunks of 10 sequences keep every metric's dot product below OpenBLAS's threading threshold
     # (10,000 elements), so this process's BLAS threads and the ranks' single threads sum alike
-    args = ("simulate", tmp_path / "q1.h5", files / "test.npy", "--batch-size", 10, "--json")
+    args = ("simulate", tmp_path / "q1.h5", files / "test.npy", "--batch-size", 10, "--mode", "both", "--json")
     code, out, err = cli(*args, "--save", tmp_path / "r1.h5")
     assert code == 0, err
     p = mpirun(3, *CLI, *args, "--save", tmp_path / "r3.h5")

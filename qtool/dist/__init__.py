@@ -58,6 +58,19 @@ def world():
     return _world[0]
 
 
+DISTRIBUTED = ("calibrate", "simulate")
+ON_EVERY_RANK = ("inspect", "version")  # they only read and print (rank 0 prints)
+
+
+def check_command(name: str | None) -> None:
+    """Under mpiexec, refuse a command that is not distributed: it would run whole on every
+    rank, each writing the same output files."""
+    if name in (None, *DISTRIBUTED, *ON_EVERY_RANK) or world() is None:
+        return
+    raise QtoolError(f"qtool {name} runs as one process; under mpiexec only "
+                     f"{' and '.join(DISTRIBUTED)} are distributed (run it without mpiexec)")
+
+
 def rank() -> int:
     comm = world()
     return comm.Get_rank() if comm is not None else 0
