@@ -167,8 +167,8 @@ def sizes(a) -> None:
     from qtool import api
     from qtool.calibration import MethodPlan, collect, new_observers, observe_batch
     from qtool.dist.calibrate import Logged, finish, map_observers, merge_pair, zip_observers
-    from qtool.dist.simulate import chunk_partial, fold
     from qtool.fileio import SequenceData
+    from qtool.simfold import chunk_stats, fold
     from qtool.simulation import Simulation, simulate
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,7 +195,7 @@ def sizes(a) -> None:
           f"{t_pair * 1e3:.1f} ms; the root's replays {t_finish * 1e3:.1f} ms; a round's exchange "
           f"{len(pickle.dumps((0, None)))} B per rank")
     sim = Simulation(qm)
-    part = chunk_partial(sim, x[:a.sim_batch], False)[0]
+    part = chunk_stats(sim, x[:a.sim_batch])[0]
     t_fold = best_of(lambda: fold(sim, part), 20)
     print(f"simulation fold: a chunk's partial statistics {len(pickle.dumps(part)) / 2**10:.0f} KiB, folded "
           f"in {t_fold * 1e3:.2f} ms; --save adds {a.sim_batch * a.T * a.H * 12 / 2**20:.1f} MiB of outputs "
