@@ -145,3 +145,26 @@ def test_what_qtool_does_not_compute_is_refused(tmp_path, cli, edit, match):
     code, out, err = cli("import", _edited(tmp_path, edit), "--no-check", "-o", tmp_path / "m.h5")
     assert code != 0 and match in err, err
     assert not (tmp_path / "m.h5").exists()
+
+
+@pytest.mark.skipif(not has("qkeras"), reason="needs qkeras-v3")
+def test_bidirectional_qgru_is_checked_against_qkeras(tmp_path):
+    import sys
+
+    import keras
+
+    from qtool.importers import import_model
+    from qtool.importers.ranges import read_imported
+
+    sys.path.insert(0, "tests/golden")
+    from make_qkeras import qgru
+
+    keras.utils.set_random_seed(1)
+    m = keras.Sequential([keras.Input((9, 3)), keras.layers.Bidirectional(qgru(5))])
+    m.save(tmp_path / "b.keras")
+    model = import_model(tmp_path / "b.keras")
+    assert model.bidirectional and model.extra["check"]["checked"]
+    assert model.extra["check"]["max_abs_diff"] < 1e-5
+    imported = read_imported(tmp_path / "b.keras", model)
+    assert {k for k in imported.ranges if k[2] != "h"} == {(0, d, n) for d in (0, 1) for n in ("W", "R")}
+    assert (0, 0, "h") in imported.ranges  # both directions' state quantizers: one h
