@@ -102,6 +102,7 @@ def test_forward_is_qkeras_and_the_integer_gru_follows(model, golden, tmp_path, 
 @pytest.mark.skipif(not has("qkeras"), reason="needs qkeras-v3")
 def test_quantized_bits_port_is_qkeras():
     import keras
+    import qkeras
     from keras.saving import serialize_keras_object
     from qkeras import quantized_bits
 
@@ -115,7 +116,16 @@ def test_quantized_bits_port_is_qkeras():
         x = (rng.randn(*[(3, 12), (16, 48), (2, 48), (48,)][i % 4]) * rng.choice([0.05, 0.3, 3])).astype(np.float32)
         q = quantized_bits(**kinds[i % len(kinds)])
         want = keras.ops.convert_to_numpy(q(x))
-        assert np.array_equal(quantize(quantizer_config("t", "q", serialize_keras_object(q)), x), want), kinds[i % 6]
+        assert np.array_equal(quantize(quantizer_config("t", "bias_quantizer", serialize_keras_object(q)), x),
+                              want), kinds[i % 6]
+    # QGRUCell makes its kernels' alpha=None quantizers auto_po2, also when it loads a config
+    cell = qkeras.QGRU(4, kernel_quantizer=quantized_bits(8, 0), reset_after=True).cell
+    cfg = serialize_keras_object(cell.kernel_quantizer_internal)
+    cfg["config"]["alpha"] = None
+    x = (rng.randn(3, 12) * 0.3).astype(np.float32)
+    want = keras.ops.convert_to_numpy(qkeras.QGRU.from_config(
+        {**qkeras.QGRU(4, reset_after=True).get_config(), "kernel_quantizer": cfg}).cell.kernel_quantizer_internal(x))
+    assert np.array_equal(quantize(quantizer_config("t", "kernel_quantizer", cfg), x), want)
 
 
 def _edited(tmp_path, edit):
@@ -140,6 +150,7 @@ def _edited(tmp_path, edit):
     (lambda c: c["kernel_quantizer"].update(class_name="quantized_po2"), "'quantized_po2' is not supported"),
     (lambda c: c["kernel_quantizer"]["config"].update(alpha="auto"), "alpha='auto'"),
     (lambda c: c["state_quantizer"]["config"].update(use_stochastic_rounding=True), "use_stochastic_rounding"),
+    (lambda c: c["state_quantizer"]["config"].update(alpha="auto_po2"), "each step's own state"),
 ])
 def test_what_qtool_does_not_compute_is_refused(tmp_path, cli, edit, match):
     code, out, err = cli("import", _edited(tmp_path, edit), "--no-check", "-o", tmp_path / "m.h5")

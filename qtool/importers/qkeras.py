@@ -38,6 +38,11 @@ def quantizer_config(layer: str, role: str, q) -> dict | None:
         raise QtoolError(f"QGRU '{layer}': {role} {what!r} is not supported (qtool reads quantized_bits)")
     c = {"bits": 8, "integer": 0, "symmetric": False, "keep_negative": True, "alpha": None,
          "qnoise_factor": 1.0, **{k: cfg[k] for k in KEYS if k in cfg}}
+    if c["alpha"] is None and role in ("kernel_quantizer", "recurrent_quantizer"):
+        c["alpha"] = "auto_po2"  # QGRUCell turns alpha=None into a learned scale for its kernels
+    if c["alpha"] == "auto_po2" and role == "state_quantizer":
+        raise QtoolError(f"QGRU '{layer}': {role} has alpha='auto_po2', a scale found from each step's "
+                         "own state; qtool's h grid is fixed")
     if c["alpha"] not in (None, "auto_po2") and not isinstance(c["alpha"], (int, float)):
         raise QtoolError(f"QGRU '{layer}': {role} has alpha={c['alpha']!r}; qtool reads None, a number "
                          "or 'auto_po2' (alpha='auto' scales are not powers of two per channel)")
