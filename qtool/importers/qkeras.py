@@ -116,7 +116,6 @@ def quantize(c: dict | None, x: np.ndarray) -> np.ndarray:
     return (x + (-x + xq.astype(np.float32))).astype(np.float32)
 
 
-
 def fold(cell: GruCell, dr) -> GruCell:
     """The GRU a QGRU runs: its weights through their quantizers (as stored: kernel [C, 3H],
     recurrent kernel [H, 3H], bias [2, 3H]); a Keras GRU's cell unchanged."""
