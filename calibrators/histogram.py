@@ -19,12 +19,13 @@ MAX_BINS = 8192  # the resolution of TVM's 8001-bin KL histogram
 
 
 @nb.njit(cache=True)
-def _min_max(v: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.inf, -np.inf
+def _min_max_zeros(v: np.ndarray) -> tuple[float, float, int]:
+    lo, hi, zeros = np.inf, -np.inf, 0
     for x in v:
         lo = min(lo, x)
         hi = max(hi, x)
-    return lo, hi
+        zeros += x == 0.0
+    return lo, hi, zeros
 
 
 @nb.njit(cache=True)
@@ -70,8 +71,9 @@ class Histogram:
         v = np.ascontiguousarray(values).ravel()
         if v.size == 0:
             return
-        vlo, vhi = (float(a) for a in _min_max(v))
-        self.zeros += int(np.count_nonzero(v == 0.0))
+        vlo, vhi, zeros = _min_max_zeros(v)
+        vlo, vhi = float(vlo), float(vhi)
+        self.zeros += int(zeros)
         self.lo, self.hi = min(self.lo, vlo), max(self.hi, vhi)
         lo, hi = vlo, vhi
         if self.counts.size:
