@@ -96,3 +96,17 @@ def lut_table(qm: QuantModel) -> Table:
                 t.add_row(f"{l}.{DIRECTIONS[d]}", name, str(len(cq.luts[name])), str(shift),
                           f"{cq.lut_error[name]:g}")
     return t
+
+
+def auto_lines(auto: dict) -> list[str]:
+    """What `--method auto` chose: the winner on the held-out sequences, then per layer each
+    tensor's method."""
+    snr = ", ".join(f"{k} {_num(v)} dB" for k, v in auto["held_out_snr_db"].items())
+    lines = [f"method auto: {auto['winner']}" + (f" (held-out output SNR: {snr})" if snr else "")]
+    if auto.get("note"):
+        lines.append(f"  {auto['note']}")
+    by_layer: dict[int, list[str]] = {}
+    for r in auto["tensors"]:
+        by_layer.setdefault(r["layer"], []).append(f"{r['tensor']} {r['method']}")
+    lines += [f"  layer {l}: " + ", ".join(v) for l, v in sorted(by_layer.items())]
+    return lines
