@@ -107,7 +107,7 @@ def calibrate(
     model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
-    method: Annotated[str, typer.Option(help="Range method for activations: minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "minmax",
+    method: Annotated[str, typer.Option(help="Range method for activations: auto (per tensor, the method with the least error on a held-out fifth of DATA, checked at the output; docs/calibration.md), minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
     method_weights: Annotated[str, typer.Option(help="Range method for the weights W and R, per output channel.")] = "minmax",
     percentile: Annotated[float, typer.Option(help="With percentile: the share of values kept, two-sided.")] = 99.99,
     compare: Annotated[str | None, typer.Option(help="Calibrate with each of these methods (comma separated, e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
@@ -140,7 +140,9 @@ def calibrate(
         output = need(output, "output quantized model file (.h5)", "--output")
     if output is not None:
         output = writable(Path(output), force)
-    for m in [*methods, method_weights]:
+    if "auto" in methods and compare is not None:
+        raise QtoolError("--compare takes single methods (auto chooses among them itself)")
+    for m in [*(m for m in methods if m != "auto"), method_weights]:
         if m not in METHODS:
             raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
     if not methods or len(set(methods)) != len(methods):
@@ -160,17 +162,23 @@ def calibrate(
         if eval_path.resolve() == data_path.resolve():
             err.print("warning: --eval is the calibration data; the scores are not on held-out data")
     n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
+    info = {"bits": label, "data_file": data_path.name, "samples": n, "time_steps": data.shape[1]}
+    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods if m != "auto"]
     t0 = time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task("calibrating", total=n, rate="")
-        obs_sets = collect_many(model, data, plans, batch_size, n, progress=lambda done: bar.update(
-            task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s"))
-    qms = []
-    for plan, obs in zip(plans, obs_sets):
-        info = {"method": plan.label(), "bits": label, "data_file": data_path.name, "samples": n,
-                "time_steps": data.shape[1]}
-        qms.append(build_quant_model(model, obs, config, info, plan))
+
+        def tick(done: int) -> None:
+            bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
+        if not plans:
+            from qtool.auto_method import calibrate_auto
+
+            qm, choice = calibrate_auto(model, data, n, config, method_weights, percentile, batch_size, tick, info)
+            qms = [qm]
+        else:
+            obs_sets = collect_many(model, data, plans, batch_size, n, progress=tick)
+            qms = [build_quant_model(model, obs, config, {"method": plan.label(), **info}, plan)
+                   for plan, obs in zip(plans, obs_sets)]
     if test is not None:
         _compare(qms, test, batch_size, output, as_json, f"{model.name}: {label}, calibrated on {n} "
                  f"sequences of {data_path.name}, scored on {test.num_sequences} of {eval_path.name}")
@@ -179,12 +187,18 @@ def calibrate(
     with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
         write_qmodel(f, qm)
     elapsed = time.perf_counter() - t0
+    auto = choice.as_dict() if not plans else None
     if as_json:
         print(json.dumps({"output": str(output), **qm.info, "seconds": elapsed,
-                          "tensors": spec_rows(qm)}))
+                          "tensors": spec_rows(qm), "auto": auto}))
         return
     out.print(spec_table(qm, f"{model.name}: {label}, {qm.info['method']} over {n} sequences"))
     out.print(lut_table(qm))
+    if auto is not None:
+        from qtool.report import auto_lines
+
+        for line in auto_lines(auto):
+            out.print(line)
     out.print(f"calibrated in {elapsed:.2f} s -> {output}")
 
 
@@ -215,6 +229,71 @@ def _compare(qms: list, test, batch_size: int, output: Path | None, as_json: boo
     out.print(compare_table(rows, best, title))
     if output is not None:
         out.print(f"wrote the best, {rows[best]['method']} -> {output}")
+
+
+@app.command()
+def advise(
+    model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", help="Held-out sequences: the measured output SNR (and the search's) comes from them.")] = None,
+    target_snr: Annotated[float | None, typer.Option("--target-snr", help="Find the least flash whose measured output SNR on --eval reaches this many dB.")] = None,
+    max_flash: Annotated[int | None, typer.Option("--max-flash", help="Find the best measured output SNR on --eval within this many bytes of flash.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits'.")] = None,
+    threshold: Annotated[float | None, typer.Option(help="The seed's threshold T in dB: int8 where the predicted SNR is above it (default: the calibrated value, docs/advisor.md).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
+    gamma: Annotated[float, typer.Option(help="The estimator's sampling rate.")] = 0.01,
+    repeats: Annotated[int, typer.Option(help="The estimator's independent samples K; the least-variance one is kept.")] = 5,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 64,
+    limit: Annotated[int | None, typer.Option(help="Use at most this many calibration sequences.")] = None,
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Predict every tensor's quantization SNR (the seed's precision estimator), choose int8 or
+    int16 per tensor, and with --eval prove the choice: the least flash reaching --target-snr,
+    or the best SNR within --max-flash. Writes a bits file for 'qtool calibrate --bits'."""
+    from qtool.advisor.advise import THRESHOLD_DB
+    from qtool.advisor.advise import advise as run_advise
+    from qtool.advisor.report import search_line, summary_line, tensor_table
+    from qtool.fileio import atomic_path, open_sequences
+
+    model_path = Path(need(model_path, "model file", "MODEL"))
+    data_path = Path(need(data_path, "calibration data file", "CALIB"))
+    if target_snr is not None and eval_path is None:
+        raise QtoolError("--target-snr needs --eval TEST: held-out sequences to measure the output SNR on")
+    if max_flash is not None and eval_path is None:
+        raise QtoolError("--max-flash needs --eval TEST: held-out sequences to measure the output SNR on")
+    if output is not None:
+        output = writable(Path(output), force)
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    model = load_any_model(model_path)
+    data = open_sequences(data_path, dataset, time_first)
+    data.check_features(model.input_size)
+    test = open_sequences(eval_path, dataset, time_first) if eval_path is not None else None
+    with progress_bar() as bar:
+        tasks: dict = {}
+
+        def tick(stage: str, done: int, total: int | None) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total, rate="")
+            bar.update(tasks[stage], completed=done, rate="")
+        adv = run_advise(model, data, test, target_snr, max_flash,
+                         THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
+                         batch_size, limit, tick, {"data_file": data_path.name})
+    if output is not None:
+        with atomic_path(output) as tmp:
+            tmp.write_text(adv.bits_toml)
+    if as_json:
+        print(json.dumps({**adv.summary(), "bits_file": str(output) if output else None,
+                          "tensors": adv.rows}))
+        return
+    out.print(tensor_table(adv, f"{model.name}: predicted and measured SNR per tensor (dB)"))
+    out.print(summary_line(adv))
+    out.print(search_line(adv))
+    if output is not None:
+        out.print(f"bits file -> {output} (qtool calibrate MODEL CALIB --bits {output} rebuilds this model)")
 
 
 @app.command()
