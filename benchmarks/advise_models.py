@@ -80,6 +80,7 @@ def torch_gru(spec: Spec, seed: int):
     import torch
 
     torch.manual_seed(seed)
+    torch.set_num_threads(1)  # small models: one thread is as fast, and calmer on a shared machine
     gru = torch.nn.GRU(spec.C, spec.H, spec.layers, batch_first=True, bidirectional=spec.bidirectional)
     if not spec.trained:
         with torch.no_grad():

@@ -143,7 +143,8 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
             chosen = Candidate(promoted, qm, choice, flash_bytes(qm), float("nan"))
             presets = {}
             for k, units in (("int8", frozenset()), ("int16", frozenset(all_units(model)))):
-                q = ac.build(bits_config(model, units), choice.plan, {})
+                cfg = bits_config(model, units)  # flash does not depend on the method: minmax is quick
+                q = ac.build(cfg, ac.fixed_plan(cfg, "minmax"), {})
                 presets[k] = {"flash_bytes": flash_bytes(q), "predicted_snr_db": predictor.grid(q.cells)[1]}
     tick("measuring", 0, None)
     if eval_data is not None:

@@ -2,12 +2,14 @@
 through the cell and over the time steps.
 
 Each tensor's own error is that of its grid (step `2^-exp2_inv`, zero point, clipping range) on
-its bulk distribution N(mu, sigma) from the seed's estimator:
+the seed's picture of its distribution, a bulk N(mu, sigma) within the observed range and
+outliers at the absmax M carrying the energy the bulk does not explain:
 - a tensor quantized directly (x, the LUT outputs) gets the exact error of the Gaussian on the
   grid: each level's cell, and the clipped tails, integrated in closed form;
 - a sum of rescaled terms (Wx, Rh, z_pre, ..., h) is rounded once per term that reaches it
   through a right shift by n bits, `s^2 / 12 * (1 - 4^-n)` each (the discrete uniform error of
   dropping n bits), plus the Gaussian's clipped tails;
+- outliers clipped by the grid (robust methods clip them) lose `share * (M - H)^2`;
 - a 16-bit LUT adds its interpolation error, `max_error_lsb^2 / 3` output steps squared.
 
 Errors then propagate to first order with independent errors (their powers add):
@@ -110,15 +112,28 @@ def _step(t) -> float:
     return math.ldexp(1.0, -int(t.exp2_inv))
 
 
+def outlier_clip(s: BulkStats, L: float, H: float) -> float:
+    """Clipping of the outliers the bulk leaves out (the seed's picture: a Gaussian bulk and
+    outliers out at the absmax M). Their share is the energy the bulk does not explain,
+    `(E[x^2] - mu^2 - sigma^2) / M^2`, each clipped from the extreme at M onto the grid's end."""
+    excess = s.mean_square - (s.mu * s.mu + s.sigma * s.sigma)
+    if excess <= 0.0 or s.M == 0.0:
+        return 0.0
+    over = max(s.hi - H, 0.0) if s.hi >= -s.lo else max(L - s.lo, 0.0)
+    return excess / (s.M * s.M) * over * over
+
+
 @lru_cache(maxsize=1 << 16)
-def _grid_cached(mu: float, sigma: float, lo: float, hi: float, e: int, zp: int, bits: int) -> tuple[float, float]:
+def _grid_cached(s: BulkStats, e: int, zp: int, bits: int) -> tuple[float, float]:
     L, H = grid_range(e, zp, bits)
-    return gaussian_grid_error(mu, sigma, lo, hi, math.ldexp(1.0, -e), L, H)
+    rnd, clip = gaussian_grid_error(s.mu, s.sigma, s.lo, s.hi, math.ldexp(1.0, -e), L, H)
+    return rnd, clip + outlier_clip(s, L, H)
 
 
 def _grid(t, s: BulkStats) -> tuple[float, float]:
-    """(rounding, clipping) error of a directly quantized tensor on its grid."""
-    return _grid_cached(s.mu, s.sigma, s.lo, s.hi, int(t.exp2_inv), int(t.zp), t.bits)
+    """(rounding, clipping) error of a directly quantized tensor on its grid: the bulk's, and
+    the outliers' clipping."""
+    return _grid_cached(s, int(t.exp2_inv), int(t.zp), t.bits)
 
 
 def _clip(t, s: BulkStats) -> float:
