@@ -47,7 +47,7 @@ def measure_model(model: GruModel, calib, test, seed_value: int = 0) -> dict:
     seed rule's decisions, each measured alone: its operands (or tensor) at int8, the rest int16."""
     ac = AutoCalibrator(model, calib, calib.num_sequences, extra=[lambda: new_estimators(model, seed_value)])
     stats = model_stats(model, ac.extra_sets[0], seed_value)
-    pr = Predictor(model, stats, calib.shape[1])
+    pr = Predictor(model, stats, calib.shape[1], ac.all_views.hist)
     rows, decisions = [], []
     plans = {}
     for preset in ("int8", "int16"):

@@ -48,7 +48,7 @@ def measured(request, tmp_path_factory):
     calib, test = open_sequences(d / "calib.npy"), open_sequences(d / "test.npy")
     ac = AutoCalibrator(model, calib, 96, extra=[lambda: new_estimators(model)])
     stats = model_stats(model, ac.extra_sets[0])
-    pr = Predictor(model, stats, T)
+    pr = Predictor(model, stats, T, ac.all_views.hist)
     out = {"stats": stats}
     for preset in ("int8", "int16"):
         qm, _ = ac.quantize(BitsConfig(preset_config(preset)), {})

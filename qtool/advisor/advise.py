@@ -118,7 +118,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     ac = AutoCalibrator(model, data, n, chunk, extra=[lambda: new_estimators(model, seed_value, gamma, repeats)],
                         progress=lambda done: tick("calibrating", done, n))
     stats = model_stats(model, ac.extra_sets[0], seed_value, gamma, repeats)
-    predictor = Predictor(model, stats, data.shape[1])
+    predictor = Predictor(model, stats, data.shape[1], ac.all_views.hist)
     info = {"bits": "advise", "data_file": data.name, "samples": n, "time_steps": data.shape[1], **(info or {})}
     if eval_data is not None:
         ev = Evaluator(ac, eval_data, info, on_simulation=lambda k: tick("simulations", k, None))

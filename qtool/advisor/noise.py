@@ -24,15 +24,19 @@ The SNR is `10 log10(E[t^2] / N_t)`, E[t^2] the exact mean square over all value
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from numba import njit
 
+from calibrators.base import Observer
+from calibrators.histogram import HistogramObserver
+from calibrators.mse import grid_error
 from calibrators.sampled import BulkStats
 from qtool.qmodel import CellQuant
-from qtool.qparams import dequantize, grid_range
+from qtool.qparams import dequantize, grid_range, qrange
 
 GATES = ("z", "r", "g")
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(48)
@@ -112,32 +116,39 @@ def _step(t) -> float:
     return math.ldexp(1.0, -int(t.exp2_inv))
 
 
-def outlier_clip(s: BulkStats, L: float, H: float) -> float:
-    """Clipping of the outliers the bulk leaves out (the seed's picture: a Gaussian bulk and
-    outliers out at the absmax M). Their share is the energy the bulk does not explain,
-    `(E[x^2] - mu^2 - sigma^2) / M^2`, each clipped from the extreme at M onto the grid's end."""
-    excess = s.mean_square - (s.mu * s.mu + s.sigma * s.sigma)
-    if excess <= 0.0 or s.M == 0.0:
-        return 0.0
-    over = max(s.hi - H, 0.0) if s.hi >= -s.lo else max(L - s.lo, 0.0)
-    return excess / (s.M * s.M) * over * over
-
-
 @lru_cache(maxsize=1 << 16)
-def _grid_cached(s: BulkStats, e: int, zp: int, bits: int) -> tuple[float, float]:
+def _gaussian(s: BulkStats, e: int, zp: int, bits: int) -> tuple[float, float]:
     L, H = grid_range(e, zp, bits)
-    rnd, clip = gaussian_grid_error(s.mu, s.sigma, s.lo, s.hi, math.ldexp(1.0, -e), L, H)
-    return rnd, clip + outlier_clip(s, L, H)
+    return gaussian_grid_error(s.mu, s.sigma, s.lo, s.hi, math.ldexp(1.0, -e), L, H)
 
 
-def _grid(t, s: BulkStats) -> tuple[float, float]:
-    """(rounding, clipping) error of a directly quantized tensor on its grid: the bulk's, and
-    the outliers' clipping."""
-    return _grid_cached(s, int(t.exp2_inv), int(t.zp), t.bits)
+def histogram_error(o: HistogramObserver, e: int, zp: int, bits: int) -> tuple[float, float]:
+    """(rounding, clipping) mean squared error of an observed histogram on a grid, with the
+    density uniform inside each bin (the error the mse method minimises, `calibrators/mse.py`)."""
+    h = o.hist
+    counts = h.counts.astype(np.float64)
+    qmin, qmax = qrange(bits)
+    total = grid_error(counts, h.start, h.w, e, zp, qmin, qmax)
+    L, H = grid_range(e, zp, bits)
+    a = (h.start + np.arange(counts.size)) * 2.0**h.w
+    b = a + 2.0**h.w
+    beyond = (np.clip(b - H, 0, None) ** 3 - np.clip(a - H, 0, None) ** 3
+              + np.clip(L - a, 0, None) ** 3 - np.clip(L - b, 0, None) ** 3) / 3.0
+    clip = float(counts @ (beyond / (b - a)))
+    n = counts.sum()
+    return max(total - clip, 0.0) / n, clip / n
 
 
-def _clip(t, s: BulkStats) -> float:
-    return _grid(t, s)[1]
+def grid_error_of(t, s: BulkStats, o: Observer | None = None) -> tuple[float, float]:
+    """(rounding, clipping) error of a tensor on its grid: on its calibration histogram when
+    there is one (`o`), else on its bulk Gaussian."""
+    e, zp = int(t.exp2_inv), int(t.zp)
+    if isinstance(o, HistogramObserver) and not o.empty:
+        return histogram_error(o, e, zp, t.bits)
+    return _gaussian(s, e, zp, t.bits)
+
+
+OwnError = Callable[[str, object], tuple[float, float]]  # (tensor name, its TensorQ) -> (rounding, clipping)
 
 
 def _rescale(out, *terms) -> float:
@@ -174,56 +185,61 @@ def _lut(cq: CellQuant, lut: str, out) -> float:
 
 
 def predict_cell(cq: CellQuant, w: WeightTerms, r: WeightTerms, st: dict[str, BulkStats],
-                 n_x: float | None, steps: int) -> dict[str, tuple[float, float]]:
+                 n_x: float | None, steps: int, grid: OwnError) -> dict[str, tuple[float, float]]:
     """(signal power, predicted error power) of every traced tensor of one cell, averaged over
     `steps` time steps, given the error power `n_x` of its input (None: the input is the
-    model's, quantized on x's grid)."""
+    model's, quantized on x's grid). `grid(name, t)` is a tensor's own error on its grid."""
     sp = cq.spec
     P = {k: v.mean_square for k, v in st.items()}
-    own: dict[str, float] = {}
-    if n_x is None:
-        n_x = sum(_grid(sp["x"], st["x"]))
-    own["Wx"] = _rescale(sp["Wx"], sp["W"].exp2_inv + int(sp["x"].exp2_inv)) + _clip(sp["Wx"], st["Wx"])
-    own["Rh"] = _rescale(sp["Rh"], sp["R"].exp2_inv + int(sp["h"].exp2_inv)) + _clip(sp["Rh"], st["Rh"])
-    rounding = {}
-    for g, extra in (("z", ("br",)), ("r", ("br",)), ("g", ())):
-        pre = f"{g}_pre"
-        mid = "rRh" if g == "g" else "Rh"
-        rounding[pre] = _rescale(sp[pre], sp["Wx"].exp2_inv, sp[mid].exp2_inv, sp["bx"].exp2_inv,
-                                 *(sp[b].exp2_inv for b in extra))
-        own[pre] = rounding[pre] + _clip(sp[pre], st[pre])
-        out = sp[f"{g}_out"]
-        own[f"{g}_out"] = sum(_grid(out, st[f"{g}_out"])) + _lut(cq, f"lut_{g}", out)
-    terms = {"Rh_add_br": (sp["Rh"].exp2_inv, sp["br"].exp2_inv),
+    n_x_clip = 0.0
+    if n_x is None:  # the model's input: its own grid; its clipped values only feed the LUTs
+        n_x, n_x_clip = grid("x", sp["x"])
+    terms = {"Wx": (sp["W"].exp2_inv + int(sp["x"].exp2_inv),),
+             "Rh": (sp["R"].exp2_inv + int(sp["h"].exp2_inv),),
+             "z_pre": (sp["Wx"].exp2_inv, sp["Rh"].exp2_inv, sp["bx"].exp2_inv, sp["br"].exp2_inv),
+             "r_pre": (sp["Wx"].exp2_inv, sp["Rh"].exp2_inv, sp["bx"].exp2_inv, sp["br"].exp2_inv),
+             "g_pre": (sp["Wx"].exp2_inv, sp["rRh"].exp2_inv, sp["bx"].exp2_inv),
+             "Rh_add_br": (sp["Rh"].exp2_inv, sp["br"].exp2_inv),
              "rRh": (int(sp["r_out"].exp2_inv) + int(sp["Rh_add_br"].exp2_inv),),
              "old_contrib": (int(sp["z_out"].exp2_inv) + int(sp["h"].exp2_inv),),
              "new_contrib": (int(sp["z_out"].exp2_inv) + int(sp["g_out"].exp2_inv),),
              "h": (sp["old_contrib"].exp2_inv, sp["new_contrib"].exp2_inv)}
-    for name, exps in terms.items():
-        own[name] = _rescale(sp[name], *exps) + _clip(sp[name], st[name])
+    rnd = {name: _rescale(sp[name], *exps) for name, exps in terms.items()}
+    # Clipping is counted in each tensor's own SNR. A value clipped on the grid of the input,
+    # of a LUT input or of a tensor that only feeds one (Wx, Rh, Rh_add_br, rRh) is far out
+    # where sigmoid and tanh are flat, so that error does not travel on; every other error does.
+    clip = {name: grid(name, sp[name])[1] for name in terms}
+    for g in GATES:
+        out = sp[f"{g}_out"]
+        rnd[f"{g}_out"] = sum(grid(f"{g}_out", out)) + _lut(cq, f"lut_{g}", out)
     slope = {g: mean_square_slope("tanh" if g == "g" else "sigmoid", st[f"{g}_pre"]) for g in GATES}
     p_1mz = 1.0 - 2.0 * st["z_out"].mean + P["z_out"]
     p_h_minus_g = max(P["h"] + P["g_out"] - 2.0 * st["h"].mean * st["g_out"].mean, 0.0)
     total: dict[str, float] = {}
     n_h = 0.0  # h0 = 0 is exact
     for _ in range(steps):
-        N = {"x": n_x}
-        wx = w.err2 * P["x"] + w.sq * n_x + own["Wx"]
-        rh = r.err2 * P["h"] + r.sq * n_h + own["Rh"]
-        N["Wx"], N["Rh"] = float(np.mean(wx)), float(np.mean(rh))
-        N["Rh_add_br"] = rh[2] + own["Rh_add_br"]
+        N = {"x": n_x + n_x_clip}
+        wx = w.err2 * P["x"] + w.sq * n_x + rnd["Wx"]  # per gate block, what travels on
+        wx_clip = w.sq * n_x_clip + clip["Wx"]  # and what stays
+        rh = r.err2 * P["h"] + r.sq * n_h + rnd["Rh"]
+        N["Wx"], N["Rh"] = float(np.mean(wx + wx_clip)), float(np.mean(rh)) + clip["Rh"]
+        rab = rh[2] + rnd["Rh_add_br"]
+        N["Rh_add_br"] = rab + clip["Rh_add_br"]
+        into = {}
         for k, g in enumerate(GATES[:2]):
-            into = wx[k] + rh[k]
-            N[f"{g}_pre"] = into + own[f"{g}_pre"]
-            N[f"{g}_out"] = slope[g] * (into + rounding[f"{g}_pre"]) + own[f"{g}_out"]
-        N["rRh"] = P["r_out"] * N["Rh_add_br"] + P["Rh_add_br"] * N["r_out"] + own["rRh"]
-        into = wx[2] + N["rRh"]
-        N["g_pre"] = into + own["g_pre"]
-        N["g_out"] = slope["g"] * (into + rounding["g_pre"]) + own["g_out"]
-        N["old_contrib"] = P["z_out"] * n_h + P["h"] * N["z_out"] + own["old_contrib"]
-        N["new_contrib"] = p_1mz * N["g_out"] + P["g_out"] * N["z_out"] + own["new_contrib"]
-        n_h = min(P["z_out"] * n_h + p_1mz * N["g_out"] + p_h_minus_g * N["z_out"]
-                  + own["old_contrib"] + own["new_contrib"] + own["h"], P["h"] or math.inf)
+            into[g] = wx[k] + rh[k] + rnd[f"{g}_pre"]
+            N[f"{g}_out"] = slope[g] * into[g] + rnd[f"{g}_out"]
+        rrh = P["r_out"] * rab + P["Rh_add_br"] * N["r_out"] + rnd["rRh"]
+        N["rRh"] = rrh + clip["rRh"]
+        into["g"] = wx[2] + rrh + rnd["g_pre"]
+        N["g_out"] = slope["g"] * into["g"] + rnd["g_out"]
+        for k, g in enumerate(GATES):
+            N[f"{g}_pre"] = into[g] + wx_clip[k] + clip[f"{g}_pre"]
+        N["old_contrib"] = P["z_out"] * n_h + P["h"] * N["z_out"] + rnd["old_contrib"] + clip["old_contrib"]
+        N["new_contrib"] = p_1mz * N["g_out"] + P["g_out"] * N["z_out"] + rnd["new_contrib"] + clip["new_contrib"]
+        n_h = min(P["z_out"] * n_h + p_1mz * N["g_out"] + p_h_minus_g * N["z_out"] + rnd["old_contrib"]
+                  + clip["old_contrib"] + rnd["new_contrib"] + clip["new_contrib"] + rnd["h"] + clip["h"],
+                  P["h"] or math.inf)
         N["h"] = n_h
         for k, v in N.items():
             total[k] = total.get(k, 0.0) + v

@@ -7,8 +7,9 @@ import math
 from dataclasses import dataclass
 
 from qtool.advisor import seed
-from qtool.advisor.noise import WeightTerms, predict_cell, snr_db
+from qtool.advisor.noise import WeightTerms, grid_error_of, predict_cell, snr_db
 from qtool.advisor.stats import Stats
+from qtool.calibration import Observers
 from qtool.model import GruModel
 from qtool.qmodel import CellQuant
 from qtool.tensors import NAMES
@@ -32,11 +33,25 @@ def seed_cell(stats: dict, spec: dict) -> dict[str, float]:
 
 class Predictor:
     """Predictions for quantized models of one float model, from the estimator's statistics
-    over `steps`-step sequences. Weight error terms are computed once per weight grid."""
+    over `steps`-step sequences and (optionally) the calibration histograms `hists[l][d][name]`
+    for the tensors' own errors. Results per grid are computed once."""
 
-    def __init__(self, model: GruModel, stats: Stats, steps: int) -> None:
-        self.model, self.stats, self.steps = model, stats, steps
+    def __init__(self, model: GruModel, stats: Stats, steps: int, hists: Observers | None = None) -> None:
+        self.model, self.stats, self.steps, self.hists = model, stats, steps, hists
         self._terms: dict = {}
+        self._own: dict = {}
+
+    def _own_error(self, l: int, d: int):
+        """A cell's tensors' own errors on their grids (calibration histograms where given)."""
+        def own(name: str, t) -> tuple[float, float]:
+            key = (l, d, name, t.bits, int(t.exp2_inv), int(t.zp))
+            if key not in self._own:
+                o = None
+                if self.hists is not None:
+                    o = self.hists[l][0 if name == "x" else d][name]
+                self._own[key] = grid_error_of(t, self.stats[l][d][name], o)
+            return self._own[key]
+        return own
 
     def _weights(self, l: int, d: int, cq: CellQuant) -> tuple[WeightTerms, WeightTerms]:
         cell = self.model.layers[l][d]
@@ -59,7 +74,7 @@ class Predictor:
             noise_h = []
             for d, cq in enumerate(row):
                 w, r = self._weights(l, d, cq)
-                res = predict_cell(cq, w, r, self.stats[l][d], n_x, self.steps)
+                res = predict_cell(cq, w, r, self.stats[l][d], n_x, self.steps, self._own_error(l, d))
                 for name, (p, n) in res.items():
                     per[(l, d, name)] = snr_db(p, n)
                 for name, t in (("W", w), ("R", r)):
