@@ -9,6 +9,7 @@ import pytest
 from conftest import random_model
 
 from qtool.advisor import THRESHOLD_DB, seed
+from qtool.advisor.configs import all_units, bits_config, unit_of
 from qtool.advisor.predict import Predictor
 from qtool.advisor.search import SINGLE
 from qtool.advisor.stats import model_stats, new_estimators
@@ -21,8 +22,8 @@ from qtool.tensors import BitsConfig, preset_config
 # correlation with the measurement and its median absolute error, per tensor.
 MIN_PEARSON = 0.9
 MAX_MEDIAN_ERROR_DB = 4.0
-MAX_OUTPUT_ERROR_DB = 6.0
-MIN_RULE_PRECISION = 0.8  # decisions predicted above T that measure >= 20 dB at int8
+MAX_OUTPUT_ERROR_DB = 7.0
+MIN_RULE_AGREEMENT = 0.8  # decisions where the rule at T and the measurement agree
 
 MODELS = {
     "gauss-1x24": (dict(C=8, H=24, layers=1, seed=11, scale=0.6), "gauss", 16),
@@ -49,10 +50,11 @@ def measured(request, tmp_path_factory):
     ac = AutoCalibrator(model, calib, 96, extra=[lambda: new_estimators(model)])
     stats = model_stats(model, ac.extra_sets[0])
     pr = Predictor(model, stats, T, ac.all_views.hist)
-    out = {"stats": stats}
+    out = {"stats": stats, "ac": ac, "model": model, "test": test}
     for preset in ("int8", "int16"):
-        qm, _ = ac.quantize(BitsConfig(preset_config(preset)), {})
+        qm, choice = ac.quantize(BitsConfig(preset_config(preset)), {})
         out[preset] = (pr.predict(qm.cells), simulate(qm, test, 256, True).results())
+        out[f"{preset}_plan"] = choice.plan
     return out
 
 
@@ -79,13 +81,18 @@ def test_grid_aware_prediction_tracks_the_measurement(measured):
     assert np.median(np.abs(p - m)) < MAX_MEDIAN_ERROR_DB
 
 
-def test_the_seed_rule_at_T_keeps_int8_where_it_is_safe(measured):
-    _, res = measured["int8"]
-    above = []
-    for l, row in enumerate(measured["stats"]):
-        for d, st in enumerate(row):
-            for name in (*seed.PRODUCTS, *SINGLE):
+def test_the_seed_rule_at_T_agrees_with_the_measurement(measured):
+    """Each of the rule's decisions measured alone, as in the experiment: its operands (or the
+    tensor) at int8, everything else at int16; int8 is safe at 20 dB or more."""
+    model, ac = measured["model"], measured["ac"]
+    units = frozenset(all_units(model))
+    agree = []
+    for l in range(model.num_layers):
+        for name in (*seed.PRODUCTS, *SINGLE):
+            operands = [seed.OPERAND_BITS.get(n, n) for n in seed.PRODUCTS.get(name, (name,))]
+            qm = ac.build(bits_config(model, units - {unit_of(l, n) for n in operands}), measured["int8_plan"], {})
+            res = simulate(qm, measured["test"], 256, True).results()
+            for d, st in enumerate(measured["stats"][l]):
                 p = seed.tensor_snr_db(st, dict.fromkeys([*st, "one_minus_z"], 8), name)
-                if p > THRESHOLD_DB:
-                    above.append(res["tensors"][tensor_key(l, d, name)]["snr_db"] >= 20.0)
-    assert not above or np.mean(above) >= MIN_RULE_PRECISION
+                agree.append((p > THRESHOLD_DB) == (res["tensors"][tensor_key(l, d, name)]["snr_db"] >= 20.0))
+    assert np.mean(agree) >= MIN_RULE_AGREEMENT

@@ -4,6 +4,7 @@ SNR or the best SNR within a flash budget. The result is a bits file for `qtool 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from qtool.tensors import TENSORS, TensorConfig, bits_toml
 
 # The seed's threshold T (dB) on its predicted int8 SNR, chosen by the experiment in
 # docs/advisor.md (benchmarks/advise_threshold.py).
-THRESHOLD_DB = 30.0
+THRESHOLD_DB = 18.5
 
 Progress = Callable[[str, int, int | None], None]  # (stage, done, total or None)
 
@@ -51,7 +52,8 @@ class Advice:
     extra: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        return {"mode": self.mode, "flash_bytes": self.chosen.flash, "measured_snr_db": self.chosen.snr_db,
+        measured = None if math.isnan(self.chosen.snr_db) else self.chosen.snr_db
+        return {"mode": self.mode, "flash_bytes": self.chosen.flash, "measured_snr_db": measured,
                 "measured_on": self.measured_on, "predicted_snr_db": self.predicted_output_db,
                 "int16_tensors": len(self.chosen.promoted), "presets": self.presets,
                 "threshold_db": self.threshold_db, "target_snr_db": self.target_db,
@@ -143,24 +145,23 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
             chosen = Candidate(promoted, qm, choice, flash_bytes(qm), float("nan"))
             presets = {}
             for k, units in (("int8", frozenset()), ("int16", frozenset(all_units(model)))):
-                cfg = bits_config(model, units)  # flash does not depend on the method: minmax is quick
-                q = ac.build(cfg, ac.fixed_plan(cfg, "minmax"), {})
+                # the chosen methods' grids (zero points and folded biases move a few bytes);
+                # int16 on min/max grids, whose 16-bit search is instant
+                cfg = bits_config(model, units)
+                q = ac.build(cfg, choice.plan if k == "int8" else ac.fixed_plan(cfg, "minmax"), {})
                 presets[k] = {"flash_bytes": flash_bytes(q), "predicted_snr_db": predictor.grid(q.cells)[1]}
-    tick("measuring", 0, None)
+    measured: dict = {"tensors": {}}
+    measured_on = "nothing (no --eval: predictions only)"
     if eval_data is not None:
+        tick("measuring", 0, None)
         measured = _measure(chosen.qm, (x for _, x in eval_data.chunks(256)))
         measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
-    else:
-        held = ac.held_sequences()
-        measured = _measure(chosen.qm, (held[i:i + 256] for i in range(0, len(held), 256)))
-        chosen.snr_db = measured["output"]["snr_db"]
-        measured_on = (f"the last {len(held)} calibration sequences (no --eval given: not held out "
-                       "from the final calibration)")
     pred = predictor.predict(chosen.qm.cells)
     rows = tensor_rows(model, stats, pred, measured, chosen.qm, chosen.choice)
-    comment = (f"qtool advise: {mode}; output SNR {chosen.snr_db:.2f} dB measured on {measured_on}; "
-               f"flash {chosen.flash:,} bytes; {len(chosen.promoted)} of {len(all_units(model))} "
-               "tensors at 16 bits")
+    snr = (f"output SNR {chosen.snr_db:.2f} dB measured on {measured_on}" if eval_data is not None
+           else f"output SNR {pred.output_db:.1f} dB predicted (no held-out data)")
+    comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "
+               f"{len(all_units(model))} tensors at 16 bits")
     toml = bits_toml("int8", file_configs(model, chosen.promoted, chosen.choice.plan), comment)
     sims = ev.simulations if eval_data is not None else 0
     return Advice(mode, chosen, measured_on, pred.output_db, rows, presets, toml, threshold_db, sims,

@@ -31,9 +31,10 @@ def tensor_table(advice: Advice, title: str) -> Table:
 
 def summary_line(advice: Advice) -> str:
     c = advice.chosen
-    parts = [f"chosen: flash {c.flash:,} bytes, output SNR {c.snr_db:.2f} dB measured on "
-             f"{advice.measured_on} (predicted {advice.predicted_output_db:.1f} dB), "
-             f"{len(c.promoted)} tensors at 16 bits"]
+    snr = (f"output SNR {c.snr_db:.2f} dB measured on {advice.measured_on} (predicted "
+           f"{advice.predicted_output_db:.1f} dB)" if not math.isnan(c.snr_db) else
+           f"output SNR {advice.predicted_output_db:.1f} dB predicted (--eval TEST measures it)")
+    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} tensors at 16 bits"]
     for name, p in advice.presets.items():
         snr = (f"{p['snr_db']:.2f} dB" if "snr_db" in p else f"{p['predicted_snr_db']:.1f} dB predicted")
         parts.append(f"all-{name}: {p['flash_bytes']:,} bytes, {snr}")
