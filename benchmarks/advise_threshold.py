@@ -32,8 +32,8 @@ from qtool.advisor.configs import all_units, bits_config, unit_of  # noqa: E402
 from qtool.advisor.predict import Predictor  # noqa: E402
 from qtool.advisor.search import SINGLE  # noqa: E402
 from qtool.advisor.stats import model_stats, new_estimators  # noqa: E402
+from qtool.api import load_model  # noqa: E402
 from qtool.auto_method import AutoCalibrator  # noqa: E402
-from qtool.cli import load_any_model  # noqa: E402
 from qtool.fileio import open_sequences  # noqa: E402
 from qtool.model import GruModel  # noqa: E402
 from qtool.simulation import simulate, tensor_key  # noqa: E402
@@ -146,7 +146,7 @@ def main() -> None:
     args = ap.parse_args()
     per_model, rows, decisions = {}, [], []
     for name, model_path, calib_path, test_path in all_models():
-        res = measure_model(load_any_model(model_path), open_sequences(calib_path), open_sequences(test_path))
+        res = measure_model(load_model(model_path), open_sequences(calib_path), open_sequences(test_path))
         per_model[name] = {"all": compare(res["rows"]), "int8": compare(res["rows"], 8),
                            "int16": compare(res["rows"], 16),
                            "output": [r for r in res["rows"] if r["tensor"] == "output"]}

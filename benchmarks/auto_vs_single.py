@@ -20,16 +20,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from advise_models import all_models  # noqa: E402
 
 from calibrators import METHODS  # noqa: E402
+from qtool.api import load_model  # noqa: E402
 from qtool.auto_method import calibrate_auto  # noqa: E402
 from qtool.calibration import MethodPlan, build_quant_model, collect_many  # noqa: E402
-from qtool.cli import load_any_model  # noqa: E402
 from qtool.fileio import open_sequences  # noqa: E402
 from qtool.simulation import simulate  # noqa: E402
 from qtool.tensors import BitsConfig, preset_config  # noqa: E402
 
 
 def scores(model_path: Path, calib_path: Path, test_path: Path, preset: str) -> dict:
-    model, calib, test = load_any_model(model_path), open_sequences(calib_path), open_sequences(test_path)
+    model, calib, test = load_model(model_path), open_sequences(calib_path), open_sequences(test_path)
     config = BitsConfig(preset_config(preset))
     n = calib.num_sequences
     plans = [MethodPlan.from_config(config, m) for m in METHODS]

@@ -25,27 +25,23 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from advise_models import all_models  # noqa: E402
 
-from qtool.advisor.advise import advise  # noqa: E402
-from qtool.auto_method import calibrate_auto  # noqa: E402
-from qtool.cli import load_any_model  # noqa: E402
+from qtool import api  # noqa: E402
+from qtool.api import load_model  # noqa: E402
+from qtool.errors import QtoolError  # noqa: E402
 from qtool.fileio import open_sequences  # noqa: E402
-from qtool.model import open_h5  # noqa: E402
-from qtool.qmodel import write_qmodel  # noqa: E402
-from qtool.tensors import BitsConfig, preset_config  # noqa: E402
 
 
 def speed(model_path: Path, calib_path: Path, repeat: int) -> dict:
-    model, data = load_any_model(model_path), open_sequences(calib_path)
-    n = data.num_sequences
+    """`api.calibrate` + `api.save` (what `qtool calibrate` does) against `api.advise` with no
+    target, alternating, the first round left out (it compiles and warms caches)."""
+    model, data = load_model(model_path), open_sequences(calib_path)
     cal, adv = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeat + 1):  # the first round compiles and warms caches
+        for _ in range(repeat + 1):
             t0 = time.perf_counter()
-            qm, _ = calibrate_auto(model, data, n, BitsConfig(preset_config("int8")))
-            with open_h5(Path(tmp) / "q.h5", "w") as f:
-                write_qmodel(f, qm)
+            api.save(api.calibrate(model, data), Path(tmp) / "q.h5", force=True)
             t1 = time.perf_counter()
-            advise(model, data)
+            api.advise(model, data)
             t2 = time.perf_counter()
             cal.append(t1 - t0)
             adv.append(t2 - t1)
@@ -63,11 +59,11 @@ def qtool(*args: str) -> dict:
 
 def search(model_path: Path, calib: Path, test: Path, target: float, tmp: Path) -> dict:
     """One search, and its bits file re-run by separate processes."""
-    model, data, ev = load_any_model(model_path), open_sequences(calib), open_sequences(test)
+    model, data, ev = load_model(model_path), open_sequences(calib), open_sequences(test)
     t0 = time.perf_counter()
     try:
-        adv = advise(model, data, ev, target_db=target)
-    except Exception as e:  # an unreachable target: the row says so
+        adv = api.advise(model, data, ev, target_snr=target)
+    except QtoolError as e:  # an unreachable target: the row says so
         return {"target": target, "error": str(e)}
     seconds = time.perf_counter() - t0
     bits = tmp / f"bits_{target:g}.toml"

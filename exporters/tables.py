@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool import __version__
-from qtool.model import DIRECTIONS, open_h5
+from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.rescale import CHANNEL_ROWS, PARAMS
 from qtool.tensors import TENSORS
@@ -34,18 +34,23 @@ def parameter_tables(qm: QuantModel) -> dict:
                 "lut_max_error_lsb": cq.lut_error,
             })
     return {"format": "qtool-params", "version": 1, "qtool_version": __version__,
-            "model": qm.model.name, "calibration": qm.info, "cells": cells}
+            "model": qm.model.name, "fingerprint": qm.fingerprint(), "calibration": qm.info,
+            "cells": cells}
 
 
-def write_json(qm: QuantModel, path: Path) -> None:
-    path.write_text(json.dumps(parameter_tables(qm), indent=1, default=str))
+def json_bytes(qm: QuantModel) -> bytes:
+    return json.dumps(parameter_tables(qm), indent=1, default=str).encode()
 
 
 def write_h5(qm: QuantModel, path: Path) -> None:
+    """The tables as HDF5, written atomically."""
+    from qtool.fileio import write_h5 as write_h5_file
+
     tables = parameter_tables(qm)
-    with open_h5(path, "w") as f:
+
+    def fill(f) -> None:
         f.attrs.update(format="qtool-params", version=1, qtool_version=__version__,
-                       model=qm.model.name)
+                       model=qm.model.name, fingerprint=qm.fingerprint())
         for cell in tables["cells"]:
             g = f.create_group(f"layer{cell['layer']}/{cell['direction']}")
             for name, t in cell["tensors"].items():
@@ -56,3 +61,5 @@ def write_h5(qm: QuantModel, path: Path) -> None:
             sg.attrs.update(cell["shifts"])
             for name, values in cell["per_channel"].items():
                 g.create_dataset(f"per_channel/{name}", data=np.asarray(values, np.int64))
+
+    write_h5_file(path, fill)

@@ -1,3 +1,19 @@
-"""qtool: integer-only GRUs for microcontrollers and DSPs, calibrated and simulated bit-exactly."""
+"""qtool: integer-only GRUs for microcontrollers and DSPs, calibrated and simulated bit-exactly.
+
+The pipeline as Python functions (qtool.api; imported on first use so that `import qtool` stays
+cheap): load_model, calibrate, advise, compare, simulate, save, load, export_c, verify, html_report.
+"""
 
 __version__ = "0.1.0"
+
+API = ("advise", "as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model", "observe",
+       "save", "save_model", "simulate", "verify")
+__all__ = ["__version__", *API]
+
+
+def __getattr__(name: str):
+    if name in API:
+        from qtool import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'qtool' has no attribute {name!r}")

@@ -191,7 +191,8 @@ class AutoCalibrator:
     def build(self, config: dict[str, TensorConfig], plan: MethodPlan, info: dict,
               fit_only: bool = False) -> QuantModel:
         views = self.fit_views if fit_only else self.all_views
-        return build_quant_model(self.model, views.observers(plan), config, info, plan, self.weights_cache)
+        return build_quant_model(self.model, views.observers(plan), config, info, plan,
+                                 weights_cache=self.weights_cache)
 
     def choose(self, config: dict[str, TensorConfig]) -> AutoChoice:
         """Steps 1-3 of the module's recipe for one bits config."""
@@ -231,8 +232,8 @@ class AutoCalibrator:
             obs = self.fit_views.observers(self.fixed_plan(config, m))
             for l, cells in enumerate(self.model.layers):
                 for d, cell in enumerate(cells):
-                    spec, _ = cell_spec(cell, cell_observers(obs, l, d), cfgs[l], fixed.for_layer(l),
-                                        self.weights_cache)
+                    spec = cell_spec(cell, cell_observers(obs, l, d), cfgs[l], fixed.for_layer(l),
+                                     weights_cache=self.weights_cache)
                     bounds = lut_input_bounds(spec, cfgs[l])
                     for name in CHOSEN:
                         if self._fixed(fixed, l, name) or (name == "x" and (l > 0 or d > 0)):

@@ -21,9 +21,10 @@ import numpy as np
 
 from calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from calibrators.base import NO_BOUND
+from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
 from qtool.float_gru import TRACED, run_float
-from qtool.lut import build_lut
+from qtool.lut import GATES, build_lut
 from qtool.model import GruCell, GruModel
 from qtool.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.qparams import choose_qparams, grid_range, qrange, quantize
@@ -31,8 +32,6 @@ from qtool.rescale import derive
 from qtool.tensors import BY_NAME, TENSORS, TensorConfig, layer_config
 
 Observers = list[list[dict[str, Observer]]]
-GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
-         ("lut_g", "tanh", "g_pre", "g_out"))
 INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0), "tanh": (math.atanh, -1.0)}
 
 
@@ -153,8 +152,16 @@ def cell_observers(obs: Observers, l: int, d: int) -> dict[str, Observer]:
     return {n: _observer(obs, l, d, n) for n in TRACED}
 
 
-def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND) -> TensorQ:
+def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND,
+              name: str = "") -> TensorQ:
     """Parameters from the observer; the recorded range is the part of its range the grid keeps."""
+    try:
+        return _observed_q(o, cfg, bound)
+    except QtoolError as e:
+        raise QtoolError(f"{name}: {e}" if name else str(e)) from None
+
+
+def _observed_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float]) -> TensorQ:
     if o.empty:
         e, zp = choose_qparams(0.0, 0.0, cfg.bits, cfg.symmetric)
         return TensorQ(cfg.bits, cfg.symmetric, e, zp, 0.0, 0.0)
@@ -186,20 +193,18 @@ def saturation_bound(func: str, out: TensorQ, bits_in: int) -> tuple[float, floa
     return lo - margin, hi + margin
 
 
-def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodPlan
-                 ) -> tuple[TensorQ, np.ndarray]:
+def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodPlan) -> TensorQ:
     """Symmetric parameters per output channel (row), each from its own observer."""
     rows = values.reshape(values.shape[0], -1)
     e, lo, hi = [], [], []
     for row in rows:
         o = plan.observer(name)
         o.observe(row[None])
-        t = _tensor_q(o, cfg)
+        t = _tensor_q(o, cfg, name=name)
         e.append(t.exp2_inv)
         lo.append(t.lo)
         hi.append(t.hi)
-    e = np.array(e, np.int32)
-    return TensorQ(cfg.bits, True, e, 0, np.array(lo), np.array(hi)), quantize(values, e, 0, cfg.bits)
+    return TensorQ(cfg.bits, True, np.array(e, np.int32), 0, np.array(lo), np.array(hi))
 
 
 def lut_input_bounds(spec: dict[str, TensorQ], config: dict[str, TensorConfig]
@@ -209,35 +214,46 @@ def lut_input_bounds(spec: dict[str, TensorQ], config: dict[str, TensorConfig]
 
 
 def cell_spec(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
-              plan: MethodPlan | None = None, weights_cache: dict | None = None
-              ) -> tuple[dict[str, TensorQ], dict[str, np.ndarray]]:
-    """Every tensor's grid in one cell, and the integer weights and biases. `weights_cache`
-    keeps the per-channel results of this cell's weights for configs built one after another."""
+              plan: MethodPlan | None = None, fixed: dict[str, TensorQ] | None = None,
+              weights_cache: dict | None = None) -> dict[str, TensorQ]:
+    """Every tensor's grid in one cell; tensors in `fixed` keep the quantization given there
+    (imported or trained ranges). `weights_cache` keeps the per-channel grids of this cell's
+    weights for configs built one after another."""
     plan = plan or MethodPlan()
-    spec: dict[str, TensorQ] = {}
-    q: dict[str, np.ndarray] = {}
+    spec: dict[str, TensorQ] = dict(fixed or {})
     cache = {} if weights_cache is None else weights_cache
     for name in ("W", "R", "bx", "br"):
+        if name in spec:
+            continue
         key = (id(cell), name, config[name], plan.method(name), plan.percentile)
         if key not in cache:
             cache[key] = _per_channel(name, getattr(cell, name), config[name], plan)
-        spec[name], q[name] = cache[key]
+        spec[name] = cache[key]
     for name, o in observers.items():
+        if name in spec:
+            continue
         if name == "z_out":  # 1 - z must fit the same grid
             lo, hi = o.range()
             o = make_observer("minmax", name)
             o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
         if name not in ("z_pre", "r_pre", "g_pre"):
-            spec[name] = _tensor_q(o, config[name])
+            spec[name] = _tensor_q(o, config[name], name=name)
     for src, bound in lut_input_bounds(spec, config).items():
-        spec[src] = _tensor_q(observers[src], config[src], bound)
-    return spec, q
+        if src not in spec:
+            spec[src] = _tensor_q(observers[src], config[src], bound, src)
+    return spec
 
 
 def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
-                  plan: MethodPlan | None = None, weights_cache: dict | None = None) -> CellQuant:
+                  plan: MethodPlan | None = None, fixed: dict[str, TensorQ] | None = None,
+                  weights_cache: dict | None = None) -> CellQuant:
     """Parameters, integer weights, tables and shifts of one cell from its tensors' observers."""
-    spec, q = cell_spec(cell, observers, config, plan, weights_cache)
+    return cell_from_spec(cell, cell_spec(cell, observers, config, plan, fixed, weights_cache))
+
+
+def cell_from_spec(cell: GruCell, spec: dict[str, TensorQ]) -> CellQuant:
+    """Integer weights, tables and shifts of one cell whose every tensor's quantization is known."""
+    q = {n: quantize(getattr(cell, n), spec[n].exp2_inv, 0, spec[n].bits) for n in ("W", "R", "bx", "br")}
     luts, shifts, errors = {}, [], {}
     for lut, func, src, dst in GATES:
         a, b = spec[src], spec[dst]
@@ -251,8 +267,6 @@ def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[st
 
 def model_config(config: dict[str, TensorConfig], num_layers: int) -> list[dict[str, TensorConfig]]:
     """The config of every layer; the x of layer l > 0 takes the bits of layer l - 1's h."""
-    from qtool.errors import QtoolError
-
     extra = [l for l in getattr(config, "layers", {}) if l >= num_layers]
     if extra:
         raise QtoolError(f"the bits config sets layer {max(extra)}; the model has {num_layers} layer(s)")
@@ -262,15 +276,20 @@ def model_config(config: dict[str, TensorConfig], num_layers: int) -> list[dict[
     return cfgs
 
 
-def build_quant_model(model: GruModel, obs: Observers, config: dict[str, TensorConfig],
+def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, TensorConfig],
                       info: dict, plan: MethodPlan | str | None = None,
+                      fixed: list[list[dict[str, TensorQ]]] | None = None,
                       weights_cache: dict | None = None) -> QuantModel:
-    """Turn observations into a QuantModel. Layers l > 0 take their x bits from h."""
+    """Turn observations into a QuantModel. Layers l > 0 take their x bits from h. `fixed[l][d]`
+    holds tensors whose quantization is already known (the ties must hold among them); with every
+    tensor fixed, `obs` may be None."""
     plan = as_plan(plan)
     cells = []
     for l, (layer, cfg) in enumerate(zip(model.layers, model_config(config, model.num_layers))):
         row = []
         for d, cell in enumerate(layer):
-            row.append(quantize_cell(cell, cell_observers(obs, l, d), cfg, plan.for_layer(l), weights_cache))
+            observers = cell_observers(obs, l, d) if obs is not None else {}
+            row.append(quantize_cell(cell, observers, cfg, plan.for_layer(l), fixed[l][d] if fixed else None,
+                                     weights_cache))
         cells.append(row)
     return QuantModel(model, cells, info)

@@ -1,34 +1,73 @@
-"""The qtool command line: import, calibrate, simulate, inspect."""
+"""The qtool command line: it parses arguments, calls the Python API (qtool.api) and prints the
+results as rich tables or JSON. Every user error is one line on stderr and a non-zero exit."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import sys
 import time
-from contextlib import nullcontext
+import warnings
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
 from qtool.errors import QtoolError
 
 app = typer.Typer(
-    help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and DSPs.",
-    no_args_is_help=True,
+    help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and "
+         "DSPs.\n\nThe pipeline: import -> calibrate -> simulate -> export c -> verify. Start with "
+         "'qtool calibrate MODEL DATA -o q.h5' and 'qtool simulate q.h5 TEST'.",
     pretty_exceptions_enable=False,
-    add_completion=False,
+    rich_markup_mode="rich",
 )
 out = Console()
 err = Console(stderr=True)
 
 
+def _flags_without_type_labels() -> None:
+    """typer's rich help labels every option with its type, flags too (`--force -f <bool>`); a
+    flag takes no value, so show none (click's own convention)."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is not None and not getattr(shown, "qtool_flags", False):
+        def display(self, ctx):
+            return None if getattr(self, "is_flag", False) else shown(self, ctx)
+        display.qtool_flags = True
+        TyperOption.display_type_rich = display
+
+
+_flags_without_type_labels()
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
+    and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_signal(signum, _frame):
+    raise Interrupted(signum)
+
+
 def interactive() -> bool:
     return sys.stdin is not None and sys.stdin.isatty()
+
+
+def confirm_at_terminal():
+    """A yes/no question at a terminal; in scripts no question is asked (None)."""
+    return (lambda question: typer.confirm(question, default=False)) if interactive() else None
 
 
 def need(value, what: str, option: str):
@@ -40,238 +79,225 @@ def need(value, what: str, option: str):
     raise QtoolError(f"missing {option} ({what})")
 
 
-def writable(path: Path, force: bool) -> Path:
-    """Refuse to clobber an existing file unless --force or the user confirms at a terminal."""
-    if path.exists() and not force:
-        if not interactive():
-            raise QtoolError(f"{path} exists; use --force to overwrite it")
-        if not typer.confirm(f"{path} exists. Overwrite?", default=False):
-            raise QtoolError("not overwritten")
-    return path
-
-
 def progress_bar() -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=err,
                     transient=True, disable=not err.is_terminal)
 
 
-def load_any_model(path: Path, fmt: str | None = None, name: str | None = None):
-    """A qtool model file, or any importable model (imported on the fly)."""
-    from qtool.importers import import_model
-    from qtool.model import load_model
+class Bar:
+    """A progress bar whose `update(done, total)` fits the API's progress callbacks."""
 
-    if path.suffix.lower() in (".h5", ".hdf5") and fmt is None:
-        import h5py
+    def __init__(self, description: str, total: int):
+        self.bar = progress_bar()
+        self.task = self.bar.add_task(description, total=total, rate="")
+        self.t0 = time.perf_counter()
 
-        try:
-            with h5py.File(path, "r") as f:
-                if str(f.attrs.get("format", "")).startswith("qtool-"):
-                    return load_model(path)
-        except OSError:
-            pass
-    return import_model(path, fmt, name)
+    def __enter__(self) -> Bar:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.update(self.task, completed=done, total=total, rate=f"{rate:.0f} seq/s")
 
 
-DataOpt = Annotated[str | None, typer.Option("--dataset", help="Array/dataset name inside .npz/.h5 data.")]
+def _clean(v):
+    """JSON without NaN or Infinity: non-finite numbers become null."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        return _clean(v.item()) if getattr(v, "ndim", 0) == 0 else _clean(v.tolist())
+    if isinstance(v, Path):
+        return str(v)
+    return v
+
+
+def emit_json(obj) -> None:
+    print(json.dumps(_clean(obj), allow_nan=False))
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"qtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def root(ctx: typer.Context,
+         version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print qtool's version and exit.")] = False):
+    if ctx.invoked_subcommand is None:
+        out.print(ctx.get_help())
+        raise typer.Exit()
+
+
+ModelArg = Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A qtool model file or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")]
+QModelArg = Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="A quantized model from 'qtool calibrate'.")]
+DataOpt = Annotated[str | None, typer.Option("--dataset", metavar="NAME", help="Array/dataset name inside .npz/.h5 data.")]
 TimeFirst = Annotated[bool, typer.Option("--time-first", help="Data is [T, N, C] instead of [N, T, C].")]
-Force = Annotated[bool, typer.Option("--force", "-f", help="Overwrite an existing output file.")]
+Force = Annotated[bool, typer.Option("--force", "-f", help="Replace an existing output that qtool wrote (files qtool did not write are never replaced).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON for scripts.")]
+LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N sequences.", min=1)]
 
 
 @app.command("import")
 def import_cmd(
-    src: Annotated[Path | None, typer.Argument(help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="The qtool model file to write (.h5).")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Which GRU, when the file holds several.")] = None,
+    src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
+    name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several.")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import.")] = False,
     force: Force = False,
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
-    from qtool.fileio import atomic_path
-    from qtool.importers import import_model
-    from qtool.model import open_h5, write_model
+    from qtool import api
+    from qtool.importers.crosscheck import describe
 
-    src = Path(need(src, "model file to import", "SRC"))
-    output = writable(Path(need(output, "output model file (.h5)", "--output")), force)
-    model = import_model(src, fmt, name)
-    with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
-        write_model(f, model)
+    src = Path(need(src, "model file to import", "MODEL"))
+    output = Path(need(output, "output model file (.h5)", "--output"))
+    model = api.load_model(src, fmt, name, check=not no_check)
+    api.save_model(model, output, force, confirm_at_terminal(), inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
-              f"input {model.input_size}, hidden {model.hidden_size} -> {output}")
+              f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
+    out.print(describe(model.extra.get("check")), highlight=False)
 
 
 @app.command()
 def calibrate(
-    model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
-    method: Annotated[str, typer.Option(help="Range method for activations: auto (per tensor, the method with the least error on a held-out fifth of DATA, checked at the output; docs/calibration.md), minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
-    method_weights: Annotated[str, typer.Option(help="Range method for the weights W and R, per output channel.")] = "minmax",
-    percentile: Annotated[float, typer.Option(help="With percentile: the share of values kept, two-sided.")] = 99.99,
-    compare: Annotated[str | None, typer.Option(help="Calibrate with each of these methods (comma separated, e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
-    eval_path: Annotated[Path | None, typer.Option("--eval", help="With --compare: held-out sequences to score each method on.")] = None,
-    bits: Annotated[str, typer.Option(help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
+    model_path: ModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
+    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on a held-out fifth of DATA, checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
+    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights W and R, per output channel.")] = "minmax",
+    percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
+    compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="With --compare: held-out sequences to score each method on.")] = None,
+    bits: Annotated[str, typer.Option(metavar="PRESET|FILE", help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
-    batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 64,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
+    limit: LimitOpt = None,
+    snap: Annotated[str, typer.Option(metavar="up|nearest", help="For quantized or QAT-trained models (ONNX QDQ, PyTorch fake-quant, QAT checkpoints): a file scale that is not a power of two goes 'up' to the finest power-of-two grid that does not clip its range, or to the 'nearest' power of two.")] = "up",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every tensor's quantization and the activation tables.")] = False,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Observe every tensor of the GRU on calibration data and write the quantized model."""
-    from calibrators import METHODS
-    from qtool.calibration import MethodPlan, build_quant_model, collect_many
-    from qtool.fileio import atomic_path, open_sequences
-    from qtool.model import open_h5
-    from qtool.qmodel import write_qmodel
-    from qtool.report import lut_table, spec_rows, spec_table
-    from qtool.tensors import load_bits
+    """Observe every tensor of the GRU on calibration data and write the quantized model.
+
+    A quantized or QAT-trained model (ONNX QDQ, PyTorch fake-quant, a QuantGRU checkpoint) keeps
+    the ranges its file holds; DATA calibrates the rest (without DATA the file must hold them all)."""
+    from qtool import api
+    from qtool.report import auto_lines, calibration_summary, lut_table, ranges_table, spec_rows, spec_table
 
     model_path = Path(need(model_path, "model file", "MODEL"))
-    data_path = Path(need(data_path, "calibration data file", "DATA"))
+    model = api.load_model(model_path)
+    ranges = api.file_ranges(model_path, model)
+    if ranges is None or compare is not None or data_path is not None:
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
     methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
     if compare is not None and eval_path is None:
         raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
     if compare is None and eval_path is not None:
         raise QtoolError("--eval goes with --compare")
     if output is None and compare is None:
-        output = need(output, "output quantized model file (.h5)", "--output")
-    if output is not None:
-        output = writable(Path(output), force)
-    if "auto" in methods and compare is not None:
-        raise QtoolError("--compare takes single methods (auto chooses among them itself)")
-    for m in [*(m for m in methods if m != "auto"), method_weights]:
-        if m not in METHODS:
-            raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
-    if not methods or len(set(methods)) != len(methods):
-        raise QtoolError("--compare needs distinct methods, e.g. minmax,percentile,mse,kl")
-    if batch_size < 1:
-        raise QtoolError("--batch-size must be at least 1")
-    if not 50.0 < percentile <= 100.0:
-        raise QtoolError("--percentile must be in (50, 100]")
-    label, config = load_bits(bits)
-    model = load_any_model(model_path)
-    data = open_sequences(data_path, dataset, time_first)
-    data.check_features(model.input_size)
-    test = None
+        output = Path(need(output, "output quantized model file (.h5)", "--output"))
+    inputs = [model_path, data_path, eval_path]
+    confirm = confirm_at_terminal()
+    if output is not None:  # refuse before the work, not after it
+        from qtool.fileio import claim_output
+
+        claim_output(output, force, inputs, confirm)
+        force = True
+    t0 = time.perf_counter()
     if eval_path is not None:
-        test = open_sequences(eval_path, dataset, time_first)
-        test.check_features(model.input_size)
         if eval_path.resolve() == data_path.resolve():
             err.print("warning: --eval is the calibration data; the scores are not on held-out data")
-    n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    info = {"bits": label, "data_file": data_path.name, "samples": n, "time_steps": data.shape[1]}
-    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods if m != "auto"]
-    t0 = time.perf_counter()
-    with progress_bar() as bar:
-        task = bar.add_task("calibrating", total=n, rate="")
+        with Bar("calibrating and scoring", 1) as bar:
+            res = api.compare(model, data_path, eval_path, methods, bits=bits, method_weights=method_weights,
+                              percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                              time_first=time_first, progress=bar.update)
+        best = res.models[res.best]
+        if output is not None:
+            api.save(best, output, force, inputs=inputs)
+        if as_json:
+            emit_json({"methods": res.rows, "best": res.rows[res.best]["method"],
+                       "output": str(output) if output else None})
+            return
+        from qtool.report import compare_table
 
-        def tick(done: int) -> None:
-            bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
-        if not plans:
-            from qtool.auto_method import calibrate_auto
-
-            qm, choice = calibrate_auto(model, data, n, config, method_weights, percentile, batch_size, tick, info)
-            qms = [qm]
-        else:
-            obs_sets = collect_many(model, data, plans, batch_size, n, progress=tick)
-            qms = [build_quant_model(model, obs, config, {"method": plan.label(), **info}, plan)
-                   for plan, obs in zip(plans, obs_sets)]
-    if test is not None:
-        _compare(qms, test, batch_size, output, as_json, f"{model.name}: {label}, calibrated on {n} "
-                 f"sequences of {data_path.name}, scored on {test.num_sequences} of {eval_path.name}")
+        info = best.info
+        out.print(compare_table(res.rows, res.best, f"{model.name}: {info['bits']}, calibrated on "
+                                f"{info['samples']} sequences of {info['data_file']}, scored on {eval_path.name}"))
+        if output is not None:
+            out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
         return
-    qm = qms[0]
-    with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
-        write_qmodel(f, qm)
+    with Bar("calibrating", 1) as bar:
+        cal = api.observe(model, data_path, bits=bits, methods=[method], method_weights=method_weights,
+                          percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                          time_first=time_first, ranges=ranges, snap=snap, progress=bar.update)
+        qm = cal.quant_model(0)
+    api.save(qm, output, force, inputs=inputs)
     elapsed = time.perf_counter() - t0
-    auto = choice.as_dict() if not plans else None
+    imported = {} if ranges is None else {"imported": cal.ranges_used, "notes": ranges.notes}
+    auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
     if as_json:
-        print(json.dumps({"output": str(output), **qm.info, "seconds": elapsed,
-                          "tensors": spec_rows(qm), "auto": auto}))
+        emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
+                   "tensors": spec_rows(qm), **imported, **auto})
         return
-    out.print(spec_table(qm, f"{model.name}: {label}, {qm.info['method']} over {n} sequences"))
-    out.print(lut_table(qm))
-    if auto is not None:
-        from qtool.report import auto_lines
-
-        for line in auto_lines(auto):
-            out.print(line)
-    out.print(f"calibrated in {elapsed:.2f} s -> {output}")
-
-
-def _compare(qms: list, test, batch_size: int, output: Path | None, as_json: bool, title: str) -> None:
-    """Score each calibration on held-out data; write the best (by output SNR) if asked."""
-    from qtool.fileio import atomic_path
-    from qtool.model import open_h5
-    from qtool.qmodel import write_qmodel
-    from qtool.report import compare_table
-    from qtool.simulation import simulate as run_simulation
-
-    rows = []
-    with progress_bar() as bar:
-        task = bar.add_task("scoring", total=len(qms) * test.num_sequences, rate="")
-        for k, qm in enumerate(qms):
-            def on_chunk(start, *outs, k=k):
-                bar.update(task, completed=k * test.num_sequences + start + len(outs[0]))
-            sim = run_simulation(qm, test, max(batch_size, 256), False, None, on_chunk)
-            rows.append({"method": qm.info["method"], **sim.output.as_dict()})
-    best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"])
-    if output is not None:
-        with atomic_path(output) as tmp, open_h5(tmp, "w") as f:
-            write_qmodel(f, qms[best])
-    if as_json:
-        print(json.dumps({"methods": rows, "best": rows[best]["method"],
-                          "output": str(output) if output else None}))
-        return
-    out.print(compare_table(rows, best, title))
-    if output is not None:
-        out.print(f"wrote the best, {rows[best]['method']} -> {output}")
+    title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
+             + (f" over {qm.info['samples']} sequences" if qm.info["samples"] else ""))
+    if verbose:
+        out.print(spec_table(qm, title))
+        out.print(lut_table(qm))
+    else:
+        out.print(calibration_summary(qm, title))
+    if ranges is not None:
+        out.print(ranges_table(cal.ranges_used, f"ranges from the {ranges.kind} file (every other tensor: "
+                               + (f"calibrated on {data_path.name})" if data_path else "none)")))
+        for note in ranges.notes:
+            out.print(f"note: {escape(note)}", highlight=False)
+    for line in auto_lines(auto["auto"]) if auto else []:
+        out.print(escape(line), highlight=False)
+    out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}" + ("" if verbose else "  (--verbose: every tensor)"))
 
 
 @app.command()
 def advise(
-    model_path: Annotated[Path | None, typer.Argument(metavar="MODEL", help="A qtool model file or any importable GRU.")] = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
-    eval_path: Annotated[Path | None, typer.Option("--eval", help="Held-out sequences: the measured output SNR (and the search's) comes from them.")] = None,
-    target_snr: Annotated[float | None, typer.Option("--target-snr", help="Find the least flash whose measured output SNR on --eval reaches this many dB.")] = None,
-    max_flash: Annotated[int | None, typer.Option("--max-flash", help="Find the best measured output SNR on --eval within this many bytes of flash.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits'.")] = None,
-    threshold: Annotated[float | None, typer.Option(help="The seed's threshold T in dB: int8 where the predicted SNR is above it (default: the calibrated value, docs/advisor.md).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
-    gamma: Annotated[float, typer.Option(help="The estimator's sampling rate.")] = 0.01,
-    repeats: Annotated[int, typer.Option(help="The estimator's independent samples K; the least-variance one is kept.")] = 5,
+    model_path: ModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
+    target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB.")] = None,
+    max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE'.")] = None,
+    threshold: Annotated[float | None, typer.Option(metavar="DB", help="The seed's threshold T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
+    gamma: Annotated[float, typer.Option(metavar="RATE", help="The estimator's sampling rate.")] = 0.01,
+    repeats: Annotated[int, typer.Option(metavar="K", help="The estimator's independent samples; the least-variance one is kept.")] = 5,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
-    batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 64,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many calibration sequences.")] = None,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
+    limit: LimitOpt = None,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Predict every tensor's quantization SNR (the seed's precision estimator), choose int8 or
-    int16 per tensor, and with --eval prove the choice: the least flash reaching --target-snr,
-    or the best SNR within --max-flash. Writes a bits file for 'qtool calibrate --bits'."""
-    from qtool.advisor.advise import THRESHOLD_DB
-    from qtool.advisor.advise import advise as run_advise
+    """Predict every tensor's quantization SNR (the seed's precision estimator) and choose int8 or
+    int16 per tensor; with --eval, prove the choice by simulation: the least flash reaching
+    --target-snr, or the best SNR within --max-flash. -o writes a bits file for
+    'qtool calibrate --bits FILE', which rebuilds the very same model."""
+    from qtool import api
     from qtool.advisor.report import search_line, summary_line, tensor_table
-    from qtool.fileio import atomic_path, open_sequences
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
-    if target_snr is not None and eval_path is None:
-        raise QtoolError("--target-snr needs --eval TEST: held-out sequences to measure the output SNR on")
-    if max_flash is not None and eval_path is None:
-        raise QtoolError("--max-flash needs --eval TEST: held-out sequences to measure the output SNR on")
-    if output is not None:
-        output = writable(Path(output), force)
-    if batch_size < 1:
-        raise QtoolError("--batch-size must be at least 1")
-    model = load_any_model(model_path)
-    data = open_sequences(data_path, dataset, time_first)
-    data.check_features(model.input_size)
-    test = open_sequences(eval_path, dataset, time_first) if eval_path is not None else None
     with progress_bar() as bar:
         tasks: dict = {}
 
@@ -279,117 +305,137 @@ def advise(
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total, rate="")
             bar.update(tasks[stage], completed=done, rate="")
-        adv = run_advise(model, data, test, target_snr, max_flash,
-                         THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
-                         batch_size, limit, tick, {"data_file": data_path.name})
-    if output is not None:
-        with atomic_path(output) as tmp:
-            tmp.write_text(adv.bits_toml)
+        adv = api.advise(model_path, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
+                         threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
+                         limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
+                         confirm=confirm_at_terminal(), progress=tick)
     if as_json:
-        print(json.dumps({**adv.summary(), "bits_file": str(output) if output else None,
-                          "tensors": adv.rows}))
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "tensors": adv.rows})
         return
-    out.print(tensor_table(adv, f"{model.name}: predicted and measured SNR per tensor (dB)"))
-    out.print(summary_line(adv))
-    out.print(search_line(adv))
+    out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: predicted and measured SNR per tensor (dB)"))
+    out.print(summary_line(adv), highlight=False)
+    out.print(search_line(adv), highlight=False)
     if output is not None:
-        out.print(f"bits file -> {output} (qtool calibrate MODEL CALIB --bits {output} rebuilds this model)")
+        out.print(f"bits file -> {escape(str(output))} (qtool calibrate MODEL CALIB --bits "
+                  f"{escape(str(output))} rebuilds this model)", highlight=False)
 
 
 @app.command()
 def simulate(
-    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model from 'qtool calibrate'.")] = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    qmodel_path: QModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
-    save: Annotated[Path | None, typer.Option(help="Write float/y, quant/y and quant/y_int to this .h5 file.")] = None,
-    per_tensor: Annotated[bool, typer.Option(help="Report every tensor, not just the output.")] = True,
-    batch_size: Annotated[int, typer.Option(help="Sequences per chunk (bounds memory).")] = 256,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
-    backend: Annotated[str, typer.Option(help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write float/y, quant/y and quant/y_int to this .h5 file.")] = None,
+    per_tensor: Annotated[bool, typer.Option(help="Measure every tensor, not just the output.")] = True,
+    tensors: Annotated[str, typer.Option(metavar="summary|all", help="Which tensors to print: a summary (each layer's h and the worst few) or all of them. --json always has all.")] = "summary",
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
+    limit: LimitOpt = None,
+    backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    mode: Annotated[str, typer.Option(metavar="integer|fakequant|both", help="integer: the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
     force: Force = False,
     as_json: JsonOpt = False,
 ):
     """Run the integer GRU and the float GRU on the same data and report how far apart they are."""
-    from qtool.engine_cuda import select_backend
-    from qtool.fileio import atomic_path, open_sequences
-    from qtool.model import open_h5
-    from qtool.qmodel import load_qmodel
-    from qtool.report import distance_table
-    from qtool.simulation import simulate as run_simulation
+    from qtool import api
+    from qtool.report import both_table, distance_table
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
+    if tensors not in ("summary", "all"):
+        raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
     if save is not None:
-        writable(save, force)
-    if batch_size < 1:
-        raise QtoolError("--batch-size must be at least 1")
-    runner, backend_label = select_backend(backend)
-    qm = load_qmodel(qmodel_path)
-    data = open_sequences(data_path, dataset, time_first)
-    data.check_features(qm.model.input_size)
-    n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    t0 = time.perf_counter()
-    with progress_bar() as bar, (atomic_path(save) if save else nullcontext()) as tmp:
-        f = open_h5(tmp, "w") if save else None
-        try:
-            shape = (n, data.shape[1], qm.model.output_size)
-            ds = [] if f is None else [f.create_dataset(k, shape, dtype=dt) for k, dt in
-                                       (("float/y", "f4"), ("quant/y", "f4"), ("quant/y_int", "i4"))]
-            task = bar.add_task("simulating", total=n, rate="")
+        from qtool.fileio import claim_output
 
-            def on_chunk(start, *outs):
-                for d, v in zip(ds, outs):
-                    d[start:start + len(v)] = v
-                done = start + len(outs[0])
-                bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - t0):.0f} seq/s")
-
-            sim = run_simulation(qm, data, batch_size, per_tensor, n, on_chunk, runner)
-        finally:
-            if f is not None:
-                f.close()
-    res = sim.results()
-    res.update(samples=n, seconds=time.perf_counter() - t0, backend=backend_label)
+        claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
+    with Bar("simulating", 1) as bar:
+        res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
+                           limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,
+                           mode=mode, progress=bar.update)
     if as_json:
-        print(json.dumps(res))
+        emit_json(res.to_dict())
         return
-    out.print(distance_table(res, f"integer ({backend_label}) vs float on {n} sequences ({data_path.name})"))
-    snr = res["per_step_snr_db"]
-    out.print(f"output SNR by time step: first {snr[0]:.2f} dB, middle {snr[len(snr) // 2]:.2f} dB, "
-              f"last {snr[-1]:.2f} dB")
+    where = f"on {res.samples} sequences of {data_path.name}"
+    if mode == "both":
+        out.print(both_table(res.to_dict(), f"integer and fake-quant vs float {where}"))
+    else:
+        out.print(distance_table(res.to_dict(), f"{mode} vs float {where}", everything=tensors == "all"))
+    if mode != "integer":
+        from qtool.fakequant_sim import EXPLANATION
+
+        out.print(EXPLANATION, highlight=False)
+    snr = res.per_step_snr_db
+
+    def db(v):
+        return "exact" if v is None else f"{v:.2f} dB"
+    out.print(f"output SNR by time step: first {db(snr[0])}, middle {db(snr[len(snr) // 2])}, last {db(snr[-1])}")
+    out.print(f"backend: {res.backend} ({res.backend_reason}); {res.seconds:.2f} s")
     if save:
-        out.print(f"saved outputs -> {save}")
+        out.print(f"saved outputs -> {escape(str(save))}")
+
+
+@app.command()
+def report(
+    qmodel_path: QModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server).")] = None,
+    sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
+    units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
+    limit: LimitOpt = None,
+    backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Draw what the quantization did, as one HTML page: every tensor's float histogram against its
+    grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]")."""
+    from qtool import api
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    data_path = Path(need(data_path, "test data file", "DATA"))
+    output = Path(need(output, "output HTML file", "--output"))
+    with Bar("simulating", 1) as bar:
+        res = api.html_report(qmodel_path, data_path, output, limit=limit, sequences=sequences, units=units,
+                              backend=backend, batch_size=batch_size, force=force, confirm=confirm_at_terminal(),
+                              dataset=dataset, time_first=time_first, progress=bar.update)
+    if as_json:
+        emit_json({"output": str(res.path), "bytes": res.size, "samples": res.samples, "backend": res.backend,
+                   "metrics": res.output, "per_step_snr_db": res.per_step_snr_db})
+        return
+    m = res.output
+    snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+    out.print(f"output SNR {snr}, cosine {m['cosine']:.6f} on {res.samples} sequences; "
+              f"report ({res.size / 2**20:.1f} MiB) -> {escape(str(res.path))}")
 
 
 @app.command()
 def inspect(
-    path: Annotated[Path | None, typer.Argument(metavar="FILE", help="A model or quantized model file.")] = None,
+    path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A model or quantized model file.")] = None,
     as_json: JsonOpt = False,
 ):
     """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables."""
-    from qtool.model import load_model, open_h5
-    from qtool.qmodel import is_qmodel, load_qmodel
-    from qtool.report import lut_table, spec_rows, spec_table
+    from qtool import api
+    from qtool.model import open_h5
+    from qtool.qmodel import is_qmodel
+    from qtool.report import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
 
     path = Path(need(path, "model file", "FILE"))
     with open_h5(path) as f:
         quantized = is_qmodel(f)
-    if quantized:
-        qm = load_qmodel(path)
-        model = qm.model
-    else:
-        model, qm = load_model(path), None
+    qm = api.load(path) if quantized else None
+    model = qm.model if qm else api.load_model(path)
     summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
                "bidirectional": model.bidirectional, "input_size": model.input_size,
                "hidden_size": model.hidden_size, "quantized": quantized}
-    if qm is not None:
-        summary["quant"] = qm.info
     if as_json:
-        print(json.dumps({**summary, "tensors": spec_rows(qm) if qm else []}, default=str))
+        emit_json({**summary, "shapes": layer_rows(model),
+                   **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {})})
         return
-    for k, v in summary.items():
-        out.print(f"[bold]{k}[/]: {v}")
+    out.print(shapes_table(model, f"{model.name} ({model.source})"))
     if qm is not None:
+        out.print(provenance_table(qm))
         out.print(spec_table(qm, "quantization"))
         out.print(lut_table(qm))
 
@@ -399,25 +445,20 @@ export_app = typer.Typer(help="Write a quantized GRU for a target: C sources, or
 app.add_typer(export_app, name="export")
 
 
-def _existing_dir(path: Path, force: bool) -> Path:
-    if path.exists() and any(path.iterdir()) if path.is_dir() else path.exists():
-        writable(path, force)
-    return path
-
-
 @export_app.command("c")
 def export_c_cmd(
-    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model from 'qtool calibrate'.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Directory to write the C sources into.")] = None,
-    name: Annotated[str | None, typer.Option(help="Prefix of every C identifier and file (default: the model's name).")] = None,
+    qmodel_path: QModelArg = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="DIR", help="Directory to write the C sources into (created if needed; other files in it are left alone).")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="Prefix of every C identifier and file (default: the model's name).")] = None,
     test_vectors: Annotated[bool, typer.Option("--test-vectors", help="Also write test vectors and a main() that checks them.")] = False,
-    data_path: Annotated[Path | None, typer.Option("--data", help="Take the test vectors' inputs from this data file (else random in the calibrated input range).")] = None,
-    vectors: Annotated[int, typer.Option(help="Number of test sequences.")] = 4,
-    compensation: Annotated[str, typer.Option(
+    data_path: Annotated[Path | None, typer.Option("--data", metavar="DATA", help="Take the test vectors' inputs from this data file (else random in the calibrated input range).")] = None,
+    vectors: Annotated[int, typer.Option(metavar="N", help="Number of test sequences.", min=1)] = 4,
+    compensation: Annotated[str, typer.Option(metavar="table|offset",
         help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
-             "(int8 x int8 GEMM, for targets with int8 dot-product instructions); 'offset' subtracts "
-             "the zero point from the GEMM inputs once per step (CMSIS-NN's input offset): no tables, "
-             "less flash, int8 x int16 GEMM. Both give the same integers.")] = "table",
+             "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
+             "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
+             "less flash. Both give the same integers.")] = "table",
+    fully_integral: Annotated[bool, typer.Option("--fully-integral/--no-fully-integral", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written.")] = True,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -426,74 +467,67 @@ def export_c_cmd(
     """Write C99 headers with the integer parameters and a portable integer-only GRU."""
     import numpy as np
 
-    from exporters.c_export import c_name, export_c
-    from exporters.c_vectors import write_test_vectors
-    from qtool.fileio import atomic_dir, open_sequences
-    from qtool.qmodel import load_qmodel
+    from qtool import api
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
-    output = _existing_dir(Path(need(output, "output directory", "--output")), force)
-    qm = load_qmodel(qmodel_path)
-    prefix = c_name(name or qm.model.name)
+    output = Path(need(output, "output directory", "--output"))
+    qm = api.load(qmodel_path)
     x = None
     if test_vectors:
         if data_path is not None:
-            data = open_sequences(data_path, dataset, time_first)
+            data = api.as_data(data_path, dataset, time_first)
             data.check_features(qm.model.input_size)
             x = data.chunk(0, min(vectors, data.num_sequences))
         else:
             s = qm.cells[0][0].spec["x"]
-            rng = np.random.default_rng(0)
-            x = rng.uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
-    with atomic_dir(output) as tmp:
-        fp = export_c(qm, tmp, prefix, compensation)
-        if x is not None:
-            write_test_vectors(qm, tmp, prefix, x)
+            x = np.random.default_rng(0).uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
+    res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=x, force=force,
+                       confirm=confirm_at_terminal(), fully_integral=fully_integral)
+    fp = res.footprint
     base = fp.int8_weight_bytes + fp.table_bytes
-    res = {"directory": str(output), "name": prefix, "compensation": compensation,
-           "flash_bytes": fp.flash_bytes,
-           "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
-           "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
-           "flash_vs_int8_weights_and_tables": fp.flash_bytes / base}
+    summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
+               "fingerprint": res.fingerprint, "compensation": compensation, "flash_bytes": fp.flash_bytes,
+               "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
+               "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
+               "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
     if as_json:
-        print(json.dumps(res))
+        emit_json(summary)
         return
-    from rich.table import Table
+    from qtool.report import footprint_table, passes_table
 
-    t = Table(title=f"{prefix}: footprint")
-    t.add_column("what")
-    t.add_column("bytes", justify="right")
-    for k in ("weight_bytes", "bias_bytes", "table_bytes", "other_bytes", "flash_bytes", "ram_bytes"):
-        t.add_row(k.replace("_bytes", "").replace("other", "shifts, compensation, params"), f"{res[k]:,}")
-    out.print(t)
+    out.print(passes_table(fp.passes, f"{res.name}: compiler passes"))
+    out.print(footprint_table(summary, f"{res.name}: footprint"))
     out.print(f"{fp.macs_per_step:,} multiply-accumulates per time step; flash is "
-              f"{100 * (res['flash_vs_int8_weights_and_tables'] - 1):.1f}% above the bare int8 weights "
+              f"{100 * (summary['flash_vs_int8_weights_and_tables'] - 1):.1f}% above the bare int8 weights "
               f"plus tables ({base:,} bytes)")
     if fp.offset_saves:
         lean = fp.flash_bytes - fp.offset_saves
         out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
                   f"({100 * (lean / base - 1):.1f}% above), same integers")
-    out.print(f"wrote {prefix}.h, {prefix}.c, {prefix}_params.h, qgru.h, qgru.c"
-              + (f", {prefix}_test_vectors.h, {prefix}_test_main.c" if x is not None else "")
-              + f" -> {output}")
+    replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
+    out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
 
 
 def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:
-    from exporters.tables import write_h5, write_json
-    from qtool.fileio import atomic_path
-    from qtool.qmodel import load_qmodel
+    from exporters.tables import json_bytes, write_h5
+    from qtool import api
+    from qtool.fileio import claim_output, write_bytes
 
-    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
-    output = writable(Path(need(output, f"output {kind} file", "--output")), force)
-    with atomic_path(output) as tmp:
-        (write_json if kind == "JSON" else write_h5)(qm, tmp)
-    out.print(f"parameter tables -> {output}")
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    qm = api.load(qmodel_path)
+    output = claim_output(Path(need(output, f"output {kind} file", "--output")), force, [qmodel_path],
+                          confirm_at_terminal())
+    if kind == "JSON":
+        write_bytes(output, json_bytes(qm))
+    else:
+        write_h5(qm, output)
+    out.print(f"parameter tables -> {escape(str(output))}")
 
 
 @export_app.command("json")
 def export_json_cmd(
-    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="The JSON file to write.")] = None,
+    qmodel_path: QModelArg = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The JSON file to write.")] = None,
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON."""
@@ -502,8 +536,8 @@ def export_json_cmd(
 
 @export_app.command("h5")
 def export_h5_cmd(
-    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="A quantized model.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="The HDF5 file to write.")] = None,
+    qmodel_path: QModelArg = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HDF5 file to write.")] = None,
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5."""
@@ -512,35 +546,33 @@ def export_h5_cmd(
 
 @app.command()
 def verify(
-    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", help="The quantized model that was exported.")] = None,
-    export_dir: Annotated[Path | None, typer.Argument(metavar="DIR", help="The directory 'qtool export c' wrote.")] = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", help="Sequences to run: .npy, .npz or .h5.")] = None,
-    name: Annotated[str | None, typer.Option(help="The --name given to 'qtool export c'.")] = None,
+    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="The quantized model that was exported.")] = None,
+    export_dir: Annotated[Path | None, typer.Argument(metavar="DIR", show_default=False, help="The directory 'qtool export c' wrote.")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Sequences to run: .npy, .npz or .h5.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="The --name given to 'qtool export c' (default: the only export in DIR).")] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
-    limit: Annotated[int | None, typer.Option(help="Use at most this many sequences.")] = None,
+    limit: LimitOpt = None,
+    target: Annotated[str, typer.Option(metavar="TARGET",
+        help="Where to run: 'host' ($CC), or 'cortex-m4' / 'cortex-m33' / 'cortex-m55': "
+             "arm-none-eabi-gcc with picolibc, run on an emulated MPS2/MPS3 board under "
+             "qemu-system-arm.")] = "host",
     as_json: JsonOpt = False,
 ):
-    """Compile the exported C with the host compiler ($CC, default cc) and check that every output
-    integer of every time step, and every final state, equals the simulator's."""
-    from exporters.c_export import c_name
-    from exporters.c_verify import verify as run_verify
-    from qtool.fileio import open_sequences
-    from qtool.qmodel import load_qmodel
+    """Compile the exported C for the host ($CC, default cc) or an emulated Cortex-M, run it, and
+    check every output and final-state integer against the simulator's."""
+    from qtool import api
 
-    qm = load_qmodel(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    qm = api.load(Path(need(qmodel_path, "quantized model file", "QMODEL")))
     export_dir = Path(need(export_dir, "exported C directory", "DIR"))
-    if not export_dir.is_dir():
-        raise QtoolError(f"export directory not found: {export_dir}")
-    data = open_sequences(Path(need(data_path, "data file", "DATA")), dataset, time_first)
-    data.check_features(qm.model.input_size)
-    n = data.num_sequences if limit is None else min(limit, data.num_sequences)
-    res = run_verify(qm, export_dir, c_name(name or qm.model.name), data.chunk(0, n))
+    data_path = Path(need(data_path, "data file", "DATA"))
+    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                     target=target)
     bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
     if as_json:
-        print(json.dumps(res))
+        emit_json(res)
     else:
-        out.print(f"{res['sequences']} sequences x {res['time_steps']} steps: "
+        out.print(f"{res['target']}: {res['sequences']} sequences x {res['time_steps']} steps: "
                   f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
                   f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
                   f"{res['dequantized_mismatches']} in the dequantized outputs")
@@ -556,22 +588,44 @@ def version():
     out.print(f"qtool {__version__}")
 
 
+def _one_line(text) -> str:
+    """A message as one line, with rich markup escaped (brackets are common in shapes)."""
+    return escape(" ".join(str(text).split()))
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: every user-facing error is one line on stderr and a non-zero exit."""
+    """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
+    SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
+        warnings.simplefilter("ignore")
     try:
-        app(args=argv, prog_name="qtool")
-    except QtoolError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
+        code = app(args=argv, prog_name="qtool", standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
         err.print("interrupted")
         sys.exit(130)
+    except typer.TyperException as e:  # usage errors: typer's own message, on one line
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        err.print(f"[red]error:[/] {_one_line(e.format_message())}{hint}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except QtoolError as e:
+        err.print(f"[red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        err.print(f"interrupted ({signal.Signals(signum).name}); no output was left half written")
+        sys.exit(128 + signum)
     except Exception as e:  # anything else is a bug, but still one line unless debugging
         if os.environ.get("QTOOL_DEBUG"):
             raise
-        err.print(f"[red]internal error:[/] {type(e).__name__}: {e} (set QTOOL_DEBUG=1 for a "
-                  "traceback)", highlight=False, soft_wrap=True)
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {_one_line(e)} (please report it; set "
+                  "QTOOL_DEBUG=1 for a traceback)", highlight=False, soft_wrap=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)  # typer returns the code of a typer.Exit
 
 
 if __name__ == "__main__":

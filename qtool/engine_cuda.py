@@ -129,11 +129,12 @@ def run_cell_cuda(cq: CellQuant, qx: np.ndarray, trace: dict | None = None) -> n
 
 
 def select_backend(backend: str):
-    """(runner, label) for --backend auto|cpu|cuda."""
+    """(runner, backend, why) for --backend auto|cpu|cuda: the engine to run, its name ("cpu" or
+    "cuda") and why it was chosen (the GPU's name, or why there is none)."""
     from qtool.engine_cpu import run_cell
 
     if backend == "cpu":
-        return run_cell, "cpu"
+        return run_cell, "cpu", "asked for"
     if backend not in ("auto", "cuda"):
         raise QtoolError(f"unknown backend '{backend}' (use auto, cpu or cuda)")
     from numba import config
@@ -141,6 +142,6 @@ def select_backend(backend: str):
     usable, why = cuda_usable()
     if backend == "cuda":
         if usable or config.ENABLE_CUDASIM:  # the simulator runs the real kernels, slowly
-            return run_cell_cuda, f"cuda ({why if usable else 'numba CUDA simulator'})"
+            return run_cell_cuda, "cuda", why if usable else "numba CUDA simulator"
         raise QtoolError(f"--backend cuda: no usable GPU: {why}")
-    return (run_cell_cuda, f"cuda ({why})") if usable else (run_cell, f"cpu ({why})")
+    return (run_cell_cuda, "cuda", why) if usable else (run_cell, "cpu", why)

@@ -1,17 +1,31 @@
-"""Atomic output files and loading of sequence data (.npy, .npz, .h5)."""
+"""Output files written safely, and loading of sequence data (.npy, .npz, .h5).
+
+Outputs: a file is written to a temporary name next to its destination and renamed into place
+only when complete, with the permissions a plain write would give it; a full disk, a read-only
+directory or a signal leaves nothing behind. An existing file is replaced only when qtool wrote
+it (and the user said so); an output that is one of the command's inputs is refused.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
+
+MAX_IN_MEMORY_BYTES = 4 << 30  # an .npz array is read whole: beyond this, ask for .npy / .h5
+MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence
+# A text file qtool wrote says so in its first lines; an HDF5 file in its "format" attribute.
+TEXT_MARK = b"qtool"
+HEAD_BYTES = 4096
 
 
 def _ensure_parent(dest: Path) -> Path:
@@ -19,41 +33,218 @@ def _ensure_parent(dest: Path) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise QtoolError(f"cannot create output directory {parent}: {e.strerror}") from None
+        raise QtoolError(os_error_message(e, parent, "creating")) from None
     return parent
+
+
+def _mount_point(path: Path) -> Path:
+    p = path.resolve()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def os_error_message(e: OSError, path: Path, doing: str = "writing") -> str:
+    """One line for an operating-system error on `path` (h5py's errors carry the errno in text)."""
+    text = str(e)
+    code = e.errno
+    if code is None:
+        for c in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+            if os.strerror(c) in text or f"errno = {c}," in text:
+                code = c
+                break
+    if code == errno.ENOSPC:
+        return f"no space left on {_mount_point(path.parent)} {doing} {path}"
+    if code == errno.EDQUOT:
+        return f"disk quota exceeded on {_mount_point(path.parent)} {doing} {path}"
+    if code == errno.EROFS:
+        return f"read-only file system: cannot write {path}"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"permission denied {doing} {path}"
+    reason = e.strerror or text.split("(")[0].strip() or type(e).__name__
+    return f"cannot write {path}: {reason}"
+
+
+def _default_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def written_by_qtool(path: Path) -> bool:
+    """Whether an existing file is one qtool wrote: a qtool HDF5 file, or a text file that names
+    qtool in its first lines (every text output qtool writes does)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError:
+        return False
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                return str(f.attrs.get("format", "")).startswith("qtool-")
+        except (OSError, ValueError):
+            return False
+    return TEXT_MARK in head
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
+                 confirm: Callable[[str], bool] | None = None) -> Path:
+    """Check that `path` may be written: it is none of `inputs`, not a directory, and if it
+    exists, qtool wrote it and the user agreed (`force`, or `confirm(question)` at a terminal)."""
+    path = Path(path)
+    for i in inputs:
+        if i is not None and (_same_file(path, Path(i)) or path.resolve() == Path(i).resolve()):
+            raise QtoolError(f"output {path} is also an input of this command; choose another name")
+    if path.is_dir():
+        raise QtoolError(f"output path is a directory: {path}")
+    if path.exists() or path.is_symlink():
+        if not written_by_qtool(path):
+            raise QtoolError(f"{path} exists and was not written by qtool; it is left alone "
+                             "(remove it yourself or choose another output)")
+        if not force and not (confirm and confirm(f"{path} exists. Overwrite?")):
+            raise QtoolError(f"{path} exists; use --force to overwrite it")
+    return path
 
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds.
 
-    A failure anywhere leaves neither a partial file nor the temporary behind.
+    A failure anywhere (an error, a full disk, a signal) leaves neither a partial file nor the
+    temporary behind. The file gets the mode a plain write would give it.
     """
     dest = Path(dest)
     parent = _ensure_parent(dest)
     if dest.is_dir():
         raise QtoolError(f"output path is a directory: {dest}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, dest)) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        os.replace(tmp_path, dest)
+        try:
+            yield tmp_path
+            mode = dest.stat().st_mode & 0o7777 if dest.exists() else _default_mode()
+            os.chmod(tmp_path, mode)
+            os.replace(tmp_path, dest)
+        except OSError as e:
+            raise QtoolError(os_error_message(e, dest)) from None
     finally:
-        if tmp_path.exists():
+        with contextlib.suppress(OSError):
             tmp_path.unlink()
 
 
-def _pick_npz(arrays: dict, dataset: str | None, path: Path) -> np.ndarray:
+def write_bytes(dest: str | os.PathLike, data: bytes) -> None:
+    """Write a whole file atomically."""
+    with atomic_path(dest) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def h5_bytes(fill: Callable) -> bytes:
+    """Build an HDF5 file in memory with `fill(h5py.File)`: writing it to disk is then one plain
+    write, whose errors (a full disk) are clean, unlike HDF5's own I/O."""
+    import h5py
+
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        fill(f)
+    return buf.getvalue()
+
+
+def write_h5(dest: str | os.PathLike, fill: Callable) -> None:
+    """Write an HDF5 file built by `fill(h5py.File)` atomically."""
+    write_bytes(dest, h5_bytes(fill))
+
+
+def check_free_space(dest: Path, nbytes: int) -> None:
+    """Refuse before starting a long write that cannot fit on the disk."""
+    parent = _ensure_parent(dest)
+    free = shutil.disk_usage(parent).free
+    if nbytes > free:
+        raise QtoolError(f"no space left on {_mount_point(parent)} for {dest}: it needs about "
+                         f"{nbytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free")
+
+
+def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool,
+                confirm: Callable[[str], bool] | None = None, inputs: Iterable = ()) -> list[str]:
+    """Write several files into `out_dir` (created if needed), replacing only files of these
+    names that qtool wrote; every other file in the directory is left as it is. All files are
+    staged as temporaries first and renamed into place together. Returns the replaced names."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise QtoolError(f"output path exists and is not a directory: {out_dir}")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, out_dir, "creating")) from None
+    targets = {name: out_dir / name for name in files}
+    for p in targets.values():
+        for i in inputs:
+            if i is not None and _same_file(p, Path(i)):
+                raise QtoolError(f"output {p} is also an input of this command")
+    foreign = [n for n, p in targets.items() if (p.exists() or p.is_symlink()) and not written_by_qtool(p)]
+    if foreign:
+        raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left "
+                         "alone (move them or choose another directory or --name)")
+    existing = [n for n, p in targets.items() if p.exists()]
+    if existing and not force and not (confirm and confirm(
+            f"{out_dir}: replace {', '.join(existing)}? (other files stay as they are)")):
+        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}; use --force to replace them")
+    with contextlib.ExitStack() as stack:  # renames every file into place as it unwinds
+        for name, data in files.items():
+            tmp = stack.enter_context(atomic_path(targets[name]))
+            with open(tmp, "wb") as f:
+                f.write(data)
+    return existing
+
+
+def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
     if dataset is not None:
-        if dataset not in arrays:
-            raise QtoolError(f"{path}: no array '{dataset}' (has: {', '.join(arrays) or 'none'})")
-        return arrays[dataset]
-    if len(arrays) == 1:
-        return next(iter(arrays.values()))
-    if "x" in arrays:
-        return arrays["x"]
-    raise QtoolError(f"{path}: holds several arrays ({', '.join(arrays)}); choose one with --dataset")
+        if dataset not in names:
+            raise QtoolError(f"{path}: no array '{dataset}' (has: {', '.join(names) or 'none'})")
+        return dataset
+    if len(names) == 1:
+        return names[0]
+    if "x" in names:
+        return "x"
+    raise QtoolError(f"{path}: holds several arrays ({', '.join(names)}); choose one with --dataset")
+
+
+def _check_npz_member(path: Path, name: str) -> None:
+    """Before numpy allocates an array from a .npz member, check that its header's size is what
+    the member holds and that it fits in memory (an archive can claim any size)."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(f"{name}.npy")
+        with z.open(info) as f:
+            major, _ = npy.read_magic(f)
+            shape, _, dtype = (npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0)(f)
+            header = f.tell() if f.seekable() else 128
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need > info.file_size - header + 64 or need < info.file_size - header - 4096:
+        raise QtoolError(f"{path}: array '{name}' claims {need} bytes but its entry holds "
+                         f"{info.file_size}; the file is corrupt")
+    if need > MAX_IN_MEMORY_BYTES:
+        raise QtoolError(f"{path}: array '{name}' is {need / 2**30:.1f} GiB; .npz arrays are read whole, "
+                         "so save data this large as .npy or .h5 (both are streamed)")
 
 
 def _h5_datasets(f) -> list[str]:
@@ -122,7 +313,9 @@ def open_sequences(
                 arr = np.load(path, mmap_mode="r", allow_pickle=False)
         elif suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
-                arr = _pick_npz({k: z[k] for k in z.files}, dataset, path)
+                name = _pick_npz(z.files, dataset, path)
+                _check_npz_member(path, name)
+                arr = z[name]  # reads only the array asked for
         elif suffix in (".h5", ".hdf5"):
             import h5py
 
@@ -144,27 +337,33 @@ def open_sequences(
         raise
     except (OSError, ValueError) as e:
         raise QtoolError(f"{path}: cannot read data file ({e})") from None
-    if len(arr.shape) != 3:
-        raise QtoolError(
-            f"{path}: data must be 3-D [N, T, C] (or [T, N, C] with --time-first), "
-            f"got shape {tuple(arr.shape)}"
-        )
-    if min(arr.shape) == 0:
-        raise QtoolError(f"{path}: data has an empty dimension, shape {tuple(arr.shape)}")
-    if arr.dtype.kind not in "fiu":
-        raise QtoolError(f"{path}: data must be numeric, got dtype {arr.dtype}")
     return SequenceData(arr, time_first, str(path))
+
+
+def check_array(arr, name: str) -> None:
+    """Sequence data must be a non-empty numeric 3-D array."""
+    if len(arr.shape) != 3:
+        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with --time-first), "
+                         f"got shape {tuple(arr.shape)}")
+    if min(arr.shape) == 0:
+        raise QtoolError(f"{name}: data has an empty dimension, shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "fiu":
+        raise QtoolError(f"{name}: data must be numeric, got dtype {arr.dtype}")
 
 
 class SequenceData:
     """A lazily read `[N, T, C]` view of a data file, read in chunks of sequences."""
 
     def __init__(self, arr, time_first: bool, name: str):
+        check_array(arr, name)
         self.arr = arr
         self.time_first = time_first
         self.name = name
-        shape = tuple(arr.shape)
+        shape = tuple(int(n) for n in arr.shape)
         self.shape = (shape[1], shape[0], shape[2]) if time_first else shape
+        if self.shape[1] * self.shape[2] > MAX_SEQUENCE_VALUES:
+            raise QtoolError(f"{name}: one sequence holds {self.shape[1]} x {self.shape[2]} values, more "
+                             f"than qtool accepts ({MAX_SEQUENCE_VALUES}); check the layout (--time-first?)")
 
     @property
     def num_sequences(self) -> int:
@@ -192,25 +391,3 @@ class SequenceData:
         n = self.num_sequences if limit is None else min(limit, self.num_sequences)
         for start in range(0, n, size):
             yield start, self.chunk(start, min(start + size, n))
-
-
-@contextlib.contextmanager
-def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory next to `dest`; it replaces `dest` only if the block succeeds."""
-    dest = Path(dest)
-    parent = _ensure_parent(dest)
-    if dest.exists() and not dest.is_dir():
-        raise QtoolError(f"output path exists and is not a directory: {dest}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
-    try:
-        yield tmp
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=parent))
-            os.replace(dest, old / "d")
-            os.replace(tmp, dest)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)

@@ -21,7 +21,8 @@ TRACED = (
 
 
 def sigmoid(v: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-v))
+    with np.errstate(over="ignore"):  # exp(-v) overflows to inf for v << 0: sigmoid is 0 there
+        return 1.0 / (1.0 + np.exp(-v))
 
 
 def run_direction(cell: GruCell, x: np.ndarray, trace: dict | None = None) -> np.ndarray:

@@ -15,10 +15,14 @@ from qtool.intops import lut_eval
 from qtool.qparams import qrange, round_half_up
 
 LUT_INDEX_BITS = 10  # 1025 knots for int16 inputs: 2 KiB per int16 table
+# (table, function, input tensor, output tensor) of the three gates
+GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
+         ("lut_g", "tanh", "g_pre", "g_out"))
 
 
 def sigmoid(v):
-    return 1.0 / (1.0 + np.exp(-v))
+    with np.errstate(over="ignore"):  # exp(-v) overflows to inf for v << 0: sigmoid is 0 there
+        return 1.0 / (1.0 + np.exp(-v))
 
 
 FUNCS = {"sigmoid": sigmoid, "tanh": np.tanh}

@@ -51,12 +51,26 @@ class Distance:
         return self.dot / denom
 
     def as_dict(self) -> dict:
+        """JSON-ready: an exact result (no error at all) has snr_db None and exact True."""
         return {
-            "snr_db": self.snr_db, "cosine": self.cosine, "max_abs_error": self.max_abs,
+            "snr_db": finite_or_none(self.snr_db), "exact": self.err2 == 0.0 and self.count > 0,
+            "cosine": self.cosine, "max_abs_error": self.max_abs,
             "saturated": self.saturated / self.count if self.count else 0.0, "count": self.count,
         }
 
 
-def count_saturated(q: np.ndarray, bits: int) -> int:
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    return int(np.count_nonzero((q == lo) | (q == hi)))
+def finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def count_clipped(ref: np.ndarray, exp2_inv, zp: int, bits: int) -> int:
+    """Reference values the grid clips: rounding half up gives q < qmin or q > qmax exactly for
+    x < (qmin - zp - 1/2) s or x >= (qmax - zp + 1/2) s. (Values at the grid's ends, such as the
+    exact zeros of a ReLU-fed input whose grid starts at 0, are not clipped.) `exp2_inv` may be
+    per row of `ref`."""
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    s = np.ldexp(1.0, -np.asarray(exp2_inv, np.int64))
+    if s.ndim:
+        s = s.reshape(-1, *([1] * (np.ndim(ref) - 1)))
+    ref = np.asarray(ref)
+    return int(np.count_nonzero((ref < (qmin - zp - 0.5) * s) | (ref >= (qmax - zp + 0.5) * s)))

@@ -118,22 +118,97 @@ def write_model(f: h5py.File, model: GruModel) -> None:
                 g.create_dataset(name, data=getattr(cell, name))
 
 
+MAX_LAYERS = 64
+MAX_WIDTH = 65536          # hidden or input units of one layer
+MAX_ELEMENTS = 1 << 27     # values in one weight array (512 MiB as float32)
+
+
+def h5_attr(obj, name: str, kind: type, where: str):
+    """An attribute of the expected kind (int, bool or str), or one clear error."""
+    if name not in obj.attrs:
+        raise QtoolError(f"{where}: attribute '{name}' is missing")
+    v = obj.attrs[name]
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    if kind is str:
+        if not isinstance(v, str):
+            raise QtoolError(f"{where}: attribute '{name}' must be a string")
+        return v
+    v = v.item() if isinstance(v, np.generic) else v
+    ok = isinstance(v, bool) if kind is bool else isinstance(v, int) and not isinstance(v, bool)
+    if not ok:
+        raise QtoolError(f"{where}: attribute '{name}' must be {'a boolean' if kind is bool else 'an integer'}, "
+                         f"got {v!r:.40}")
+    return v
+
+
+def h5_dataset(g, name: str, shape: tuple | None, kinds: str, where: str) -> np.ndarray:
+    """Read a dataset after checking (from its metadata, before any allocation) that it exists,
+    has the expected shape (None: any of at most MAX_ELEMENTS values) and a dtype kind in `kinds`
+    ('f' float, 'i' signed/unsigned integer, 'b' boolean)."""
+    import h5py
+
+    obj = g.get(name)
+    if not isinstance(obj, h5py.Dataset):
+        raise QtoolError(f"{where}/{name} is missing")
+    if shape is not None and obj.shape != tuple(shape):
+        raise QtoolError(f"{where}/{name} has shape {obj.shape}, expected {tuple(shape)}")
+    if obj.size > MAX_ELEMENTS:
+        raise QtoolError(f"{where}/{name} holds {obj.size} values, more than qtool accepts ({MAX_ELEMENTS})")
+    kind = obj.dtype.kind
+    if kind not in kinds.replace("i", "iu"):
+        names = {"f": "floating point", "i": "integer", "b": "boolean"}
+        raise QtoolError(f"{where}/{name} has dtype {obj.dtype}, expected "
+                         f"{' or '.join(names[k] for k in kinds)}")
+    try:
+        return obj[()]
+    except (OSError, ValueError) as e:
+        raise QtoolError(f"{where}/{name} cannot be read ({str(e).split(',')[0]})") from None
+
+
 def read_model(f: h5py.File, formats: tuple = (FORMAT,)) -> GruModel:
     """Read the float model from an open HDF5 file written by `write_model` (a quantized model
-    file holds one too)."""
-    if f.attrs.get("format") not in formats:
-        raise QtoolError(f"{f.filename}: not a qtool model file (run 'qtool import' first)")
-    if int(f.attrs["version"]) > VERSION:
-        raise QtoolError(f"{f.filename}: model format version {f.attrs['version']} is newer than this qtool")
-    dirs = 2 if bool(f.attrs["bidirectional"]) else 1
+    file holds one too), checking every attribute and shape before reading any array."""
+    where = str(f.filename)
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode(errors="replace")
+    if fmt not in formats:
+        raise QtoolError(f"{where}: not a qtool model file (run 'qtool import' first)")
+    version = h5_attr(f, "version", int, where)
+    if version > VERSION or version < 1:
+        raise QtoolError(f"{where}: model format version {version} is not one this qtool reads (1..{VERSION})")
+    num_layers = h5_attr(f, "num_layers", int, where)
+    if not 1 <= num_layers <= MAX_LAYERS:
+        raise QtoolError(f"{where}: num_layers {num_layers} is outside 1..{MAX_LAYERS}")
+    dirs = 2 if h5_attr(f, "bidirectional", bool, where) else 1
+    sizes = {k: h5_attr(f, k, int, where) for k in ("input_size", "hidden_size")}
+    for k, v in sizes.items():
+        if not 1 <= v <= MAX_WIDTH:
+            raise QtoolError(f"{where}: {k} {v} is outside 1..{MAX_WIDTH}")
     layers = []
-    for l in range(int(f.attrs["num_layers"])):
+    width = sizes["input_size"]
+    for l in range(num_layers):
         cells = []
         for d in range(dirs):
-            g = f[f"layer{l}/{DIRECTIONS[d]}"]
-            cells.append(GruCell(*(g[n][()] for n in ("W", "R", "bx", "br"))))
+            g_where = f"{where}: layer{l}/{DIRECTIONS[d]}"
+            g = f.get(f"layer{l}/{DIRECTIONS[d]}")
+            if g is None:
+                raise QtoolError(f"{g_where} is missing")
+            R_shape = getattr(g.get("R"), "shape", None)
+            if R_shape is None or len(R_shape) != 2 or not 1 <= R_shape[1] <= MAX_WIDTH:
+                raise QtoolError(f"{g_where}/R must be [3H, H] with H in 1..{MAX_WIDTH}, got {R_shape}")
+            H = R_shape[1]
+            arrays = [h5_dataset(g, n, shp, "f", g_where) for n, shp in
+                      (("W", (3 * H, width)), ("R", (3 * H, H)), ("bx", (3 * H,)), ("br", (3 * H,)))]
+            cells.append(GruCell(*arrays))
         layers.append(cells)
-    return GruModel(layers, name=str(f.attrs["name"]), source=str(f.attrs["source"]))
+        width = cells[0].R.shape[1] * dirs
+    model = GruModel(layers, name=h5_attr(f, "name", str, where), source=h5_attr(f, "source", str, where))
+    if model.hidden_size != sizes["hidden_size"]:
+        raise QtoolError(f"{where}: hidden_size attribute {sizes['hidden_size']} does not match the "
+                         f"weights ({model.hidden_size})")
+    return model
 
 
 def open_h5(path, mode: str = "r") -> h5py.File:
@@ -148,7 +223,4 @@ def open_h5(path, mode: str = "r") -> h5py.File:
 
 def load_model(path) -> GruModel:
     with open_h5(path) as f:
-        try:
-            return read_model(f)
-        except KeyError as e:
-            raise QtoolError(f"{path}: model file is incomplete ({e})") from None
+        return read_model(f)

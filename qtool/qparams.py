@@ -9,7 +9,8 @@ The rule (docs/numerics.md):
 - a degenerate range (all zeros, or below half a step of the finest scale 2^-E_MAX) gets the
   grid of [-1, 1): exp2_inv = bits - 1, zp = 0, so the shifts derived from it stay ordinary.
 
-Quantize: q = clamp(floor(x * 2^exp2_inv + 0.5) + zp); dequantize: x = (q - zp) * 2^-exp2_inv.
+Quantize: q = clamp(floor(x * 2^exp2_inv + 0.5) + zp), saturated before any conversion to an
+integer type so that no input, however large, wraps; dequantize: x = (q - zp) * 2^-exp2_inv.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def choose_qparams(lo: float, hi: float, bits: int, symmetric: bool) -> tuple[in
     e = min(E_MAX, max(E_MIN, math.floor(math.log2(levels / width)) + 2))
     while e > E_MIN and not _fits(lo, hi, e, bits, symmetric):
         e -= 1
+    if not _fits(lo, hi, e, bits, symmetric):
+        from qtool.errors import QtoolError
+
+        top = math.ldexp((1 << (bits - 1)) - 1, -E_MIN)
+        raise QtoolError(f"range [{lo:.3g}, {hi:.3g}] is wider than any {bits}-bit power-of-two grid "
+                         f"holds (|x| up to {top:.3g}); check the data's scale")
     if symmetric:
         return e, 0
     qmin, qmax = qrange(bits)
@@ -86,11 +93,13 @@ def quantize(x, exp2_inv, zp, bits: int) -> np.ndarray:
 
 @njit(cache=True)
 def _quantize_rows(x, scale, zp, qmin, qmax):
+    # saturate in float64, before the conversion to int64: a value beyond +-2^63 would wrap
+    lo, hi = np.float64(qmin - zp), np.float64(qmax - zp)
     out = np.empty(x.shape, np.int64)
     for r in range(x.shape[0]):
         for c in range(x.shape[1]):
-            q = np.int64(np.floor(np.float64(x[r, c]) * scale[r] + 0.5)) + zp
-            out[r, c] = min(max(q, qmin), qmax)
+            v = np.floor(np.float64(x[r, c]) * scale[r] + 0.5)
+            out[r, c] = np.int64(min(max(v, lo), hi)) + zp
     return out
 
 

@@ -13,7 +13,9 @@ from qtool.rescale import PARAMS
 from qtool.tensors import TENSORS
 
 
-def _num(v: float, fmt: str = "{:.2f}") -> str:
+def _num(v: float | None, fmt: str = "{:.2f}") -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float) and math.isinf(v):
         return "inf" if v > 0 else "-inf"
     return fmt.format(v)
@@ -26,8 +28,12 @@ def _span(v) -> str:
     return f"{float(a.min()):.4g}..{float(a.max()):.4g}"
 
 
+def _snr(m: dict) -> str:
+    return "exact" if m.get("exact") else _num(m["snr_db"])
+
+
 def _distance_cells(m: dict) -> tuple[str, ...]:
-    return (_num(m["snr_db"]), _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
+    return (_snr(m), _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
             f"{100 * m['saturated']:.2f}%")
 
 
@@ -47,11 +53,81 @@ def compare_table(rows: list[dict], best: int, title: str) -> Table:
     return t
 
 
-def distance_table(results: dict, title: str) -> Table:
+SUMMARY_WORST = 5  # tensors shown beside the output and each layer's h
+
+
+def _snr_key(m: dict) -> float:
+    return math.inf if m.get("exact") else (m["snr_db"] if m["snr_db"] is not None else -math.inf)
+
+
+def distance_table(results: dict, title: str, everything: bool = True) -> Table:
+    """The output, then every tensor (`everything`) or a summary: each layer's h and the few
+    tensors with the lowest SNR."""
     t = _metric_table(title, "tensor")
-    rows = [("output", results["output"])] + list(results["tensors"].items())
+    tensors = results["tensors"]
+    if everything:
+        rows = list(tensors.items())
+    else:
+        h = [k for k in tensors if k.endswith(".h")]
+        worst = sorted((k for k in tensors if k not in h), key=lambda k: _snr_key(tensors[k]))[:SUMMARY_WORST]
+        rows = [(k, tensors[k]) for k in h] + [(f"{k} (low)", tensors[k]) for k in worst]
+    t.add_row("output", *_distance_cells(results["output"]), style="bold")
     for name, m in rows:
-        t.add_row(name, *_distance_cells(m), style="bold" if name == "output" else None)
+        t.add_row(name, *_distance_cells(m))
+    if not everything and len(tensors) > len(rows):
+        t.caption = (f"{len(rows)} of {len(tensors)} tensors: each layer's h and the {SUMMARY_WORST} "
+                     "lowest SNRs (--tensors all: every one)")
+    t.caption_justify = "left"
+    return t
+
+
+def both_table(results: dict, title: str) -> Table:
+    """`simulate --mode both`: integer and fake-quant distances from float side by side per tensor,
+    and how many integers the two GRUs share."""
+    fq = results["fakequant"]
+    agree = fq.get("agreement", {})
+    t = Table(title=title)
+    for col in ("tensor", "integer SNR dB", "fakequant SNR dB", "integer - fakequant", "same integers",
+                "max |diff| LSB"):
+        t.add_column(col, justify="left" if col == "tensor" else "right")
+    rows = [("output", results["output"], fq["output"])]
+    rows += [(k, m, fq["tensors"][k]) for k, m in results["tensors"].items() if k in fq["tensors"]]
+    for name, mi, mf in rows:
+        a = agree.get(name)
+        both = mi["snr_db"] is not None and mf["snr_db"] is not None
+        gap = f"{mi['snr_db'] - mf['snr_db']:+.2f}" if both else "-"
+        t.add_row(name, _snr(mi), _snr(mf), gap,
+                  f"{100 * a['identical']:.2f}%" if a else "-", str(a["max_lsb"]) if a else "-",
+                  style="bold" if name == "output" else None)
+    return t
+
+
+def ranges_table(rows: list[dict], title: str) -> Table:
+    """The ranges a quantized model file held: where each came from, qtool's power-of-two grid for
+    it, and how far the step moved (dB of expected noise; + is coarser)."""
+    t = Table(title=title)
+    for col in ("layer", "tensor", "from", "bits", "exp2_inv", "zp", "moved dB", "clips"):
+        t.add_column(col, justify="left" if col in ("layer", "tensor", "from") else "right")
+    for r in rows:
+        moved = "-" if r["moved_db"] is None else f"{r['moved_db']:+.2f}"
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], r["source"], str(r["bits"]),
+                  _span(r["exp2_inv"]), str(r["zp"]), moved, "yes" if r["clips"] else "no")
+    return t
+
+
+def passes_table(rep: dict, title: str) -> Table:
+    """What each pass of qtool.passes removed from the realized program; the partition below."""
+    part = rep["partition"]
+    caption = (f"partition_conversions: prefix {', '.join(part['prefix'])}; core of {part['core_operations']} "
+               f"operations, {'fully integral' if part['core_fully_integral'] else 'NOT integral'}; "
+               f"suffix {', '.join(part['suffix'])}")
+    t = Table(title=title, caption=caption)
+    for col in ("pass", "removed", "per step", "once", "kinds"):
+        t.add_column(col, justify="left" if col in ("pass", "kinds") else "right")
+    for name, r in rep["passes"].items():
+        kinds = sorted({w.split(": ", 1)[1].split(" ", 1)[0] for w in r["what"]})
+        t.add_row(name, str(r["operations"]), f"{r['per_step_elements']:,}", f"{r['once_elements']:,}",
+                  ", ".join(kinds) or "-")
     return t
 
 
@@ -110,3 +186,53 @@ def auto_lines(auto: dict) -> list[str]:
         by_layer.setdefault(r["layer"], []).append(f"{r['tensor']} {r['method']}")
     lines += [f"  layer {l}: " + ", ".join(v) for l, v in sorted(by_layer.items())]
     return lines
+
+
+def calibration_summary(qm: QuantModel, title: str) -> Table:
+    """One row per layer direction: the grids of its input and state, and its tables' error."""
+    t = Table(title=title)
+    for col in ("layer", "x grid", "h grid", "h range", "LUT max error (LSB)"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    for l, cells in enumerate(qm.cells):
+        for d, cq in enumerate(cells):
+            x, h = cq.spec["x"], cq.spec["h"]
+            t.add_row(f"{l}.{DIRECTIONS[d]}", f"int{x.bits}, 2^-{x.exp2_inv}, zp {x.zp}",
+                      f"int{h.bits}, 2^-{h.exp2_inv}, zp {h.zp}", f"[{float(h.lo):.4g}, {float(h.hi):.4g}]",
+                      f"{max(cq.lut_error.values()):g}")
+    return t
+
+
+def layer_rows(model) -> list[dict]:
+    return [{"layer": l, "direction": DIRECTIONS[d], "W": list(c.W.shape), "R": list(c.R.shape),
+             "bx": list(c.bx.shape), "br": list(c.br.shape)}
+            for l, cells in enumerate(model.layers) for d, c in enumerate(cells)]
+
+
+def shapes_table(model, title: str) -> Table:
+    t = Table(title=title)
+    for col in ("layer", "W", "R", "bx", "br", "hidden"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    for r in layer_rows(model):
+        t.add_row(f"{r['layer']}.{r['direction']}", *("x".join(map(str, r[k])) for k in ("W", "R", "bx", "br")),
+                  str(r["R"][1]))
+    return t
+
+
+def provenance_table(qm: QuantModel) -> Table:
+    t = Table(title="provenance", show_header=False)
+    t.add_column("key", style="bold")
+    t.add_column("value", overflow="fold")
+    t.add_row("fingerprint", qm.fingerprint())
+    for k, v in qm.info.items():
+        if k != "bits_config":
+            t.add_row(k, str(v))
+    return t
+
+
+def footprint_table(summary: dict, title: str) -> Table:
+    t = Table(title=title)
+    t.add_column("what")
+    t.add_column("bytes", justify="right")
+    for k in ("weight_bytes", "bias_bytes", "table_bytes", "other_bytes", "flash_bytes", "ram_bytes"):
+        t.add_row(k.replace("_bytes", "").replace("other", "shifts, compensation, params"), f"{summary[k]:,}")
+    return t

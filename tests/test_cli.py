@@ -2,6 +2,7 @@
 exit, no traceback, no partial output."""
 
 import json
+import shutil
 
 import h5py
 import numpy as np
@@ -131,9 +132,15 @@ def test_no_prompt_without_terminal_and_no_clobber(cli, qmodel, tmp_path):
     code, _, err = cli("calibrate", MODEL)
     assert code == 2 and "missing DATA" in err
     (tmp_path / "q.h5").write_bytes(b"keep me")
-    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5")
+    for force in ([], ["--force"]):  # a file qtool did not write is never replaced
+        code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", *force)
+        assert code == 2 and "not written by qtool" in err
+        assert (tmp_path / "q.h5").read_bytes() == b"keep me"
+    shutil.copyfile(qmodel, tmp_path / "mine.h5")  # one qtool wrote: replaced with --force only
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "mine.h5")
     assert code == 2 and "--force" in err
-    assert (tmp_path / "q.h5").read_bytes() == b"keep me"
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "mine.h5", "--force")
+    assert code == 0, err
 
 
 def test_prompts_at_a_terminal(qmodel, tmp_path, monkeypatch):

@@ -38,10 +38,10 @@ def test_cuda_equals_cpu_every_tensor(preset, layers, dirs):
 
 
 def test_backend_selection_under_simulator():
-    runner, label = select_backend("auto")
-    assert label.startswith("cpu") and "simulator" in label  # auto never picks the simulator
-    runner, label = select_backend("cuda")
-    assert runner is run_cell_cuda and "simulator" in label
+    runner, label, why = select_backend("auto")
+    assert label == "cpu" and "simulator" in why  # auto never picks the simulator
+    runner, label, why = select_backend("cuda")
+    assert runner is run_cell_cuda and label == "cuda" and "simulator" in why
 
 
 @pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")

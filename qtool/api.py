@@ -1,0 +1,547 @@
+"""The Python API: the pipeline as functions that take models and data and return objects. The
+command line (qtool.cli) only turns arguments into these calls and results into tables or JSON;
+notebooks, training scripts and distributed runs call the same functions.
+
+    import qtool
+    model = qtool.load_model("model.safetensors")          # or .pt, .keras, .onnx, haste .npz
+    qm = qtool.calibrate(model, "calib.npy", bits="int8", method="mse")
+    qtool.save(qm, "q.h5")
+    res = qtool.simulate(qm, "test.npy")
+    print(res.output.snr_db, res.output.cosine)
+    qtool.export_c(qm, "out/c", name="digits")
+    print(qtool.verify(qm, "out/c", "test.npy"))
+
+Data arguments take a file path (.npy, .npz, .h5), a float array `[N, T, C]` or a SequenceData.
+Every user error raises qtool.errors.QtoolError with a one-line message.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.fileio import SequenceData, claim_output, open_sequences
+from qtool.model import GruModel
+from qtool.qmodel import QuantModel
+
+Progress = Callable[[int, int], None]  # progress(done, total)
+DataLike = str | os.PathLike | np.ndarray | SequenceData
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def now_utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False) -> SequenceData:
+    """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData."""
+    if isinstance(data, SequenceData):
+        return data
+    if isinstance(data, np.ndarray):
+        return SequenceData(data, time_first, "array")
+    return open_sequences(Path(data), dataset, time_first)
+
+
+def count(data: SequenceData, limit: int | None) -> int:
+    """How many sequences to use: all, or `limit` (at least 1)."""
+    if limit is None:
+        return data.num_sequences
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise QtoolError(f"--limit must be a positive number of sequences, got {limit}")
+    return min(int(limit), data.num_sequences)
+
+
+def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
+               check: bool = True) -> GruModel:
+    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste).
+    An imported model is checked against its source framework where that is installed (`check`)."""
+    from qtool.importers import import_model
+    from qtool.model import load_model as load_h5_model
+    from qtool.model import open_h5
+
+    path = Path(path)
+    model = None
+    if path.suffix.lower() in (".h5", ".hdf5") and fmt is None and path.is_file():
+        import h5py
+
+        if h5py.is_hdf5(path):
+            with open_h5(path) as f:
+                fmt_attr = f.attrs.get("format", "")
+                fmt_attr = fmt_attr.decode(errors="replace") if isinstance(fmt_attr, bytes) else str(fmt_attr)
+            if fmt_attr == "qtool-gru":
+                model = load_h5_model(path)
+            elif fmt_attr == "qtool-qgru":
+                model = load(path).model
+    if model is None:
+        model = import_model(path, fmt, name, check=check)
+    if path.is_file():
+        model.extra["sha256"] = sha256_file(path)
+    return model
+
+
+def load(path: str | os.PathLike) -> QuantModel:
+    """A quantized model file, validated (qtool.validate): safe for every engine and exporter."""
+    from qtool.qmodel import load_qmodel
+
+    return load_qmodel(Path(path))
+
+
+def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
+         confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
+    """Write a quantized model file atomically (validated first; see fileio.claim_output for when
+    an existing file may be replaced)."""
+    from qtool.fileio import write_h5
+    from qtool.qmodel import write_qmodel
+
+    path = claim_output(path, force, inputs, confirm)
+    write_h5(path, lambda f: write_qmodel(f, qm))
+    return path
+
+
+def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
+               confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
+    """Write a float model file (format qtool-gru) atomically."""
+    from qtool.fileio import write_h5
+    from qtool.model import write_model
+
+    path = claim_output(path, force, inputs, confirm)
+    write_h5(path, lambda f: write_model(f, model))
+    return path
+
+
+def _bits_config(bits: str | dict) -> tuple[str, dict]:
+    from qtool.tensors import TensorConfig, load_bits
+
+    if isinstance(bits, dict):
+        if not all(isinstance(v, TensorConfig) for v in bits.values()):
+            raise QtoolError("bits must be a preset name, a bits file or a {tensor: TensorConfig} dict")
+        return "custom", bits
+    return load_bits(bits)
+
+
+def _provenance(model: GruModel, data: SequenceData | None, n: int, label: str, config: dict,
+                method: str) -> dict:
+    config_text = json.dumps({k: {"bits": c.bits, "symmetric": c.symmetric, "method": c.method}
+                              for k, c in config.items()}, sort_keys=True)
+    path = Path(data.name) if data is not None else None
+    return {
+        "method": method, "bits": label, "bits_config": config_text,
+        "data_file": path.name if path else "", "data_sha256": sha256_file(path) if path and path.is_file() else "",
+        "samples": n, "time_steps": data.shape[1] if data is not None else 0, "source": model.source,
+        "source_sha256": model.extra.get("sha256", ""), "created": now_utc(),
+    }
+
+
+def file_ranges(path: str | os.PathLike, model: GruModel):
+    """The ranges a quantized or QAT-trained model file holds (ONNX QDQ, torch.ao fake-quant, a
+    QuantGRU checkpoint) for `model`, imported from it; None for a float model file."""
+    from qtool.importers.ranges import read_imported
+
+    return read_imported(Path(path), model)
+
+
+@dataclass
+class Calibration:
+    """The observations of one float pass and how to turn them into quantized models. With
+    `ranges` (a quantized or QAT-trained file's own ranges), those are kept and the observations
+    fill in the rest; `ranges_used` then lists where each kept range came from."""
+
+    model: GruModel
+    data: SequenceData | None
+    samples: int
+    label: str
+    config: dict
+    plans: list
+    observers: list
+    ranges: object = None
+    snap: str = "up"
+    ranges_used: list = field(default_factory=list)
+    auto: object = None  # method auto: (its quantized model, qtool.auto_method.AutoChoice)
+
+    def quant_model(self, k: int = 0) -> QuantModel:
+        from qtool.calibration import build_quant_model
+
+        if self.auto is not None:
+            return self.auto[0]
+        method = self.plans[k].label()
+        if self.ranges is not None:
+            method = f"ranges from the {self.ranges.kind} file (snap {self.snap})" + (
+                f", the rest {method}" if self.data is not None else "")
+        info = _provenance(self.model, self.data, self.samples, self.label, self.config, method)
+        if self.ranges is None:
+            return build_quant_model(self.model, self.observers[k], self.config, info, self.plans[k])
+        from qtool.importers.ranges import build_from_file
+
+        qm, self.ranges_used = build_from_file(self.ranges, self.model, self.config, info, self.snap,
+                                               self.observers[k], self.plans[k])
+        return qm
+
+
+def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
+            methods: Sequence[str] = ("minmax",), method_weights: str = "minmax",
+            percentile: float = 99.99, batch_size: int = 64, limit: int | None = None,
+            dataset: str | None = None, time_first: bool = False, ranges=None, snap: str = "up",
+            progress: Progress | None = None) -> Calibration:
+    """One float pass over the calibration data feeding the observers of every method asked for.
+    A model file that holds ranges (`file_ranges`; looked up when `model` is a path) keeps them,
+    and `data` may then be None when the file holds every range. `methods=("auto",)`: per tensor
+    the method with the least held-out error (qtool.auto_method); beside a file's own ranges,
+    minmax fills in the rest."""
+    from calibrators import METHODS
+    from qtool.calibration import MethodPlan, collect_many
+
+    if "auto" in methods and len(methods) > 1:
+        raise QtoolError("--compare takes single methods (auto chooses among them itself)")
+    for m in [*(m for m in methods if m != "auto"), method_weights]:
+        if m not in METHODS:
+            raise QtoolError(f"unknown method '{m}' (use auto or one of {', '.join(METHODS)})")
+    if not methods or len(set(methods)) != len(methods):
+        raise QtoolError("--compare needs distinct methods, e.g. minmax,percentile,mse,kl")
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    if not 50.0 < percentile <= 100.0:
+        raise QtoolError("--percentile must be in (50, 100]")
+    if snap not in ("up", "nearest"):
+        raise QtoolError(f"--snap must be up or nearest, got '{snap}'")
+    label, config = _bits_config(bits)
+    if not isinstance(model, GruModel):
+        path = Path(model)
+        model = load_model(path)
+        ranges = file_ranges(path, model) if ranges is None else ranges
+    auto = list(methods) == ["auto"] and ranges is None
+    methods = ["minmax" if m == "auto" else m for m in methods]
+    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
+    if data is None:
+        if ranges is None:
+            raise QtoolError("missing DATA (calibration data file)")
+        return Calibration(model, None, 0, label, config, plans, [None] * len(plans), ranges, snap)
+    data = as_data(data, dataset, time_first)
+    data.check_features(model.input_size)
+    n = count(data, limit)
+    tick = (lambda done: progress(done, n)) if progress else None
+    if auto:
+        from qtool.auto_method import calibrate_auto
+
+        info = _provenance(model, data, n, label, config, "auto")
+        qm, choice = calibrate_auto(model, data, n, config, method_weights, percentile, batch_size, tick, info)
+        return Calibration(model, data, n, label, config, [choice.plan], [None], auto=(qm, choice))
+    obs = collect_many(model, data, plans, batch_size, n, progress=tick)
+    return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
+
+
+def calibrate(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
+              method: str = "auto", method_weights: str = "minmax", percentile: float = 99.99,
+              batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
+              time_first: bool = False, snap: str = "up", progress: Progress | None = None) -> QuantModel:
+    """Observe every tensor of the float GRU on calibration data; return the quantized model.
+    `method`: "auto" (per tensor the method with the least error on a held-out fifth of the
+    data, checked at the output against every single method; docs/calibration.md) or one method.
+    A quantized or QAT-trained model file keeps its own ranges (`snap`: how a scale that is not a
+    power of two becomes one, "up" without clipping or "nearest"); `data` fills in the rest."""
+    return observe(model, data, bits=bits, methods=(method,), method_weights=method_weights,
+                   percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                   time_first=time_first, snap=snap, progress=progress).quant_model(0)
+
+
+def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+           target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
+           seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
+           limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+           output: str | os.PathLike | None = None, force: bool = False,
+           confirm: Callable[[str], bool] | None = None,
+           progress: Callable[[str, int, int | None], None] | None = None):
+    """The precision advisor (docs/advisor.md): every tensor's predicted SNR at 8 and 16 bits and
+    the seed's int8/int16 rule at `threshold` dB; with held-out `test` data, the least flash whose
+    measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
+    a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
+    `progress(stage, done, total or None)`."""
+    import math
+
+    from qtool.advisor.advise import THRESHOLD_DB
+    from qtool.advisor.advise import advise as run_advise
+    from qtool.fileio import write_bytes
+
+    if target_snr is not None and not math.isfinite(target_snr):
+        raise QtoolError(f"--target-snr must be a finite number of dB, got {target_snr}")
+    if max_flash is not None and (isinstance(max_flash, bool) or max_flash < 1):
+        raise QtoolError(f"--max-flash must be a positive number of bytes, got {max_flash}")
+    if threshold is not None and not math.isfinite(threshold):
+        raise QtoolError(f"--threshold must be a finite number of dB, got {threshold}")
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    model_path = None
+    if not isinstance(model, GruModel):
+        model_path = Path(model)
+        model = load_model(model_path)
+    data_in, test_in = data, test
+    data = as_data(data, dataset, time_first)
+    data.check_features(model.input_size)
+    test = as_data(test, dataset, time_first) if test is not None else None
+    if test is not None:
+        test.check_features(model.input_size)
+    if output is not None:  # refuse before the work, not after it
+        names = [None if isinstance(d, np.ndarray) or d is None else s.name
+                 for d, s in ((data_in, data), (test_in, test))]
+        output = claim_output(output, force, [model_path, *names], confirm)
+    n = count(data, limit)
+    adv = run_advise(model, data, test, target_snr, max_flash, THRESHOLD_DB if threshold is None else threshold,
+                     seed, gamma, repeats, batch_size, n, progress, {"data_file": Path(data.name).name})
+    if output is not None:
+        write_bytes(output, adv.bits_toml.encode())
+        adv.extra["bits_file"] = str(output)
+    return adv
+
+
+@dataclass
+class Comparison:
+    """Calibration methods scored on held-out data (`rows[k]`: method and output distance)."""
+
+    models: list[QuantModel]
+    rows: list[dict]
+    best: int
+
+
+def compare(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike,
+            methods: Sequence[str], *, bits: str | dict = "int8", method_weights: str = "minmax",
+            percentile: float = 99.99, batch_size: int = 64, limit: int | None = None,
+            dataset: str | None = None, time_first: bool = False,
+            progress: Progress | None = None) -> Comparison:
+    """Calibrate with each method in one float pass and score each on held-out `test` data."""
+    if data is None:
+        raise QtoolError("missing DATA (calibration data file)")
+    cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
+                  percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                  time_first=time_first)
+    test = as_data(test, dataset, time_first)
+    test.check_features(cal.model.input_size)
+    models = [cal.quant_model(k) for k in range(len(methods))]
+    rows = []
+    total = len(models) * test.num_sequences
+    for k, qm in enumerate(models):
+        def part(done: int, _n: int, k=k) -> None:
+            if progress:
+                progress(k * test.num_sequences + done, total)
+        sim = simulate(qm, test, per_tensor=False, batch_size=max(batch_size, 256), backend="cpu",
+                       progress=part)
+        rows.append({"method": qm.info["method"], **sim.output})
+    best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"] if rows[i]["snr_db"] is not None
+               else float("inf") if rows[i]["exact"] else float("-inf"))
+    return Comparison(models, rows, best)
+
+
+@dataclass
+class SimulationResult:
+    """Distances between the integer GRU (dequantized) and the float GRU: at the output, per
+    tensor (`tensors`, keyed layer{l}.{fwd,bwd}.{tensor}) and per time step."""
+
+    output: dict
+    tensors: dict
+    per_step_snr_db: list
+    samples: int
+    seconds: float
+    backend: str
+    backend_reason: str = ""
+    mode: str = "integer"
+    extra: dict = field(default_factory=dict)  # mode both: "fakequant" (its distances, agreement)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "output": self.output, "tensors": self.tensors,
+                "per_step_snr_db": self.per_step_snr_db, "samples": self.samples, "seconds": self.seconds,
+                "backend": self.backend, "backend_reason": self.backend_reason, **self.extra}
+
+
+def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
+             backend: str = "auto", batch_size: int = 256, limit: int | None = None,
+             save: str | os.PathLike | None = None, force: bool = False,
+             confirm: Callable[[str], bool] | None = None, dataset: str | None = None,
+             time_first: bool = False, mode: str = "integer",
+             progress: Progress | None = None) -> SimulationResult:
+    """Run the integer GRU and the float GRU side by side on `data` and measure how far apart
+    they are. `mode`: "integer", "fakequant" (the float GRU with every tensor rounded onto its
+    grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file."""
+    from qtool.fakequant_sim import MODES
+
+    if mode not in MODES:
+        raise QtoolError(f"unknown --mode '{mode}' (use one of {', '.join(MODES)})")
+    import time
+
+    from qtool.engine_cuda import select_backend
+    from qtool.simulation import simulate as run_simulation
+
+    runner, label, reason = select_backend(backend)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    data_in = data
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    if save is not None:
+        save = claim_output(save, force, [qm_path, data.name if not isinstance(data_in, np.ndarray) else None],
+                            confirm)
+    t0 = time.perf_counter()
+    if save is None:
+        sim = run_simulation(qm, data, batch_size, per_tensor, n,
+                             (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner,
+                             mode)
+    else:
+        from qtool.results import write_results
+
+        sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
+            qm, data, batch_size, per_tensor, n, on_chunk, runner, mode), progress)
+    res = sim.results()
+    extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
+    return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
+                            time.perf_counter() - t0, label, reason, mode, extra)
+
+
+@dataclass
+class ExportResult:
+    directory: Path
+    name: str
+    files: list[str]
+    replaced: list[str]
+    footprint: object
+    compensation: str
+    fingerprint: str
+
+
+def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+             compensation: str = "table", test_vectors: np.ndarray | None = None, force: bool = False,
+             confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
+    """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
+    files of the same names that qtool wrote; other files in the directory are left alone.
+    `test_vectors`: float inputs `[V, T, C]` for a self-checking test main. `fully_integral`:
+    refuse an export whose integer core would hold a floating-point operation. The footprint
+    carries what the compiler passes (qtool.passes) removed."""
+    import tempfile
+
+    from exporters.c_export import RUNTIME, c_name
+    from exporters.c_export import export_c as write_c
+    from exporters.c_vectors import write_test_vectors
+    from qtool.fileio import write_files
+
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    prefix = c_name(name or qm.model.name)
+    runtime = {p.stem for p in RUNTIME.iterdir()}
+    if prefix in runtime:
+        raise QtoolError(f"--name {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; "
+                         "choose another name")
+    with tempfile.TemporaryDirectory(prefix="qtool-export-") as tmp:
+        tmp = Path(tmp)
+        fp = write_c(qm, tmp, prefix, compensation, fully_integral)
+        if test_vectors is not None:
+            write_test_vectors(qm, tmp, prefix, test_vectors)
+        files = {p.name: p.read_bytes() for p in sorted(tmp.iterdir())}
+    replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
+    return ExportResult(Path(out_dir), prefix, list(files), replaced, fp, compensation, qm.fingerprint())
+
+
+def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
+    """The prefix of the export in `export_dir`: `name`, else the only one there, else the model's."""
+    from exporters.c_export import c_name
+
+    if not export_dir.is_dir():
+        raise QtoolError(f"export directory not found: {export_dir}")
+    if name is not None:
+        return c_name(name)
+    prefixes = sorted(p.name[:-len("_params.h")] for p in export_dir.glob("*_params.h"))
+    if len(prefixes) == 1:
+        return prefixes[0]
+    if not prefixes:
+        raise QtoolError(f"{export_dir}: no qtool C export here (no NAME_params.h); run 'qtool export c'")
+    default = c_name(qm.model.name)
+    if default in prefixes:
+        return default
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}); choose one with --name")
+
+
+def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+           name: str | None = None, limit: int | None = None, dataset: str | None = None,
+           time_first: bool = False, target: str = "host") -> dict:
+    """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
+    "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
+    states and dequantized outputs that differ from the simulator's."""
+    from exporters.c_verify import export_fingerprint
+    from exporters.c_verify import verify as run_verify
+
+    if not isinstance(qm, QuantModel):
+        qm = load(Path(qm))
+    export_dir = Path(export_dir)
+    prefix = find_export(export_dir, name, qm)
+    stamp = export_fingerprint(export_dir, prefix)
+    if stamp is not None and stamp != qm.fingerprint():
+        raise QtoolError(f"the export in {export_dir} was made from another model (fingerprint "
+                         f"{stamp}, this model is {qm.fingerprint()}); run 'qtool export c' again")
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    res = run_verify(qm, export_dir, prefix, data.chunk(0, n), target)
+    res["name"] = prefix
+    return res
+
+
+@dataclass
+class ReportResult:
+    """The page `html_report` wrote and the output metrics it shows (simulate's)."""
+
+    path: Path
+    output: dict
+    per_step_snr_db: list
+    samples: int
+    size: int
+    backend: str
+
+
+def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
+                limit: int | None = None, sequences: int = 3, units: int = 4, backend: str = "auto",
+                batch_size: int = 256, force: bool = False, confirm: Callable[[str], bool] | None = None,
+                dataset: str | None = None, time_first: bool = False,
+                progress: Progress | None = None) -> ReportResult:
+    """Simulate as `simulate` does and write one self-contained HTML page of plots (needs the
+    `report` extra, plotly): per tensor its float histogram against its grid, the output error
+    by time step, float vs integer output traces of the first `sequences` sequences."""
+    from qtool.engine_cuda import select_backend
+    from qtool.fileio import write_bytes
+    from qtool.report_data import collect
+    from qtool.report_html import plotly_modules, render
+
+    plotly_modules()  # refuse before the work, not after it
+    runner, label, _ = select_backend(backend)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    for value, option in ((batch_size, "--batch-size"), (sequences, "--sequences"), (units, "--units")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise QtoolError(f"{option} must be at least 1, got {value}")
+    data_in = data
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    out = claim_output(out, force, [qm_path, None if isinstance(data_in, np.ndarray) else data.name], confirm)
+    rd = collect(qm, data, n, keep=sequences, batch_size=batch_size, runner=runner, progress=progress)
+    page = render(qm, rd, Path(data.name).name, units).encode()
+    write_bytes(out, page)
+    return ReportResult(out, rd.results["output"], rd.results["per_step_snr_db"], n, len(page), label)

@@ -1,0 +1,55 @@
+"""The Python API is the pipeline the CLI runs: the same numbers from arrays as from files."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SAMPLES, has, random_model
+
+import qtool
+from qtool.errors import QtoolError
+
+
+def test_pipeline_on_arrays_equals_the_cli(cli, tmp_path):
+    model = random_model(C=5, H=8, layers=2, dirs=2, seed=4)
+    rng = np.random.default_rng(4)
+    calib = rng.standard_normal((32, 10, 5)).astype(np.float32)
+    test = rng.standard_normal((9, 12, 5)).astype(np.float32)
+    seen = []
+    qm = qtool.calibrate(model, calib, bits="w8a16", method="mse", progress=lambda d, n: seen.append((d, n)))
+    assert seen[-1] == (32, 32) and qm.info["method"] == "mse" and qm.info["samples"] == 32
+    res = qtool.simulate(qm, test, backend="cpu")
+    assert res.samples == 9 and len(res.per_step_snr_db) == 12 and res.output["cosine"] > 0.99
+    assert {k.split(".")[1] for k in res.tensors} == {"fwd", "bwd"}
+    path = qtool.save(qm, tmp_path / "q.h5")
+    assert qtool.load(path).fingerprint() == qm.fingerprint()
+    np.save(tmp_path / "test.npy", test)
+    code, out, err = cli("simulate", path, tmp_path / "test.npy", "--json")
+    assert code == 0, err
+    assert json.loads(out)["output"] == json.loads(json.dumps(res.output))
+    exp = qtool.export_c(qm, tmp_path / "c", name="m")
+    assert {"m.c", "m.h", "m_params.h", "qgru.c", "qgru.h"} <= set(exp.files)
+    ver = qtool.verify(qm, tmp_path / "c", test)
+    assert ver["output_mismatches"] == ver["state_mismatches"] == 0 and ver["name"] == "m"
+
+
+@pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+def test_compare_and_provenance():
+    cmp = qtool.compare(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", SAMPLES / "test.npy",
+                        ["minmax", "mse"], limit=100)
+    assert [r["method"] for r in cmp.rows] == ["minmax", "mse"] and cmp.best in (0, 1)
+    info = cmp.models[0].info
+    assert info["samples"] == 100 and len(info["data_sha256"]) == 64 and len(info["source_sha256"]) == 64
+    assert info["created"].endswith("+00:00") and json.loads(info["bits_config"])["h"]["bits"] == 8
+
+
+def test_api_errors_are_qtool_errors():
+    model = random_model()
+    with pytest.raises(QtoolError, match="must be 3-D"):
+        qtool.calibrate(model, np.zeros((4, 5)))
+    with pytest.raises(QtoolError, match="feature size"):
+        qtool.calibrate(model, np.zeros((4, 3, 7), np.float32))
+    with pytest.raises(QtoolError, match="unknown method"):
+        qtool.calibrate(model, np.zeros((4, 3, 5), np.float32), method="magic")
+    with pytest.raises(AttributeError):
+        getattr(qtool, "no_such_function")  # noqa: B009

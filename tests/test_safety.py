@@ -1,0 +1,216 @@
+"""Outputs never destroy what qtool did not write; full disks, read-only places and signals end in
+one line with nothing left behind; no input wraps around; JSON is JSON; a stale export is named."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SAMPLES, has
+
+pytestmark = pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+MODEL = SAMPLES / "digits_gru.safetensors"
+
+
+@pytest.fixture(scope="module")
+def qmodel(tmp_path_factory):
+    from qtool import api
+
+    d = tmp_path_factory.mktemp("q")
+    qm = api.calibrate(MODEL, SAMPLES / "calib.npy")
+    api.save(qm, d / "q.h5")
+    return d / "q.h5"
+
+
+def one_error_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err and "internal error" not in err
+
+
+def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tmp_path):
+    src = tmp_path / "fw" / "src"
+    src.mkdir(parents=True)
+    (src / "main.c").write_text("int main(void) { return 0; }\n")
+    (src / "notes.txt").write_text("mine\n")
+    os.chmod(src, 0o755)
+    code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")
+    assert code == 0, err
+    assert (src / "main.c").read_text().startswith("int main") and (src / "notes.txt").read_text() == "mine\n"
+    assert stat.S_IMODE(src.stat().st_mode) == 0o755
+    ours = {"digits.c", "digits.h", "digits_params.h", "digits_params.c", "qgru.c", "qgru.h"}
+    assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
+    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")  # again: needs --force
+    assert code == 2 and "--force" in err and "digits.c" in err and one_error_line(err)
+    code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force")
+    assert code == 0 and "replaced" in out
+    assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
+    assert not [p for p in src.iterdir() if p.name.startswith(".")]  # no temporaries
+    (src / "other.c").write_text("/* hand written */\n")  # a file of the export's names, not ours
+    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "other", "--force")
+    assert code == 2 and "not written by qtool" in err and one_error_line(err)
+    assert (src / "other.c").read_text() == "/* hand written */\n" and not (src / "other.h").exists()
+
+
+def test_export_into_the_current_directory(qmodel, tmp_path):
+    (tmp_path / "keep.txt").write_text("x")
+    res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "c", str(qmodel), "-o", ".",
+                          "--name", "m"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "m.c").is_file() and (tmp_path / "keep.txt").read_text() == "x"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_names_that_collide_with_the_runtime_or_inputs_are_refused(cli, qmodel, tmp_path):
+    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--name", "qgru")
+    assert code == 2 and "runtime" in err and not (tmp_path / "c").exists()
+    data = tmp_path / "data.npy"
+    np.save(data, np.load(SAMPLES / "test.npy")[:5])
+    before = data.read_bytes()
+    code, _, err = cli("simulate", qmodel, data, "--save", data, "--force")
+    assert code == 2 and "also an input" in err and data.read_bytes() == before
+    code, _, err = cli("calibrate", qmodel, data, "-o", qmodel, "--force")
+    assert code == 2 and "also an input" in err
+
+
+def test_outputs_get_the_permissions_of_a_plain_write(qmodel, tmp_path):
+    old = os.umask(0o027)
+    try:
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "json", str(qmodel), "-o",
+                              str(tmp_path / "p.json")], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "c", str(qmodel), "-o",
+                              str(tmp_path / "c")], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "p.json").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o750
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "c").iterdir()} == {0o640}
+
+
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_limits_below_one_are_refused(cli, qmodel, tmp_path, limit):
+    for cmd in (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5"],
+                ["simulate", qmodel, SAMPLES / "test.npy"]):
+        code, out, err = cli(*cmd, "--limit", limit)
+        assert code == 2 and "limit" in err and one_error_line(err), err
+    assert not (tmp_path / "q.h5").exists()
+    from qtool import api
+    from qtool.errors import QtoolError
+
+    with pytest.raises(QtoolError, match="limit"):
+        api.simulate(qmodel, SAMPLES / "test.npy", limit=int(limit))
+
+
+def test_json_is_strict_json_even_for_exact_tensors(cli, tmp_path):
+    from qtool import api
+
+    q = tmp_path / "q.h5"
+    api.save(api.calibrate(MODEL, SAMPLES / "calib.npy", bits="int16"), q)
+    code, out, err = cli("simulate", q, SAMPLES / "test.npy", "--limit", "20", "--json")
+    assert code == 0, err
+
+    def no_constants(name):
+        raise ValueError(f"not JSON: {name}")
+    res = json.loads(out, parse_constant=no_constants)
+    exact = [k for k, m in res["tensors"].items() if m["exact"]]
+    assert exact and all(res["tensors"][k]["snr_db"] is None for k in exact)  # int16 weights of small rows
+
+
+def test_verify_names_a_stale_export(cli, qmodel, tmp_path):
+    from qtool import api
+
+    q = tmp_path / "q.h5"
+    shutil.copyfile(qmodel, q)
+    assert cli("export", "c", q, "-o", tmp_path / "c", "--name", "digits")[0] == 0
+    api.save(api.calibrate(MODEL, SAMPLES / "calib.npy", method="mse"), q, force=True)
+    code, _, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--limit", "3")
+    assert code == 2 and "made from another model" in err and one_error_line(err)
+
+
+@pytest.mark.parametrize("x", [1e18, 1e30, float(np.finfo(np.float32).max), 8e16])
+def test_quantize_saturates_instead_of_wrapping(x):
+    from qtool.qparams import quantize
+
+    for bits, zp in ((8, -65), (16, 100)):
+        q = quantize(np.array([-x, x, -x], np.float64), 7, zp, bits)
+        lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        assert q.tolist() == [lo, hi, lo]
+        q32 = quantize(np.array([[-x, x]], np.float32).clip(-3.4e38, 3.4e38), np.array([40]), 0, bits)
+        assert q32.tolist() == [[lo, hi]]
+
+
+def test_huge_inputs_equal_inputs_clipped_to_the_grid(qmodel):
+    from qtool.engine_cpu import run_int
+    from qtool.qparams import grid_range
+
+    qm = __import__("qtool").load(qmodel)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 8, qm.model.input_size)).astype(np.float32) * 1e18
+    s = qm.cells[0][0].spec["x"]
+    lo, hi = grid_range(s.exp2_inv, s.zp, s.bits)
+    assert np.array_equal(run_int(qm, x), run_int(qm, np.clip(x, lo, hi).astype(np.float32)))
+
+
+def _mounted_tmpfs(path: Path, size: str, ro: bool = False) -> bool:
+    path.mkdir()
+    opts = f"size={size}" + (",ro" if ro else "")
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    d = tmp_path / "small"
+    if os.geteuid() != 0 or shutil.which("mount") is None or not _mounted_tmpfs(d, "200k"):
+        pytest.skip("needs root to mount a small tmpfs")
+    yield d
+    subprocess.run(["umount", str(d)])
+
+
+def test_full_disk_is_one_line_and_leaves_nothing(qmodel, small_disk):
+    cases = [
+        (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", small_disk / "q.h5"], "no space left"),
+        (["simulate", qmodel, SAMPLES / "test.npy", "--save", small_disk / "s.h5"], "no space left"),
+        (["export", "c", qmodel, "-o", small_disk / "c", "--test-vectors", "--vectors", "64"], "no space left"),
+    ]
+    for args, msg in cases:
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", *map(str, args)], capture_output=True, text=True)
+        assert res.returncode == 2 and msg in res.stderr and one_error_line(res.stderr), res.stderr
+        leftovers = [p for p in small_disk.rglob("*") if p.is_file()]
+        assert not leftovers, leftovers
+
+
+def test_read_only_directory(qmodel, tmp_path):
+    d = tmp_path / "ro"
+    if os.geteuid() != 0 or not _mounted_tmpfs(d, "1m", ro=True):
+        pytest.skip("needs root to mount a read-only tmpfs")
+    try:
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "json", str(qmodel), "-o",
+                              str(d / "p.json")], capture_output=True, text=True)
+        assert res.returncode == 2 and "read-only" in res.stderr and one_error_line(res.stderr)
+    finally:
+        subprocess.run(["umount", str(d)])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_remove_temporaries(qmodel, tmp_path, sig):
+    x = np.random.default_rng(0).standard_normal((30000, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "big.npy", x)
+    p = subprocess.Popen([sys.executable, "-m", "qtool.cli", "simulate", str(qmodel), str(tmp_path / "big.npy"),
+                          "--save", str(tmp_path / "s.h5"), "--no-per-tensor"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".s.h5.*")) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert p.poll() is None, "finished before the signal"
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig and "interrupted" in err and one_error_line(err)
+    assert not list(tmp_path.glob("*s.h5*"))
