@@ -265,8 +265,8 @@ def calibrate(
                                + (f"calibrated on {data_path.name})" if data_path else "none)")))
         for note in ranges.notes:
             out.print(f"note: {escape(note)}", highlight=False)
-    for line in auto_lines(auto["auto"]) if auto else []:
-        out.print(escape(line), highlight=False)
+    for line in auto_lines(auto["auto"], per_layer=verbose) if auto else []:
+        out.print(escape(line), highlight=False, soft_wrap=True)
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}" + ("" if verbose else "  (--verbose: every tensor)"))
 
 
