@@ -60,8 +60,10 @@ class Histogram:
         self.start, self.w = new_start, w
 
     def _span_exp(self, lo: float, hi: float) -> int:
-        """Smallest width exponent for which [lo, hi] needs at most MAX_BINS bins."""
-        span = max(hi - lo, np.finfo(np.float64).tiny)
+        """Smallest width exponent for which [lo, hi] needs at most MAX_BINS bins. A constant
+        (or nearly constant) span counts as 2^-40 of its magnitude, at least 2^-1000: 2^-w stays
+        a finite double and every bin index stays far inside int64."""
+        span = max(hi - lo, max(abs(lo), abs(hi)) * 2.0**-40, 2.0**-1000)
         w = int(np.ceil(np.log2(span / (MAX_BINS - 2))))
         while np.floor(hi / 2.0**w) - np.floor(lo / 2.0**w) + 1 > MAX_BINS:
             w += 1

@@ -40,13 +40,15 @@ def tensor_key(l: int, d: int, name: str) -> str:
 class Simulation:
     """Accumulates distances over chunks; `results()` gives the report."""
 
-    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_cell, mode: str = "integer"):
+    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_cell, mode: str = "integer",
+                 per_step: bool = True):
         if mode not in MODES:
             raise QtoolError(f"unknown mode '{mode}' (use one of {', '.join(MODES)})")
         self.qm = qm
         self.runner = runner
         self.per_tensor = per_tensor
         self.mode = mode
+        self.per_step = per_step
         self.output = Distance()
         self.steps: list[Distance] = []
         self.tensors: dict[str, Distance] = {}
@@ -65,18 +67,22 @@ class Simulation:
                     dist.add(dequantize(q, s.exp2_inv, 0), ref, count_clipped(ref, s.exp2_inv, 0, s.bits))
                     self.tensors[tensor_key(l, d, name)] = dist
 
-    def run_chunk(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`."""
+    def run_chunk(self, x: np.ndarray, y_float: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`.
+        Without per-tensor reports, the float output may be given (several quantized models of
+        one float model, scored on the same batch, share it)."""
         ftr: list | None = [] if self.per_tensor else None
         itr: list | None = [] if self.per_tensor else None
-        y_float = run_float(self.qm.model, x, ftr)
+        if y_float is None or self.per_tensor:
+            y_float = run_float(self.qm.model, x, ftr)
         if self.mode == "fakequant":
             return (y_float, *self.fakequant.run_chunk(x, y_float, ftr, None, None))
         y_int = run_int(self.qm, x, itr, runner=self.runner)
         s = self.qm.cells[-1][0].spec["h"]
         y_q = dequantize(y_int, s.exp2_inv, s.zp).astype(np.float32)
         self.output.add(y_q, y_float, count_clipped(y_float, s.exp2_inv, s.zp, s.bits))
-        T = x.shape[1]
+        T = x.shape[1] if self.per_step else 0
         while len(self.steps) < T:
             self.steps.append(Distance())
         for t in range(T):

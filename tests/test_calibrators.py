@@ -31,6 +31,25 @@ def test_histogram_merge_is_exact_and_order_free():
     assert a.total == 20000 and a.counts.size <= MAX_BINS
 
 
+@pytest.mark.parametrize("value", [0.0, 1.0, -3.5, 1e-300, 1e30])
+def test_constant_tensors_get_a_grid_that_holds_them(value):
+    """A tensor with one value (a saturated gate, a constant feature) has no span: its bins are
+    still finite and the grid each method chooses holds the value (or refuses it in one line)."""
+    from qtool.errors import QtoolError
+    from qtool.qparams import dequantize, quantize
+
+    for method in ("percentile", "mse", "kl"):
+        o = make_observer(method, "x")
+        o.observe(np.full((2, 3), value))
+        try:
+            e, zp = o.compute_params(8, False)
+        except QtoolError as err:
+            assert value == 1e30 and "wider than any 8-bit" in str(err)
+            continue
+        back = dequantize(quantize(np.array([value]), e, zp, 8), e, zp)[0]
+        assert abs(back - value) <= 2.0**-e / 2, (method, value, e, zp)
+
+
 def test_histogram_counts_land_in_the_right_bins():
     h = Histogram()
     h.add(np.array([0.0, 0.24, 0.26, -0.01, 1.0]))
