@@ -6,7 +6,8 @@ its end bins; Q spreads each quantization level's count evenly over that level's
 (the information the integers keep); both get TVM's smoothing of empty bins (eps = 1e-4) and the
 grid with the least KL(P || Q) wins. The candidates are the power-of-two grids themselves, so the
 snap to a power of two is part of the search: both neighbours of the continuous optimum are
-scored and the one that loses less is kept.
+scored and the one that loses less is kept. As TVM's thresholds start at half the quantized
+bins, a grid must put at least half its levels over the data (or hold all of it).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def kl_divergence(counts, start, w, e, zp, qmin, qmax, p, q) -> float:
     i0 = max(0, int(np.ceil((qmin - zp) * s / bw - 0.5)) - start)
     i1 = min(n - 1, int(np.floor((qmax - zp) * s / bw - 0.5)) - start)
     if i1 < i0:
+        return np.inf
+    # TVM scores thresholds of at least half the quantized bins: a grid whose data sits on a
+    # handful of its levels (the rest clipped into them) has P ~ Q and a KL near 0 that means
+    # nothing. So at least half the levels must lie over data, unless the grid holds all of it.
+    if (i1 - i0 + 1) * bw < min(0.5 * (qmax - qmin + 1), n * bw / s) * s:
         return np.inf
     # P: the inside bins, with the clipped mass added to the end bins
     p[i0:i1 + 1] = counts[i0:i1 + 1]
