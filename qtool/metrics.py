@@ -5,6 +5,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
+from numba.extending import register_jitable
+
+# the columns of a statistics row, as the engines accumulate them (STAT_MAX is a maximum,
+# the others sums)
+STATS = ("ref2", "err2", "dot", "q2", "max_abs", "count", "saturated")
+STAT_MAX = STATS.index("max_abs")
+# a tensor's grid as the engines read it: zero point, scale 2^-exp2_inv, and the reference
+# values below LO_CLIP or from HI_CLIP up that the grid clips (see count_clipped)
+GRID = ("zp", "scale", "lo_clip", "hi_clip")
 
 
 class Distance:
@@ -27,6 +37,16 @@ class Distance:
         self.max_abs = max(self.max_abs, float(np.abs(e).max(initial=0.0)))
         self.count += r.size
         self.saturated += int(saturated)
+
+    def add_stats(self, row) -> None:
+        """Add one row of engine statistics (columns STATS)."""
+        self.ref2 += float(row[0])
+        self.err2 += float(row[1])
+        self.dot += float(row[2])
+        self.q2 += float(row[3])
+        self.max_abs = max(self.max_abs, float(row[4]))
+        self.count += int(row[5])
+        self.saturated += int(row[6])
 
     def merge(self, other: Distance) -> Distance:
         out = Distance()
@@ -61,6 +81,62 @@ class Distance:
 
 def finite_or_none(v: float) -> float | None:
     return v if math.isfinite(v) else None
+
+
+def grid_row(exp2_inv: int, zp: int, bits: int) -> np.ndarray:
+    """The GRID row of a per-tensor quantization (the thresholds of count_clipped)."""
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    s = np.ldexp(1.0, -int(exp2_inv))
+    return np.array([zp, s, (qmin - zp - 0.5) * s, (qmax - zp + 0.5) * s], np.float64)
+
+
+def merge_stats(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rows of statistics from two parts of the data: sums add, maxima take the larger."""
+    out = a + b
+    out[..., STAT_MAX] = np.maximum(a[..., STAT_MAX], b[..., STAT_MAX])
+    return out
+
+
+@register_jitable
+def dequantized(q, shift, grid):
+    """(q - shift - zp) * scale in float64: exact for every integer of up to 16 bits."""
+    return (np.float64(q) - (shift + grid[0])) * grid[1]
+
+
+@register_jitable
+def clipped(r, grid):
+    """Whether the grid clips the reference value r (as count_clipped)."""
+    return (r < grid[2]) | (r >= grid[3])
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def add_row(q, shift, f, grid, st):
+    """Accumulate the distance between integers `q - shift` (dequantized on `grid`) and the
+    float reference `f` into the statistics row `st`, in float64 as Distance.add does.
+
+    fastmath lets the compiler keep several partial sums (a different order of float64
+    additions, nothing else); the values themselves are exact float64 products.
+    """
+    ref2 = err2 = dot = q2 = 0.0
+    mx = st[4]
+    n_clipped = 0
+    for k in range(f.shape[0]):
+        qd = dequantized(q[k], shift, grid)
+        r = np.float64(f[k])
+        e = qd - r
+        ref2 += r * r
+        err2 += e * e
+        dot += qd * r
+        q2 += qd * qd
+        mx = max(mx, abs(e))
+        n_clipped += clipped(r, grid)
+    st[0] += ref2
+    st[1] += err2
+    st[2] += dot
+    st[3] += q2
+    st[4] = mx
+    st[5] += f.shape[0]
+    st[6] += n_clipped
 
 
 def count_clipped(ref: np.ndarray, exp2_inv, zp: int, bits: int) -> int:

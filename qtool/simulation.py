@@ -7,28 +7,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.engine_cpu import run_cell, run_int
+from qtool.engine_cpu import MEASURED, OUTPUT, TENSORS, plan_model, run_model
 from qtool.fileio import SequenceData
-from qtool.float_gru import run_float
 from qtool.metrics import Distance, count_clipped, finite_or_none
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.qparams import dequantize
 from qtool.tensors import NAMES
-
-# row k of the engine's cell trace holds this tensor (Rh comes as three gate blocks)
-CELL_TRACE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
-              "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
-
-
-def int_tensors(trace: dict) -> dict[str, np.ndarray]:
-    """Integer tensors of one direction, `[T, N, width]`, named as in the seed's table."""
-    cell = trace["cell"]
-    out = {"x": trace["x"], "Wx": trace["Wx"],
-           "Rh": np.concatenate([cell[:, :, k] for k in range(3)], axis=2)}
-    for k, name in enumerate(CELL_TRACE[3:], start=3):
-        out[name] = cell[:, :, k]
-    return out
 
 
 def tensor_key(l: int, d: int, name: str) -> str:
@@ -36,11 +21,17 @@ def tensor_key(l: int, d: int, name: str) -> str:
 
 
 class Simulation:
-    """Accumulates distances over chunks; `results()` gives the report."""
+    """Accumulates distances over chunks; `results()` gives the report.
 
-    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_cell):
+    `runner(qm, x, level, plans)` is an engine's `run_model` (engine_cpu's by default, or
+    engine_cuda's): it runs the integer GRU and the float reference on one chunk and returns
+    the outputs and the distance statistics of every tensor (`engine_cpu.ModelRun`).
+    """
+
+    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_model):
         self.qm = qm
         self.runner = runner
+        self.plans = plan_model(qm) if runner is run_model else None
         self.per_tensor = per_tensor
         self.output = Distance()
         self.steps: list[Distance] = []
@@ -61,32 +52,21 @@ class Simulation:
 
     def run_chunk(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`."""
-        ftr: list | None = [] if self.per_tensor else None
-        itr: list | None = [] if self.per_tensor else None
-        y_float = run_float(self.qm.model, x, ftr)
-        y_int = run_int(self.qm, x, itr, runner=self.runner)
+        run = self.runner(self.qm, x, TENSORS if self.per_tensor else OUTPUT, plans=self.plans)
         s = self.qm.cells[-1][0].spec["h"]
-        y_q = dequantize(y_int, s.exp2_inv, s.zp).astype(np.float32)
-        self.output.add(y_q, y_float, count_clipped(y_float, s.exp2_inv, s.zp, s.bits))
-        T = x.shape[1]
-        while len(self.steps) < T:
+        y_q = dequantize(run.y_int, s.exp2_inv, s.zp).astype(np.float32)
+        for st in run.stats[-1]:  # the output is every direction's h of the last layer
+            self.output.add_stats(st[-1])
+        while len(self.steps) < len(run.step_stats):
             self.steps.append(Distance())
-        for t in range(T):
-            self.steps[t].add(y_q[:, t], y_float[:, t])
+        for d, row in zip(self.steps, run.step_stats):
+            d.add_stats(row)
         if self.per_tensor:
-            self._add_tensors(ftr, itr)
-        return y_float, y_q, y_int
-
-    def _add_tensors(self, ftr: list, itr: list) -> None:
-        for l, cells in enumerate(self.qm.cells):
-            for d, cq in enumerate(cells):
-                ints = int_tensors(itr[l][d])
-                for name, q in ints.items():
-                    s = cq.spec[name]
-                    key = tensor_key(l, d, name)
-                    ref = ftr[l][d][name]
-                    self.tensors.setdefault(key, Distance()).add(
-                        dequantize(q, s.exp2_inv, s.zp), ref, count_clipped(ref, s.exp2_inv, s.zp, s.bits))
+            for l, row in enumerate(run.stats):
+                for d, st in enumerate(row):
+                    for k, name in enumerate(MEASURED):
+                        self.tensors.setdefault(tensor_key(l, d, name), Distance()).add_stats(st[k])
+        return run.y_float, y_q, run.y_int
 
     def results(self) -> dict:
         order = {name: i for i, name in enumerate(NAMES)}
@@ -104,7 +84,7 @@ class Simulation:
 
 def simulate(qm: QuantModel, data: SequenceData, chunk: int = 256, per_tensor: bool = True,
              limit: int | None = None, on_chunk: Callable | None = None,
-             runner=run_cell) -> Simulation:
+             runner=run_model) -> Simulation:
     """Run the whole data set in chunks; `on_chunk(start, y_float, y_q, y_int)` sees each."""
     data.check_features(qm.model.input_size)
     sim = Simulation(qm, per_tensor, runner)
