@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import config, njit
+from numba.extending import register_jitable
 
 from qtool.float_cell import float_cell
 from qtool.intops import gru_cell, rescale
@@ -183,7 +184,7 @@ def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:
             for l, cells in enumerate(qm.cells)]
 
 
-@njit(nogil=True, cache=True)
+@register_jitable(inline="always")
 def _gemm_sum(acc, i, c, half):
     """The GEMM's integer sum for channel c: out[c], or 256 hi + lo for split weights
     (branch-free: half = 0 reads out[c] twice and keeps the first)."""
@@ -219,7 +220,8 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
             gemm_rows(ax, gx_w, accx)
             gemm_rows(ah, gh_w, acch)
             for i in range(nb):
-                _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib)
+                _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g,
+                           ib, level == TENSORS or trace.shape[0] > 0)
                 for j in range(H):
                     out_q[b0 + i, t, col + j] = ib[i, ROWS - 1, j]
             if trace.shape[0]:
@@ -239,7 +241,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                          step_stats[t], tmp)
 
 
-@njit(nogil=True, cache=True)
+@register_jitable(inline="always")
 def _wx(accx, i, c, half, P, CH):
     """Seed Step 1's rescale, the W x GEMM's epilogue: q_Wx[c] = S_W[c] S_x / S_Wx (sum -
     W_sum_mul_x_zp[c]) + Z_Wx, saturated."""
@@ -247,41 +249,58 @@ def _wx(accx, i, c, half, P, CH):
                    P[ZP_WX], P[LO_WX], P[HI_WX])
 
 
-@njit(nogil=True, cache=True)
-def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib):
-    """The integer cell of every unit of block row i; rows of `ib` receive Wx and every output
-    of gru_cell, `ah` the next step's GEMM input (h + shift)."""
-    for j in range(H):
-        jr, jg = j + H, j + 2 * H
-        wx_z, wx_r, wx_g = _wx(accx, i, j, gx_half, P, CH), _wx(accx, i, jr, gx_half, P, CH), \
-            _wx(accx, i, jg, gx_half, P, CH)
-        res = gru_cell(wx_z, wx_r, wx_g, _gemm_sum(acch, i, j, gh_half), _gemm_sum(acch, i, jr, gh_half),
-                       _gemm_sum(acch, i, jg, gh_half), np.int64(ah[i, j]) - gh_shift, j, jr, jg,
-                       P, CH, lut_z, lut_r, lut_g)
-        ib[i, 0, j] = wx_z
-        ib[i, 1, j] = wx_r
-        ib[i, 2, j] = wx_g
-        for k in range(N_TRACE):
-            ib[i, 3 + k, j] = res[k]
-        ah[i, j] = res[N_TRACE - 1] + gh_shift
+@register_jitable(inline="always")
+def _store_rows(buf, i, j, v):
+    """buf[i, r, j] = v[r] for the ROWS values of one unit, written out so that no store
+    indexes the tuple at run time (which the vectoriser cannot follow)."""
+    buf[i, 0, j], buf[i, 1, j], buf[i, 2, j], buf[i, 3, j], buf[i, 4, j], buf[i, 5, j] = v[:6]
+    buf[i, 6, j], buf[i, 7, j], buf[i, 8, j], buf[i, 9, j], buf[i, 10, j], buf[i, 11, j] = v[6:12]
+    buf[i, 12, j], buf[i, 13, j], buf[i, 14, j], buf[i, 15, j], buf[i, 16, j] = v[12:]
 
 
-@njit(nogil=True, cache=True)
+@register_jitable
+def _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r, lut_g):
+    """Wx's rescale (the W x GEMM's epilogue) and gru_cell for unit j of block row i: the
+    tuple (Wx_z, Wx_r, Wx_g, gru_cell's outputs)."""
+    jr, jg = j + H, j + 2 * H
+    wx_z, wx_r, wx_g = _wx(accx, i, j, gx_half, P, CH), _wx(accx, i, jr, gx_half, P, CH), \
+        _wx(accx, i, jg, gx_half, P, CH)
+    return (wx_z, wx_r, wx_g) + gru_cell(
+        wx_z, wx_r, wx_g, _gemm_sum(acch, i, j, gh_half), _gemm_sum(acch, i, jr, gh_half),
+        _gemm_sum(acch, i, jg, gh_half), np.int64(ah[i, j]) - gh_shift, j, jr, jg, P, CH, lut_z,
+        lut_r, lut_g)
+
+
+@njit(nogil=True, cache=True, noalias=True)
+def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib, rows):
+    """The integer cell of every unit of block row i: `ah` receives the next step's GEMM input
+    (h + shift), the rows of `ib` Wx and every output of gru_cell (only h unless `rows`)."""
+    if rows:
+        for j in range(H):
+            v = _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r, lut_g)
+            _store_rows(ib, i, j, v)
+            ah[i, j] = v[ROWS - 1] + gh_shift
+    else:
+        for j in range(H):
+            q_h = _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r,
+                            lut_g)[ROWS - 1]
+            ib[i, ROWS - 1, j] = q_h
+            ah[i, j] = q_h + gh_shift
+
+
+@njit(nogil=True, cache=True, noalias=True, error_model="numpy")
 def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
-    """The float32 cell of every unit of block row i, into the rows of `fb` (as `_int_cells`)."""
+    """The float32 cell of every unit of block row i, into the rows of `fb` (as `_int_cells`).
+    error_model numpy: IEEE division (sigmoid's 1 / (1 + e^-v) has no zero to check)."""
     for j in range(H):
         jr, jg = j + H, j + 2 * H
         res = float_cell(ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr], ffh[i, jg],
                          fah[i, j], bx[j], bx[jr], bx[jg], br[j], br[jr], br[jg])
-        fb[i, 0, j] = ffx[i, j]
-        fb[i, 1, j] = ffx[i, jr]
-        fb[i, 2, j] = ffx[i, jg]
-        for k in range(N_TRACE):
-            fb[i, 3 + k, j] = res[k]
+        _store_rows(fb, i, j, (ffx[i, j], ffx[i, jr], ffx[i, jg]) + res)
         fah[i, j] = res[N_TRACE - 1]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, noalias=True)
 def _measure(i, ax, gx_shift, fax, C, ib, fb, level, grids, row_tensor, stats, step_row, tmp):
     """Distances of block row i's tensors at one step: h always (also into the step's row),
     the others at level TENSORS."""

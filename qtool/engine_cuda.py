@@ -79,7 +79,7 @@ def fwx_kernel(x, W, out):
 @cuda.jit(device=True)
 def add_terms(acc, n, j, tensor, q, shift, f, grid):
     """Add one value's distance terms to thread (n, j)'s slot of tensor `tensor`."""
-    qd = dequantized(q, shift, grid)
+    qd = dequantized(q, shift + grid[0], grid[1])
     r = np.float64(f)
     e = qd - r
     slot = acc[n, j, tensor]
@@ -89,7 +89,7 @@ def add_terms(acc, n, j, tensor, q, shift, f, grid):
     slot[3] += qd * qd
     slot[4] = max(slot[4], abs(e))
     slot[5] += 1.0
-    slot[6] += clipped(r, grid)
+    slot[6] += clipped(r, grid[2], grid[3])
 
 
 @cuda.jit
@@ -148,7 +148,7 @@ def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx
             f_h = fres[N_TRACE - 1]
             out_f[n, t, col + j] = f_h
             h_f[(s + 1) % 2, n, j] = f_h
-            qd = dequantized(q_h, 0, grids[H_TENSOR])
+            qd = dequantized(q_h, grids[H_TENSOR, 0], grids[H_TENSOR, 1])
             e = qd - np.float64(f_h)
             part[tid, 0] = np.float64(f_h) * f_h
             part[tid, 1] = e * e

@@ -8,6 +8,8 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
+from qtool.simd import f64_bits, f64_from_bits
+
 # the columns of a statistics row, as the engines accumulate them (STAT_MAX is a maximum,
 # the others sums)
 STATS = ("ref2", "err2", "dot", "q2", "max_abs", "count", "saturated")
@@ -97,19 +99,21 @@ def merge_stats(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-@register_jitable
-def dequantized(q, shift, grid):
-    """(q - shift - zp) * scale in float64: exact for every integer of up to 16 bits."""
-    return (np.float64(q) - (shift + grid[0])) * grid[1]
+@register_jitable(inline="always")
+def dequantized(q, offset, scale):
+    """(q - offset) * scale in float64, offset = zero point (+ the GEMM view's shift): exact for
+    every integer of up to 16 bits."""
+    return (np.float64(q) - offset) * scale
 
 
-@register_jitable
-def clipped(r, grid):
-    """Whether the grid clips the reference value r (as count_clipped)."""
-    return (r < grid[2]) | (r >= grid[3])
+@register_jitable(inline="always")
+def clipped(r, lo, hi):
+    """Whether the grid clips the reference value r: r < lo or r >= hi (GRID's lo_clip and
+    hi_clip, as count_clipped)."""
+    return (r < lo) | (r >= hi)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True, noalias=True)
 def add_row(q, shift, f, grid, st):
     """Accumulate the distance between integers `q - shift` (dequantized on `grid`) and the
     float reference `f` into the statistics row `st`, in float64 as Distance.add does.
@@ -117,24 +121,25 @@ def add_row(q, shift, f, grid, st):
     fastmath lets the compiler keep several partial sums (a different order of float64
     additions, nothing else); the values themselves are exact float64 products.
     """
+    offset, scale, lo, hi = shift + grid[0], grid[1], grid[2], grid[3]
     ref2 = err2 = dot = q2 = 0.0
-    mx = st[4]
+    mx = f64_bits(st[4])  # |errors| >= 0: their maximum as an integer maximum of bit patterns
     n_clipped = 0
     for k in range(f.shape[0]):
-        qd = dequantized(q[k], shift, grid)
+        qd = dequantized(q[k], offset, scale)
         r = np.float64(f[k])
         e = qd - r
         ref2 += r * r
         err2 += e * e
         dot += qd * r
         q2 += qd * qd
-        mx = max(mx, abs(e))
-        n_clipped += clipped(r, grid)
+        mx = max(mx, f64_bits(abs(e)))
+        n_clipped += clipped(r, lo, hi)
     st[0] += ref2
     st[1] += err2
     st[2] += dot
     st[3] += q2
-    st[4] = mx
+    st[4] = f64_from_bits(mx)
     st[5] += f.shape[0]
     st[6] += n_clipped
 

@@ -25,7 +25,7 @@ import llvmlite.binding as llb
 import numpy as np
 from llvmlite import ir
 from numba import config, types
-from numba.core import cgutils
+from numba.core import cgutils, cpu, options
 from numba.extending import intrinsic, overload
 from numba.np.numpy_support import from_dtype
 
@@ -51,6 +51,21 @@ _NAMED = {"haswell": ("avx2", "fma"), "znver2": ("avx2", "fma"), "znver3": ("avx
           "skylake-avx512": ("avx2", "fma", "avx512f", "avx512bw"),
           "icelake-server": ("avx2", "fma", "avx512f", "avx512bw", "avx512vnni"),
           "znver4": ("avx2", "fma", "avx512f", "avx512bw", "avx512vnni")}
+
+# numba's compiler flag `noalias` (its parfor kernels set it), as an njit option: array arguments
+# that never overlap. Without it LLVM cannot vectorise a loop that reads a table at computed
+# indices while it stores elsewhere (it cannot bound the table's reads for a runtime check).
+if not hasattr(cpu.CPUTargetOptions, "noalias"):
+    cpu.CPUTargetOptions.noalias = options.TargetOptions.Mapping("noalias")
+
+# LLVM inlines the integer cell (qtool.intops.gru_cell, ~300 instructions) into the loops over
+# hidden units before it vectorises them; numba's own inlining would add reference counting
+# of the cell's array arguments inside the loop, which stops the vectoriser.
+llb.set_option("", "-inline-threshold=3000")
+# the cell loops store a unit's 17 values into rows of one buffer: more runtime pointer checks
+# than LLVM's default of 8 before it vectorises
+for opt in ("-runtime-memory-check-threshold=512", "-vectorize-memory-check-threshold=512"):
+    llb.set_option("", opt)
 
 FEATURES = target_features()
 HAS_VNNI = {"avx512vnni", "avx512bw"} <= FEATURES
@@ -215,3 +230,28 @@ def _bitcast_f32(typingctx, i):
 @overload(f32_from_bits, target="generic", inline="always")
 def _f32_from_bits(i):
     return lambda i: _bitcast_f32(i)
+
+
+@intrinsic
+def f64_bits(typingctx, x):
+    """The int64 bit pattern of the float64 x: for x >= 0 it orders as x does, so a maximum of
+    non-negative floats becomes an integer maximum, which LLVM vectorises as a reduction."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(x), codegen
+
+
+@intrinsic
+def f64_from_bits(typingctx, i):
+    """The float64 whose bit pattern is the int64 i (the inverse of f64_bits)."""
+    if i != types.int64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(i), codegen
