@@ -193,7 +193,7 @@ def _gemm_sum(acc, i, c, half):
     return v + (v * 255 + lo) * (half > 0)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, noalias=True, error_model="numpy")
 def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                    gx_w, gx_shift, gx_half, ax, accx, gh_w, gh_shift, gh_half, ah, acch,
                    P, CH, lut_z, lut_r, lut_g,
@@ -202,6 +202,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
     """Layer direction over all T steps of sequences [n0, n1) of batch-first `xq [N, T, C]`
     (integers; `xf` the float inputs), backwards in time when `rev`; writes h's integers (and
     floats) to columns [col, col + H) of `out_q` (`out_f`). `level`: INTS, OUTPUT or TENSORS.
+    No two array arguments may share memory (noalias: what lets LLVM vectorise the cells).
     """
     T, C = xq.shape[1], xq.shape[2]
     H = ib.shape[2]
@@ -220,12 +221,14 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
             gemm_rows(ax, gx_w, accx)
             gemm_rows(ah, gh_w, acch)
             for i in range(nb):
-                _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g,
-                           ib, level == TENSORS or trace.shape[0] > 0)
+                _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib)
                 for j in range(H):
                     out_q[b0 + i, t, col + j] = ib[i, ROWS - 1, j]
             if trace.shape[0]:
-                trace[b0:b0 + nb, t] = ib[:nb]
+                for i in range(nb):  # element by element: a slice copy compiles error formatting
+                    for r in range(ROWS):
+                        for j in range(H):
+                            trace[b0 + i, t, r, j] = ib[i, r, j]
             if level == 0:
                 continue
             for i in range(nb):
@@ -237,7 +240,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                 _float_cells(i, ffx, ffh, fah, bx, br, H, fb)
                 for j in range(H):
                     out_f[b0 + i, t, col + j] = fb[i, ROWS - 1, j]
-                _measure(i, ax, gx_shift, fax, C, ib, fb, level, grids, row_tensor, stats,
+                _measure(xq[b0 + i, t], xf[b0 + i, t], ib, fb, i, level, grids, row_tensor, stats,
                          step_stats[t], tmp)
 
 
@@ -271,27 +274,19 @@ def _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z,
         lut_r, lut_g)
 
 
-@njit(nogil=True, cache=True, noalias=True)
-def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib, rows):
+@register_jitable(inline="always")
+def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib):
     """The integer cell of every unit of block row i: `ah` receives the next step's GEMM input
-    (h + shift), the rows of `ib` Wx and every output of gru_cell (only h unless `rows`)."""
-    if rows:
-        for j in range(H):
-            v = _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r, lut_g)
-            _store_rows(ib, i, j, v)
-            ah[i, j] = v[ROWS - 1] + gh_shift
-    else:
-        for j in range(H):
-            q_h = _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r,
-                            lut_g)[ROWS - 1]
-            ib[i, ROWS - 1, j] = q_h
-            ah[i, j] = q_h + gh_shift
+    (h + shift), the rows of `ib` Wx and every output of gru_cell."""
+    for j in range(H):
+        v = _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r, lut_g)
+        _store_rows(ib, i, j, v)
+        ah[i, j] = v[ROWS - 1] + gh_shift
 
 
-@njit(nogil=True, cache=True, noalias=True, error_model="numpy")
+@register_jitable(inline="always")
 def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
-    """The float32 cell of every unit of block row i, into the rows of `fb` (as `_int_cells`).
-    error_model numpy: IEEE division (sigmoid's 1 / (1 + e^-v) has no zero to check)."""
+    """The float32 cell of every unit of block row i, into the rows of `fb` (as `_int_cells`)."""
     for j in range(H):
         jr, jg = j + H, j + 2 * H
         res = float_cell(ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr], ffh[i, jg],
@@ -300,8 +295,8 @@ def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
         fah[i, j] = res[N_TRACE - 1]
 
 
-@njit(nogil=True, cache=True, noalias=True)
-def _measure(i, ax, gx_shift, fax, C, ib, fb, level, grids, row_tensor, stats, step_row, tmp):
+@register_jitable(inline="always")
+def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp):
     """Distances of block row i's tensors at one step: h always (also into the step's row),
     the others at level TENSORS."""
     h = ROWS - 1
@@ -316,7 +311,7 @@ def _measure(i, ax, gx_shift, fax, C, ib, fb, level, grids, row_tensor, stats, s
             step_row[c] += tmp[c]
     if level < TENSORS:
         return
-    add_row(ax[i, :C], gx_shift, fax[i, :C], grids[0], stats[0])
+    add_row(x_q, 0, x_f, grids[0], stats[0])
     for r in range(h):
         tr = row_tensor[r]
         add_row(ib[i, r], 0, fb[i, r], grids[tr], stats[tr])
@@ -384,13 +379,12 @@ def run_model(qm: QuantModel, x: np.ndarray, level: int = INTS, plans=None,
     x = np.ascontiguousarray(x, np.float32)
     N, T, _ = x.shape
     xq = np.ascontiguousarray(quantize_input(qm, x))
-    empty = np.zeros((0, 0, 0), np.float32)
     layers = []  # per layer: (out_q, out_f, [trace per direction])
     for row in plans:
         H = row[0].cq.hidden_size
         D = len(row)
         out_q = np.empty((N, T, H * D), np.int32)
-        out_f = np.empty((N, T, H * D), np.float32) if level else empty
+        out_f = np.empty((N, T, H * D) if level else (0, 0, 0), np.float32)
         tr = [np.zeros((N, T, ROWS, H) if traces is not None else (0, 0, ROWS, H), np.int32)
               for _ in row]
         layers.append((out_q, out_f, tr))
@@ -400,7 +394,7 @@ def run_model(qm: QuantModel, x: np.ndarray, level: int = INTS, plans=None,
     def work(n0, n1):
         stats = [[_stats_rows(len(MEASURED)) for _ in row] for row in plans]
         step = _stats_rows(T)
-        inq, inf = xq, x if level else empty
+        inq, inf = xq, x if level else np.zeros((0, 0, 0), np.float32)
         for l, row in enumerate(plans):
             out_q, out_f, tr = layers[l]
             last = l == len(plans) - 1
@@ -463,7 +457,7 @@ def run_cell(cq: CellQuant, qx: np.ndarray) -> np.ndarray:
                                     np.zeros(3 * H)))
     xq = np.ascontiguousarray(np.asarray(qx, np.int32).transpose(1, 0, 2))
     out = np.empty((N, T, H), np.int32)
-    empty = np.zeros((0, 0, 0), np.float32)
-    run_direction(dp, xq, empty, 0, N, False, out, empty, 0, INTS, _stats_rows(len(MEASURED)),
+    run_direction(dp, xq, np.zeros((0, 0, 0), np.float32), 0, N, False, out,
+                  np.zeros((0, 0, 0), np.float32), 0, INTS, _stats_rows(len(MEASURED)),
                   _stats_rows(T), np.zeros((0, 0, ROWS, H), np.int32))
     return out.transpose(1, 0, 2)
