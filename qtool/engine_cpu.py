@@ -317,6 +317,18 @@ def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp
         add_row(ib[i, r], 0, fb[i, r], grids[tr], stats[tr])
 
 
+def needs_compile() -> bool:
+    """Whether the engine's kernel is neither loaded nor in numba's on-disk cache: the first run
+    after an install compiles it (numba caches it next to this file, or in the user's cache
+    directory where that is not writable)."""
+    if _run_direction.signatures:
+        return False
+    try:
+        return not os.path.exists(_run_direction._cache._cache_file._index_path)
+    except AttributeError:  # numba's cache internals moved: say nothing rather than guess
+        return False
+
+
 def quantize_input(qm: QuantModel, x: np.ndarray) -> np.ndarray:
     s = qm.cells[0][0].spec["x"]
     return quantize(x, s.exp2_inv, s.zp, s.bits).astype(np.int32)
