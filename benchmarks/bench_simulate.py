@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from qtool.calibration import build_quant_model, new_observers, observe_batch
-from qtool.engine_cpu import INTS, OUTPUT, TENSORS, plan_model, run_int, run_model, slices, threads
+from qtool.engine_cpu import OUTPUT, TENSORS, plan_model, run_int, run_model, slices, threads
 from qtool.model import GruCell, GruModel
 from qtool.simd import KINDS, MB, gemm_rows, pack, padded
 from qtool.tensors import preset_config
