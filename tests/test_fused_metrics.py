@@ -48,8 +48,11 @@ def traced_distances(qm, x):
 
 
 def close(a: Distance, b: Distance, rtol: float, saturated: bool = True) -> None:
+    # a reference value's float32 rounding d moves err2 by about 2 err d: relative to err2 that
+    # is large when the errors are small, so err2 also gets an absolute slack of that size
+    slack = {"err2": 1e-6 * (b.err2 * b.ref2) ** 0.5}
     for k in ("ref2", "err2", "dot", "q2"):
-        assert getattr(a, k) == pytest.approx(getattr(b, k), rel=rtol, abs=1e-12), k
+        assert getattr(a, k) == pytest.approx(getattr(b, k), rel=rtol, abs=slack.get(k, 1e-12)), k
     # the largest error is one value's: it moves with that reference value's float32 rounding
     assert a.max_abs == pytest.approx(b.max_abs, abs=1e-6)
     assert a.count == b.count
@@ -63,7 +66,7 @@ RTOL = 1e-5
 
 @pytest.mark.parametrize("preset,layers,dirs,engine", [
     ("int8", 1, 1, "cpu"), ("w8a16", 2, 2, "cpu"), ("int16", 1, 2, "cpu"), ("mixed", 2, 1, "cpu"),
-    ("w8a16", 2, 2, "cuda")])
+    ("w8a16", 1, 2, "cuda")])
 def test_fused_distances_equal_traced_reductions(preset, layers, dirs, engine):
     """CUDA: reduced on the device (under numba's simulator unless QTOOL_TEST_REAL_GPU=1)."""
     C, H, N, T = (7, 12, 9, 11) if engine == "cpu" else (3, 4, 3, 3)  # the simulator is slow
