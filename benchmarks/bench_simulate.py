@@ -5,6 +5,10 @@ the machine. A benchmark, not a test: run it and copy the tables into the README
     python benchmarks/bench_simulate.py [--T 100 --N 64 --C 64 --H 256 --repeat 10]
     python benchmarks/bench_simulate.py --process [--N 256 --repeat 10]   # whole processes
     python benchmarks/bench_simulate.py --cuda --T 100 --N 256 --C 256 --H 512   # GPU vs cuDNN
+    NUMBA_NUM_THREADS=1 python benchmarks/bench_simulate.py --cpu-time   # one thread each, CPU time
+
+--cpu-time measures the process's CPU time with one thread for every engine (PyTorch too): on a
+machine shared with other work, wall time mostly measures the scheduler, CPU time much less so.
 
 Each repeat runs every engine once, in turn, so that the machine's drift hits all alike; the
 tables give the median and the range over the repeats.
@@ -32,11 +36,13 @@ from qtool.model import GruCell, GruModel
 from qtool.simd import KINDS, MB, gemm_rows, pack, padded
 from qtool.tensors import preset_config
 
+CLOCK = time.perf_counter
+
 
 def timed(fn) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     fn()
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def summary(times: list[float]) -> str:
@@ -98,7 +104,11 @@ def main() -> None:
         ap.add_argument(f"--{k}", type=int, default=v)
     ap.add_argument("--cuda", action="store_true", help="time the numba.cuda engine against cuDNN")
     ap.add_argument("--process", action="store_true", help="time whole `qtool simulate` processes")
+    ap.add_argument("--cpu-time", action="store_true", help="CPU time, one thread per engine")
     a = ap.parse_args()
+    if a.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
     if a.cuda:
         return bench_cuda(a)
     if a.process:
@@ -120,6 +130,8 @@ def main() -> None:
     try:
         import torch
 
+        if a.cpu_time:
+            torch.set_num_threads(1)
         gru = torch.nn.GRU(a.C, a.H, batch_first=True)
         xt = torch.from_numpy(x)
 
