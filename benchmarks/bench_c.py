@@ -1,10 +1,20 @@
-"""Footprint and speed of the exported C runtime for the bundled sample.
+"""Footprint and speed of the exported C runtime.
 
-    python benchmarks/bench_c.py [--bits int8] [--compensation table|offset]
+    python benchmarks/bench_c.py [--model sample|large] [--bits int8] [--compensation table|offset]
+                                 [--cmsis-nn DIR]
 
-Prints flash/RAM/MACs, host time steps per second (gcc -O2), instructions per MAC under
-callgrind (if valgrind is installed), and Cortex-M4 .text/.rodata sizes (if arm-none-eabi-gcc is
-installed: Debian's gcc-arm-none-eabi).
+--model sample: the bundled digits GRU (2 layers, C=8, H=64) calibrated on samples/calib.npy;
+--model large: one layer, C=64, H=128, random weights, calibrated on random inputs.
+
+Prints flash/RAM/MACs; host time steps per second (gcc -O2) and instructions per MAC under
+callgrind (if valgrind is installed); and on an emulated Cortex-M4 (arm-none-eabi-gcc -O2,
+QEMU mps2-an386, if installed: Debian's gcc-arm-none-eabi picolibc-arm-none-eabi
+qemu-system-arm) the instructions per time step and per MAC, for the whole step and for the
+GEMMs alone, with the portable C loop and with the DSP (SMLAD) kernel. Instructions are counted
+with QEMU's -icount shift=0 (one virtual nanosecond per executed instruction) read back from
+the board's 25 MHz CMSDK timer (one tick per 40 instructions), over enough steps that the tick
+granularity is below 0.1%. --cmsis-nn DIR also times CMSIS-NN's own int8 matrix-vector kernel
+(arm_nn_vec_mat_mult_t_s8, from a CMSIS-NN source tree) on the same matrices and core.
 """
 
 from __future__ import annotations
@@ -16,87 +26,230 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from exporters.c_export import COMPENSATION, export_c
+import numpy as np
+
+from exporters import c_target
+from exporters.c_export import export_c, sources
+from exporters.c_types import COMPENSATION, model_types
 from exporters.c_verify import compile_c
-from qtool.calibration import build_quant_model, collect
+from qtool.calibration import build_quant_model, collect, new_observers, observe_batch
 from qtool.fileio import open_sequences
 from qtool.importers import import_model
+from qtool.model import GruCell, GruModel
 from qtool.tensors import preset_config
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
-TIMING_MAIN = r"""
+TICK_INSTRUCTIONS = 40  # -icount shift=0: 1 ns per instruction; the MPS2 timer runs at 25 MHz
+
+HOST_MAIN = r"""
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
-#include "qgru.h"
 #include "m.h"
 static m_state_t s;
 int main(int argc, char **argv)
 {
-    long steps = argc > 1 ? atol(argv[1]) : 100000, t, i;
-    int16_t x[M_INPUT_SIZE], y[M_OUTPUT_SIZE];
-    long check = 0;
+    long steps = argc > 1 ? atol(argv[1]) : 100000, t, i, check = 0;
+    m_q_t x[M_INPUT_SIZE], y[M_OUTPUT_SIZE];
     clock_t c0;
-    for (i = 0; i < M_INPUT_SIZE; i++) x[i] = (int16_t)(i * 7 % 50);
+    for (i = 0; i < M_INPUT_SIZE; i++) x[i] = (m_q_t)(i * 7 % 50);
     m_reset(&s);
     c0 = clock();
     for (t = 0; t < steps; t++) {
-        x[t % M_INPUT_SIZE] = (int16_t)(t % 100 - 50);
+        x[t % M_INPUT_SIZE] = (m_q_t)(t % 100 - 50);
         m_step(&s, x, y);
         check += y[0];
     }
-    printf("%.1f %ld\n", steps / ((double)(clock() - c0) / CLOCKS_PER_SEC), check);
+    printf("%.1f %ld\n", (double)steps / ((double)(clock() - c0) / CLOCKS_PER_SEC), check);
+    return 0;
+}
+"""
+
+# Includes the generated m.c, so that its GEMM kernels (static) can be timed on their own.
+TARGET_MAIN = r"""
+#include <stdio.h>
+#include "m.c"
+#define TIMER ((volatile uint32_t *)0x40000000u) /* CMSDK APB timer 0 of the MPS2 board */
+static m_state_t s;
+int main(void)
+{
+    m_q_t x[M_INPUT_SIZE], y[M_OUTPUT_SIZE];
+    uint32_t t0, t1;
+    int32_t t, i, l, j;
+    long check = 0;
+    TIMER[2] = 0xFFFFFFFFu; /* reload */
+    TIMER[1] = 0xFFFFFFFFu; /* value: counts down */
+    TIMER[0] = 1u;          /* enable */
+    for (i = 0; i < M_INPUT_SIZE; i++) x[i] = (m_q_t)(i * 7 % 50);
+    m_reset(&s);
+    t0 = TIMER[1];
+    for (t = 0; t < STEPS; t++) {
+        x[t % M_INPUT_SIZE] = (m_q_t)(t % 100 - 50);
+        m_step(&s, x, y);
+        check += y[0];
+    }
+    t1 = TIMER[1];
+    printf("step %lu %ld\n", (unsigned long)(t0 - t1), check);
+    t0 = TIMER[1];
+    for (t = 0; t < STEPS; t++) {
+        const m_q_t *in = x;
+        int32_t off = 0;
+        for (l = 0; l < M_NUM_LAYERS; l++) {
+            const m_cell_t *c = &m_cells[l];
+            for (j = 0; j < c->hidden_size; j++) {
+                M_ACC_W acc_w[3];
+                M_ACC_R acc_r[3];
+                m_dot3_W(c->qW + j * c->input_size, c->hidden_size * c->input_size, in,
+                         c->input_size, 0, acc_w);
+                m_dot3_R(c->qR + j * c->hidden_size, c->hidden_size * c->hidden_size, s.h + off,
+                         c->hidden_size, 0, acc_r);
+                check += acc_w[0] + acc_r[0];
+            }
+            in = s.h + off;
+            off += c->hidden_size;
+        }
+    }
+    t1 = TIMER[1];
+    printf("gemm %lu %ld\n", (unsigned long)(t0 - t1), check);
+    return 0;
+}
+"""
+
+CMSIS_MAIN = r"""
+#include <stdio.h>
+#include "arm_nnsupportfunctions.h"
+#include "m.h"
+#include "m_params.h"
+#define TIMER ((volatile uint32_t *)0x40000000u)
+static int8_t out[4 * M_MAX_HIDDEN * 3];
+static int8_t h[M_MAX_HIDDEN];
+int main(void)
+{
+    uint32_t t0, t1;
+    int32_t t, l;
+    int8_t x[M_INPUT_SIZE] = {0};
+    TIMER[2] = 0xFFFFFFFFu;
+    TIMER[1] = 0xFFFFFFFFu;
+    TIMER[0] = 1u;
+    t0 = TIMER[1];
+    for (t = 0; t < STEPS; t++) {
+        for (l = 0; l < M_NUM_LAYERS; l++) {
+            const m_cell_t *c = &m_cells[l];
+            const int32_t H = c->hidden_size;
+            arm_nn_vec_mat_mult_t_s8(l ? h : x, c->qW, NULL, NULL, out, 3, 0, 1 << 30, -8,
+                                     c->input_size, 3 * H, -128, 127, 1, 0);
+            arm_nn_vec_mat_mult_t_s8(h, c->qR, NULL, NULL, out + 3 * H, 1, 0, 1 << 30, -8,
+                                     H, 3 * H, -128, 127, 1, 0);
+        }
+    }
+    t1 = TIMER[1];
+    printf("cmsis %lu %d\n", (unsigned long)(t0 - t1), out[0]);
     return 0;
 }
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bits", default="int8")
-    ap.add_argument("--compensation", default="table", choices=COMPENSATION)
-    a = ap.parse_args()
+def sample_model(bits: str):
     model = import_model(SAMPLES / "digits_gru.safetensors")
     obs = collect(model, open_sequences(SAMPLES / "calib.npy"), "minmax")
-    qm = build_quant_model(model, obs, preset_config(a.bits), {"method": "minmax"})
+    return build_quant_model(model, obs, preset_config(bits), {"method": "minmax"})
+
+
+def large_model(bits: str, C: int = 64, H: int = 128):
+    """One layer, C=64, H=128, weights uniform in +-1/sqrt(H) (PyTorch's initialisation)."""
+    rng = np.random.default_rng(0)
+    k = 1 / np.sqrt(H)
+    cell = GruCell(*(rng.uniform(-k, k, s) for s in ((3 * H, C), (3 * H, H), (3 * H,), (3 * H,))))
+    model = GruModel([[cell]], name="large")
+    obs = new_observers(model, "minmax")
+    observe_batch(model, rng.standard_normal((64, 32, C)).astype(np.float32), obs)
+    return build_quant_model(model, obs, preset_config(bits), {"method": "minmax"})
+
+
+def host_speed(d: Path, macs: int) -> None:
+    (d / "main.c").write_text(HOST_MAIN)
+    compile_c(sources(d, "m") + [d / "main.c"], d / "t", d)
+    rate = float(subprocess.run([d / "t", "200000"], capture_output=True, text=True).stdout.split()[0])
+    print(f"host gcc -O2: {rate:,.0f} time steps/s ({rate * macs / 1e9:.2f} GMAC/s)")
+    if shutil.which("valgrind"):
+        res = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={d}/cg",
+                              str(d / "t"), "2000"], capture_output=True, text=True)
+        m = re.search(r"Collected : (\d+)", res.stderr)
+        if m:
+            print(f"host callgrind: {int(m.group(1)) / (2000 * macs):.2f} instructions per MAC")
+
+
+def _qemu_counts(d: Path, main: str, srcs: list[Path], flags: list[str], steps: int) -> dict:
+    t = c_target.TARGETS["cortex-m4"]
+    (d / "bench_main.c").write_text(main)
+    exe = d / "bench.elf"
+    c_target.cross_compile(t, srcs + [d / "bench_main.c"], exe, d, flags, [f"-DSTEPS={steps}"])
+    res = c_target.run(t, exe, [], d, timeout=600, icount=True)
+    counts = {m.group(1): int(m.group(2)) * TICK_INSTRUCTIONS / steps
+              for m in re.finditer(r"^(step|gemm|cmsis) (\d+)", c_target.output(res), re.M)}
+    if res.returncode != 0 or not counts:
+        raise SystemExit(f"the Cortex-M4 benchmark failed (exit {res.returncode})")
+    return counts
+
+
+def cortex_m4(d: Path, qm, macs: int, opt: str, steps: int, cmsis_nn: Path | None) -> None:
+    ty = model_types(qm, "table")
+    flags = ["-std=c99", opt, f"-DM_ACC_W={ty.acc('Wx')}", f"-DM_ACC_R={ty.acc('Rh')}"]
+    gemm_macs = macs  # the GEMMs are all of the MACs
+    for path, extra in (("portable", ["-DQGRU_PORTABLE"]), ("DSP (SMLAD)", [])):
+        c = _qemu_counts(d, TARGET_MAIN, [d / "qgru.c", d / "m_params.c"], flags + extra, steps)
+        print(f"Cortex-M4 {opt} {path}: {c['step']:,.0f} instructions per time step, "
+              f"{c['step'] / macs:.2f} per MAC; GEMMs alone {c['gemm'] / gemm_macs:.2f} per MAC")
+    if cmsis_nn is not None:
+        srcs = [cmsis_nn / "Source/NNSupportFunctions/arm_nn_vec_mat_mult_t_s8.c", d / "m_params.c"]
+        c = _qemu_counts(d, CMSIS_MAIN, srcs, ["-std=c99", opt, f"-I{cmsis_nn / 'Include'}"], steps)
+        print(f"Cortex-M4 {opt} CMSIS-NN arm_nn_vec_mat_mult_t_s8 (DSP), the same matrices: "
+              f"{c['cmsis'] / gemm_macs:.2f} instructions per MAC")
+    print(f"Cortex-M4 code and constants of the model (qgru.c, m.c, m_params.c), -Os: {object_sizes(d)}")
+
+
+def object_sizes(d: Path) -> str:
+    """.text and .rodata of the export's objects for the Cortex-M4, -Os."""
+    t = c_target.TARGETS["cortex-m4"]
+    sizes: dict[str, int] = {}
+    for src in sources(d, "m"):
+        obj = d / (src.name + ".o")
+        subprocess.run([c_target.CROSS_CC, *t.cflags, "-Os", "-std=c99", "-ffunction-sections",
+                        "-fdata-sections", f"-I{d}", "-c", str(src), "-o", str(obj)], check=True)
+        out = subprocess.run(["arm-none-eabi-size", "-A", str(obj)], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].startswith((".text", ".rodata")):
+                key = parts[0].split(".")[1]
+                sizes[key] = sizes.get(key, 0) + int(parts[1])
+    return f".text {sizes.get('text', 0):,} B, .rodata {sizes.get('rodata', 0):,} B"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="sample", choices=("sample", "large"))
+    ap.add_argument("--bits", default="int8")
+    ap.add_argument("--compensation", default="table", choices=COMPENSATION)
+    ap.add_argument("--opt", default="-O2", help="optimisation flag of the Cortex-M4 build")
+    ap.add_argument("--steps", type=int, default=200, help="time steps per Cortex-M4 measurement")
+    ap.add_argument("--cmsis-nn", type=Path, help="a CMSIS-NN source tree, to time its kernel too")
+    a = ap.parse_args()
+    qm = (sample_model if a.model == "sample" else large_model)(a.bits)
+    if qm.model.num_directions != 1:
+        raise SystemExit("the step benchmark needs a unidirectional model")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         fp = export_c(qm, d, "m", a.compensation)
         base = fp.int8_weight_bytes + fp.table_bytes
-        print(f"sample digits GRU ({a.bits}, {a.compensation} compensation): flash {fp.flash_bytes} B "
-              f"(weights {fp.weight_bytes}, "
-              f"biases {fp.bias_bytes}, tables {fp.table_bytes}, shifts/compensation/params "
-              f"{fp.other_bytes}), {100 * (fp.flash_bytes / base - 1):.1f}% above int8 weights + "
-              f"tables; RAM {fp.ram_bytes} B; {fp.macs_per_step} MACs per step")
-        (d / "main.c").write_text(TIMING_MAIN.replace("#include <time.h>",
-                                                      "#include <time.h>\n#include <stdlib.h>"))
-        compile_c([d / "qgru.c", d / "m.c", d / "main.c"], d / "t", d)
-        rate = float(subprocess.run([d / "t", "200000"], capture_output=True, text=True).stdout.split()[0])
-        print(f"host gcc -O2: {rate:,.0f} time steps/s ({rate * fp.macs_per_step / 1e9:.2f} GMAC/s)")
-        if shutil.which("valgrind"):
-            res = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={d}/cg",
-                                  str(d / "t"), "2000"], capture_output=True, text=True)
-            m = re.search(r"Collected : (\d+)", res.stderr)
-            if m:
-                print(f"callgrind: {int(m.group(1)) / (2000 * fp.macs_per_step):.2f} instructions per MAC")
-        if shutil.which("arm-none-eabi-gcc"):
-            objs = []
-            for src in ("qgru.c", "m.c"):
-                obj = d / (src + ".o")
-                subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m4", "-mthumb", "-Os", "-std=c99",
-                                "-Wall", "-Wextra", "-Werror", "-pedantic", "-ffunction-sections",
-                                "-fdata-sections", "-c", str(d / src), "-o", str(obj)], check=True)
-                objs.append(obj)
-            sizes = {}
-            for obj in objs:
-                out = subprocess.run(["arm-none-eabi-size", "-A", str(obj)], capture_output=True,
-                                     text=True).stdout
-                for line in out.splitlines():
-                    parts = line.split()
-                    if len(parts) >= 2 and parts[0].startswith("."):
-                        key = parts[0].split(".")[1]
-                        sizes[key] = sizes.get(key, 0) + int(parts[1])
-            print(f"Cortex-M4 (arm-none-eabi-gcc -Os): .text {sizes.get('text', 0)} B, "
-                  f".rodata {sizes.get('rodata', 0)} B")
+        print(f"{a.model} GRU ({a.bits}, {a.compensation} compensation): flash {fp.flash_bytes} B "
+              f"(weights {fp.weight_bytes}, biases {fp.bias_bytes}, tables {fp.table_bytes}, "
+              f"shifts/compensation/params {fp.other_bytes}), {100 * (fp.flash_bytes / base - 1):.1f}% "
+              f"above int8 weights + tables; RAM {fp.ram_bytes} B; {fp.macs_per_step} MACs per step")
+        host_speed(d, fp.macs_per_step)
+        if c_target.missing_tools():
+            print(f"no Cortex-M4 figures: apt-get install {c_target.PACKAGES}")
+            return
+        cortex_m4(d, qm, fp.macs_per_step, a.opt, a.steps, a.cmsis_nn)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""`qtool verify`: compile the exported C with the host compiler, run it on data, and compare
-every output integer of every time step, and every final state, with the simulator's."""
+"""`qtool verify`: compile the exported C with the host compiler (or cross-compile it for a
+Cortex-M and run it under QEMU), run it on data, and compare every output integer of every time
+step, and every final state, with the simulator's."""
 
 from __future__ import annotations
 
@@ -13,36 +14,46 @@ from pathlib import Path
 
 import numpy as np
 
+from exporters import c_target
+from exporters.c_export import sources
+from exporters.c_target import HOST, TARGETS, check_tools, cross_compile
+from exporters.c_types import act_type
 from qtool.engine_cpu import run_int
 from qtool.errors import QtoolError
 from qtool.qmodel import QuantModel
 from qtool.qparams import dequantize
 
-CFLAGS = ["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic"]
+# the flags an embedded reviewer builds with: the export must be clean under every one of them
+WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wsign-conversion", "-Wshadow", "-Wcast-align",
+            "-Werror", "-pedantic"]
+CFLAGS = ["-std=c99", "-O2", *WARNINGS]
 
 VERIFY_MAIN = """#include <stdio.h>
 #include <stdlib.h>
 #include "qgru.h"
 #include "{prefix}.h"
 
-/* usage: verify N T in.bin y.bin h.bin yf.bin */
+/* usage: verify N T in.bin y.bin h.bin yf.bin; on a board the files are the host's
+ * (semihosting) */
 int main(int argc, char **argv)
 {{
     static {prefix}_state_t s;
-    long n, N, T;
+    size_t n, N, T, in_n, out_n;
     float *x, *yf;
-    int16_t *xq, *y, *work;
+    {prefix}_q_t *xq, *y, *work;
     FILE *fin, *fy, *fh, *fyf;
     if (argc != 7 || qgru_check_platform() != 0) {{
         return 2;
     }}
-    N = atol(argv[1]);
-    T = atol(argv[2]);
-    x = malloc(sizeof(float) * T * {P}_INPUT_SIZE);
-    xq = malloc(sizeof(int16_t) * T * {P}_INPUT_SIZE);
-    y = malloc(sizeof(int16_t) * T * {P}_OUTPUT_SIZE);
-    yf = malloc(sizeof(float) * T * {P}_OUTPUT_SIZE);
-    work = malloc(sizeof(int16_t) * {P}_SEQUENCE_WORK(T));
+    N = (size_t)atol(argv[1]);
+    T = (size_t)atol(argv[2]);
+    in_n = T * {P}_INPUT_SIZE;
+    out_n = T * {P}_OUTPUT_SIZE;
+    x = malloc(sizeof(float) * in_n);
+    xq = malloc(sizeof({prefix}_q_t) * in_n);
+    y = malloc(sizeof({prefix}_q_t) * out_n);
+    yf = malloc(sizeof(float) * out_n);
+    work = malloc(sizeof({prefix}_q_t) * (size_t){P}_SEQUENCE_WORK((int32_t)T));
     fin = fopen(argv[3], "rb");
     fy = fopen(argv[4], "wb");
     fh = fopen(argv[5], "wb");
@@ -51,18 +62,26 @@ int main(int argc, char **argv)
         return 3;
     }}
     for (n = 0; n < N; n++) {{
-        if (fread(x, sizeof(float), (size_t)(T * {P}_INPUT_SIZE), fin) != (size_t)(T * {P}_INPUT_SIZE)) {{
+        if (fread(x, sizeof(float), in_n, fin) != in_n) {{
             return 4;
         }}
-        {prefix}_quantize_input(x, xq, (int32_t)(T * {P}_INPUT_SIZE));
+        {prefix}_quantize_input(x, xq, (int32_t)in_n);
         {prefix}_run_sequence(&s, xq, (int32_t)T, y, work);
-        {prefix}_dequantize_output(y, yf, (int32_t)(T * {P}_OUTPUT_SIZE));
-        fwrite(y, sizeof(int16_t), (size_t)(T * {P}_OUTPUT_SIZE), fy);
-        fwrite(s.h, sizeof(int16_t), {P}_STATE_SIZE, fh);
-        fwrite(yf, sizeof(float), (size_t)(T * {P}_OUTPUT_SIZE), fyf);
+        {prefix}_dequantize_output(y, yf, (int32_t)out_n);
+        if (fwrite(y, sizeof({prefix}_q_t), out_n, fy) != out_n
+            || fwrite(s.h, sizeof({prefix}_q_t), {P}_STATE_SIZE, fh) != {P}_STATE_SIZE
+            || fwrite(yf, sizeof(float), out_n, fyf) != out_n) {{
+            return 5;
+        }}
     }}
-    fclose(fin); fclose(fy); fclose(fh); fclose(fyf);
-    free(x); free(xq); free(y); free(yf); free(work);
+    if (fclose(fin) || fclose(fy) || fclose(fh) || fclose(fyf)) {{
+        return 5;
+    }}
+    free(x);
+    free(xq);
+    free(y);
+    free(yf);
+    free(work);
     return 0;
 }}
 """
@@ -86,38 +105,61 @@ def find_compiler() -> list[str]:
 
 
 def compile_c(sources: list[Path], exe: Path, include: Path, extra: list[str] | None = None) -> None:
+    """Build a host program with $CC (no -lm: the export needs none)."""
     cmd = find_compiler() + CFLAGS + [f"-I{include}"] + [str(s) for s in sources] + \
-        ["-o", str(exe), "-lm"] + (extra or [])
+        ["-o", str(exe)] + (extra or [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         first = (res.stderr.strip().splitlines() or ["(no message)"])[0]
         raise QtoolError(f"the exported C did not compile: {first}")
 
 
-def verify(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray) -> dict:
-    """Compile and run the C code on float `x [N, T, C]`; compare with the simulator."""
-    P = prefix.upper()
-    needed = [export_dir / f for f in ("qgru.c", "qgru.h", f"{prefix}.c", f"{prefix}.h",
-                                       f"{prefix}_params.h")]
+def _check_export(export_dir: Path, prefix: str) -> None:
+    needed = [export_dir / f for f in ("qgru.h", f"{prefix}.h", f"{prefix}_params.h")] + \
+        sources(export_dir, prefix)
     missing = [p.name for p in needed if not p.is_file()]
     if missing:
         raise QtoolError(f"{export_dir}: not a qtool C export for '{prefix}' (missing "
                          f"{', '.join(missing)}); run 'qtool export c' or pass --name")
+
+
+def _run_main(export_dir: Path, prefix: str, tmp: Path, N: int, T: int, target: str,
+              timeout: float) -> None:
+    """Build the verify main with the export, run it on in.bin in `tmp`."""
+    main = tmp / "verify_main.c"
+    main.write_text(VERIFY_MAIN.format(prefix=prefix, P=prefix.upper()))
+    exe = tmp / "verify.elf"
+    srcs = sources(export_dir, prefix) + [main]
+    args = [str(N), str(T), "in.bin", "y.bin", "h.bin", "yf.bin"]
+    if target == HOST:
+        compile_c(srcs, exe, export_dir)
+        res = subprocess.run([str(exe), *args], cwd=tmp, capture_output=True)
+        where = "the compiled C program"
+    else:
+        t = TARGETS[target]
+        cross_compile(t, srcs, exe, export_dir, CFLAGS)
+        res = c_target.run(t, exe, args, tmp, timeout)
+        where = f"the C program on the emulated {target}"
+    if res.returncode != 0:
+        raise QtoolError(f"{where} failed (exit {res.returncode})")
+
+
+def verify(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray, target: str = HOST,
+           timeout: float = 600.0) -> dict:
+    """Compile and run the C code on float `x [N, T, C]`, on the host or an emulated Cortex-M
+    (`target`); compare every output and final-state integer with the simulator's."""
+    if target != HOST:
+        check_tools(c_target.target(target))
+    _check_export(export_dir, prefix)
     N, T, _ = x.shape
+    q_t = np.int8 if act_type(qm) == "int8_t" else np.int16
     with tempfile.TemporaryDirectory(prefix="qtool-verify-") as tmp:
         tmp = Path(tmp)
-        main = tmp / "verify_main.c"
-        main.write_text(VERIFY_MAIN.format(prefix=prefix, P=P))
-        exe = tmp / "verify"
-        compile_c([export_dir / "qgru.c", export_dir / f"{prefix}.c", main], exe, export_dir)
         np.ascontiguousarray(x, np.float32).tofile(tmp / "in.bin")
-        res = subprocess.run([str(exe), str(N), str(T)] + [str(tmp / f) for f in
-                             ("in.bin", "y.bin", "h.bin", "yf.bin")], capture_output=True)
-        if res.returncode != 0:
-            raise QtoolError(f"the compiled C program failed (exit {res.returncode})")
+        _run_main(export_dir, prefix, tmp, N, T, target, timeout)
         out_w = qm.model.output_size
-        y_c = np.fromfile(tmp / "y.bin", np.int16).reshape(N, T, out_w)
-        h_c = np.fromfile(tmp / "h.bin", np.int16).reshape(N, -1)
+        y_c = np.fromfile(tmp / "y.bin", q_t).reshape(N, T, out_w)
+        h_c = np.fromfile(tmp / "h.bin", q_t).reshape(N, -1)
         yf_c = np.fromfile(tmp / "yf.bin", np.float32).reshape(N, T, out_w)
     finals: list = []
     y_sim = run_int(qm, x, finals=finals)
@@ -125,7 +167,7 @@ def verify(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray) -> dict
     s = qm.cells[-1][0].spec["h"]
     yf_sim = dequantize(y_sim, s.exp2_inv, s.zp).astype(np.float32)
     return {
-        "sequences": N, "time_steps": T,
+        "target": target, "sequences": N, "time_steps": T,
         "output_values": int(y_sim.size), "output_mismatches": int(np.count_nonzero(y_c != y_sim)),
         "state_values": int(h_sim.size), "state_mismatches": int(np.count_nonzero(h_c != h_sim)),
         "dequantized_mismatches": int(np.count_nonzero(yf_c != yf_sim)),

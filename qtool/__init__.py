@@ -1,13 +1,13 @@
 """qtool: integer-only GRUs for microcontrollers and DSPs, calibrated and simulated bit-exactly.
 
 The pipeline as Python functions (qtool.api; imported on first use so that `import qtool` stays
-cheap): load_model, calibrate, compare, simulate, save, load, export_c, verify.
+cheap): load_model, calibrate, compare, simulate, save, load, export_c, verify, html_report.
 """
 
 __version__ = "0.1.0"
 
-API = ("as_data", "calibrate", "compare", "export_c", "load", "load_model", "observe", "save",
-       "save_model", "simulate", "verify")
+API = ("as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model", "observe",
+       "save", "save_model", "simulate", "verify")
 __all__ = ["__version__", *API]
 
 

@@ -66,8 +66,10 @@ def count(data: SequenceData, limit: int | None) -> int:
     return min(int(limit), data.num_sequences)
 
 
-def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None) -> GruModel:
-    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste)."""
+def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
+               check: bool = True) -> GruModel:
+    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste).
+    An imported model is checked against its source framework where that is installed (`check`)."""
     from qtool.importers import import_model
     from qtool.model import load_model as load_h5_model
     from qtool.model import open_h5
@@ -86,7 +88,7 @@ def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None
             elif fmt_attr == "qtool-qgru":
                 model = load(path).model
     if model is None:
-        model = import_model(path, fmt, name)
+        model = import_model(path, fmt, name, check=check)
     if path.is_file():
         model.extra["sha256"] = sha256_file(path)
     return model
@@ -132,45 +134,69 @@ def _bits_config(bits: str | dict) -> tuple[str, dict]:
     return load_bits(bits)
 
 
-def _provenance(model: GruModel, data: SequenceData, n: int, label: str, config: dict,
+def _provenance(model: GruModel, data: SequenceData | None, n: int, label: str, config: dict,
                 method: str) -> dict:
     config_text = json.dumps({k: {"bits": c.bits, "symmetric": c.symmetric, "method": c.method}
                               for k, c in config.items()}, sort_keys=True)
-    path = Path(data.name)
+    path = Path(data.name) if data is not None else None
     return {
         "method": method, "bits": label, "bits_config": config_text,
-        "data_file": path.name, "data_sha256": sha256_file(path) if path.is_file() else "",
-        "samples": n, "time_steps": data.shape[1], "source": model.source,
+        "data_file": path.name if path else "", "data_sha256": sha256_file(path) if path and path.is_file() else "",
+        "samples": n, "time_steps": data.shape[1] if data is not None else 0, "source": model.source,
         "source_sha256": model.extra.get("sha256", ""), "created": now_utc(),
     }
 
 
+def file_ranges(path: str | os.PathLike, model: GruModel):
+    """The ranges a quantized or QAT-trained model file holds (ONNX QDQ, torch.ao fake-quant, a
+    QuantGRU checkpoint) for `model`, imported from it; None for a float model file."""
+    from qtool.importers.ranges import read_imported
+
+    return read_imported(Path(path), model)
+
+
 @dataclass
 class Calibration:
-    """The observations of one float pass and how to turn them into quantized models."""
+    """The observations of one float pass and how to turn them into quantized models. With
+    `ranges` (a quantized or QAT-trained file's own ranges), those are kept and the observations
+    fill in the rest; `ranges_used` then lists where each kept range came from."""
 
     model: GruModel
-    data: SequenceData
+    data: SequenceData | None
     samples: int
     label: str
     config: dict
     plans: list
     observers: list
+    ranges: object = None
+    snap: str = "up"
+    ranges_used: list = field(default_factory=list)
 
     def quant_model(self, k: int = 0) -> QuantModel:
         from qtool.calibration import build_quant_model
 
-        info = _provenance(self.model, self.data, self.samples, self.label, self.config,
-                           self.plans[k].label())
-        return build_quant_model(self.model, self.observers[k], self.config, info, self.plans[k])
+        method = self.plans[k].label()
+        if self.ranges is not None:
+            method = f"ranges from the {self.ranges.kind} file (snap {self.snap})" + (
+                f", the rest {method}" if self.data is not None else "")
+        info = _provenance(self.model, self.data, self.samples, self.label, self.config, method)
+        if self.ranges is None:
+            return build_quant_model(self.model, self.observers[k], self.config, info, self.plans[k])
+        from qtool.importers.ranges import build_from_file
+
+        qm, self.ranges_used = build_from_file(self.ranges, self.model, self.config, info, self.snap,
+                                               self.observers[k], self.plans[k])
+        return qm
 
 
-def observe(model: GruModel | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
+def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
             methods: Sequence[str] = ("minmax",), method_weights: str = "minmax",
             percentile: float = 99.99, batch_size: int = 64, limit: int | None = None,
-            dataset: str | None = None, time_first: bool = False,
+            dataset: str | None = None, time_first: bool = False, ranges=None, snap: str = "up",
             progress: Progress | None = None) -> Calibration:
-    """One float pass over the calibration data feeding the observers of every method asked for."""
+    """One float pass over the calibration data feeding the observers of every method asked for.
+    A model file that holds ranges (`file_ranges`; looked up when `model` is a path) keeps them,
+    and `data` may then be None when the file holds every range."""
     from calibrators import METHODS
     from qtool.calibration import MethodPlan, collect_many
 
@@ -183,25 +209,36 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike, *, bits: str | 
         raise QtoolError("--batch-size must be at least 1")
     if not 50.0 < percentile <= 100.0:
         raise QtoolError("--percentile must be in (50, 100]")
+    if snap not in ("up", "nearest"):
+        raise QtoolError(f"--snap must be up or nearest, got '{snap}'")
     label, config = _bits_config(bits)
-    model = model if isinstance(model, GruModel) else load_model(model)
+    if not isinstance(model, GruModel):
+        path = Path(model)
+        model = load_model(path)
+        ranges = file_ranges(path, model) if ranges is None else ranges
+    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
+    if data is None:
+        if ranges is None:
+            raise QtoolError("missing DATA (calibration data file)")
+        return Calibration(model, None, 0, label, config, plans, [None] * len(plans), ranges, snap)
     data = as_data(data, dataset, time_first)
     data.check_features(model.input_size)
     n = count(data, limit)
-    plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
     obs = collect_many(model, data, plans, batch_size, n,
                        progress=(lambda done: progress(done, n)) if progress else None)
-    return Calibration(model, data, n, label, config, plans, obs)
+    return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
 
 
-def calibrate(model: GruModel | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
+def calibrate(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
               method: str = "minmax", method_weights: str = "minmax", percentile: float = 99.99,
               batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
-              time_first: bool = False, progress: Progress | None = None) -> QuantModel:
-    """Observe every tensor of the float GRU on calibration data; return the quantized model."""
+              time_first: bool = False, snap: str = "up", progress: Progress | None = None) -> QuantModel:
+    """Observe every tensor of the float GRU on calibration data; return the quantized model.
+    A quantized or QAT-trained model file keeps its own ranges (`snap`: how a scale that is not a
+    power of two becomes one, "up" without clipping or "nearest"); `data` fills in the rest."""
     return observe(model, data, bits=bits, methods=(method,), method_weights=method_weights,
                    percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                   time_first=time_first, progress=progress).quant_model(0)
+                   time_first=time_first, snap=snap, progress=progress).quant_model(0)
 
 
 @dataclass
@@ -219,6 +256,8 @@ def compare(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike,
             dataset: str | None = None, time_first: bool = False,
             progress: Progress | None = None) -> Comparison:
     """Calibrate with each method in one float pass and score each on held-out `test` data."""
+    if data is None:
+        raise QtoolError("missing DATA (calibration data file)")
     cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
                   percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
                   time_first=time_first)
@@ -251,21 +290,28 @@ class SimulationResult:
     seconds: float
     backend: str
     backend_reason: str = ""
-    extra: dict = field(default_factory=dict)
+    mode: str = "integer"
+    extra: dict = field(default_factory=dict)  # mode both: "fakequant" (its distances, agreement)
 
     def to_dict(self) -> dict:
-        return {"output": self.output, "tensors": self.tensors, "per_step_snr_db": self.per_step_snr_db,
-                "samples": self.samples, "seconds": self.seconds, "backend": self.backend,
-                "backend_reason": self.backend_reason, **self.extra}
+        return {"mode": self.mode, "output": self.output, "tensors": self.tensors,
+                "per_step_snr_db": self.per_step_snr_db, "samples": self.samples, "seconds": self.seconds,
+                "backend": self.backend, "backend_reason": self.backend_reason, **self.extra}
 
 
 def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
              backend: str = "auto", batch_size: int = 256, limit: int | None = None,
              save: str | os.PathLike | None = None, force: bool = False,
              confirm: Callable[[str], bool] | None = None, dataset: str | None = None,
-             time_first: bool = False, progress: Progress | None = None) -> SimulationResult:
+             time_first: bool = False, mode: str = "integer",
+             progress: Progress | None = None) -> SimulationResult:
     """Run the integer GRU and the float GRU side by side on `data` and measure how far apart
-    they are. `save` writes both outputs and the raw output integers to an HDF5 file."""
+    they are. `mode`: "integer", "fakequant" (the float GRU with every tensor rounded onto its
+    grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file."""
+    from qtool.fakequant_sim import MODES
+
+    if mode not in MODES:
+        raise QtoolError(f"unknown --mode '{mode}' (use one of {', '.join(MODES)})")
     import time
 
     from qtool.engine_cuda import select_backend
@@ -288,15 +334,17 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
     t0 = time.perf_counter()
     if save is None:
         sim = run_simulation(qm, data, batch_size, per_tensor, n,
-                             (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner)
+                             (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner,
+                             mode)
     else:
         from qtool.results import write_results
 
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
-            qm, data, batch_size, per_tensor, n, on_chunk, runner), progress)
+            qm, data, batch_size, per_tensor, n, on_chunk, runner, mode), progress)
     res = sim.results()
+    extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
     return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
-                            time.perf_counter() - t0, label, reason)
+                            time.perf_counter() - t0, label, reason, mode, extra)
 
 
 @dataclass
@@ -312,10 +360,12 @@ class ExportResult:
 
 def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
              compensation: str = "table", test_vectors: np.ndarray | None = None, force: bool = False,
-             confirm: Callable[[str], bool] | None = None) -> ExportResult:
+             confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
     """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
     files of the same names that qtool wrote; other files in the directory are left alone.
-    `test_vectors`: float inputs `[V, T, C]` for a self-checking test main."""
+    `test_vectors`: float inputs `[V, T, C]` for a self-checking test main. `fully_integral`:
+    refuse an export whose integer core would hold a floating-point operation. The footprint
+    carries what the compiler passes (qtool.passes) removed."""
     import tempfile
 
     from exporters.c_export import RUNTIME, c_name
@@ -334,7 +384,7 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
                          "choose another name")
     with tempfile.TemporaryDirectory(prefix="qtool-export-") as tmp:
         tmp = Path(tmp)
-        fp = write_c(qm, tmp, prefix, compensation)
+        fp = write_c(qm, tmp, prefix, compensation, fully_integral)
         if test_vectors is not None:
             write_test_vectors(qm, tmp, prefix, test_vectors)
         files = {p.name: p.read_bytes() for p in sorted(tmp.iterdir())}
@@ -363,9 +413,10 @@ def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
 
 def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
            name: str | None = None, limit: int | None = None, dataset: str | None = None,
-           time_first: bool = False) -> dict:
-    """Compile the exported C with the host compiler, run it on `data` and count the output
-    integers, final states and dequantized outputs that differ from the simulator's."""
+           time_first: bool = False, target: str = "host") -> dict:
+    """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
+    "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
+    states and dequantized outputs that differ from the simulator's."""
     from exporters.c_verify import export_fingerprint
     from exporters.c_verify import verify as run_verify
 
@@ -380,6 +431,51 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     data = as_data(data, dataset, time_first)
     data.check_features(qm.model.input_size)
     n = count(data, limit)
-    res = run_verify(qm, export_dir, prefix, data.chunk(0, n))
+    res = run_verify(qm, export_dir, prefix, data.chunk(0, n), target)
     res["name"] = prefix
     return res
+
+
+@dataclass
+class ReportResult:
+    """The page `html_report` wrote and the output metrics it shows (simulate's)."""
+
+    path: Path
+    output: dict
+    per_step_snr_db: list
+    samples: int
+    size: int
+    backend: str
+
+
+def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
+                limit: int | None = None, sequences: int = 3, units: int = 4, backend: str = "auto",
+                batch_size: int = 256, force: bool = False, confirm: Callable[[str], bool] | None = None,
+                dataset: str | None = None, time_first: bool = False,
+                progress: Progress | None = None) -> ReportResult:
+    """Simulate as `simulate` does and write one self-contained HTML page of plots (needs the
+    `report` extra, plotly): per tensor its float histogram against its grid, the output error
+    by time step, float vs integer output traces of the first `sequences` sequences."""
+    from qtool.engine_cuda import select_backend
+    from qtool.fileio import write_bytes
+    from qtool.report_data import collect
+    from qtool.report_html import plotly_modules, render
+
+    plotly_modules()  # refuse before the work, not after it
+    runner, label, _ = select_backend(backend)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    for value, option in ((batch_size, "--batch-size"), (sequences, "--sequences"), (units, "--units")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise QtoolError(f"{option} must be at least 1, got {value}")
+    data_in = data
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    out = claim_output(out, force, [qm_path, None if isinstance(data_in, np.ndarray) else data.name], confirm)
+    rd = collect(qm, data, n, keep=sequences, batch_size=batch_size, runner=runner, progress=progress)
+    page = render(qm, rd, Path(data.name).name, units).encode()
+    write_bytes(out, page)
+    return ReportResult(out, rd.results["output"], rd.results["per_step_snr_db"], n, len(page), label)

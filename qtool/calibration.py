@@ -172,8 +172,7 @@ def saturation_bound(func: str, out: TensorQ, bits_in: int) -> tuple[float, floa
     return lo - margin, hi + margin
 
 
-def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodPlan
-                 ) -> tuple[TensorQ, np.ndarray]:
+def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodPlan) -> TensorQ:
     """Symmetric parameters per output channel (row), each from its own observer."""
     rows = values.reshape(values.shape[0], -1)
     e, lo, hi = [], [], []
@@ -184,29 +183,39 @@ def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodP
         e.append(t.exp2_inv)
         lo.append(t.lo)
         hi.append(t.hi)
-    e = np.array(e, np.int32)
-    return TensorQ(cfg.bits, True, e, 0, np.array(lo), np.array(hi)), quantize(values, e, 0, cfg.bits)
+    return TensorQ(cfg.bits, True, np.array(e, np.int32), 0, np.array(lo), np.array(hi))
 
 
 def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
-                  plan: MethodPlan | None = None) -> CellQuant:
-    """Parameters, integer weights, tables and shifts of one cell from its tensors' observers."""
+                  plan: MethodPlan | None = None, fixed: dict[str, TensorQ] | None = None) -> CellQuant:
+    """Parameters, integer weights, tables and shifts of one cell from its tensors' observers;
+    tensors in `fixed` keep the quantization given there (imported or trained ranges)."""
     plan = plan or MethodPlan()
-    spec: dict[str, TensorQ] = {}
-    q: dict[str, np.ndarray] = {}
+    spec: dict[str, TensorQ] = dict(fixed or {})
     for name in ("W", "R", "bx", "br"):
-        spec[name], q[name] = _per_channel(name, getattr(cell, name), config[name], plan)
+        if name not in spec:
+            spec[name] = _per_channel(name, getattr(cell, name), config[name], plan)
     for name, o in observers.items():
+        if name in spec:
+            continue
         if name == "z_out":  # 1 - z must fit the same grid
             lo, hi = o.range()
             o = make_observer("minmax", name)
             o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
         if name not in ("z_pre", "r_pre", "g_pre"):
             spec[name] = _tensor_q(o, config[name], name=name)
+    for _, func, src, dst in GATES:
+        if src not in spec:
+            bound = saturation_bound(func, spec[dst], config[src].bits)
+            spec[src] = _tensor_q(observers[src], config[src], bound, src)
+    return cell_from_spec(cell, spec)
+
+
+def cell_from_spec(cell: GruCell, spec: dict[str, TensorQ]) -> CellQuant:
+    """Integer weights, tables and shifts of one cell whose every tensor's quantization is known."""
+    q = {n: quantize(getattr(cell, n), spec[n].exp2_inv, 0, spec[n].bits) for n in ("W", "R", "bx", "br")}
     luts, shifts, errors = {}, [], {}
     for lut, func, src, dst in GATES:
-        bound = saturation_bound(func, spec[dst], config[src].bits)
-        spec[src] = _tensor_q(observers[src], config[src], bound, src)
         a, b = spec[src], spec[dst]
         luts[lut], shift, errors[lut] = build_lut(func, a.bits, a.exp2_inv, a.zp,
                                                   b.bits, b.exp2_inv, b.zp)
@@ -216,9 +225,12 @@ def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[st
     return CellQuant(spec, q["W"], q["R"], q["bx"], q["br"], P, CH, luts, errors)
 
 
-def build_quant_model(model: GruModel, obs: Observers, config: dict[str, TensorConfig],
-                      info: dict, plan: MethodPlan | str | None = None) -> QuantModel:
-    """Turn observations into a QuantModel. Layers l > 0 take their x bits from h."""
+def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, TensorConfig],
+                      info: dict, plan: MethodPlan | str | None = None,
+                      fixed: list[list[dict[str, TensorQ]]] | None = None) -> QuantModel:
+    """Turn observations into a QuantModel. Layers l > 0 take their x bits from h. `fixed[l][d]`
+    holds tensors whose quantization is already known (the ties must hold among them); with every
+    tensor fixed, `obs` may be None."""
     plan = as_plan(plan)
     cells = []
     for l, layer in enumerate(model.layers):
@@ -227,7 +239,7 @@ def build_quant_model(model: GruModel, obs: Observers, config: dict[str, TensorC
             cfg["x"] = config["h"]
         row = []
         for d, cell in enumerate(layer):
-            observers = {n: _observer(obs, l, d, n) for n in TRACED}
-            row.append(quantize_cell(cell, observers, cfg, plan))
+            observers = {n: _observer(obs, l, d, n) for n in TRACED} if obs is not None else {}
+            row.append(quantize_cell(cell, observers, cfg, plan, fixed[l][d] if fixed else None))
         cells.append(row)
     return QuantModel(model, cells, info)

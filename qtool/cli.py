@@ -154,18 +154,21 @@ def import_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
     name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several.")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import.")] = False,
     force: Force = False,
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
     from qtool import api
+    from qtool.importers.crosscheck import describe
 
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
-    model = api.load_model(src, fmt, name)
+    model = api.load_model(src, fmt, name, check=not no_check)
     api.save_model(model, output, force, confirm_at_terminal(), inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
+    out.print(describe(model.extra.get("check")), highlight=False)
 
 
 @app.command()
@@ -183,16 +186,23 @@ def calibrate(
     time_first: TimeFirst = False,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
     limit: LimitOpt = None,
+    snap: Annotated[str, typer.Option(metavar="up|nearest", help="For quantized or QAT-trained models (ONNX QDQ, PyTorch fake-quant, QAT checkpoints): a file scale that is not a power of two goes 'up' to the finest power-of-two grid that does not clip its range, or to the 'nearest' power of two.")] = "up",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every tensor's quantization and the activation tables.")] = False,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Observe every tensor of the GRU on calibration data and write the quantized model."""
+    """Observe every tensor of the GRU on calibration data and write the quantized model.
+
+    A quantized or QAT-trained model (ONNX QDQ, PyTorch fake-quant, a QuantGRU checkpoint) keeps
+    the ranges its file holds; DATA calibrates the rest (without DATA the file must hold them all)."""
     from qtool import api
-    from qtool.report import calibration_summary, lut_table, spec_rows, spec_table
+    from qtool.report import calibration_summary, lut_table, ranges_table, spec_rows, spec_table
 
     model_path = Path(need(model_path, "model file", "MODEL"))
-    data_path = Path(need(data_path, "calibration data file", "DATA"))
+    model = api.load_model(model_path)
+    ranges = api.file_ranges(model_path, model)
+    if ranges is None or compare is not None or data_path is not None:
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
     methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
     if compare is not None and eval_path is None:
         raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
@@ -207,7 +217,6 @@ def calibrate(
 
         claim_output(output, force, inputs, confirm)
         force = True
-    model = api.load_model(model_path)
     t0 = time.perf_counter()
     if eval_path is not None:
         if eval_path.resolve() == data_path.resolve():
@@ -232,21 +241,29 @@ def calibrate(
             out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
         return
     with Bar("calibrating", 1) as bar:
-        qm = api.calibrate(model, data_path, bits=bits, method=method, method_weights=method_weights,
-                           percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                           time_first=time_first, progress=bar.update)
+        cal = api.observe(model, data_path, bits=bits, methods=[method], method_weights=method_weights,
+                          percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                          time_first=time_first, ranges=ranges, snap=snap, progress=bar.update)
+        qm = cal.quant_model(0)
     api.save(qm, output, force, inputs=inputs)
     elapsed = time.perf_counter() - t0
+    imported = {} if ranges is None else {"imported": cal.ranges_used, "notes": ranges.notes}
     if as_json:
         emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
-                   "tensors": spec_rows(qm)})
+                   "tensors": spec_rows(qm), **imported})
         return
-    title = f"{model.name}: {qm.info['bits']}, {qm.info['method']} over {qm.info['samples']} sequences"
+    title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
+             + (f" over {qm.info['samples']} sequences" if qm.info["samples"] else ""))
     if verbose:
         out.print(spec_table(qm, title))
         out.print(lut_table(qm))
     else:
         out.print(calibration_summary(qm, title))
+    if ranges is not None:
+        out.print(ranges_table(cal.ranges_used, f"ranges from the {ranges.kind} file (every other tensor: "
+                               + (f"calibrated on {data_path.name})" if data_path else "none)")))
+        for note in ranges.notes:
+            out.print(f"note: {escape(note)}", highlight=False)
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}" + ("" if verbose else "  (--verbose: every tensor)"))
 
 
@@ -262,12 +279,13 @@ def simulate(
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
     limit: LimitOpt = None,
     backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    mode: Annotated[str, typer.Option(metavar="integer|fakequant|both", help="integer: the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
     force: Force = False,
     as_json: JsonOpt = False,
 ):
     """Run the integer GRU and the float GRU on the same data and report how far apart they are."""
     from qtool import api
-    from qtool.report import distance_table
+    from qtool.report import both_table, distance_table
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
@@ -279,17 +297,24 @@ def simulate(
         claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
     from qtool.engine_cpu import needs_compile
 
-    if backend != "cuda" and needs_compile():
+    if backend != "cuda" and mode != "fakequant" and needs_compile():
         err.print("first run: compiling the simulator's kernels (a few seconds, cached for later runs)")
     with Bar("simulating", 1) as bar:
         res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
                            limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,
-                           progress=bar.update)
+                           mode=mode, progress=bar.update)
     if as_json:
         emit_json(res.to_dict())
         return
-    out.print(distance_table(res.to_dict(), f"integer vs float on {res.samples} sequences of {data_path.name}",
-                             everything=tensors == "all"))
+    where = f"on {res.samples} sequences of {data_path.name}"
+    if mode == "both":
+        out.print(both_table(res.to_dict(), f"integer and fake-quant vs float {where}"))
+    else:
+        out.print(distance_table(res.to_dict(), f"{mode} vs float {where}", everything=tensors == "all"))
+    if mode != "integer":
+        from qtool.fakequant_sim import EXPLANATION
+
+        out.print(EXPLANATION, highlight=False)
     snr = res.per_step_snr_db
 
     def db(v):
@@ -298,6 +323,42 @@ def simulate(
     out.print(f"backend: {res.backend} ({res.backend_reason}); {res.seconds:.2f} s")
     if save:
         out.print(f"saved outputs -> {escape(str(save))}")
+
+
+@app.command()
+def report(
+    qmodel_path: QModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server).")] = None,
+    sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
+    units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
+    limit: LimitOpt = None,
+    backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Draw what the quantization did, as one HTML page: every tensor's float histogram against its
+    grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]")."""
+    from qtool import api
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    data_path = Path(need(data_path, "test data file", "DATA"))
+    output = Path(need(output, "output HTML file", "--output"))
+    with Bar("simulating", 1) as bar:
+        res = api.html_report(qmodel_path, data_path, output, limit=limit, sequences=sequences, units=units,
+                              backend=backend, batch_size=batch_size, force=force, confirm=confirm_at_terminal(),
+                              dataset=dataset, time_first=time_first, progress=bar.update)
+    if as_json:
+        emit_json({"output": str(res.path), "bytes": res.size, "samples": res.samples, "backend": res.backend,
+                   "metrics": res.output, "per_step_snr_db": res.per_step_snr_db})
+        return
+    m = res.output
+    snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+    out.print(f"output SNR {snr}, cosine {m['cosine']:.6f} on {res.samples} sequences; "
+              f"report ({res.size / 2**20:.1f} MiB) -> {escape(str(res.path))}")
 
 
 @app.command()
@@ -345,9 +406,10 @@ def export_c_cmd(
     vectors: Annotated[int, typer.Option(metavar="N", help="Number of test sequences.", min=1)] = 4,
     compensation: Annotated[str, typer.Option(metavar="table|offset",
         help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
-             "(int8 x int8 GEMM, for targets with int8 dot-product instructions); 'offset' subtracts "
-             "the zero point from the GEMM inputs once per step (CMSIS-NN's input offset): no tables, "
-             "less flash, int8 x int16 GEMM. Both give the same integers.")] = "table",
+             "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
+             "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
+             "less flash. Both give the same integers.")] = "table",
+    fully_integral: Annotated[bool, typer.Option("--fully-integral/--no-fully-integral", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written.")] = True,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -371,19 +433,20 @@ def export_c_cmd(
             s = qm.cells[0][0].spec["x"]
             x = np.random.default_rng(0).uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
     res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=x, force=force,
-                       confirm=confirm_at_terminal())
+                       confirm=confirm_at_terminal(), fully_integral=fully_integral)
     fp = res.footprint
     base = fp.int8_weight_bytes + fp.table_bytes
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
                "fingerprint": res.fingerprint, "compensation": compensation, "flash_bytes": fp.flash_bytes,
                "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
                "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
-               "flash_vs_int8_weights_and_tables": fp.flash_bytes / base}
+               "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
     if as_json:
         emit_json(summary)
         return
-    from qtool.report import footprint_table
+    from qtool.report import footprint_table, passes_table
 
+    out.print(passes_table(fp.passes, f"{res.name}: compiler passes"))
     out.print(footprint_table(summary, f"{res.name}: footprint"))
     out.print(f"{fp.macs_per_step:,} multiply-accumulates per time step; flash is "
               f"{100 * (summary['flash_vs_int8_weights_and_tables'] - 1):.1f}% above the bare int8 weights "
@@ -441,21 +504,26 @@ def verify(
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     limit: LimitOpt = None,
+    target: Annotated[str, typer.Option(metavar="TARGET",
+        help="Where to run: 'host' ($CC), or 'cortex-m4' / 'cortex-m33' / 'cortex-m55': "
+             "arm-none-eabi-gcc with picolibc, run on an emulated MPS2/MPS3 board under "
+             "qemu-system-arm.")] = "host",
     as_json: JsonOpt = False,
 ):
-    """Compile the exported C ($CC, default cc) and check every output and final-state integer
-    against the simulator's."""
+    """Compile the exported C for the host ($CC, default cc) or an emulated Cortex-M, run it, and
+    check every output and final-state integer against the simulator's."""
     from qtool import api
 
     qm = api.load(Path(need(qmodel_path, "quantized model file", "QMODEL")))
     export_dir = Path(need(export_dir, "exported C directory", "DIR"))
     data_path = Path(need(data_path, "data file", "DATA"))
-    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first)
+    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                     target=target)
     bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
     if as_json:
         emit_json(res)
     else:
-        out.print(f"{res['sequences']} sequences x {res['time_steps']} steps: "
+        out.print(f"{res['target']}: {res['sequences']} sequences x {res['time_steps']} steps: "
                   f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
                   f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
                   f"{res['dequantized_mismatches']} in the dequantized outputs")

@@ -454,11 +454,19 @@ def run_int(qm: QuantModel, x: np.ndarray, traces: list | None = None,
             for d in range(len(cells)):
                 finals.append(np.ascontiguousarray(out[:, -1 if d == 0 else 0, d * H:(d + 1) * H]))
     if traces is not None:
-        for l, row in enumerate(raw):
-            inp = quantize_input(qm, x) if l == 0 else run.outputs[l - 1]
-            traces.append([{**legacy_trace(tr[:, ::-1] if d else tr), "x": np.ascontiguousarray(
-                (inp if d == 0 else inp[:, ::-1]).transpose(1, 0, 2))} for d, tr in enumerate(row)])
+        traces.extend(time_first_traces(qm, x, run, raw))
     return run.y_int
+
+
+def time_first_traces(qm: QuantModel, x: np.ndarray, run: ModelRun, raw: list) -> list:
+    """The traces `raw` that `run_model(qm, x, traces=raw)` filled, per layer and direction
+    in the order the direction runs (`legacy_trace`, plus its integer input `x`, time-first)."""
+    out = []
+    for l, row in enumerate(raw):
+        inp = quantize_input(qm, x) if l == 0 else run.outputs[l - 1]
+        out.append([{**legacy_trace(tr[:, ::-1] if d else tr), "x": np.ascontiguousarray(
+            (inp if d == 0 else inp[:, ::-1]).transpose(1, 0, 2))} for d, tr in enumerate(row)])
+    return out
 
 
 def run_cell(cq: CellQuant, qx: np.ndarray) -> np.ndarray:

@@ -28,9 +28,12 @@ def _span(v) -> str:
     return f"{float(a.min()):.4g}..{float(a.max()):.4g}"
 
 
+def _snr(m: dict) -> str:
+    return "exact" if m.get("exact") else _num(m["snr_db"])
+
+
 def _distance_cells(m: dict) -> tuple[str, ...]:
-    snr = "exact" if m.get("exact") else _num(m["snr_db"])
-    return (snr, _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
+    return (_snr(m), _num(m["cosine"], "{:.6f}"), _num(m["max_abs_error"], "{:.3g}"),
             f"{100 * m['saturated']:.2f}%")
 
 
@@ -75,6 +78,56 @@ def distance_table(results: dict, title: str, everything: bool = True) -> Table:
         t.caption = (f"{len(rows)} of {len(tensors)} tensors: each layer's h and the {SUMMARY_WORST} "
                      "lowest SNRs (--tensors all: every one)")
     t.caption_justify = "left"
+    return t
+
+
+def both_table(results: dict, title: str) -> Table:
+    """`simulate --mode both`: integer and fake-quant distances from float side by side per tensor,
+    and how many integers the two GRUs share."""
+    fq = results["fakequant"]
+    agree = fq.get("agreement", {})
+    t = Table(title=title)
+    for col in ("tensor", "integer SNR dB", "fakequant SNR dB", "integer - fakequant", "same integers",
+                "max |diff| LSB"):
+        t.add_column(col, justify="left" if col == "tensor" else "right")
+    rows = [("output", results["output"], fq["output"])]
+    rows += [(k, m, fq["tensors"][k]) for k, m in results["tensors"].items() if k in fq["tensors"]]
+    for name, mi, mf in rows:
+        a = agree.get(name)
+        both = mi["snr_db"] is not None and mf["snr_db"] is not None
+        gap = f"{mi['snr_db'] - mf['snr_db']:+.2f}" if both else "-"
+        t.add_row(name, _snr(mi), _snr(mf), gap,
+                  f"{100 * a['identical']:.2f}%" if a else "-", str(a["max_lsb"]) if a else "-",
+                  style="bold" if name == "output" else None)
+    return t
+
+
+def ranges_table(rows: list[dict], title: str) -> Table:
+    """The ranges a quantized model file held: where each came from, qtool's power-of-two grid for
+    it, and how far the step moved (dB of expected noise; + is coarser)."""
+    t = Table(title=title)
+    for col in ("layer", "tensor", "from", "bits", "exp2_inv", "zp", "moved dB", "clips"):
+        t.add_column(col, justify="left" if col in ("layer", "tensor", "from") else "right")
+    for r in rows:
+        moved = "-" if r["moved_db"] is None else f"{r['moved_db']:+.2f}"
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], r["source"], str(r["bits"]),
+                  _span(r["exp2_inv"]), str(r["zp"]), moved, "yes" if r["clips"] else "no")
+    return t
+
+
+def passes_table(rep: dict, title: str) -> Table:
+    """What each pass of qtool.passes removed from the realized program; the partition below."""
+    part = rep["partition"]
+    caption = (f"partition_conversions: prefix {', '.join(part['prefix'])}; core of {part['core_operations']} "
+               f"operations, {'fully integral' if part['core_fully_integral'] else 'NOT integral'}; "
+               f"suffix {', '.join(part['suffix'])}")
+    t = Table(title=title, caption=caption)
+    for col in ("pass", "removed", "per step", "once", "kinds"):
+        t.add_column(col, justify="left" if col in ("pass", "kinds") else "right")
+    for name, r in rep["passes"].items():
+        kinds = sorted({w.split(": ", 1)[1].split(" ", 1)[0] for w in r["what"]})
+        t.add_row(name, str(r["operations"]), f"{r['per_step_elements']:,}", f"{r['once_elements']:,}",
+                  ", ".join(kinds) or "-")
     return t
 
 

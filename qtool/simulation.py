@@ -7,13 +7,30 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.engine_cpu import MEASURED, OUTPUT, TENSORS, plan_model, run_model
+from qtool.engine_cpu import MEASURED, OUTPUT, TENSORS, plan_model, run_model, time_first_traces
+from qtool.errors import QtoolError
+from qtool.fakequant_sim import MODES, FakeQuantSide
 from qtool.fileio import SequenceData
+from qtool.float_gru import run_float
 from qtool.metrics import Distance, count_clipped, finite_or_none
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.qparams import dequantize
 from qtool.tensors import NAMES
+
+# row k of the engine's cell trace holds this tensor (Rh comes as three gate blocks)
+CELL_TRACE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
+              "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
+
+
+def int_tensors(trace: dict) -> dict[str, np.ndarray]:
+    """Integer tensors of one direction, `[T, N, width]`, named as in the seed's table."""
+    cell = trace["cell"]
+    out = {"x": trace["x"], "Wx": trace["Wx"],
+           "Rh": np.concatenate([cell[:, :, k] for k in range(3)], axis=2)}
+    for k, name in enumerate(CELL_TRACE[3:], start=3):
+        out[name] = cell[:, :, k]
+    return out
 
 
 def tensor_key(l: int, d: int, name: str) -> str:
@@ -23,21 +40,27 @@ def tensor_key(l: int, d: int, name: str) -> str:
 class Simulation:
     """Accumulates distances over chunks; `results()` gives the report.
 
-    `runner(qm, x, level, plans)` is an engine's `run_model` (engine_cpu's by default, or
+    `runner(qm, x, level, plans, traces)` is an engine's `run_model` (engine_cpu's by default, or
     engine_cuda's): it runs the integer GRU and the float reference on one chunk and returns
-    the outputs and the distance statistics of every tensor (`engine_cpu.ModelRun`).
+    the outputs and the distance statistics of every tensor (`engine_cpu.ModelRun`), keeping
+    no traces. Only what needs every tensor's values at every step asks for them: the
+    fake-quant side (`mode`) and `float_traces` (the report's histograms).
     """
 
-    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_model):
+    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_model, mode: str = "integer"):
+        if mode not in MODES:
+            raise QtoolError(f"unknown mode '{mode}' (use one of {', '.join(MODES)})")
         self.qm = qm
         self.runner = runner
         self.plans = plan_model(qm) if runner is run_model else None
         self.per_tensor = per_tensor
+        self.mode = mode
         self.output = Distance()
         self.steps: list[Distance] = []
         self.tensors: dict[str, Distance] = {}
         if per_tensor:
             self._static_tensors()
+        self.fakequant = FakeQuantSide(qm, per_tensor, self.tensors) if mode != "integer" else None
 
     def _static_tensors(self) -> None:
         for l, cells in enumerate(self.qm.cells):
@@ -50,11 +73,35 @@ class Simulation:
                     dist.add(dequantize(q, s.exp2_inv, 0), ref, count_clipped(ref, s.exp2_inv, 0, s.bits))
                     self.tensors[tensor_key(l, d, name)] = dist
 
+    def wants_float_traces(self) -> bool:
+        """Whether run_chunk needs every tensor's float values at every step (numpy's float GRU,
+        traced): for the fake-quant side's per-tensor distances (and subclasses' pictures)."""
+        return self.fakequant is not None and self.per_tensor
+
+    def float_traces(self, ftr: list) -> None:
+        """Sees each chunk's float traces (`float_gru.run_float`) when `wants_float_traces`."""
+
     def run_chunk(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`."""
-        run = self.runner(self.qm, x, TENSORS if self.per_tensor else OUTPUT, plans=self.plans)
+        ftr: list | None = [] if self.wants_float_traces() else None
+        if self.mode == "fakequant":
+            y_float = run_float(self.qm.model, x, ftr)
+            return (y_float, *self.fakequant.run_chunk(x, y_float, ftr, None, None))
+        raw: list | None = [] if self.fakequant is not None and self.per_tensor else None
+        run = self.runner(self.qm, x, TENSORS if self.per_tensor else OUTPUT, plans=self.plans, traces=raw)
+        self._add_stats(run)
+        if ftr is not None:
+            run_float(self.qm.model, x, ftr)
+            self.float_traces(ftr)
+        if self.fakequant is not None:
+            ints = None if raw is None else \
+                [[int_tensors(tr) for tr in row] for row in time_first_traces(self.qm, x, run, raw)]
+            self.fakequant.run_chunk(x, run.y_float, ftr, run.y_int, ints)
         s = self.qm.cells[-1][0].spec["h"]
-        y_q = dequantize(run.y_int, s.exp2_inv, s.zp).astype(np.float32)
+        return run.y_float, dequantize(run.y_int, s.exp2_inv, s.zp).astype(np.float32), run.y_int
+
+    def _add_stats(self, run) -> None:
+        """Adds one chunk's statistics, computed inside the engine's loops."""
         for st in run.stats[-1]:  # the output is every direction's h of the last layer
             self.output.add_stats(st[-1])
         while len(self.steps) < len(run.step_stats):
@@ -66,7 +113,6 @@ class Simulation:
                 for d, st in enumerate(row):
                     for k, name in enumerate(MEASURED):
                         self.tensors.setdefault(tensor_key(l, d, name), Distance()).add_stats(st[k])
-        return run.y_float, y_q, run.y_int
 
     def results(self) -> dict:
         order = {name: i for i, name in enumerate(NAMES)}
@@ -75,19 +121,27 @@ class Simulation:
             layer, direction, name = key.split(".")
             return int(layer[5:]), DIRECTIONS.index(direction), order[name]
 
+        # fakequant alone measures the activations on its side only
+        keys = sorted(set(self.tensors) | set(self.fakequant.tensors if self.fakequant else ()), key=rank)
+        if self.mode == "fakequant":
+            return {"mode": self.mode, **self.fakequant.results(keys)}
+        extra = {"fakequant": self.fakequant.results(keys)} if self.fakequant else {}
         return {
+            "mode": self.mode,
             "output": self.output.as_dict(),
-            "tensors": {k: self.tensors[k].as_dict() for k in sorted(self.tensors, key=rank)},
+            "tensors": {k: self.tensors[k].as_dict() for k in keys},
             "per_step_snr_db": [finite_or_none(d.snr_db) for d in self.steps],
+            **extra,
         }
 
 
 def simulate(qm: QuantModel, data: SequenceData, chunk: int = 256, per_tensor: bool = True,
              limit: int | None = None, on_chunk: Callable | None = None,
-             runner=run_model) -> Simulation:
-    """Run the whole data set in chunks; `on_chunk(start, y_float, y_q, y_int)` sees each."""
+             runner=run_model, mode: str = "integer") -> Simulation:
+    """Run the whole data set in chunks; `on_chunk(start, y_float, y_q, y_int)` sees each. `mode`:
+    the integer GRU, the fake-quant GRU (qtool.fakequant), or both side by side."""
     data.check_features(qm.model.input_size)
-    sim = Simulation(qm, per_tensor, runner)
+    sim = Simulation(qm, per_tensor, runner, mode)
     for start, x in data.chunks(chunk, limit):
         outs = sim.run_chunk(x)
         if on_chunk:

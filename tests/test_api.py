@@ -13,7 +13,8 @@ from qtool.errors import QtoolError
 def test_pipeline_on_arrays_equals_the_cli(cli, tmp_path):
     model = random_model(C=5, H=8, layers=2, dirs=2, seed=4)
     rng = np.random.default_rng(4)
-    calib, test = rng.standard_normal((32, 10, 5)).astype(np.float32), rng.standard_normal((9, 12, 5)).astype(np.float32)
+    calib = rng.standard_normal((32, 10, 5)).astype(np.float32)
+    test = rng.standard_normal((9, 12, 5)).astype(np.float32)
     seen = []
     qm = qtool.calibrate(model, calib, bits="w8a16", method="mse", progress=lambda d, n: seen.append((d, n)))
     assert seen[-1] == (32, 32) and qm.info["method"] == "mse" and qm.info["samples"] == 32
@@ -51,4 +52,4 @@ def test_api_errors_are_qtool_errors():
     with pytest.raises(QtoolError, match="unknown method"):
         qtool.calibrate(model, np.zeros((4, 3, 5), np.float32), method="magic")
     with pytest.raises(AttributeError):
-        qtool.no_such_function
+        getattr(qtool, "no_such_function")  # noqa: B009

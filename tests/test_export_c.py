@@ -2,6 +2,7 @@
 and bidirectional; streaming equals whole-sequence; names are sanitised; errors are clear."""
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -10,7 +11,8 @@ import pytest
 from conftest import calibrated, random_model
 from test_integer_gru import mixed_config
 
-from exporters.c_export import c_name, export_c
+from exporters.c_export import c_name, export_c, sources
+from exporters.c_types import model_types
 from exporters.c_vectors import write_test_vectors
 from exporters.c_verify import CFLAGS, compile_c, verify
 from qtool.engine_cpu import run_int
@@ -44,11 +46,12 @@ def test_offset_compensation_drops_the_tables(tmp_path):
     assert any(cq.spec["x"].zp != 0 for cells in qm.cells for cq in cells)
     fp_t = export_c(qm, tmp_path, "t", "table")
     fp_o = export_c(qm, tmp_path, "o", "offset")
-    assert "_sum_mul_" in (tmp_path / "t_params.h").read_text()
-    assert "_sum_mul_" not in (tmp_path / "o_params.h").read_text()
+    assert "_W_sum_mul_x_zp[" in (tmp_path / "t_params.c").read_text()
+    assert "_sum_mul_" not in (tmp_path / "o_params.c").read_text()
     comp_bytes = sum(4 * cq.CH[1].size * bool(cq.CH[1].any()) + 4 * cq.CH[3].size * bool(cq.CH[3].any())
                      for cells in qm.cells for cq in cells)
-    assert fp_t.flash_bytes - fp_o.flash_bytes == comp_bytes
+    assert fp_t.flash_bytes - fp_o.flash_bytes == comp_bytes == fp_t.offset_saves
+    assert fp_t.ram_bytes == fp_o.ram_bytes  # the offset is added as the GEMMs read
     with pytest.raises(QtoolError, match="unknown compensation"):
         export_c(qm, tmp_path, "x", "lazy")
 
@@ -59,10 +62,10 @@ STREAM_MAIN = r"""
 static m_state_t a, b;
 int main(void)
 {
-    int16_t x[7 * M_INPUT_SIZE], y_seq[7 * M_OUTPUT_SIZE], y_step[M_OUTPUT_SIZE];
-    int16_t work[M_SEQUENCE_WORK(7)];
+    m_q_t x[7 * M_INPUT_SIZE], y_seq[7 * M_OUTPUT_SIZE], y_step[M_OUTPUT_SIZE];
+    m_q_t work[M_SEQUENCE_WORK(7)];
     long t, i, bad = 0;
-    for (i = 0; i < 7 * M_INPUT_SIZE; i++) x[i] = (int16_t)((i * 37) % 200 - 100);
+    for (i = 0; i < 7 * M_INPUT_SIZE; i++) x[i] = (m_q_t)((i * 37) % 200 - 100);
     m_run_sequence(&a, x, 7, y_seq, work);
     m_reset(&b);
     for (t = 0; t < 7; t++) {
@@ -80,7 +83,7 @@ def test_streaming_equals_sequence(tmp_path):
     qm, _ = model_and_data(2, 1, 3, "int8")
     export_c(qm, tmp_path, "m")
     (tmp_path / "main.c").write_text(STREAM_MAIN)
-    compile_c([tmp_path / "qgru.c", tmp_path / "m.c", tmp_path / "main.c"], tmp_path / "s", tmp_path)
+    compile_c(sources(tmp_path, "m") + [tmp_path / "main.c"], tmp_path / "s", tmp_path)
     assert subprocess.run([tmp_path / "s"], capture_output=True, text=True).stdout.strip() == "0"
 
 
@@ -88,16 +91,16 @@ def test_test_vectors_main_passes_and_detects_a_wrong_table(tmp_path):
     qm, x = model_and_data(1, 2, 4, "w8a16")
     export_c(qm, tmp_path, "m")
     write_test_vectors(qm, tmp_path, "m", x[:3])
-    compile_c([tmp_path / "qgru.c", tmp_path / "m.c", tmp_path / "m_test_main.c"], tmp_path / "t", tmp_path)
+    compile_c(sources(tmp_path, "m") + [tmp_path / "m_test_main.c"], tmp_path / "t", tmp_path)
     res = subprocess.run([tmp_path / "t"], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.startswith("PASS: 0 mismatches in 396 ")
-    params = tmp_path / "m_params.h"  # corrupt one weight: the check must notice
+    params = tmp_path / "m_params.c"  # corrupt one weight: the check must notice
     text = params.read_text()
     start = text.index("m_l0_fwd_qR[")
     body = text.index("{", start) + 1
     first = text[body:].lstrip().split(",")[0]
     params.write_text(text[:body] + text[body:].replace(first, str(int(first) + 50), 1))
-    compile_c([tmp_path / "qgru.c", tmp_path / "m.c", tmp_path / "m_test_main.c"], tmp_path / "t2", tmp_path)
+    compile_c(sources(tmp_path, "m") + [tmp_path / "m_test_main.c"], tmp_path / "t2", tmp_path)
     res = subprocess.run([tmp_path / "t2"], capture_output=True, text=True)
     assert res.returncode == 1 and res.stdout.startswith("FAIL")
 
@@ -107,9 +110,10 @@ def test_clang_strict_flags(tmp_path):
     qm, x = model_and_data(2, 2, 5, "int16")
     export_c(qm, tmp_path, "m")
     write_test_vectors(qm, tmp_path, "m", x[:2])
-    cmd = ["clang", *CFLAGS, f"-I{tmp_path}", str(tmp_path / "qgru.c"), str(tmp_path / "m.c"),
-           str(tmp_path / "m_test_main.c"), "-o", str(tmp_path / "t"), "-lm"]
-    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    cmd = ["clang", *CFLAGS, f"-I{tmp_path}", *map(str, sources(tmp_path, "m")),
+           str(tmp_path / "m_test_main.c"), "-o", str(tmp_path / "t")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
     assert subprocess.run([tmp_path / "t"], capture_output=True).returncode == 0
 
 
@@ -124,8 +128,6 @@ def test_names_cannot_inject_code(tmp_path):
     export_c(qm, tmp_path, name)
     res = verify(qm, tmp_path, name, x)
     assert res["output_mismatches"] == 0
-    import re
-
     for f in tmp_path.iterdir():
         code = re.sub(r"/\*.*?\*/", "", f.read_text(), flags=re.S)  # what the compiler sees
         assert "int pwned" not in code and "/etc/passwd" not in code and "boom" not in code
@@ -187,6 +189,8 @@ def test_cli_offset_compensation_on_the_sample_meets_the_flash_goal(cli, tmp_pat
     fp = json.loads(out)
     assert fp["other_bytes"] == 2 * 2 * 3 * 64 + 2 * 56 * 4  # shifts and P only: no compensation
     assert fp["flash_vs_int8_weights_and_tables"] <= 1.05
+    # int8 state and per-unit GEMMs: at most 55% of the 2,560 B the int16 runtime needed
+    assert fp["ram_bytes"] == (2 * 64 + 64) <= 0.55 * 2560 and fp["flash_bytes"] < 43212
     code, out, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--json")
     res = json.loads(out)
     assert code == 0 and res["output_mismatches"] == res["state_mismatches"] == 0
@@ -202,12 +206,117 @@ def test_run_int_finals_are_last_states():
     assert np.array_equal(finals[2], y[:, -1, :6]) and np.array_equal(finals[3], y[:, 0, 6:])
 
 
-@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None, reason="arm-none-eabi-gcc not installed")
-def test_cortex_m4_cross_compile(tmp_path):
-    qm, _ = model_and_data(2, 2, 9, "w8a16")
+
+
+QUANT_MAIN = r"""
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include "m.h"
+int main(void)
+{
+    static const float x[] = {1e18f, -1e18f, 1e30f, -1e30f, FLT_MAX, -FLT_MAX, INFINITY, -INFINITY,
+                              NAN, 0.0f, -0.0f, 1e-30f, -1e-30f, 0.3f, -0.7f, 1.5f, -2.25f, 3.0f};
+    m_q_t q[sizeof(x) / sizeof(x[0])];
+    size_t i;
+    m_quantize_input(x, q, (int32_t)(sizeof(x) / sizeof(x[0])));
+    for (i = 0; i < sizeof(x) / sizeof(x[0]); i++) printf("%d\n", (int)q[i]);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("preset", ["int8", "int16"])
+def test_input_quantizer_saturates_before_converting(tmp_path, preset):
+    """+-1e18, +-1e30, +-FLT_MAX and +-inf give qmin/qmax (a float-to-int conversion first would
+    wrap); ordinary values give q = clamp(floor(x * 2^e + 0.5) + zp), as the simulator."""
+    qm, _ = model_and_data(1, 1, 11, preset)
     export_c(qm, tmp_path, "m")
-    for src in ("qgru.c", "m.c"):
-        res = subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m4", "-mthumb", "-Os", *CFLAGS,
-                              "-c", str(tmp_path / src), "-o", str(tmp_path / f"{src}.o")],
-                             capture_output=True, text=True)
-        assert res.returncode == 0, res.stderr
+    (tmp_path / "main.c").write_text(QUANT_MAIN)
+    compile_c(sources(tmp_path, "m") + [tmp_path / "main.c"], tmp_path / "q", tmp_path)
+    got = [int(v) for v in subprocess.run([tmp_path / "q"], capture_output=True, text=True).stdout.split()]
+    s = qm.cells[0][0].spec["x"]
+    lo, hi = -(1 << (s.bits - 1)), (1 << (s.bits - 1)) - 1
+    assert got[:9] == [hi, lo, hi, lo, hi, lo, hi, lo, lo]  # NaN: qmin, as documented in m.h
+    small = np.array([0.0, -0.0, 1e-30, -1e-30, 0.3, -0.7, 1.5, -2.25, 3.0], np.float32)
+    expect = np.clip(np.floor(small.astype(np.float64) * 2.0 ** s.exp2_inv + 0.5) + s.zp, lo, hi)
+    assert got[9:] == [int(v) for v in expect]
+
+
+HYGIENE_MAIN = r"""
+#include <stdio.h>
+#include "m.h"
+#include "m_params.h"
+#include "m_params.h"
+#include "m.h"
+int main(void)
+{
+    int x = 3;
+    /* every macro is one expression: x-M_INPUT_ZP must not paste into x--65 */
+    printf("%d %d %d\n", x-M_INPUT_ZP, x-M_OUTPUT_ZP, -M_NUM_LAYERS * 2);
+    return 0;
+}
+"""
+OTHER_TU = '#include "m_params.h"\nconst void *other(void) { return m_cells; }\n'
+
+
+def test_header_hygiene_tables_defined_once(tmp_path):
+    qm, _ = model_and_data(2, 1, 12, "int8")
+    assert qm.cells[0][0].spec["x"].zp < 0  # the case an unparenthesised macro breaks
+    export_c(qm, tmp_path, "m")
+    (tmp_path / "main.c").write_text(HYGIENE_MAIN)
+    (tmp_path / "other.c").write_text(OTHER_TU)  # a second unit including the tables' header
+    compile_c(sources(tmp_path, "m") + [tmp_path / "main.c", tmp_path / "other.c"], tmp_path / "h", tmp_path)
+    out = subprocess.run([tmp_path / "h"], capture_output=True, text=True).stdout.split()
+    zp_x, zp_y = qm.cells[0][0].spec["x"].zp, qm.cells[-1][0].spec["h"].zp
+    assert out == [str(3 - zp_x), str(3 - zp_y), "-4"]
+    header = (tmp_path / "m_params.h").read_text()
+    defs = (tmp_path / "m_params.c").read_text()
+    n = defs.count("QGRU_ALIGN QGRU_SECTION = {")  # every table aligned, defined in the .c
+    assert n >= 2 * 10 and "= {" not in header and header.count("extern const") == n + 1
+    nm = subprocess.run(["nm", str(tmp_path / "h")], capture_output=True, text=True).stdout
+    assert nm.count(" m_l0_fwd_qW\n") == 1
+
+
+def test_types_follow_the_proven_bounds(tmp_path):
+    """int8 models store int8 and compute in int32 only; int16 models need int64 GEMM sums
+    (sum_k |q_W| * 2^15 > 2^31) and keep int32 elsewhere where it fits."""
+    qm8, _ = model_and_data(2, 2, 13, "int8")
+    ty = model_types(qm8, "table")
+    assert ty.q_t == ty.w_t == ty.lut_t == "int8_t" and set(ty.bits.values()) == {32}
+    export_c(qm8, tmp_path, "m")
+    code = re.sub(r"/\*.*?\*/", "", (tmp_path / "m.c").read_text(), flags=re.S)
+    assert "int64" not in code and "qgru_rescale32(" in code
+    assert "typedef int8_t m_q_t;" in (tmp_path / "m.h").read_text()
+    qm16, _ = model_and_data(1, 1, 13, "int16")
+    ty = model_types(qm16, "table")
+    assert ty.q_t == ty.w_t == "int16_t" and ty.bits["Wx"] == ty.bits["Rh"] == 64
+    assert ty.bits["z_pre"] == ty.bits["h"] == 32
+
+
+def test_bidirectional_step_refuses(tmp_path):
+    qm, _ = model_and_data(1, 2, 14, "int8")
+    export_c(qm, tmp_path, "m")
+    assert "-1\n * (and computes nothing) for a bidirectional model" in (tmp_path / "m.h").read_text()
+    (tmp_path / "main.c").write_text('#include <stdio.h>\n#include "m.h"\nstatic m_state_t s;\n'
+                                     "int main(void) { m_q_t x[M_INPUT_SIZE] = {0}, y[M_OUTPUT_SIZE];\n"
+                                     "m_reset(&s); printf(\"%d\\n\", m_step(&s, x, y)); return 0; }\n")
+    compile_c(sources(tmp_path, "m") + [tmp_path / "main.c"], tmp_path / "b", tmp_path)
+    assert subprocess.run([tmp_path / "b"], capture_output=True, text=True).stdout.strip() == "-1"
+
+
+@pytest.mark.parametrize("preset", ["int8", "int16"])
+def test_no_signed_overflow_on_extreme_inputs(tmp_path, preset, monkeypatch):
+    """Inputs far beyond the calibrated range drive every tensor to its ends; compiled with
+    UBSan, any int32 statement whose bound were wrong would stop the program."""
+    qm, x = model_and_data(2, 2, 15, preset)
+    export_c(qm, tmp_path, "m")
+    x = np.sign(x) * 1e6
+    probe = subprocess.run(["gcc", "-fsanitize=signed-integer-overflow", "-x", "c", "-", "-o",
+                            str(tmp_path / "p")], input="int main(void){return 0;}", text=True,
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("gcc without UBSan")
+    monkeypatch.setenv("CC", "gcc -fsanitize=signed-integer-overflow,shift -fno-sanitize-recover=all")
+    res = verify(qm, tmp_path, "m", x)
+    assert res["output_mismatches"] == res["state_mismatches"] == 0

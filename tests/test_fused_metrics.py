@@ -12,10 +12,7 @@ from qtool.engine_cuda import run_model_cuda
 from qtool.float_gru import run_float
 from qtool.metrics import Distance, count_clipped
 from qtool.qparams import dequantize
-from qtool.simulation import Simulation, tensor_key
-
-CELL_ROWS = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
-             "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
+from qtool.simulation import Simulation, int_tensors, tensor_key
 
 
 def traced_distances(qm, x):
@@ -26,11 +23,7 @@ def traced_distances(qm, x):
     out = {}
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
-            cell = itr[l][d]["cell"]
-            ints = {"x": itr[l][d]["x"], "Wx": itr[l][d]["Wx"],
-                    "Rh": np.concatenate([cell[:, :, k] for k in range(3)], axis=2)}
-            ints.update({name: cell[:, :, k] for k, name in enumerate(CELL_ROWS) if k >= 3})
-            for name, q in ints.items():
+            for name, q in int_tensors(itr[l][d]).items():
                 s = cq.spec[name]
                 ref = ftr[l][d][name]
                 dist = Distance()

@@ -54,6 +54,14 @@ def test_keras_archive_matches_keras():
     check(model, "keras_stack")
 
 
+@pytest.mark.parametrize("ext", ["keras", "h5"])
+def test_keras_stack_built_second_in_its_process_matches_keras(ext):
+    """Config names gru_1, gru_2 vs weight groups layers/gru, layers/gru_1: read in Keras' order."""
+    model = import_model(GOLDEN / f"keras_order.{ext}")
+    assert model.num_layers == 2
+    check(model, "keras_order")
+
+
 def test_keras_reset_after_false_is_refused():
     with pytest.raises(QtoolError, match="reset_after=False"):
         import_model(GOLDEN / "keras_reset_before.keras")
@@ -104,6 +112,28 @@ def test_several_grus_need_a_name(tmp_path):
     assert import_model(tmp_path / "two.safetensors", name="dec").name == "dec"
 
 
+def test_import_command_reports_the_check(cli, tmp_path):
+    pytest.importorskip("safetensors")
+    code, out, err = cli("import", GOLDEN / "torch_single.safetensors", "-o", tmp_path / "m.h5")
+    assert code == 0 and err == ""
+    if has("torch"):
+        assert "matches PyTorch nn.GRU on 3 random sequences" in out
+    else:
+        assert "not checked against the source framework: PyTorch nn.GRU cannot be imported" in out
+    code, out, _ = cli("import", GOLDEN / "torch_single.safetensors", "-o", tmp_path / "m.h5", "--force", "--no-check")
+    assert code == 0 and "not checked against the source framework (--no-check)" in out
+
+
+@pytest.mark.skipif(not has("torch"), reason="torch not installed")
+def test_import_command_pickled_module_is_one_line(cli, tmp_path):
+    import torch
+
+    torch.save(torch.nn.GRU(3, 4), tmp_path / "whole.pt")
+    code, out, err = cli("import", tmp_path / "whole.pt", "-o", tmp_path / "m.h5")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "\x1b" not in err
+    assert "holds pickled Python objects (torch.nn.modules.rnn.GRU)" in err and not (tmp_path / "m.h5").exists()
+
+
 def test_unknown_format_and_lstm_refused(tmp_path):
     (tmp_path / "m.bin").write_bytes(b"xx")
     with pytest.raises(QtoolError, match="--format"):
@@ -115,3 +145,41 @@ def test_unknown_format_and_lstm_refused(tmp_path):
                "weight_hh_l0": np.zeros((16, 4), np.float32)}, str(tmp_path / "lstm.safetensors"))
     with pytest.raises(QtoolError, match="LSTM"):
         import_model(tmp_path / "lstm.safetensors")
+
+
+def haste_arrays(seed=0, C=3, H=4):
+    rng = np.random.RandomState(seed)
+    return {"kernel": rng.randn(C, 3 * H), "recurrent_kernel": rng.randn(H, 3 * H),
+            "bias": rng.randn(3 * H), "recurrent_bias": rng.randn(3 * H)}
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda a: a.update(bias=a["bias"][:-1]), r"'bias' has shape \(11,\), expected \(12,\)"),
+    (lambda a: a.update(kernel=a["kernel"].astype(np.complex64)), "'kernel' has dtype complex64"),
+    (lambda a: a.update(recurrent_kernel=a["recurrent_kernel"].astype(np.int16)), "dtype int16"),
+    (lambda a: a.update(gamma=np.ones(12)), "LayerNormGRU"),
+])
+def test_haste_malformed_arrays_name_the_tensor(tmp_path, edit, match):
+    arrays = haste_arrays()
+    edit(arrays)
+    np.savez(tmp_path / "h.npz", **arrays)
+    with pytest.raises(QtoolError, match=match):
+        import_model(tmp_path / "h.npz")
+
+
+def test_haste_reads_only_its_arrays_after_checking_their_headers(tmp_path):
+    """A side array is never read (here it is garbage); a header claiming 2^40 values is refused
+    before its data is touched."""
+    import zipfile
+
+    np.savez(tmp_path / "h.npz", **haste_arrays())
+    with zipfile.ZipFile(tmp_path / "h.npz", "a") as z:
+        z.writestr("side.npy", b"\x93NUMPY garbage that is never parsed")
+    model = import_model(tmp_path / "h.npz")
+    assert model.hidden_size == 4
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1))
+    header["shape"] = (1 << 20, 1 << 20)
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w") as z, z.open("kernel.npy", "w") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+    with pytest.raises(QtoolError, match="beyond qtool's limit"):
+        import_model(tmp_path / "bomb.npz")

@@ -43,7 +43,7 @@ def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tm
     assert code == 0, err
     assert (src / "main.c").read_text().startswith("int main") and (src / "notes.txt").read_text() == "mine\n"
     assert stat.S_IMODE(src.stat().st_mode) == 0o755
-    ours = {"digits.c", "digits.h", "digits_params.h", "qgru.c", "qgru.h"}
+    ours = {"digits.c", "digits.h", "digits_params.h", "digits_params.c", "qgru.c", "qgru.h"}
     assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
     code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")  # again: needs --force
     assert code == 2 and "--force" in err and "digits.c" in err and one_error_line(err)

@@ -1,18 +1,34 @@
 """Model import: PyTorch, Keras, ONNX and haste weights into the canonical GruModel.
 
-Each format module returns the GRU stacks it finds as `{stack_name: [[GruCell, ...], ...]}`;
-`import_model` picks one (by `--name` or because it is the only one) and builds the model.
+Each format module returns the GRU stacks it finds as `{stack_name: Stack}`; `import_model`
+picks one (by `--name` or because it is the only one), builds the model and, where the source
+framework is installed, checks the model against it (`qtool.importers.crosscheck`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from qtool.errors import QtoolError
-from qtool.model import GruModel
+from qtool.model import GruCell, GruModel
 
 FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
+
+
+@dataclass
+class Stack:
+    """One importable GRU: its cells `layers[l][d]` and, where the source is a framework, a function
+    that runs the framework's own GRU on batch-first `x [N, T, C]` (raises ImportError when the
+    framework is not installed)."""
+
+    layers: list[list[GruCell]]
+    framework: str | None = None
+    run_source: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 def detect_format(path: Path) -> str:
@@ -35,26 +51,34 @@ def natural_key(s: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-def import_model(path: str | Path, fmt: str | None = None, name: str | None = None) -> GruModel:
-    """Read a GRU from `path` (format detected from the name unless `fmt` is given)."""
+def read_stacks(path: Path, fmt: str) -> dict[str, Stack]:
+    if fmt in ("torch", "safetensors"):
+        from qtool.importers.torch_sd import read_torch
+        return read_torch(path, fmt)
+    if fmt == "keras":
+        from qtool.importers.keras import read_keras
+        return read_keras(path)
+    if fmt == "onnx":
+        from qtool.importers.onnx_gru import read_onnx
+        return read_onnx(path)
+    if fmt == "haste":
+        from qtool.importers.haste import read_haste
+        return read_haste(path)
+    raise QtoolError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
+
+
+def import_model(path: str | Path, fmt: str | None = None, name: str | None = None,
+                 check: bool = True) -> GruModel:
+    """Read a GRU from `path` (format detected from the name unless `fmt` is given).
+
+    With `check`, the model is run against the source framework when it is installed and refused
+    if they disagree; `model.extra["check"]` says what was checked and the largest difference.
+    """
     path = Path(path)
     if not path.is_file():
         raise QtoolError(f"model file not found: {path}")
     fmt = fmt or detect_format(path)
-    if fmt in ("torch", "safetensors"):
-        from qtool.importers.torch_sd import read_torch
-        stacks = read_torch(path, fmt)
-    elif fmt == "keras":
-        from qtool.importers.keras import read_keras
-        stacks = read_keras(path)
-    elif fmt == "onnx":
-        from qtool.importers.onnx_gru import read_onnx
-        stacks = read_onnx(path)
-    elif fmt == "haste":
-        from qtool.importers.haste import read_haste
-        stacks = read_haste(path)
-    else:
-        raise QtoolError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
+    stacks = read_stacks(path, fmt)
     if not stacks:
         raise QtoolError(f"{path}: no GRU found in this {fmt} file")
     named = [k for k in stacks if k]
@@ -67,16 +91,15 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     else:
         raise QtoolError(f"{path}: holds several GRUs ({', '.join(named)}); choose one with --name")
     model_name = key.replace("/", "_") or path.stem
-    return GruModel(stacks[key], name=re.sub(r"\W+", "_", model_name).strip("_") or "gru",
-                    source=f"{fmt}:{path.name}" + (f":{key}" if key else ""))
+    model = GruModel(stacks[key].layers, name=re.sub(r"\W+", "_", model_name).strip("_") or "gru",
+                     source=f"{fmt}:{path.name}" + (f":{key}" if key else ""))
+    if check:
+        from qtool.importers.crosscheck import cross_check
+        model.extra["check"] = cross_check(model, stacks[key], str(path))
+    return model
 
 
-def stack_layers(cells: list, where: str) -> list:
-    """Chain single layers `[[fwd(, bwd)], ...]` checking that each input matches the one before."""
-    for l in range(1, len(cells)):
-        want = cells[l - 1][0].R.shape[1] * len(cells[l - 1])
-        got = cells[l][0].W.shape[1]
-        if got != want:
-            raise QtoolError(f"{where}: GRU layer {l} takes {got} inputs but the layer before gives "
-                             f"{want}; they are not one stack, choose one with --name")
-    return cells
+def chained(layers: list) -> bool:
+    """Whether single layers `[[fwd(, bwd)], ...]` chain by size (each takes the one before's output)."""
+    return all(layers[l][0].W.shape[1] == layers[l - 1][0].R.shape[1] * len(layers[l - 1])
+               and len(layers[l]) == len(layers[l - 1]) for l in range(1, len(layers)))

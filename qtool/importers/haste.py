@@ -2,40 +2,86 @@
 recurrent_bias [3H], gates z | r | g (haste's own order, the canonical one).
 
 Keys may carry a prefix per layer (`layer0/kernel`, `l1_kernel`, ...); prefixes are stacked in
-natural order when their shapes chain.
+natural order and must chain. Only these arrays are read, each after its header was checked.
 """
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers import natural_key, stack_layers
+from qtool.importers import Stack, chained, natural_key
+from qtool.importers.validate import (
+    as_float32,
+    check_archive,
+    check_float_dtype,
+    check_size,
+    expect_shape,
+    hidden_from_recurrent,
+    reason,
+)
 from qtool.model import GruCell
 
 PARTS = ("kernel", "recurrent_kernel", "bias", "recurrent_bias")
+# haste's LayerNormGRU adds these per layer: a different cell, refused rather than half-read
+LAYER_NORM = ("gamma", "gamma_h", "beta", "beta_h")
 
 
-def read_haste(path: Path) -> dict:
+def _read_member(path: Path, z: zipfile.ZipFile, key: str) -> np.ndarray:
+    """One array of the archive, its .npy header checked before the data is read."""
+    with z.open(key + ".npy") as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise QtoolError(f"{path}: array '{key}' has .npy format version {version}; expected 1.0 or 2.0")
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = header(f)
+        check_size(str(path), key, shape)
+        check_float_dtype(str(path), key, dtype)
+    with z.open(key + ".npy") as f:
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _read_arrays(path: Path) -> tuple[dict, list]:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        with zipfile.ZipFile(path) as z:
+            names = [n[:-4] for n in z.namelist() if n.endswith(".npy")]
+            prefixes = sorted({k[: -len("kernel")] for k in names
+                               if k.endswith("kernel") and not k.endswith("recurrent_kernel")}, key=natural_key)
+            wanted = [p + n for p in prefixes for n in PARTS if p + n in names]
+            check_archive(path, z, {k + ".npy" for k in wanted})
+            arrays = {k: _read_member(path, z, k) for k in wanted}
+            extra = [p + n for p in prefixes for n in LAYER_NORM if p + n in names]
+    except QtoolError:
+        raise
     except Exception as e:  # zipfile and numpy raise several types for corrupt archives
-        raise QtoolError(f"{path}: not a readable .npz file ({e})") from None
-    prefixes = sorted({k[: -len("kernel")] for k in arrays
-                       if k.endswith("kernel") and not k.endswith("recurrent_kernel")},
-                      key=natural_key)
+        raise QtoolError(f"{path}: not a readable .npz file ({reason(e)})") from None
+    if extra:
+        raise QtoolError(f"{path}: '{extra[0]}' is a layer-norm parameter (haste LayerNormGRU); only "
+                         "the plain haste GRU is supported")
+    return arrays, prefixes
+
+
+def read_haste(path: Path) -> dict[str, Stack]:
+    arrays, prefixes = _read_arrays(path)
+    where = str(path)
     layers = []
     for p in prefixes:
         missing = [n for n in PARTS if p + n not in arrays]
         if missing:
             raise QtoolError(f"{path}: haste weights '{p}' lack {', '.join(missing)}")
-        k, rk, b, rb = (np.asarray(arrays[p + n], np.float32) for n in PARTS)
-        if k.ndim != 2 or rk.ndim != 2 or rk.shape[1] != 3 * rk.shape[0]:
-            raise QtoolError(f"{path}: '{p}recurrent_kernel' must be [H, 3H], got {rk.shape}")
+        k, rk, b, rb = (as_float32(where, p + n, arrays[p + n]) for n in PARTS)
+        H = hidden_from_recurrent(where, p + "recurrent_kernel", rk, rows_first=False)
+        if k.ndim != 2 or k.shape[1] != 3 * H:
+            raise QtoolError(f"{path}: tensor '{p}kernel' has shape {k.shape}, expected [C, {3 * H}] (H={H})")
+        for n, a in (("bias", b), ("recurrent_bias", rb)):
+            expect_shape(where, p + n, a, (3 * H,))
         layers.append([GruCell(k.T, rk.T, b, rb)])
     if not layers:
         return {}
-    return {"": stack_layers(layers, str(path))}
+    if not chained(layers):
+        raise QtoolError(f"{path}: the haste layers ({', '.join(p or '(no prefix)' for p in prefixes)}) do "
+                         "not chain: each layer's input size must be the hidden size of the one before")
+    return {"": Stack(layers)}

@@ -1,114 +1,203 @@
-"""Keras GRUs (`reset_after=True`) from `.keras` archives and `.h5`/`.weights.h5` files, read with
-h5py alone: kernel [C, 3H], recurrent_kernel [H, 3H], bias [2, 3H] (input, recurrent), gates z | r | g.
+"""Keras GRUs from `.keras` archives (Keras 3) and legacy `.h5` model files, read with h5py alone:
+kernel [C, 3H], recurrent_kernel [H, 3H], bias [2, 3H] (input, recurrent), gates z | r | g.
 
-Layer order comes from the model config when the file has one, else from the layer names.
+The model config says which layers are GRUs and how they are configured (keras_config.py); each
+layer's weights are taken from the group Keras itself assigns to it, never matched by name
+guesses. A GRU-shaped weight group that no supported layer owns is refused.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import shutil
+import tempfile
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers import natural_key, stack_layers
+from qtool.importers import Stack
+from qtool.importers.keras_config import KerasGru, chain, find_grus
+from qtool.importers.validate import (
+    MAX_JSON_BYTES,
+    as_float32,
+    check_archive,
+    check_size,
+    expect_shape,
+    reason,
+)
 from qtool.model import GruCell
 
+SPOOL_BYTES = 64 << 20  # weights archives up to this size are read in memory, larger ones via disk
+LEGACY_ROLES = ("kernel", "recurrent_kernel", "bias")
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
-def _find_cells(f: h5py.File) -> dict:
-    """Map group path -> (kernel, recurrent_kernel, bias) for every GRU cell in a weights file."""
-    found = {}
+
+def _dataset(where: str, f: h5py.File, path: str) -> np.ndarray:
+    ds = f.get(path)
+    if not isinstance(ds, h5py.Dataset):
+        raise QtoolError(f"{where}: weights '{path}' are missing")
+    check_size(where, path, ds.shape)  # before h5py reads (and maybe decompresses) anything
+    return as_float32(where, path, ds[()])
+
+
+def _cell(where: str, g: KerasGru, d: int, arrays: list, names: list) -> GruCell:
+    """One direction's GruCell from its [kernel, recurrent_kernel(, bias)], shapes checked."""
+    units, use_bias, reset_after = g.dirs[d].units, g.dirs[d].use_bias, g.dirs[d].reset_after
+    if len(arrays) != 2 + use_bias:
+        raise QtoolError(f"{where}: GRU '{g.name}' stores {len(arrays)} weight tensors, its config "
+                         f"(use_bias={use_bias}) needs {2 + use_bias}")
+    kernel, rkernel = arrays[0], expect_shape(where, names[1], arrays[1], (units, 3 * units))
+    if kernel.ndim != 2 or kernel.shape[1] != 3 * units:
+        raise QtoolError(f"{where}: tensor '{names[0]}' has shape {kernel.shape}, expected [C, {3 * units}]")
+    if not use_bias:
+        if reset_after is None:
+            raise QtoolError(f"{where}: GRU '{g.name}' has no bias and no reset_after in its config; "
+                             "cannot tell which GRU formulation it uses")
+        bias = np.zeros((2, 3 * units), np.float32)
+    elif arrays[2].shape == (3 * units,):
+        raise QtoolError(f"{where}: GRU '{g.name}' has a bias of shape {arrays[2].shape}, which means "
+                         "reset_after=False; only reset_after=True (the haste/PyTorch formulation) is supported")
+    else:
+        bias = expect_shape(where, names[2], arrays[2], (2, 3 * units))
+    return GruCell(kernel.T, rkernel.T, bias[0], bias[1])
+
+
+def _cells_keras3(where: str, f: h5py.File, g: KerasGru) -> list[GruCell]:
+    meta = f.get(f"{g.path}/vars")
+    stored = meta.attrs.get("name") if isinstance(meta, h5py.Group) else None
+    if stored is not None and stored != g.name.rsplit("/", 1)[-1]:  # Keras 3.x records the owner
+        raise QtoolError(f"{where}: weights group '{g.path}' belongs to layer '{stored}', not to "
+                         f"'{g.name}'; the file's config and weights disagree")
+    subs = [""] if len(g.dirs) == 1 else ["/forward_layer", "/backward_layer"]
+    cells = []
+    for d, sub in enumerate(subs):
+        group = f.get(f"{g.path}{sub}/cell/vars")
+        if not isinstance(group, h5py.Group):
+            raise QtoolError(f"{where}: weights of GRU '{g.name}' are missing ('{g.path}{sub}/cell/vars')")
+        names = [f"{g.path}{sub}/cell/vars/{k}" for k in sorted(group.keys(), key=int)]
+        cells.append(_cell(where, g, d, [_dataset(where, f, n) for n in names], names))
+    return cells
+
+
+def _cells_legacy(where: str, f: h5py.File, g: KerasGru) -> list[GruCell]:
+    """Legacy h5: `model_weights/{name}` lists its weights in `weight_names`, forward then backward."""
+    if g.nested:
+        raise QtoolError(f"{where}: GRU '{g.name}' is inside a nested model, which legacy .h5 files do "
+                         "not store per layer; save the model as .keras")
+    group = f["model_weights"].get(g.name) if "model_weights" in f else None
+    if not isinstance(group, h5py.Group):
+        raise QtoolError(f"{where}: weights of GRU '{g.name}' are missing")
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in group.attrs.get("weight_names", [])]
+    per = len(names) // len(g.dirs)
+    cells = []
+    for d in range(len(g.dirs)):
+        mine = sorted(names[d * per:(d + 1) * per], key=lambda n: _role(where, g, n))
+        cells.append(_cell(where, g, d, [_dataset(where, group, n) for n in mine], mine))
+    return cells
+
+
+def _role(where: str, g: KerasGru, name: str) -> int:
+    """A legacy weight's place in [kernel, recurrent_kernel, bias] from its name ('.../kernel:0')."""
+    role = name.rsplit("/", 1)[-1].split(":")[0]
+    if role not in LEGACY_ROLES:
+        raise QtoolError(f"{where}: GRU '{g.name}' has an unexpected weight '{name}'")
+    return LEGACY_ROLES.index(role)
+
+
+def _gru_shaped(f: h5py.Group) -> list[str]:
+    """Every Keras 3 `vars` group holding a kernel [C, 3H] and a recurrent kernel [H, 3H]."""
+    found = []
 
     def visit(name, obj):
-        if not isinstance(obj, h5py.Group):
-            return
-        keys = set(obj.keys())
-        if {"0", "1", "2"} <= keys and name.endswith("cell/vars"):  # Keras 3
-            found[name[: -len("/cell/vars")]] = tuple(obj[k][()] for k in "012")
-        plain = {k.split(":")[0]: k for k in keys}  # Keras 2 names end in ':0'
-        if {"kernel", "recurrent_kernel", "bias"} <= plain.keys():
-            found[name] = tuple(obj[plain[k]][()] for k in ("kernel", "recurrent_kernel", "bias"))
+        if isinstance(obj, h5py.Group) and {"0", "1"} <= set(obj):
+            k, r = obj["0"], obj["1"]
+            if (isinstance(k, h5py.Dataset) and isinstance(r, h5py.Dataset) and len(k.shape) == 2
+                    and len(r.shape) == 2 and r.shape[1] == 3 * r.shape[0] and k.shape[1] == r.shape[1]):
+                found.append(name)
 
     f.visititems(visit)
     return found
 
 
-def _config_layers(config: dict) -> list:
-    cfg = config.get("config", config)
-    return cfg.get("layers", []) if isinstance(cfg, dict) else []
+def _refuse_unclaimed(where: str, f: h5py.File, grus: list[KerasGru], legacy: bool) -> None:
+    """A GRU cell's weights that no supported layer owns (a custom GRU class, a subclassed model)."""
+    if legacy:
+        root = f["model_weights"]
+        owned = {g.name for g in grus}
+        for layer in root.attrs.get("layer_names", []):
+            layer = layer.decode() if isinstance(layer, bytes) else str(layer)
+            names = [str(n) for n in root[layer].attrs.get("weight_names", [])] if layer in root else []
+            if layer not in owned and any("recurrent_kernel" in n for n in names):
+                raise QtoolError(f"{where}: layer '{layer}' holds recurrent weights but is not a Keras GRU "
+                                 "that qtool supports")
+        return
+    owned = {g.path for g in grus}
+    for name in _gru_shaped(f):
+        if not any(name == p or name.startswith(p + "/") for p in owned):
+            raise QtoolError(f"{where}: weights group '{name}' holds a GRU-shaped cell that the model "
+                             "config does not describe as a Keras GRU qtool supports")
 
 
-def _check_layer_config(layer: dict, where: str) -> None:
-    cls, cfg = layer.get("class_name"), layer.get("config", {})
-    if cls == "Bidirectional":
-        if cfg.get("merge_mode", "concat") != "concat":
-            raise QtoolError(f"{where}: Bidirectional merge_mode '{cfg.get('merge_mode')}' is not "
-                             "supported (only 'concat')")
-        cfg = cfg.get("layer", {}).get("config", {})
-    if cfg.get("reset_after", True) is False:
-        raise QtoolError(f"{where}: GRU '{layer['config'].get('name')}' has reset_after=False; only "
-                         "reset_after=True (the haste/PyTorch formulation) is supported")
-    if cfg.get("go_backwards") and cls != "Bidirectional":
-        raise QtoolError(f"{where}: GRU with go_backwards=True is not supported")
-    for key, want in (("activation", "tanh"), ("recurrent_activation", "sigmoid")):
-        if cfg.get(key, want) != want:
-            raise QtoolError(f"{where}: GRU {key}='{cfg.get(key)}' is not supported (needs '{want}')")
+def _open_keras3(path: Path, tmp) -> tuple[dict, h5py.File]:
+    """config.json and model.weights.h5 of a .keras archive, sizes checked before reading."""
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        if "model.weights.h5" not in names or "config.json" not in names:
+            raise QtoolError(f"{path}: a .keras archive needs config.json and model.weights.h5 (found: "
+                             f"{', '.join(names[:5])})")
+        check_archive(path, z, {"config.json", "model.weights.h5"})
+        if z.getinfo("config.json").file_size > MAX_JSON_BYTES:
+            raise QtoolError(f"{path}: config.json is larger than {MAX_JSON_BYTES:,} bytes")
+        config = json.loads(z.read("config.json"))
+        with z.open("model.weights.h5") as src:  # never more than the declared (checked) size
+            head = src.read(8)
+            if head != HDF5_SIGNATURE:  # before anything large is inflated
+                raise QtoolError(f"{path}: model.weights.h5 in the archive is not an HDF5 file")
+            tmp.write(head)
+            shutil.copyfileobj(src, tmp, 1 << 20)
+    tmp.seek(0)
+    return config, h5py.File(tmp, "r")
 
 
-def _cell(kernel, rkernel, bias, where: str) -> GruCell:
-    bias = np.asarray(bias, np.float32)
-    if bias.ndim == 1:
-        raise QtoolError(f"{where}: bias of shape {bias.shape} means reset_after=False; only "
-                         "reset_after=True (the haste/PyTorch formulation) is supported")
-    return GruCell(np.asarray(kernel).T, np.asarray(rkernel).T, bias[0], bias[1])
+def _open(path: Path, tmp) -> tuple[dict | None, h5py.File, bool]:
+    if zipfile.is_zipfile(path):
+        config, f = _open_keras3(path, tmp)
+        return config, f, False
+    f = h5py.File(path, "r")
+    config = json.loads(f.attrs["model_config"]) if "model_config" in f.attrs else None
+    return config, f, "model_weights" in f
 
 
-def read_keras(path: Path) -> dict:
-    config = None
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                config = json.loads(z.read("config.json")) if "config.json" in z.namelist() else None
-                f = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
-        else:
-            f = h5py.File(path, "r")
-            if "model_config" in f.attrs:
-                config = json.loads(f.attrs["model_config"])
-    except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
-        raise QtoolError(f"{path}: not a readable Keras file ({str(e).split(',')[0]})") from None
+def _read(path: Path, tmp) -> tuple[dict, list[KerasGru], dict]:
+    config, f, legacy = _open(path, tmp)
+    where = str(path)
     with f:
-        cells = _find_cells(f)
-    # group paths by layer: a Bidirectional wrapper holds forward_layer and backward_layer
-    layers: dict[str, dict] = {}
-    for gpath, arrays in cells.items():
-        parts = gpath.split("/")
-        if parts[-1] in ("forward_layer", "backward_layer"):
-            layers.setdefault(parts[-2], {})[parts[-1]] = arrays
-        else:
-            name = parts[-1] if parts[-1] != "gru_cell" else parts[-2]
-            layers.setdefault(name, {})["forward_layer"] = arrays
-    order = sorted(layers, key=natural_key)
-    if config is not None:
-        by_name = {layer.get("config", {}).get("name"): layer for layer in _config_layers(config)}
-        for name in layers:
-            if name in by_name:
-                _check_layer_config(by_name[name], str(path))
-        ranked = [n for n in by_name if n in layers]
-        order = ranked + [n for n in order if n not in ranked]
-    stacks: dict[str, list] = {}
-    for name in order:
-        dirs = layers[name]
-        cells_ = [_cell(*dirs["forward_layer"], f"{path}: {name}")]
-        if "backward_layer" in dirs:
-            cells_.append(_cell(*dirs["backward_layer"], f"{path}: {name}"))
-        stacks[name] = [cells_]
-    if len(stacks) > 1:
+        if not isinstance(config, dict):
+            raise QtoolError(f"{path}: no model config (a weights-only file): qtool cannot tell the "
+                             "GRUs' order and settings; save the whole model (model.save('m.keras'))")
+        grus = find_grus(config, where)
+        read = _cells_legacy if legacy else _cells_keras3
+        layers = {g.name: read(where, f, g) for g in grus}
+        _refuse_unclaimed(where, f, grus, legacy)
+    return config, grus, layers
+
+
+def read_keras(path: Path) -> dict[str, Stack]:
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as tmp:
         try:
-            stacks[""] = stack_layers([stacks[n][0] for n in order], str(path))
+            config, grus, layers = _read(path, tmp)
         except QtoolError:
-            pass  # not one chain: the user picks a layer by name
+            raise
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError,
+                UnicodeError, RecursionError, zipfile.BadZipFile) as e:  # h5py, zipfile, json, a malformed config
+            raise QtoolError(f"{path}: not a readable Keras file ({reason(e)})") from None
+    from qtool.importers.check_keras import run_keras
+
+    stacks = {g.name: Stack([layers[g.name]], "Keras", partial(run_keras, path, config, [g.name])) for g in grus}
+    if chain(grus):
+        stacks[""] = Stack([layers[g.name] for g in grus], "Keras", partial(run_keras, path, config, list(layers)))
     return stacks

@@ -1,75 +1,120 @@
 """ONNX `GRU` nodes with `linear_before_reset=1`: W [dirs, 3H, C], R [dirs, 3H, H],
 B [dirs, 6H] (Wb then Rb), gates z | r | h (the canonical order). Needs the optional `onnx` package.
 
-Several GRU nodes are stacked in graph order when their shapes chain; each is also available by
-its node name.
+Every attribute and input of a GRU node is either supported or refused: activations other than
+Sigmoid/Tanh, clip, direction 'reverse', sequence_lens and a non-zero initial_h change the math.
+Several GRU nodes form one stack when each reads the one before's output through layout ops that
+concatenate its directions (onnx_graph.py); each is also available by its node name.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers import stack_layers
-from qtool.model import GruCell
+from qtool.importers import Stack
+from qtool.importers.onnx_graph import Graph, attr, float_tensor
+from qtool.importers.validate import expect_shape, hidden_from_recurrent, reason
+
+# output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta only
+# parameterise activations other than Sigmoid and Tanh, which are refused
+ATTRIBUTES = {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size",
+              "layout", "linear_before_reset", "output_sequence"}
 
 
-def _attr(node, name, default):
-    from onnx import helper
+def _check_attributes(node, where: str) -> int:
+    """Refuse every attribute qtool does not compute; returns the number of directions."""
+    unknown = sorted({a.name for a in node.attribute} - ATTRIBUTES)
+    if unknown:
+        raise QtoolError(f"{where} has attribute(s) {', '.join(unknown)} that qtool does not know")
+    if attr(node, "linear_before_reset", 0) != 1:
+        raise QtoolError(f"{where} has linear_before_reset=0; only linear_before_reset=1 (the "
+                         "haste/PyTorch formulation) is supported")
+    direction = attr(node, "direction", "forward")
+    if direction not in ("forward", "bidirectional"):
+        raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional are supported")
+    dirs = 2 if direction == "bidirectional" else 1
+    acts = attr(node, "activations", None)
+    if acts is not None and [str(a).lower() for a in acts] != ["sigmoid", "tanh"] * dirs:
+        raise QtoolError(f"{where} has activations {acts}; qtool's GRU computes Sigmoid, Tanh per direction")
+    if attr(node, "clip", None) is not None:
+        raise QtoolError(f"{where} clips its pre-activations (clip={attr(node, 'clip', None)}); not supported")
+    if attr(node, "layout", 0) != 0:  # ONNX Runtime does not run layout=1 either
+        raise QtoolError(f"{where} has layout={attr(node, 'layout', 0)}; only layout=0 (time-first) "
+                         "is supported")
+    return dirs
 
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+
+def _check_inputs(graph: Graph, node, where: str) -> None:
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    if inputs[4]:
+        raise QtoolError(f"{where} takes sequence_lens ('{inputs[4]}'); qtool runs every sequence over "
+                         "all its time steps (export without sequence lengths)")
+    if inputs[5] and not (inputs[5] in graph.inputs or graph.is_zero(where, inputs[5])):
+        raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', which is not zero; qtool's GRU "
+                         "starts every sequence from h = 0")
 
 
-def read_onnx(path: Path) -> dict:
+def _cells(graph: Graph, node, dirs: int, where: str) -> list:
+    from qtool.model import GruCell
+
+    names = list(node.input[1:4]) + [""] * (4 - len(node.input))
+    for n in names[:2]:
+        if n not in graph.consts:
+            raise QtoolError(f"{where}: weight '{n}' is not a constant initializer")
+    W, R = (float_tensor(where, graph.consts[n], n) for n in names[:2])
+    if R.ndim != 3 or R.shape[0] != dirs:
+        raise QtoolError(f"{where}: tensor '{names[1]}' has shape {R.shape}, expected [{dirs}, 3H, H]")
+    H = hidden_from_recurrent(where, names[1], R[0])
+    if attr(node, "hidden_size", H) != H:
+        raise QtoolError(f"{where} has hidden_size={attr(node, 'hidden_size', H)} but its weights "
+                         f"'{names[1]}' have H={H}")
+    if W.ndim != 3 or W.shape[:2] != (dirs, 3 * H):
+        raise QtoolError(f"{where}: tensor '{names[0]}' has shape {W.shape}, expected [{dirs}, {3 * H}, C]")
+    if names[2] and names[2] not in graph.consts:
+        raise QtoolError(f"{where}: bias '{names[2]}' is not a constant initializer")
+    B = (expect_shape(where, names[2], float_tensor(where, graph.consts[names[2]], names[2]), (dirs, 6 * H))
+         if names[2]
+         else np.zeros((dirs, 6 * H), np.float32))
+    return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:]) for d in range(dirs)]
+
+
+def read_onnx(path: Path) -> dict[str, Stack]:
     try:
         import onnx
-        from onnx import numpy_helper
     except ImportError:
         raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have several types
-        raise QtoolError(f"{path}: not a readable ONNX file ({str(e)[:200]})") from None
-    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:  # constants may also come from Constant nodes
-        if node.op_type == "Constant" and node.output:
-            value = _attr(node, "value", None)
-            if value is not None:
-                inits[node.output[0]] = numpy_helper.to_array(value)
+        raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+    try:
+        return _read_graph(path, model)
+    except QtoolError:
+        raise
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError) as e:  # a malformed graph
+        raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
+
+
+def _read_graph(path: Path, model) -> dict[str, Stack]:
+    from qtool.importers.check_onnx import run_onnx
+
+    graph = Graph(model.graph)
+    graph.fold_dequantized(model.graph, str(path))
     stacks, chain = {}, []
     for i, node in enumerate(n for n in model.graph.node if n.op_type == "GRU"):
         name = node.name or f"GRU_{i}"
         where = f"{path}: GRU node '{name}'"
-        if _attr(node, "linear_before_reset", 0) != 1:
-            raise QtoolError(f"{where} has linear_before_reset=0; only linear_before_reset=1 (the "
-                             "haste/PyTorch formulation) is supported")
-        direction = _attr(node, "direction", b"forward")
-        direction = direction.decode() if isinstance(direction, bytes) else direction
-        if direction not in ("forward", "bidirectional"):
-            raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional "
-                             "are supported")
-        acts = [a.decode() if isinstance(a, bytes) else a for a in _attr(node, "activations", [])]
-        if any(a.lower() not in ("sigmoid", "tanh") for a in acts) or _attr(node, "clip", None):
-            raise QtoolError(f"{where} uses custom activations or clipping; not supported")
-        try:
-            W, R = inits[node.input[1]], inits[node.input[2]]
-        except KeyError as e:
-            raise QtoolError(f"{where}: weight {e} is not a constant initializer") from None
-        dirs, three_h = R.shape[0], R.shape[1]
-        B = inits.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-        if B is None:
-            B = np.zeros((dirs, 2 * three_h), np.float32)
-        cells = [GruCell(W[d], R[d], B[d, :three_h], B[d, three_h:]) for d in range(dirs)]
-        stacks[name] = [cells]
-        chain.append(cells)
-    if len(chain) > 1:
-        try:
-            stacks[""] = stack_layers(chain, str(path))
-        except QtoolError:
-            pass
+        if name in stacks:
+            raise QtoolError(f"{where}: two GRU nodes have this name; give them unique names")
+        dirs = _check_attributes(node, where)
+        _check_inputs(graph, node, where)
+        cells = _cells(graph, node, dirs, where)
+        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, model, [node]))
+        chain.append((node, cells))
+    if len(chain) > 1 and all(graph.feeds_next(a[0], b[0]) for a, b in zip(chain, chain[1:])):
+        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, model, [n for n, _ in chain]))
     return stacks

@@ -51,6 +51,23 @@ def keras_case() -> None:
     bad.save(HERE / "keras_reset_before.keras")
 
 
+def keras_order_case() -> None:
+    """A stack built second in its process: config names gru_1, gru_2, weight groups layers/gru,
+    layers/gru_1 (equal sizes, so a name-matching importer reads it reversed without noticing);
+    as .keras and as legacy .h5."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    keras.Sequential([keras.Input((None, 4)), keras.layers.GRU(4)])  # takes the name 'gru'
+    m = keras.Sequential([keras.Input((None, 4))] + [
+        keras.layers.GRU(4, return_sequences=True, bias_initializer="random_normal") for _ in range(2)])
+    assert [layer.name for layer in m.layers] == ["gru_1", "gru_2"]
+    x = np.random.RandomState(5).randn(3, 9, 4).astype(np.float32)
+    m.save(HERE / "keras_order.keras")
+    m.save(HERE / "keras_order.h5")
+    np.savez(HERE / "keras_order_io.npz", x=x, y=np.asarray(m.predict(x, verbose=0)))
+
+
 def onnx_case() -> None:
     import onnx
     import onnxruntime as ort
@@ -83,4 +100,5 @@ def onnx_case() -> None:
 if __name__ == "__main__":
     torch_cases()
     keras_case()
+    keras_order_case()
     onnx_case()

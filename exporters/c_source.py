@@ -1,0 +1,351 @@
+"""The C text of an export: NAME.h (API), NAME.c (the model: the cell from
+c_runtime/qgru_cell.c.in in the model's integer types, its GEMM kernels, the loops and the float
+wrappers) and NAME_params.h (the cell type, the tables' declarations)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+
+import numpy as np
+
+from exporters.c_types import ModelTypes
+from qtool import __version__
+from qtool.model import DIRECTIONS
+from qtool.qmodel import QuantModel
+from qtool.qparams import qrange
+from qtool.tensors import TENSORS
+
+RUNTIME = Path(__file__).parent / "c_runtime"
+C_KEYWORDS = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double",
+              "else", "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long",
+              "register", "restrict", "return", "short", "signed", "sizeof", "static", "struct",
+              "switch", "typedef", "union", "unsigned", "void", "volatile", "while"}
+
+
+def c_name(name: str) -> str:
+    """A safe C identifier prefix: only [A-Za-z0-9_], not starting with a digit, not a keyword."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "gru"
+    if s[0].isdigit() or s in C_KEYWORDS:
+        s = "m_" + s
+    return s[:48]
+
+
+def comment(text: str) -> str:
+    """Text safe inside a /* */ comment: printable ASCII, no comment terminator."""
+    text = "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in str(text))
+    return text.replace("*/", "* /").replace("/*", "/ *")
+
+
+def c_values(values: np.ndarray, per_line: int = 16) -> str:
+    flat = np.asarray(values).ravel()
+    return ",\n".join("    " + ", ".join(str(int(v)) for v in flat[i:i + per_line])
+                      for i in range(0, len(flat), per_line))
+
+
+def c_array(ctype: str, name: str, values: np.ndarray) -> str:
+    """A file-local table (test vectors)."""
+    return f"static const {ctype} {name}[{np.size(values)}] = {{\n{c_values(values)}\n}};\n"
+
+
+def c_table(ctype: str, name: str, values: np.ndarray) -> tuple[str, str]:
+    """A model table: its `extern` declaration for the header, its one aligned definition."""
+    n = np.size(values)
+    return (f"extern const {ctype} {name}[{n}];",
+            f"const {ctype} {name}[{n}] QGRU_ALIGN QGRU_SECTION = {{\n{c_values(values)}\n}};\n")
+
+
+def _scale_comments(qm: QuantModel) -> str:
+    lines = []
+    for l, cells in enumerate(qm.cells):
+        for d, cq in enumerate(cells):
+            for td in TENSORS:
+                s = cq.spec[td.name]
+                e = np.asarray(s.exp2_inv)
+                scale = (f"2^-{int(e)} = {2.0 ** -int(e):.6g}" if e.ndim == 0 else
+                         f"per channel 2^-{int(e.min())}..2^-{int(e.max())}")
+                kind = "symmetric" if s.symmetric else f"asymmetric, zp {s.zp}"
+                lines.append(f" *   layer{l}.{DIRECTIONS[d]}.{td.name}: int{s.bits}, {kind}, "
+                             f"scale {scale}")
+    return "\n".join(comment(x) for x in lines)
+
+
+def _dot3_source(prefix: str, gemm: str, w_t: str, q_t: str, acc_t: str, dsp: bool) -> str:
+    """The GEMM of one unit's three rows: the int8 SMLAD kernel where it applies, else the plain
+    loop in the types the bounds chose."""
+    which = gemm[0]
+    loop = f"""    const {w_t} *w0 = w, *w1 = w + row_step, *w2 = w + 2 * row_step;
+    {acc_t} s0 = 0, s1 = 0, s2 = 0;
+    int32_t k;
+    for (k = 0; k < n; k++) {{
+        const {acc_t} v_k = ({acc_t})(v[k] + v_offset);
+        s0 += w0[k] * v_k;
+        s1 += w1[k] * v_k;
+        s2 += w2[k] * v_k;
+    }}
+    acc[0] = s0;
+    acc[1] = s1;
+    acc[2] = s2;
+"""
+    if dsp:
+        loop = f"#if QGRU_DSP\n    qgru_dot3_s8_dsp(w, row_step, v, n, v_offset, acc);\n#else\n{loop}#endif\n"
+    return f"""/* sum_k w[row][k] * (v[k] + v_offset) for the rows 0, row_step and 2 row_step of w: the z, r
+ * and g rows of one unit ({acc_t}: the exported bound holds every partial sum) */
+static void {prefix}_dot3_{which}(const {w_t} *w, int32_t row_step, const {q_t} *v, int32_t n,
+{" " * (len(prefix) + 18)}int32_t v_offset, {acc_t} acc[3])
+{{
+{loop}}}
+"""
+
+
+def _cell_source(prefix: str, ty: ModelTypes) -> str:
+    subs = {"p": prefix, "q_t": ty.q_t, "lut_t": ty.lut_t, "acc_W_t": ty.acc("Wx"),
+            "acc_R_t": ty.acc("Rh")}
+    for k, row in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp")):
+        comp = f"cell->{row} ? cell->{row}[c] : 0"
+        if ty.comp64[k]:  # then the sums are int64 too: the bound covers the table's values
+            comp = f"cell->{row} ? cell->{row}[c] : (cell->{row}64 ? cell->{row}64[c] : 0)"
+        subs[f"comp_{k}"] = comp
+    for name, b in ty.bits.items():
+        subs[f"n_{name}"] = str(b)
+        subs[f"t_{name}"] = f"int{b}_t"
+    cell = Template((RUNTIME / "qgru_cell.c.in").read_text()).substitute(subs)
+    return (_dot3_source(prefix, "Wx", ty.w_t, ty.q_t, ty.acc("Wx"), ty.dsp("Wx")) + "\n"
+            + _dot3_source(prefix, "Rh", ty.r_t, ty.q_t, ty.acc("Rh"), ty.dsp("Rh")) + "\n" + cell)
+
+
+def _provenance(qm: QuantModel) -> str:
+    model, info = qm.model, qm.info
+    return "\n".join(comment(f" * {k}: {v}") for k, v in (
+        ("model", f"{model.name} ({model.source})"), ("calibration", info.get("method")),
+        ("bits", info.get("bits")), ("calibration data", f"{info.get('data_file')}, "
+                                                          f"{info.get('samples')} sequences"),
+        ("generated by", f"qtool {__version__}")))
+
+
+def params_h(qm: QuantModel, prefix: str, ty: ModelTypes, decls: list[str]) -> str:
+    guard = f"{prefix.upper()}_PARAMS_H"
+    n = sum(len(c) for c in qm.cells)
+    return f"""/*
+ * {prefix}: integer GRU parameters, generated by qtool. Do not edit.
+{_provenance(qm)}
+ *
+ * Every tensor's quantization (value = (q - zp) * scale):
+{_scale_comments(qm)}
+ *
+ * The tables are defined once, in {prefix}_params.c (QGRU_ALIGN, QGRU_SECTION: see qgru.h).
+ */
+#ifndef {guard}
+#define {guard}
+
+#include <stddef.h>
+#include "qgru.h"
+
+/* One direction of one layer. Weights row-major [3H][C] and [3H][H], gate blocks z | r | g.
+ * Zero-point compensation, two exact ways: with offset_inputs = 0, the precomputed tables
+ * W_sum_mul_x_zp / R_sum_mul_h_zp (NULL when the zero point is 0) are subtracted from the raw
+ * sums; with offset_inputs = 1 there are no tables and the GEMMs read (x - zp_x) and (h - zp_h)
+ * instead: sum_k W[c][k] (x[k] - zp_x) = sum_k W[c][k] x[k] - W_sum_mul_x_zp[c], the same integer. */
+typedef struct {{
+    int32_t input_size;
+    int32_t hidden_size;
+    int32_t offset_inputs;
+    const {ty.w_t} *qW;
+    const {ty.r_t} *qR;
+    const {ty.b_t} *b_pre;       /* [3H] rshift_round(qbx, sh_bx) (+ rshift_round(qbr, sh_br) for z, r) */
+    const {ty.b_t} *b_Rh_add_br; /* [H] rshift_round(qbr_g, sh_br_g) */
+    const int8_t *sh_W;        /* exp2_inv_W[c] + exp2_inv_x - exp2_inv_Wx */
+    const int8_t *sh_R;
+    const int32_t *W_sum_mul_x_zp; /* zp_x * sum_k qW[c][k]; NULL: none */
+{"    const int64_t *W_sum_mul_x_zp64; /* the same, where it needs 64 bits */" + chr(10) if ty.comp64["W"] else ""}\
+    const int32_t *R_sum_mul_h_zp;
+{"    const int64_t *R_sum_mul_h_zp64;" + chr(10) if ty.comp64["R"] else ""}\
+    const int32_t *P;          /* QGRU_NUM_PARAMS scalars */
+    const {ty.lut_t} *lut_z;
+    const {ty.lut_t} *lut_r;
+    const {ty.lut_t} *lut_g;
+}} {prefix}_cell_t;
+
+{chr(10).join(decls)}
+extern const {prefix}_cell_t {prefix}_cells[{n}];
+
+#endif /* {guard} */
+"""
+
+
+def model_h(qm: QuantModel, prefix: str, ty: ModelTypes, macs: int, ram: int) -> str:
+    P = prefix.upper()
+    model = qm.model
+    L, D = model.num_layers, model.num_directions
+    hidden = [cells[0].hidden_size for cells in qm.cells]
+    max_w = max([model.input_size] + [h * D for h in hidden])
+    x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
+    return f"""/*
+ * {prefix}: integer-only GRU generated by qtool {__version__}. Do not edit.
+ * Three parts (as TVM's partition_conversions): {prefix}_quantize_input (prefix, float in),
+ * the integer core ({prefix}_step / {prefix}_run_sequence, fully integral), and
+ * {prefix}_dequantize_output (suffix, float out). The float wrappers use single precision
+ * only (no double, no libm); define QGRU_NO_FLOAT to leave them out.
+ */
+#ifndef {P}_H
+#define {P}_H
+
+#include <stdint.h>
+
+#define {P}_INPUT_SIZE ({model.input_size})
+#define {P}_HIDDEN_SIZE ({model.hidden_size})
+#define {P}_OUTPUT_SIZE ({model.output_size})
+#define {P}_NUM_LAYERS ({L})
+#define {P}_NUM_DIRECTIONS ({D})
+#define {P}_STATE_SIZE ({sum(h * D for h in hidden)}) /* every layer's and direction's h */
+#define {P}_MAX_WIDTH ({max_w})
+#define {P}_MAX_HIDDEN ({max(hidden)})
+#define {P}_MACS_PER_STEP ({macs})
+/* the quantized model this export computes (qtool's fingerprint: qtool verify checks it) */
+#define {P}_MODEL_FINGERPRINT "{qm.fingerprint()}"
+/* {P}_q_t elements of the work buffer {prefix}_run_sequence needs for T time steps */
+#define {P}_SEQUENCE_WORK(T) (2 * (T) * {P}_MAX_WIDTH)
+#define {P}_INPUT_EXP2_INV ({int(x_spec.exp2_inv)})
+#define {P}_INPUT_ZP ({x_spec.zp})
+#define {P}_OUTPUT_EXP2_INV ({int(y_spec.exp2_inv)})
+#define {P}_OUTPUT_ZP ({y_spec.zp})
+
+/* The storage of every activation and state integer (x, h, y). */
+typedef {ty.q_t} {prefix}_q_t;
+
+/* Caller-owned state and scratch ({ram} bytes): allocate statically. */
+typedef struct {{
+    {prefix}_q_t h[{P}_STATE_SIZE];
+    {prefix}_q_t h_new[{P}_MAX_HIDDEN];
+}} {prefix}_state_t;
+
+/* h = 0 for every layer (q = zp_h). */
+void {prefix}_reset({prefix}_state_t *s);
+#ifndef QGRU_NO_FLOAT
+/* prefix: q = clamp(floor(x * 2^exp2_inv_x + 0.5) + zp_x), n values; saturates before the
+ * conversion (+-1e30, +-inf give qmin/qmax; NaN gives qmin) */
+void {prefix}_quantize_input(const float *x, {prefix}_q_t *x_q, int32_t n);
+/* suffix: y = (q - zp_h) * 2^-exp2_inv_h, n values (exact in single precision) */
+void {prefix}_dequantize_output(const {prefix}_q_t *y_q, float *y, int32_t n);
+#endif
+/* core, streaming: one time step, x_q [INPUT_SIZE] -> y_q [OUTPUT_SIZE]; returns 0, or -1
+ * (and computes nothing) for a bidirectional model, which needs the whole sequence */
+int {prefix}_step({prefix}_state_t *s, const {prefix}_q_t *x_q, {prefix}_q_t *y_q);
+/* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [T][OUTPUT_SIZE]; work holds
+ * {P}_SEQUENCE_WORK(T) values; s->h ends with every layer's final state */
+void {prefix}_run_sequence({prefix}_state_t *s, const {prefix}_q_t *x_q, int32_t T,
+                           {prefix}_q_t *y_q, {prefix}_q_t *work);
+
+#endif /* {P}_H */
+"""
+
+
+def _float_literal(e: int) -> str:
+    """2^e as an exact single-precision literal."""
+    return f"0x1p{e:+d}f"
+
+
+def model_c(qm: QuantModel, prefix: str, ty: ModelTypes) -> str:
+    P = prefix.upper()
+    model = qm.model
+    L = model.num_layers
+    hidden = [cells[0].hidden_size for cells in qm.cells]
+    widths = [model.input_size] + [h * model.num_directions for h in hidden]
+    x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
+    qmin, qmax = qrange(x_spec.bits)
+    q = f"{prefix}_q_t"
+    return f"""/* {prefix}: generated by qtool {__version__}. Do not edit. */
+#include <string.h>
+
+#include "{prefix}.h"
+#include "{prefix}_params.h"
+
+static const int32_t {prefix}_hidden[{L}] = {{{", ".join(map(str, hidden))}}};
+static const int32_t {prefix}_width[{L + 1}] = {{{", ".join(map(str, widths))}}};
+
+{_cell_source(prefix, ty)}
+void {prefix}_reset({prefix}_state_t *s)
+{{
+    int32_t l, d, j, off = 0;
+    for (l = 0; l < {P}_NUM_LAYERS; l++) {{
+        for (d = 0; d < {P}_NUM_DIRECTIONS; d++) {{
+            for (j = 0; j < {prefix}_hidden[l]; j++) {{
+                s->h[off++] = ({q}){prefix}_cells[l * {P}_NUM_DIRECTIONS + d].P[QGRU_ZP_H];
+            }}
+        }}
+    }}
+}}
+
+#ifndef QGRU_NO_FLOAT
+void {prefix}_quantize_input(const float *x, {q} *x_q, int32_t n)
+{{
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        /* x * 2^exp2_inv is exact; + 0.5 is too for the values that do not saturate */
+        float v = x[i] * {_float_literal(int(x_spec.exp2_inv))} + 0.5f;
+        int32_t q;
+        if (!(v >= {float(qmin - x_spec.zp)!r}f)) {{ /* saturate before converting; NaN too */
+            v = {float(qmin - x_spec.zp)!r}f;
+        }}
+        if (v > {float(qmax - x_spec.zp)!r}f) {{
+            v = {float(qmax - x_spec.zp)!r}f;
+        }}
+        q = (int32_t)v; /* truncation; floor: */
+        if ((float)q > v) {{
+            q -= 1;
+        }}
+        x_q[i] = ({q})(q + {P}_INPUT_ZP);
+    }}
+}}
+
+void {prefix}_dequantize_output(const {q} *y_q, float *y, int32_t n)
+{{
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        y[i] = (float)(y_q[i] - {P}_OUTPUT_ZP) * {_float_literal(-int(y_spec.exp2_inv))};
+    }}
+}}
+#endif
+
+int {prefix}_step({prefix}_state_t *s, const {q} *x_q, {q} *y_q)
+{{
+    int32_t l, off = 0;
+    const {q} *in = x_q;
+    if ({P}_NUM_DIRECTIONS != 1) {{
+        return -1;
+    }}
+    for (l = 0; l < {P}_NUM_LAYERS; l++) {{
+        {prefix}_cell_step(&{prefix}_cells[l], in, s->h + off, s->h_new);
+        in = s->h + off;
+        off += {prefix}_hidden[l];
+    }}
+    memcpy(y_q, in, sizeof({q}) * {P}_OUTPUT_SIZE);
+    return 0;
+}}
+
+void {prefix}_run_sequence({prefix}_state_t *s, const {q} *x_q, int32_t T, {q} *y_q, {q} *work)
+{{
+    int32_t l, d, t, off = 0;
+    const {q} *in = x_q;
+    {q} *bufs[2];
+    bufs[0] = work;
+    bufs[1] = work + T * {P}_MAX_WIDTH;
+    {prefix}_reset(s);
+    for (l = 0; l < {P}_NUM_LAYERS; l++) {{
+        const int32_t H = {prefix}_hidden[l], C = {prefix}_width[l];
+        const int32_t out_w = {prefix}_width[l + 1];
+        {q} *out = (l == {P}_NUM_LAYERS - 1) ? y_q : bufs[l % 2];
+        for (d = 0; d < {P}_NUM_DIRECTIONS; d++) {{
+            {q} *h = s->h + off + d * H;
+            for (t = 0; t < T; t++) {{
+                const int32_t tt = d == 0 ? t : T - 1 - t; /* backward runs reversed */
+                {prefix}_cell_step(&{prefix}_cells[l * {P}_NUM_DIRECTIONS + d], in + tt * C, h, s->h_new);
+                memcpy(out + tt * out_w + d * H, h, sizeof({q}) * (size_t)H);
+            }}
+        }}
+        in = out;
+        off += H * {P}_NUM_DIRECTIONS;
+    }}
+}}
+"""

@@ -1,0 +1,117 @@
+"""The Keras side of the import check: the file loaded by Keras itself (safe_mode: no code from the
+file runs), its GRU layers run on the check's inputs.
+
+Keras decides which weights belong to which layer and what the layer computes; each layer is
+re-created from its own config with the full sequence returned (a `return_sequences=False` layer
+computes the same steps) and float32 arithmetic, then given the loaded layer's weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.importers.validate import MAX_TENSOR_ELEMENTS
+
+SIZE_KEYS = ("units", "filters", "input_dim", "output_dim", "num_heads", "key_dim", "value_dim",
+             "num_tokens", "max_tokens")
+
+
+def _import_keras():
+    """Keras 3 uses TensorFlow unless configured otherwise; when the configured backend is not
+    installed but PyTorch is, use PyTorch (only when Keras is not loaded yet)."""
+    if "keras" not in sys.modules:
+        config = Path(os.environ.get("KERAS_HOME", "~/.keras")).expanduser() / "keras.json"
+        try:
+            backend = json.loads(config.read_text()).get("backend", "tensorflow")
+        except (OSError, ValueError, AttributeError):
+            backend = "tensorflow"
+        backend = os.environ.get("KERAS_BACKEND") or backend
+        if importlib.util.find_spec(str(backend)) is None and importlib.util.find_spec("torch"):
+            os.environ["KERAS_BACKEND"] = "torch"
+    import keras  # ImportError: Keras is not installed (or has no usable backend)
+
+    return keras
+
+
+def _full_sequence_config(cfg: dict) -> dict:
+    """A GRU's (or a Bidirectional GRU's) config returning the whole sequence, in float32."""
+    cfg = copy.deepcopy(cfg)
+    cfg["dtype"] = "float32"
+    inner = [cfg[k]["config"] for k in ("layer", "backward_layer") if isinstance(cfg.get(k), dict)]
+    for c in inner or [cfg]:
+        c.update(return_sequences=True, return_state=False, stateful=False, dtype="float32")
+        cell = c["cell"]["config"] if isinstance(c.get("cell"), dict) else c  # keras.layers.RNN(GRUCell)
+        # the weights are replaced at once: skip the orthogonal initializer's QR decompositions
+        cell.update(dtype="float32", kernel_initializer="zeros", recurrent_initializer="zeros",
+                    bias_initializer="zeros")
+    return cfg
+
+
+def _oversized(config) -> str | None:
+    """A layer whose config would make Keras allocate more than MAX_TENSOR_ELEMENTS for one weight
+    when it builds the model (qtool validated only the GRU layers' sizes against their weights)."""
+    if isinstance(config, list):
+        return next((r for v in config if (r := _oversized(v))), None)
+    if not isinstance(config, dict):
+        return None
+    cfg = config.get("config")
+    if isinstance(cfg, dict):
+        shape = (config.get("build_config") or {}).get("input_shape")
+        fan_in = shape[-1] if isinstance(shape, list) and shape and isinstance(shape[-1], int) else 1
+        sizes = {k: v for k in SIZE_KEYS if isinstance(v := cfg.get(k), int)}
+        if sizes and max(max(sizes.values()) * fan_in, int(np.prod(list(sizes.values())))) > MAX_TENSOR_ELEMENTS:
+            return f"layer '{cfg.get('name')}' ({', '.join(f'{k}={v}' for k, v in sizes.items())})"
+    return next((r for v in config.values() if (r := _oversized(v))), None)
+
+
+def _zero_initializers(config):
+    """The config with every initializer 'zeros': Keras builds the model without the orthogonal
+    initializer's QR decompositions (seconds for large GRUs); every weight is then loaded from the file."""
+    if isinstance(config, dict):
+        return {k: "zeros" if k.endswith("_initializer") and v is not None else _zero_initializers(v)
+                for k, v in config.items()}
+    if isinstance(config, list):
+        return [_zero_initializers(v) for v in config]
+    return config
+
+
+def _load(keras, path: Path, config: dict):
+    """The model as Keras reads it: built from the file's config (safe_mode: no code from the file
+    runs), then Keras assigns the file's weights to its layers."""
+    if str(path).endswith(".keras"):
+        model = keras.saving.deserialize_keras_object(_zero_initializers(config), safe_mode=True)
+        model.load_weights(str(path))
+        return model
+    return keras.saving.load_model(str(path), compile=False, safe_mode=True)
+
+
+def _layer(model, name: str):
+    for part in name.split("/"):
+        model = model.get_layer(part)
+    return model
+
+
+def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.ndarray:
+    """The named GRU layers of the Keras model at `path`, one after another, on `x [N, T, C]`."""
+    big = _oversized(config)
+    if big:
+        raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values "
+                         "for one weight; not loaded with Keras (--no-check imports the GRU without it)")
+    keras = _import_keras()
+    model = _load(keras, path, config)
+    y = np.asarray(x, np.float32)
+    for name in names:
+        layer = _layer(model, name)
+        clone = layer.__class__.from_config(_full_sequence_config(layer.get_config()))
+        clone.build(y.shape)
+        clone.set_weights([np.asarray(w, np.float32) for w in layer.get_weights()])
+        y = keras.ops.convert_to_numpy(clone(y))
+    return y

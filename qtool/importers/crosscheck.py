@@ -1,0 +1,78 @@
+"""After an import: run a few random sequences through the source framework's own GRU and through
+qtool's float reference, and refuse the model if they disagree (a wrong import must never pass
+silently).
+
+The framework runs the file as it reads it (its own parameter names, gate order, activations and
+layer order), so the check is independent of how qtool interpreted the file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.float_gru import run_float
+from qtool.importers.validate import quiet, reason
+from qtool.model import GruModel
+
+SEQUENCES, STEPS = 3, 8
+# float32 GEMMs of different libraries round differently; a misread file differs by 1e-1..1
+TOLERANCE = 1e-4
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """The check's matrices are tiny: PyTorch's worker threads would only spin against numpy's
+    (seconds on a busy 2-core machine); restored afterwards."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None
+    if torch:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch and threads:
+            sys.modules["torch"].set_num_threads(threads)
+
+
+def cross_check(model: GruModel, stack, where: str) -> dict:
+    """Compare `model` with `stack.run_source`; returns what was checked, raises when they differ."""
+    if stack.run_source is None:
+        return {"checked": False, "reason": "weights only: no framework to check against"}
+    x = np.random.default_rng(0).standard_normal((SEQUENCES, STEPS, model.input_size)).astype(np.float32)
+    t0 = time.perf_counter()
+    try:
+        with quiet(), one_torch_thread():
+            want = np.asarray(stack.run_source(x), np.float32)
+    except ImportError as e:
+        missing = f"no module {e.name!r}" if e.name else str(e)
+        return {"checked": False, "reason": f"{stack.framework} cannot be imported ({missing})"}
+    except QtoolError:
+        raise
+    except Exception as e:  # the framework refused the file qtool accepted: say so, in one line
+        raise QtoolError(f"{where}: {stack.framework} cannot run this GRU ({reason(e)})") from None
+    got = run_float(model, x)
+    if want.shape != got.shape:
+        raise QtoolError(f"{where}: {stack.framework} gives outputs of shape {want.shape}, qtool's "
+                         f"import {got.shape}; the file was not read as the framework reads it")
+    diff = float(np.abs(want - got).max())
+    if not diff <= TOLERANCE:
+        raise QtoolError(f"{where}: the imported GRU differs from {stack.framework} by up to {diff:.3g} "
+                         f"on random inputs (tolerance {TOLERANCE:g}); refusing a wrong import")
+    return {"checked": True, "framework": stack.framework, "max_abs_diff": diff,
+            "sequences": SEQUENCES, "steps": STEPS, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def describe(check: dict | None) -> str:
+    """One line for the `import` command: what the model was checked against and how closely."""
+    if check is None:
+        return "not checked against the source framework (--no-check)"
+    if not check["checked"]:
+        return f"not checked against the source framework: {check['reason']}"
+    return (f"matches {check['framework']} on {check['sequences']} random sequences x {check['steps']} steps: "
+            f"max abs difference {check['max_abs_diff']:.2g} ({check['seconds']:.2f} s)")

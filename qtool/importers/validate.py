@@ -1,0 +1,98 @@
+"""Checks every importer applies before it trusts a framework file: sizes against sane limits
+(before anything is allocated), dtypes (real floating point only) and GRU shapes, each failure
+one line naming the tensor.
+
+The limits are far beyond any GRU a microcontroller or DSP runs, and small enough that a file
+claiming more is refused before it can exhaust memory (docs/importing.md, "Limits").
+"""
+
+from __future__ import annotations
+
+import warnings
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from qtool.errors import QtoolError
+
+MAX_TENSOR_ELEMENTS = 1 << 26  # one weight tensor: 64 Mi values (256 MiB as float32)
+MAX_ARCHIVE_BYTES = 1 << 30  # everything read from one zip archive (.keras, .npz, .pt), decompressed
+MAX_JSON_BYTES = 16 << 20  # a .keras config.json
+
+
+def check_size(where: str, name: str, shape) -> tuple:
+    """Refuse a tensor whose declared shape is negative or holds more than MAX_TENSOR_ELEMENTS."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise QtoolError(f"{where}: tensor '{name}' has a negative dimension {shape}")
+    n = 1
+    for d in shape:
+        n *= d
+    if n > MAX_TENSOR_ELEMENTS:
+        raise QtoolError(f"{where}: tensor '{name}' claims {n:,} values {shape}, beyond qtool's limit "
+                         f"of {MAX_TENSOR_ELEMENTS:,} per tensor")
+    return shape
+
+
+def check_float_dtype(where: str, name: str, dtype) -> None:
+    """GRU weights must be real floating point: complex would lose its imaginary part, integers
+    mean a quantized (not a float) model."""
+    if np.dtype(dtype).kind != "f":
+        raise QtoolError(f"{where}: tensor '{name}' has dtype {dtype}; GRU weights must be real "
+                         "floating point (float16, bfloat16, float32 or float64)")
+
+
+def as_float32(where: str, name: str, a) -> np.ndarray:
+    """A numpy array checked for size and dtype, as float32 (and finite as float32)."""
+    a = np.asarray(a)
+    check_size(where, name, a.shape)
+    check_float_dtype(where, name, a.dtype)
+    with np.errstate(over="ignore"):
+        a = a.astype(np.float32)
+    if not np.isfinite(a).all():
+        raise QtoolError(f"{where}: tensor '{name}' contains NaN or Inf (or values beyond float32's range)")
+    return a
+
+
+def expect_shape(where: str, name: str, a: np.ndarray, shape: tuple) -> np.ndarray:
+    """`a` must have exactly `shape`; the message names the tensor and both shapes."""
+    if tuple(a.shape) != tuple(shape):
+        raise QtoolError(f"{where}: tensor '{name}' has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    return a
+
+
+def hidden_from_recurrent(where: str, name: str, r: np.ndarray, rows_first: bool = True) -> int:
+    """H from a recurrent weight [3H, H] (or [H, 3H] when not `rows_first`)."""
+    if r.ndim == 2:
+        three_h, h = r.shape if rows_first else r.shape[::-1]
+        if three_h == 3 * h and h > 0:
+            return h
+    want = "[3H, H]" if rows_first else "[H, 3H]"
+    raise QtoolError(f"{where}: tensor '{name}' has shape {tuple(r.shape)}; a GRU's recurrent weights "
+                     f"are {want} (an LSTM has 4H)")
+
+
+def check_archive(path, z: zipfile.ZipFile, members=None) -> None:
+    """Refuse a zip archive whose members (all, or `members`) declare more than MAX_ARCHIVE_BYTES
+    decompressed; zipfile never returns more than a member declares, so this bounds every read."""
+    infos = [i for i in z.infolist() if members is None or i.filename in members]
+    total = sum(i.file_size for i in infos)
+    if total > MAX_ARCHIVE_BYTES:
+        raise QtoolError(f"{path}: archive declares {total:,} bytes of content, beyond qtool's limit "
+                         f"of {MAX_ARCHIVE_BYTES:,}")
+
+
+def reason(e: BaseException) -> str:
+    """A library's exception as a short one-line reason (its messages can span pages)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence library warnings: qtool says what matters in its own one-line messages."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

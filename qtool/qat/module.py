@@ -1,0 +1,293 @@
+"""QuantGRU: a drop-in `nn.GRU` whose forward pass is qtool's quantized GRU (qtool.fakequant on
+the torch backend), trainable, and writable as a quantized model file.
+
+State (docs/qat.md, "Checkpoints"): the float weights under nn.GRU's own names (`weight_ih_l0`,
+..., PyTorch's gate order r | z | n), and one quantizer per tensor of the seed's table,
+`<slot>_fake_quant` with `exp2_inv` (learned, rounded in the forward pass; per output row for
+weights and biases, in PyTorch's row order), `zero_point` (learned for asymmetric tensors, 0
+otherwise), `bits`, `symmetric` and the calibrated `range_lo`/`range_hi`. Slots: `weight_ih_l{k}`,
+`weight_hh_l{k}`, `bias_ih_l{k}`, `bias_hh_l{k}` (W, R, bx, br), `x_l0`, `h_l{k}` (one h for both
+directions; x of layer k > 0 is h of layer k - 1), and the others per direction, `z_pre_l{k}`,
+`z_pre_l{k}_reverse`, ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from qtool.calibration import GATES
+from qtool.errors import QtoolError
+from qtool.fakequant import ACTIVATIONS, ROUNDINGS, CellFQ, run_layers
+from qtool.lut import build_lut
+from qtool.model import GruCell, GruModel
+from qtool.qat.ops import TorchGrid, TorchOps, ste_round
+from qtool.qmodel import QuantModel, TensorQ
+from qtool.qparams import choose_qparams, qrange
+
+WEIGHTS = (("W", "weight_ih"), ("R", "weight_hh"), ("bx", "bias_ih"), ("br", "bias_hh"))
+SHARED = ("x", "h")  # one quantizer per layer, not per direction
+
+
+def torch_rows(H: int) -> np.ndarray:
+    """Row k of qtool's z | r | g order is row torch_rows(H)[k] of PyTorch's r | z | n."""
+    return np.concatenate([np.arange(H, 2 * H), np.arange(H), np.arange(2 * H, 3 * H)])
+
+
+def slot(name: str, layer: int, direction: int) -> str:
+    """The quantizer's name for a tensor of the seed's table (the checkpoint key's stem)."""
+    alias = dict(WEIGHTS).get(name, name)
+    if name in SHARED:
+        return f"{alias}_l{layer}"
+    return f"{alias}_l{layer}" + ("_reverse" if direction else "")
+
+
+class TensorQuantizer(nn.Module):
+    """One tensor's grid: learned exp2_inv (and zero point), rounded in the forward pass; or, for
+    the 32-bit biases (`follow=True`), the calibration rule applied to the current values, so
+    that a bias never saturates however far training moves it."""
+
+    def __init__(self, t: TensorQ, rows: np.ndarray | None = None, follow: bool = False):
+        super().__init__()
+        self.follow = follow
+        e = np.asarray(t.exp2_inv, np.float64)
+        lo, hi = np.asarray(t.lo, np.float64), np.asarray(t.hi, np.float64)
+        if rows is not None:  # per channel: stored in PyTorch's row order
+            canon = (e, lo, hi)
+            e, lo, hi = (np.empty(len(rows)) for _ in range(3))
+            e[rows], lo[rows], hi[rows] = canon
+        e = torch.tensor(e, dtype=torch.float32)
+        if follow:
+            self.register_buffer("exp2_inv", e)
+        else:
+            self.exp2_inv = nn.Parameter(e)
+        zp = torch.tensor(float(t.zp))
+        if t.symmetric:
+            self.register_buffer("zero_point", zp)
+        else:
+            self.zero_point = nn.Parameter(zp)
+        self.register_buffer("bits", torch.tensor(t.bits))
+        self.register_buffer("symmetric", torch.tensor(bool(t.symmetric)))
+        self.register_buffer("range_lo", torch.tensor(lo))
+        self.register_buffer("range_hi", torch.tensor(hi))
+
+    def grid(self, rows: np.ndarray | None = None, column: bool = False,
+             values: torch.Tensor | None = None) -> TorchGrid:
+        """The grid; `rows` picks per-channel exponents in qtool's row order (`column`: as a
+        column, for a matrix); a following quantizer first sets them from `values`."""
+        if self.follow and values is not None:
+            self.fit(values)
+        e = ste_round(self.exp2_inv)
+        if rows is not None:
+            e = e[torch.as_tensor(rows)]
+            e = e[:, None] if column else e
+        return TorchGrid(e, ste_round(self.zero_point), int(self.bits))
+
+    @torch.no_grad()
+    def fit(self, values: torch.Tensor) -> None:
+        """exp2_inv per row from the row's range, as calibration sets it (its min/max rule)."""
+        rows = values.detach().reshape(values.shape[0], -1).double().cpu().numpy()
+        e = [choose_qparams(r.min(), r.max(), int(self.bits), True)[0] for r in rows]
+        self.exp2_inv.copy_(torch.tensor(e, dtype=self.exp2_inv.dtype))
+
+    def tensor_q(self, rows: np.ndarray | None = None) -> TensorQ:
+        """The grid as qtool's spec; the recorded range is the calibrated one, within the grid."""
+        e = np.floor(self.exp2_inv.detach().cpu().double().numpy() + 0.5).astype(np.int64)
+        zp = int(np.floor(self.zero_point.detach().cpu().double().numpy() + 0.5))
+        lo, hi = self.range_lo.cpu().numpy(), self.range_hi.cpu().numpy()
+        if rows is not None:
+            e, lo, hi = e[rows], lo[rows], hi[rows]
+        qmin, qmax = qrange(int(self.bits))
+        lo, hi = np.maximum(lo, np.ldexp(float(qmin - zp), -e)), np.minimum(hi, np.ldexp(float(qmax - zp), -e))
+        if e.ndim == 0:
+            e, lo, hi = int(e), float(lo), float(hi)
+        return TensorQ(int(self.bits), bool(self.symmetric), e, zp, lo, hi)
+
+
+class QuantGRU(nn.Module):
+    """An `nn.GRU` that runs qtool's quantized GRU: every tensor of the seed's table on its
+    power-of-two grid, rounded as the integer engine rounds ("integer", the default) or once per
+    tensor ("tensor", simulated quantization). Build it with `QuantGRU.from_float`."""
+
+    def __init__(self, qm: QuantModel, batch_first: bool = False, dropout: float = 0.0,
+                 rounding: str = "integer"):
+        super().__init__()
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}")
+        model = qm.model
+        self.input_size, self.hidden_size = model.input_size, model.hidden_size
+        self.num_layers, self.bidirectional = model.num_layers, model.bidirectional
+        self.batch_first, self.dropout, self.rounding = batch_first, dropout, rounding
+        self.info = dict(qm.info)
+        self._luts: dict = {}
+        for l, row in enumerate(qm.cells):
+            H = row[0].hidden_size
+            for d, cq in enumerate(row):
+                cell = model.layers[l][d]
+                for name, alias in WEIGHTS:
+                    values = np.empty_like(getattr(cell, name))
+                    values[torch_rows(H)] = getattr(cell, name)  # back to r | z | n
+                    sfx = "_reverse" if d else ""
+                    self.register_parameter(f"{alias}_l{l}{sfx}", nn.Parameter(torch.tensor(values)))
+                    self.add_module(f"{slot(name, l, d)}_fake_quant",
+                                    TensorQuantizer(cq.spec[name], torch_rows(H), follow=name in ("bx", "br")))
+                for name in ACTIVATIONS:
+                    key = f"{slot(name, l, d)}_fake_quant"
+                    if (name == "x" and l > 0) or hasattr(self, key):
+                        continue  # tied: x of layer l > 0 is h of layer l - 1; h is shared
+                    self.add_module(key, TensorQuantizer(cq.spec[name]))
+
+    @classmethod
+    def from_float(cls, gru: nn.GRU, calib, bits: str = "int8", method: str = "minmax",
+                   rounding: str = "integer", batch_size: int = 64) -> QuantGRU:
+        """Wrap a trained `nn.GRU`; its initial grids come from qtool's calibration on `calib`
+        (float `[N, T, C]`, batch-first, a tensor or an array), `bits` a preset or a bits file as
+        `qtool calibrate --bits` takes, `method` as `--method`."""
+        from qtool.calibration import MethodPlan, build_quant_model, collect
+        from qtool.fileio import SequenceData
+        from qtool.tensors import load_bits
+
+        if not isinstance(gru, nn.GRU):
+            raise QtoolError(f"from_float needs a torch.nn.GRU, got {type(gru).__name__}")
+        model = gru_model(gru)
+        label, config = load_bits(bits)
+        x = calib.detach().cpu().numpy() if isinstance(calib, torch.Tensor) else np.asarray(calib)
+        data = SequenceData(x, False, "calib")
+        plan = MethodPlan.from_config(config, method)
+        obs = collect(model, data, plan, batch_size)
+        info = {"method": f"qat from {plan.label()}", "bits": label, "data_file": "QuantGRU calib",
+                "samples": data.num_sequences, "time_steps": data.shape[1]}
+        qm = build_quant_model(model, obs, config, info, plan)
+        module = cls(qm, gru.batch_first, gru.dropout, rounding)
+        return module.to(next(gru.parameters()).device)
+
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """The float weights and biases (nn.GRU's parameters)."""
+        return [p for n, p in self.named_parameters() if "_fake_quant." not in n]
+
+    def range_parameters(self) -> list[nn.Parameter]:
+        """The grids' learned exp2_inv and zero points: one unit moves a grid by a factor of two
+        (or one step), so they want a larger learning rate than the weights (docs/qat.md)."""
+        return [p for n, p in self.named_parameters() if "_fake_quant." in n]
+
+    def _quantizer(self, name: str, l: int, d: int) -> TensorQuantizer:
+        if name == "x" and l > 0:
+            return getattr(self, f"{slot('h', l - 1, 0)}_fake_quant")
+        return getattr(self, f"{slot(name, l, d)}_fake_quant")
+
+    def _float(self, name: str, l: int, d: int) -> torch.Tensor:
+        alias = dict(WEIGHTS)[name]
+        return getattr(self, f"{alias}_l{l}" + ("_reverse" if d else ""))
+
+    def _lut(self, func: str, a: TorchGrid, b: TorchGrid, device) -> tuple:
+        key = (func, a.bits, *(int(t.detach()) for t in (a.exp2_inv, a.zp)), b.bits,
+               *(int(t.detach()) for t in (b.exp2_inv, b.zp)))
+        if key not in self._luts:
+            table, shift, _ = build_lut(func, *key[1:])
+            self._luts[key] = (torch.as_tensor(np.append(table, table[-1])), shift)
+        table, shift = self._luts[key]
+        return table.to(device), shift
+
+    def _cell(self, ops: TorchOps, l: int, d: int) -> CellFQ:
+        H = self.hidden_size_of(l)
+        rows = torch_rows(H)
+        consts = []
+        for name, _ in WEIGHTS:
+            values = self._float(name, l, d)
+            v = values[torch.as_tensor(rows)]
+            g = self._quantizer(name, l, d).grid(rows, column=v.dim() == 2, values=values)
+            consts.append(ops.qdq(v, g))
+        grids = {n: self._quantizer(n, l, d).grid() for n in ACTIVATIONS}
+        luts = {}
+        if self.rounding == "integer":
+            for lut, func, src, dst in GATES:
+                luts[lut] = self._lut(func, grids[src], grids[dst], consts[0].device)
+        return CellFQ(*consts, grids, luts)
+
+    def hidden_size_of(self, l: int) -> int:
+        return self._float("R", l, 0).shape[1]
+
+    def forward(self, x: torch.Tensor, hx: torch.Tensor | None = None):
+        """`(y, h_n)` as `nn.GRU` returns them: y `[N, T, D H]` (batch_first) or `[T, N, D H]`,
+        h_n `[layers x D, N, H]`. The initial state is 0 (qtool's integer GRU starts from it)."""
+        if hx is not None and bool(torch.any(hx != 0)):
+            raise ValueError("QuantGRU starts from h0 = 0, as qtool's integer GRU does")
+        if x.dim() != 3:
+            raise ValueError(f"QuantGRU takes batched 3-D input, got shape {tuple(x.shape)}")
+        seq = x.transpose(0, 1) if self.batch_first else x
+        ops = TorchOps()
+        D = 2 if self.bidirectional else 1
+        cells = [[self._cell(ops, l, d) for d in range(D)] for l in range(self.num_layers)]
+
+        def between(l: int, s: torch.Tensor) -> torch.Tensor:  # nn.GRU's dropout between layers
+            if not (self.training and self.dropout):
+                return s
+            return ops.qdq(nn.functional.dropout(s, self.dropout, True), cells[l][0].grids["x"])
+
+        finals: list = []
+        y = run_layers(ops, cells, seq, self.rounding, between=between, finals=finals)
+        y = y.transpose(0, 1) if self.batch_first else y
+        return y, torch.stack(finals)
+
+    def float_model(self) -> GruModel:
+        """The current float weights as qtool's model (gate order z | r | g)."""
+        D = 2 if self.bidirectional else 1
+        layers = []
+        for l in range(self.num_layers):
+            rows = torch_rows(self.hidden_size_of(l))
+            layers.append([GruCell(*(self._float(n, l, d).detach().cpu().float().numpy()[rows]
+                                     for n, _ in WEIGHTS)) for d in range(D)])
+        return GruModel(layers, name="quant_gru", source="qtool.qat.QuantGRU")
+
+    def to_quant_model(self) -> QuantModel:
+        """The quantized model this module computes: its grids, the integer weights quantized on
+        them, the tables and shifts from `rescale.derive` (via calibration.cell_from_spec)."""
+        from qtool.calibration import cell_from_spec
+
+        model = self.float_model()
+        cells = []
+        for l, layer in enumerate(model.layers):
+            rows = torch_rows(layer[0].R.shape[1])
+            row = []
+            for d, cell in enumerate(layer):
+                for n in ("bx", "br"):
+                    self._quantizer(n, l, d).fit(self._float(n, l, d))
+                spec = {n: self._quantizer(n, l, d).tensor_q(rows) for n, _ in WEIGHTS}
+                spec.update({n: self._quantizer(n, l, d).tensor_q() for n in ACTIVATIONS})
+                row.append(cell_from_spec(cell, spec))
+            cells.append(row)
+        return QuantModel(model, cells, dict(self.info))
+
+    def to_qtool(self, path: str | Path) -> QuantModel:
+        """Write the quantized model file (for simulate, export c, verify); returns the model."""
+        from qtool.fileio import atomic_path
+        from qtool.model import open_h5
+        from qtool.qmodel import write_qmodel
+
+        qm = self.to_quant_model()
+        with atomic_path(path) as tmp, open_h5(tmp, "w") as f:
+            write_qmodel(f, qm)
+        return qm
+
+
+def gru_model(gru: nn.GRU) -> GruModel:
+    """An nn.GRU's weights as qtool's float model (via the PyTorch importer's gate reordering)."""
+    from qtool.importers.torch_sd import rzn_to_zrg
+
+    if getattr(gru, "proj_size", 0):
+        raise QtoolError("GRUs with a projection are not supported")
+    D = 2 if gru.bidirectional else 1
+    layers = []
+    for l in range(gru.num_layers):
+        cells = []
+        for d in range(D):
+            sfx = f"_l{l}" + ("_reverse" if d else "")
+            w = {k: getattr(gru, f"{k}{sfx}", None) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+            zeros = torch.zeros(3 * gru.hidden_size)
+            cells.append(GruCell(*(rzn_to_zrg((w[k] if w[k] is not None else zeros).detach().cpu().float().numpy())
+                                   for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))))
+        layers.append(cells)
+    return GruModel(layers, name="gru", source="torch.nn.GRU")

@@ -1,0 +1,77 @@
+"""The command line follows typer/click conventions and prints what a user wants to read."""
+
+import h5py
+import numpy as np
+import pytest
+from conftest import has, random_model
+
+import qtool
+
+
+def test_version_help_and_no_arguments(cli):
+    code, out, _ = cli("--version")
+    assert code == 0 and out.strip() == f"qtool {qtool.__version__}"
+    code, out, _ = cli()
+    assert code == 0 and "calibrate" in out and "simulate" in out
+    for cmd in (["calibrate"], ["simulate"], ["import"], ["export", "c"], ["verify"]):
+        code, out, _ = cli(*cmd, "--help")
+        assert code == 0 and "<bool>" not in out and "[src]" not in out, cmd
+    code, out, _ = cli("--help")
+    assert "--install-completion" in out
+    code, _, err = cli("simulate", "--bogus")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--bogus" in err
+
+
+@pytest.fixture(scope="module")
+def bidir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bi")
+    model = random_model(C=4, H=5, layers=2, dirs=2, seed=2)
+    rng = np.random.default_rng(2)
+    x = np.maximum(rng.standard_normal((40, 6, 4)), 0).astype(np.float32)  # ReLU-fed: many exact zeros
+    qtool.save(qtool.calibrate(model, x[:30]), d / "q.h5")
+    np.save(d / "test.npy", x[30:])
+    return d
+
+
+def test_simulate_prints_a_summary_fwd_before_bwd(cli, bidir):
+    code, out, err = cli("simulate", bidir / "q.h5", bidir / "test.npy")
+    assert code == 0, err
+    assert "layer0.fwd.h" in out and "layer1.bwd.h" in out and "--tensors all" in out
+    assert len([ln for ln in out.splitlines() if "layer" in ln]) <= 4 + 5 + 1
+    code, out, _ = cli("simulate", bidir / "q.h5", bidir / "test.npy", "--tensors", "all")
+    rows = [ln.split()[1] for ln in out.splitlines() if ln.startswith("│ layer")]
+    assert len(rows) == 2 * 2 * 18 and rows.index("layer0.fwd.x") < rows.index("layer0.bwd.x")
+    assert rows.index("layer0.bwd.br") < rows.index("layer1.fwd.x")
+
+
+def test_relu_zeros_at_the_grid_end_are_not_saturated(bidir):
+    res = qtool.simulate(bidir / "q.h5", bidir / "test.npy")
+    x = np.load(bidir / "test.npy")
+    assert (x == 0).mean() > 0.3  # the grid of x starts at 0: zeros map to qmin exactly
+    assert res.tensors["layer0.fwd.x"]["saturated"] == 0.0
+
+
+def test_calibrate_is_short_by_default(cli, bidir, tmp_path):
+    args = ("calibrate", bidir / "q.h5", bidir / "test.npy", "-o", tmp_path / "q.h5", "--force")
+    code, out, _ = cli(*args)
+    assert code == 0 and len(out.splitlines()) < 20 and "--verbose" in out
+    code, out, _ = cli(*args, "--verbose")
+    assert code == 0 and "old_contrib" in out and "lut_g" in out
+
+
+def test_inspect_shows_shapes_and_provenance(cli, bidir):
+    code, out, _ = cli("inspect", bidir / "q.h5")
+    assert code == 0 and "15x4" in out and "fingerprint" in out and "created" in out
+    assert "{" not in out  # no Python dict reprs
+
+
+@pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+def test_saved_results_and_storage_types(cli, bidir, tmp_path):
+    code, _, err = cli("simulate", bidir / "q.h5", bidir / "test.npy", "--save", tmp_path / "r.h5")
+    assert code == 0, err
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert f.attrs["format"] == "qtool-results" and f.attrs["samples"] == 10
+        assert f.attrs["qmodel_fingerprint"] == qtool.load(bidir / "q.h5").fingerprint()
+        assert len(f.attrs["data_sha256"]) == 64
+    with h5py.File(bidir / "q.h5") as f:
+        assert f["quant/layer0/fwd/qW"].dtype == np.int8 and f["quant/layer0/fwd/lut_z"].dtype == np.int16
