@@ -4,6 +4,7 @@ the machine. A benchmark, not a test: run it and copy the tables into the README
 
     python benchmarks/bench_simulate.py [--T 100 --N 64 --C 64 --H 256 --repeat 10]
     python benchmarks/bench_simulate.py --process [--N 256 --repeat 10]   # whole processes
+    python benchmarks/bench_simulate.py --cold out/digits_int8.h5 samples/test.npy   # first run
     python benchmarks/bench_simulate.py --cuda --T 100 --N 256 --C 256 --H 512   # GPU vs cuDNN
     NUMBA_NUM_THREADS=1 python benchmarks/bench_simulate.py --cpu-time   # one thread each, CPU time
 
@@ -105,6 +106,9 @@ def main() -> None:
     ap.add_argument("--cuda", action="store_true", help="time the numba.cuda engine against cuDNN")
     ap.add_argument("--process", action="store_true", help="time whole `qtool simulate` processes")
     ap.add_argument("--cpu-time", action="store_true", help="CPU time, one thread per engine")
+    ap.add_argument("--presets", default="int8,w8a16,int16", help="--process: the presets to run")
+    ap.add_argument("--cold", nargs=2, metavar=("QMODEL", "DATA"),
+                    help="time `qtool simulate QMODEL DATA` with an empty numba cache, then cached")
     a = ap.parse_args()
     if a.cpu_time:
         global CLOCK
@@ -113,6 +117,8 @@ def main() -> None:
         return bench_cuda(a)
     if a.process:
         return bench_process(a)
+    if a.cold:
+        return bench_cold(a)
     model, x = make_case(a)
     steps = a.N * a.T
     print(f"shape T={a.T} N={a.N} C={a.C} H={a.H}; {platform.processor() or platform.machine()}, "
@@ -195,33 +201,51 @@ def run_process(cmd: list[str]) -> tuple[float, float]:
 
 
 def bench_process(a) -> None:
-    """Whole processes on one data file: `qtool simulate` with and without the per-tensor
-    report, and a Python process that loads PyTorch and runs its float nn.GRU."""
+    """Whole processes on one data file: `qtool simulate` of each preset with and without the
+    per-tensor report, and a Python process that loads PyTorch and runs its float nn.GRU."""
     a.N = a.N if a.N != 64 else 256
     model, x = make_case(a)
     qtool = [sys.executable, "-m", "qtool.cli"]
     with tempfile.TemporaryDirectory() as tmp:
-        data, q = Path(tmp) / "x.npy", Path(tmp) / "q.h5"
+        data = Path(tmp) / "x.npy"
         np.save(data, x)
         from qtool import api
 
-        api.save(quantized(model, x, "int8"), q)
-        cmds = {"qtool simulate (per-tensor report)": qtool + ["simulate", str(q), str(data)],
-                "qtool simulate --no-per-tensor": qtool + ["simulate", str(q), str(data), "--no-per-tensor"],
-                "python + PyTorch nn.GRU float32": [sys.executable, "-c", PROCESS_TORCH, str(data), str(a.H)]}
+        cmds = {}
+        for p in a.presets.split(","):
+            q = Path(tmp) / f"{p}.h5"
+            api.save(quantized(model, x, p), q)
+            cmds[f"qtool simulate {p} (per-tensor report)"] = qtool + ["simulate", str(q), str(data)]
+            cmds[f"qtool simulate {p} --no-per-tensor"] = qtool + ["simulate", str(q), str(data), "--no-per-tensor"]
+        cmds["python + PyTorch nn.GRU float32"] = [sys.executable, "-c", PROCESS_TORCH, str(data), str(a.H)]
         for cmd in cmds.values():
             run_process(cmd)  # warm-up: numba's cache, the page cache
         res = {k: [] for k in cmds}
         for _ in range(a.repeat):
             for k, cmd in cmds.items():
                 res[k].append(run_process(cmd))
-    print(f"whole processes, T={a.T} N={a.N} C={a.C} H={a.H} int8 (data {x.nbytes / 2**20:.1f} MiB); "
+    print(f"whole processes, T={a.T} N={a.N} C={a.C} H={a.H} (data {x.nbytes / 2**20:.1f} MiB); "
           f"median (range) of {a.repeat} runs")
     torch_med = statistics.median(t for t, _ in res["python + PyTorch nn.GRU float32"])
     for k, v in res.items():
         t, rss = [r[0] for r in v], [r[1] for r in v]
-        print(f"{k:<40} {summary(t)} s  peak RSS {statistics.median(rss):6.0f} MiB  "
-              f"{statistics.median(t) / torch_med:.2f}x PyTorch's time")
+        print(f"{k:<45} {summary(t)} s  peak RSS {statistics.median(rss):6.0f} MiB "
+              f"({min(rss):.0f}-{max(rss):.0f})  {statistics.median(t) / torch_med:.2f}x PyTorch's time")
+
+
+def bench_cold(a) -> None:
+    """`qtool simulate QMODEL DATA` as after a fresh install (numba's cache in a new, empty
+    directory: every kernel compiles) and right after it (the cache loads), in turn."""
+    cmd = [sys.executable, "-m", "qtool.cli", "simulate", *a.cold]
+    res = {"first run (compiles)": [], "next run (cached)": []}
+    for _ in range(a.repeat):
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["NUMBA_CACHE_DIR"] = cache
+            for times in res.values():
+                times.append(run_process(cmd)[0])
+    print(f"qtool simulate {' '.join(a.cold)}: median (range) of {a.repeat} runs")
+    for k, v in res.items():
+        print(f"{k:<22} {summary(v)} s")
 
 
 def bench_cuda(a) -> None:

@@ -26,7 +26,7 @@ from numba.extending import register_jitable
 
 from qtool.float_cell import float_cell
 from qtool.intops import gru_cell, rescale
-from qtool.metrics import STAT_MAX, STATS, add_row, grid_row, merge_stats
+from qtool.metrics import STAT_MAX, STATS, add_row, grid_row
 from qtool.model import GruCell
 from qtool.qmodel import CellQuant, QuantModel
 from qtool.qparams import quantize
@@ -202,6 +202,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
     """Layer direction over all T steps of sequences [n0, n1) of batch-first `xq [N, T, C]`
     (integers; `xf` the float inputs), backwards in time when `rev`; writes h's integers (and
     floats) to columns [col, col + H) of `out_q` (`out_f`). `level`: INTS, OUTPUT or TENSORS.
+    Block b of MB sequences accumulates its statistics into `stats[b]` and `step_stats[b]`.
     No two array arguments may share memory (noalias: what lets LLVM vectorise the cells).
     """
     T, C = xq.shape[1], xq.shape[2]
@@ -209,6 +210,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
     zp_h = P[ZP_H]
     for b0 in range(n0, n1, MB):
         nb = min(MB, n1 - b0)
+        blk = b0 // MB  # the block's own rows of statistics
         for i in range(MB):  # h0 = 0 exactly: q_h = zp_h
             for j in range(H):
                 ah[i, j] = zp_h + gh_shift
@@ -240,8 +242,8 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                 _float_cells(i, ffx, ffh, fah, bx, br, H, fb)
                 for j in range(H):
                     out_f[b0 + i, t, col + j] = fb[i, ROWS - 1, j]
-                _measure(xq[b0 + i, t], xf[b0 + i, t], ib, fb, i, level, grids, row_tensor, stats,
-                         step_stats[t], tmp)
+                _measure(xq[b0 + i, t], xf[b0 + i, t], ib, fb, i, level, grids, row_tensor, stats[blk],
+                         step_stats[blk, t], tmp)
 
 
 @register_jitable(inline="always")
@@ -378,8 +380,18 @@ def run_direction(dp: DirectionPlan, xq, xf, n0: int, n1: int, rev: bool, out_q,
                    np.zeros(len(STATS)))
 
 
-def _stats_rows(rows: int) -> np.ndarray:
-    return np.zeros((rows, len(STATS)))
+def _stats_rows(rows: int, N: int = 1) -> np.ndarray:
+    """Statistics rows for each block of MB of N sequences: `[blocks, rows, STATS]`."""
+    return np.zeros((-(-N // MB), rows, len(STATS)))
+
+
+def fold_blocks(parts: np.ndarray) -> np.ndarray:
+    """Every block's statistics `[blocks, rows, STATS]` summed in block order: a chunk's
+    statistics do not depend on how many threads computed its blocks (so that a process, and
+    ranks of one thread each, give the same bits; qtool.dist)."""
+    out = parts.sum(axis=0)
+    out[:, STAT_MAX] = parts[:, :, STAT_MAX].max(axis=0, initial=0.0)
+    return out
 
 
 def run_model(qm: QuantModel, x: np.ndarray, level: int = INTS, plans=None,
@@ -401,37 +413,30 @@ def run_model(qm: QuantModel, x: np.ndarray, level: int = INTS, plans=None,
               for _ in row]
         layers.append((out_q, out_f, tr))
     parts = slices(N, threads())
-    n_stats = [[_stats_rows(len(MEASURED)) for _ in row] for row in plans]
+    stats = [[_stats_rows(len(MEASURED), N) for _ in row] for row in plans]
+    step, scratch = _stats_rows(T, N), _stats_rows(T, N)  # the last layer's h per step; the others'
 
     def work(n0, n1):
-        stats = [[_stats_rows(len(MEASURED)) for _ in row] for row in plans]
-        step = _stats_rows(T)
         inq, inf = xq, x if level else np.zeros((0, 0, 0), np.float32)
         for l, row in enumerate(plans):
             out_q, out_f, tr = layers[l]
             last = l == len(plans) - 1
             for d, dp in enumerate(row):
                 run_direction(dp, inq, inf, n0, n1, d == 1, out_q, out_f, d * dp.cq.hidden_size, level,
-                              stats[l][d], step if last else _stats_rows(T), tr[d])
+                              stats[l][d], step if last else scratch, tr[d])
             inq, inf = out_q, out_f
-        return stats, step
 
     if len(parts) == 1:
-        results = [work(*parts[0])]
+        work(*parts[0])
     else:
         with ThreadPoolExecutor(len(parts)) as pool:
-            results = list(pool.map(lambda p: work(*p), parts))
-    step_stats = _stats_rows(T)
-    for stats, step in results:
-        step_stats = merge_stats(step_stats, step)
-        for l, row in enumerate(stats):
-            for d, st in enumerate(row):
-                n_stats[l][d] = merge_stats(n_stats[l][d], st)
+            list(pool.map(lambda p: work(*p), parts))
     if traces is not None:
         traces.extend([tr for _, _, tr in layers])
     out_q, out_f, _ = layers[-1]
-    return ModelRun(out_q, out_f if level else None, n_stats if level else None,
-                    step_stats if level else None, [q for q, _, _ in layers])
+    return ModelRun(out_q, out_f if level else None,
+                    [[fold_blocks(st) for st in row] for row in stats] if level else None,
+                    fold_blocks(step) if level else None, [q for q, _, _ in layers])
 
 
 def legacy_trace(tr: np.ndarray) -> dict:
@@ -478,6 +483,6 @@ def run_cell(cq: CellQuant, qx: np.ndarray) -> np.ndarray:
     xq = np.ascontiguousarray(np.asarray(qx, np.int32).transpose(1, 0, 2))
     out = np.empty((N, T, H), np.int32)
     run_direction(dp, xq, np.zeros((0, 0, 0), np.float32), 0, N, False, out,
-                  np.zeros((0, 0, 0), np.float32), 0, INTS, _stats_rows(len(MEASURED)),
-                  _stats_rows(T), np.zeros((0, 0, ROWS, H), np.int32))
+                  np.zeros((0, 0, 0), np.float32), 0, INTS, _stats_rows(len(MEASURED), N),
+                  _stats_rows(T, N), np.zeros((0, 0, ROWS, H), np.int32))
     return out.transpose(1, 0, 2)

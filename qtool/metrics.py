@@ -40,15 +40,19 @@ class Distance:
         self.count += r.size
         self.saturated += int(saturated)
 
-    def add_stats(self, row) -> None:
-        """Add one row of engine statistics (columns STATS)."""
-        self.ref2 += float(row[0])
-        self.err2 += float(row[1])
-        self.dot += float(row[2])
-        self.q2 += float(row[3])
-        self.max_abs = max(self.max_abs, float(row[4]))
-        self.count += int(row[5])
-        self.saturated += int(row[6])
+    @classmethod
+    def of_stats(cls, rows) -> Distance:
+        """The distance of rows of engine statistics (columns STATS), added in order."""
+        out = cls()
+        for row in rows:
+            out.ref2 += float(row[0])
+            out.err2 += float(row[1])
+            out.dot += float(row[2])
+            out.q2 += float(row[3])
+            out.max_abs = max(out.max_abs, float(row[4]))
+            out.count += int(row[5])
+            out.saturated += int(row[6])
+        return out
 
     def merge(self, other: Distance) -> Distance:
         out = Distance()
@@ -90,13 +94,6 @@ def grid_row(exp2_inv: int, zp: int, bits: int) -> np.ndarray:
     qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     s = np.ldexp(1.0, -int(exp2_inv))
     return np.array([zp, s, (qmin - zp - 0.5) * s, (qmax - zp + 0.5) * s], np.float64)
-
-
-def merge_stats(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Rows of statistics from two parts of the data: sums add, maxima take the larger."""
-    out = a + b
-    out[..., STAT_MAX] = np.maximum(a[..., STAT_MAX], b[..., STAT_MAX])
-    return out
 
 
 @register_jitable(inline="always")

@@ -101,18 +101,20 @@ class Simulation:
         return run.y_float, dequantize(run.y_int, s.exp2_inv, s.zp).astype(np.float32), run.y_int
 
     def _add_stats(self, run) -> None:
-        """Adds one chunk's statistics, computed inside the engine's loops."""
-        for st in run.stats[-1]:  # the output is every direction's h of the last layer
-            self.output.add_stats(st[-1])
+        """Adds one chunk's statistics (computed inside the engine's loops): each accumulator
+        merges one Distance per chunk, as qtool.dist folds the chunks of several processes."""
+        # the output is every direction's h of the last layer
+        self.output = self.output.merge(Distance.of_stats(st[-1] for st in run.stats[-1]))
         while len(self.steps) < len(run.step_stats):
             self.steps.append(Distance())
-        for d, row in zip(self.steps, run.step_stats):
-            d.add_stats(row)
+        for t, row in enumerate(run.step_stats):
+            self.steps[t] = self.steps[t].merge(Distance.of_stats([row]))
         if self.per_tensor:
             for l, row in enumerate(run.stats):
                 for d, st in enumerate(row):
                     for k, name in enumerate(MEASURED):
-                        self.tensors.setdefault(tensor_key(l, d, name), Distance()).add_stats(st[k])
+                        key = tensor_key(l, d, name)
+                        self.tensors[key] = self.tensors.get(key, Distance()).merge(Distance.of_stats([st[k]]))
 
     def results(self) -> dict:
         order = {name: i for i, name in enumerate(NAMES)}

@@ -81,3 +81,22 @@ def test_fused_distances_equal_traced_reductions(preset, layers, dirs, engine):
     close(sim.output, output, RTOL)
     for a, b in zip(sim.steps, steps):
         close(a, b, RTOL, saturated=False)  # per step only the SNR is reported
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_statistics_do_not_depend_on_threads(monkeypatch, workers):
+    """Blocks of sequences keep their own statistics, summed in block order: the same bits from
+    one thread as from several (what lets qtool.dist fold ranks of one thread each)."""
+    import qtool.engine_cpu as engine
+
+    model = random_model(C=5, H=6, layers=2, dirs=2, seed=8)
+    rng = np.random.RandomState(9)
+    qm = calibrated(model, rng.randn(12, 7, 5).astype(np.float32), "int8")
+    x = rng.randn(11, 7, 5).astype(np.float32) * 1.4  # 3 blocks of 4 sequences, the last short
+    monkeypatch.setattr(engine, "threads", lambda: 1)
+    one = run_model(qm, x, engine.TENSORS)
+    monkeypatch.setattr(engine, "threads", lambda: workers)
+    assert len(engine.slices(len(x), engine.threads())) > 1
+    many = run_model(qm, x, engine.TENSORS)
+    assert np.array_equal(one.step_stats, many.step_stats)
+    assert all(np.array_equal(a, b) for ra, rb in zip(one.stats, many.stats) for a, b in zip(ra, rb))
