@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.dist import world
 from qtool.errors import QtoolError
 from qtool.fileio import SequenceData, claim_output, open_sequences
 from qtool.model import GruModel
@@ -101,6 +102,17 @@ def load(path: str | os.PathLike) -> QuantModel:
     return load_qmodel(Path(path))
 
 
+def _write_once(write: Callable[[], None]) -> None:
+    """Write an output file; under mpiexec rank 0 writes it and every rank learns the outcome."""
+    comm = world()
+    if comm is None:
+        write()
+    else:
+        from qtool.dist.agree import on_root
+
+        on_root(comm, write)
+
+
 def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
          confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
     """Write a quantized model file atomically (validated first; see fileio.claim_output for when
@@ -108,9 +120,11 @@ def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
     from qtool.fileio import write_h5
     from qtool.qmodel import write_qmodel
 
-    path = claim_output(path, force, inputs, confirm)
-    write_h5(path, lambda f: write_qmodel(f, qm))
-    return path
+    def write() -> None:
+        write_h5(claim_output(path, force, inputs, confirm), lambda f: write_qmodel(f, qm))
+
+    _write_once(write)
+    return Path(path)
 
 
 def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
@@ -119,9 +133,11 @@ def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
     from qtool.fileio import write_h5
     from qtool.model import write_model
 
-    path = claim_output(path, force, inputs, confirm)
-    write_h5(path, lambda f: write_model(f, model))
-    return path
+    def write() -> None:
+        write_h5(claim_output(path, force, inputs, confirm), lambda f: write_model(f, model))
+
+    _write_once(write)
+    return Path(path)
 
 
 def _bits_config(bits: str | dict) -> tuple[str, dict]:
@@ -224,8 +240,14 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     data = as_data(data, dataset, time_first)
     data.check_features(model.input_size)
     n = count(data, limit)
-    obs = collect_many(model, data, plans, batch_size, n,
-                       progress=(lambda done: progress(done, n)) if progress else None)
+    done = (lambda done: progress(done, n)) if progress else None
+    comm = world()
+    if comm is None:
+        obs = collect_many(model, data, plans, batch_size, n, progress=done)
+    else:  # under mpiexec: each rank observes its chunks; every rank gets the merged observers
+        from qtool.dist.calibrate import collect_many as collect_ranks
+
+        obs = collect_ranks(comm, model, data, plans, batch_size, n, progress=done)
     return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
 
 
@@ -332,7 +354,12 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
         save = claim_output(save, force, [qm_path, data.name if not isinstance(data_in, np.ndarray) else None],
                             confirm)
     t0 = time.perf_counter()
-    if save is None:
+    comm = world()
+    if comm is not None:  # under mpiexec: each rank simulates its chunks, rank 0 writes `save`
+        from qtool.dist.simulate import simulate as simulate_ranks
+
+        sim = simulate_ranks(comm, qm, data, batch_size, per_tensor, n, runner, progress, save, mode)
+    elif save is None:
         sim = run_simulation(qm, data, batch_size, per_tensor, n,
                              (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner,
                              mode)

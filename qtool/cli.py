@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
+from qtool.dist import check_command, command_scope, stop_every_rank
 from qtool.errors import QtoolError
 
 app = typer.Typer(
@@ -134,6 +135,7 @@ def _version(value: bool) -> None:
 def root(ctx: typer.Context,
          version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print qtool's version and exit.")] = False):
+    check_command(ctx.invoked_subcommand)  # under mpiexec: calibrate and simulate only
     if ctx.invoked_subcommand is None:
         out.print(ctx.get_help())
         raise typer.Exit()
@@ -552,7 +554,8 @@ def main(argv: list[str] | None = None) -> None:
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")
     try:
-        code = app(args=argv, prog_name="qtool", standalone_mode=False)
+        with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
+            code = app(args=argv, prog_name="qtool", standalone_mode=False)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
@@ -569,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
         err.print(f"interrupted ({signal.Signals(signum).name}); no output was left half written")
-        sys.exit(128 + signum)
+        stop_every_rank(128 + signum)  # under mpiexec a rank blocked in a collective would wait on
     except Exception as e:  # anything else is a bug, but still one line unless debugging
         if os.environ.get("QTOOL_DEBUG"):
             raise

@@ -32,6 +32,12 @@ class Agreement:
         self.same += int(np.count_nonzero(d == 0))
         self.max_lsb = max(self.max_lsb, int(d.max(initial=0)))
 
+    def merge(self, other: Agreement) -> Agreement:
+        out = Agreement()
+        out.count, out.same = self.count + other.count, self.same + other.same
+        out.max_lsb = max(self.max_lsb, other.max_lsb)
+        return out
+
     def as_dict(self) -> dict:
         return {"identical": self.same / self.count if self.count else 1.0, "max_lsb": self.max_lsb}
 

@@ -1,0 +1,85 @@
+"""Ranks that fail together: every collective step of a distributed run is an `exchange`, which
+also carries each rank's outcome, so an error on any rank reaches every rank at the next step
+instead of leaving the others blocked in a collective.
+
+A rank that fails sends a `Failure` in the exchange the others are waiting in (whichever step
+that is: every step is the same gather + broadcast pair, so they always match); the root picks
+the first failure in rank order and every rank raises it as an `AgreedError`. `agreed()` wraps a
+distributed block: a local error becomes a Failure at the next exchange, and success ends with
+one last exchange, so a rank that fails after everybody else finished is heard too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from qtool.errors import QtoolError
+
+AGREED = "qtool_agreed"  # set on a rank's own exception once every rank has agreed on it
+
+
+@dataclass
+class Failure:
+    rank: int
+    message: str
+
+    @classmethod
+    def of(cls, rank: int, e: BaseException) -> Failure:
+        if isinstance(e, QtoolError):
+            return cls(rank, str(e))
+        return cls(rank, f"internal error on rank {rank}: {type(e).__name__}: {e}")
+
+
+class AgreedError(QtoolError):
+    """A failure every rank raises at the same step (the first failing rank's message)."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def exchange(comm, item=None) -> list | None:
+    """One collective step: gather every rank's `item` on the root (returned there, in rank
+    order; None elsewhere) and agree on the outcome. Raises AgreedError on every rank when any
+    rank's item is a Failure."""
+    items = comm.gather(item, root=0)
+    verdict = next((i for i in items if isinstance(i, Failure)), None) if comm.Get_rank() == 0 else None
+    verdict = comm.bcast(verdict, root=0)
+    if verdict is not None:
+        raise AgreedError(verdict)
+    return items
+
+
+@contextlib.contextmanager
+def agreed(comm, passes: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Run a block on every rank and agree on its outcome. A local error is sent to the others
+    at their next exchange; the rank whose error it was re-raises its own exception (its type
+    and message intact), the others an AgreedError. Exceptions of the types in `passes` are
+    outcomes that every rank reaches alike (a usage error, an explicit exit): they count as
+    success. Signals (KeyboardInterrupt, SystemExit) reach every rank anyway and pass."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, AgreedError) or getattr(e, AGREED, False):
+            raise  # every rank knows already
+        if isinstance(e, passes):
+            exchange(comm, None)
+            raise
+        try:
+            exchange(comm, Failure.of(comm.Get_rank(), e))
+        except AgreedError as agreed_error:
+            if agreed_error.failure.rank == comm.Get_rank():
+                setattr(e, AGREED, True)
+                raise e from None
+            raise
+    else:
+        exchange(comm, None)
+
+
+def on_root(comm, write: Callable[[], object]) -> None:
+    """Run `write` on rank 0 only (an output file) and agree on whether it succeeded."""
+    with agreed(comm):
+        if comm.Get_rank() == 0:
+            write()
