@@ -16,6 +16,7 @@ from qtool.metrics import Distance, count_clipped, finite_or_none
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.qparams import dequantize
+from qtool.simfold import merge_stat
 from qtool.tensors import NAMES
 
 # row k of the engine's cell trace holds this tensor (Rh comes as three gate blocks)
@@ -101,20 +102,10 @@ class Simulation:
         return run.y_float, dequantize(run.y_int, s.exp2_inv, s.zp).astype(np.float32), run.y_int
 
     def _add_stats(self, run) -> None:
-        """Adds one chunk's statistics (computed inside the engine's loops): each accumulator
-        merges one Distance per chunk, as qtool.dist folds the chunks of several processes."""
-        # the output is every direction's h of the last layer
-        self.output = self.output.merge(Distance.of_stats(st[-1] for st in run.stats[-1]))
-        while len(self.steps) < len(run.step_stats):
-            self.steps.append(Distance())
-        for t, row in enumerate(run.step_stats):
-            self.steps[t] = self.steps[t].merge(Distance.of_stats([row]))
-        if self.per_tensor:
-            for l, row in enumerate(run.stats):
-                for d, st in enumerate(row):
-                    for k, name in enumerate(MEASURED):
-                        key = tensor_key(l, d, name)
-                        self.tensors[key] = self.tensors.get(key, Distance()).merge(Distance.of_stats([st[k]]))
+        """Folds one chunk's statistics (computed inside the engine's loops) into the
+        accumulators with qtool.simfold's merge, as a distributed run folds its chunks."""
+        for field, part in chunk_partial(run, self.per_tensor).items():
+            setattr(self, field, merge_stat(getattr(self, field), part))
 
     def results(self) -> dict:
         order = {name: i for i, name in enumerate(NAMES)}
@@ -135,6 +126,16 @@ class Simulation:
             "per_step_snr_db": [finite_or_none(d.snr_db) for d in self.steps],
             **extra,
         }
+
+
+def chunk_partial(run, per_tensor: bool) -> dict:
+    """One chunk's distances from an engine's statistics `run` (engine_cpu.ModelRun), as the
+    partial of the Simulation's fields (qtool.simfold.STATS)."""
+    return {"output": Distance.of_stats(st[-1] for st in run.stats[-1]),  # every direction's h, last layer
+            "steps": [Distance.of_stats([row]) for row in run.step_stats],
+            "tensors": {tensor_key(l, d, name): Distance.of_stats([st[k]])
+                        for l, row in enumerate(run.stats) for d, st in enumerate(row)
+                        for k, name in enumerate(MEASURED)} if per_tensor else {}}
 
 
 def simulate(qm: QuantModel, data: SequenceData, chunk: int = 256, per_tensor: bool = True,
