@@ -189,15 +189,15 @@ print(float(y.abs().mean()))
 """
 
 
-def run_process(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one child process."""
+def run_process(cmd: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS MiB, CPU seconds) of one child process."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         raise SystemExit(f"{cmd} failed with exit code {p.returncode}")
-    return time.perf_counter() - t0, usage.ru_maxrss / 1024
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def bench_process(a) -> None:
@@ -228,9 +228,10 @@ def bench_process(a) -> None:
           f"median (range) of {a.repeat} runs")
     torch_med = statistics.median(t for t, _ in res["python + PyTorch nn.GRU float32"])
     for k, v in res.items():
-        t, rss = [r[0] for r in v], [r[1] for r in v]
+        t, rss, cpu = [r[0] for r in v], [r[1] for r in v], [r[2] for r in v]
         print(f"{k:<45} {summary(t)} s  peak RSS {statistics.median(rss):6.0f} MiB "
-              f"({min(rss):.0f}-{max(rss):.0f})  {statistics.median(t) / torch_med:.2f}x PyTorch's time")
+              f"({min(rss):.0f}-{max(rss):.0f})  {statistics.median(t) / torch_med:.2f}x PyTorch's time  "
+              f"CPU {summary(cpu)} s")
 
 
 def bench_cold(a) -> None:
@@ -241,11 +242,11 @@ def bench_cold(a) -> None:
     for _ in range(a.repeat):
         with tempfile.TemporaryDirectory() as cache:
             os.environ["NUMBA_CACHE_DIR"] = cache
-            for times in res.values():
-                times.append(run_process(cmd)[0])
+            for runs in res.values():
+                runs.append(run_process(cmd))
     print(f"qtool simulate {' '.join(a.cold)}: median (range) of {a.repeat} runs")
     for k, v in res.items():
-        print(f"{k:<22} {summary(v)} s")
+        print(f"{k:<22} wall {summary([r[0] for r in v])} s  CPU {summary([r[2] for r in v])} s")
 
 
 def bench_cuda(a) -> None:
