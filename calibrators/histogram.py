@@ -1,6 +1,10 @@
 """A histogram on a shared, growable grid: bins of width 2^w aligned at 0, so any two histograms
 can be brought to a common grid (the coarser width) and added exactly. Merging is exact and does
-not depend on batch order; only the bin width (the resolution) adapts to the data's span."""
+not depend on batch order; only the bin width (the resolution) adapts to the data's span.
+
+Exact zeros are also counted on their own (they stay in the bin [0, 2^w) too): every grid holds
+0 exactly, so the searching methods take them out (`clamped`) rather than reading a spike of
+zero-padded steps or silent frames as mass spread over the whole bin."""
 
 from __future__ import annotations
 
@@ -15,12 +19,13 @@ MAX_BINS = 8192  # the resolution of TVM's 8001-bin KL histogram
 
 
 @nb.njit(cache=True)
-def _min_max(v: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.inf, -np.inf
+def _min_max_zeros(v: np.ndarray) -> tuple[float, float, int]:
+    lo, hi, zeros = np.inf, -np.inf, 0
     for x in v:
         lo = min(lo, x)
         hi = max(hi, x)
-    return lo, hi
+        zeros += x == 0.0
+    return lo, hi, zeros
 
 
 @nb.njit(cache=True)
@@ -36,6 +41,7 @@ class Histogram:
         self.start = 0      # index of counts[0] on the grid: bin i covers [i, i+1) * 2^w
         self.counts = np.zeros(0, np.int64)
         self.lo, self.hi = np.inf, -np.inf  # exact extremes, kept beside the bins
+        self.zeros = 0  # values exactly 0 (also inside counts)
 
     @property
     def total(self) -> int:
@@ -54,8 +60,10 @@ class Histogram:
         self.start, self.w = new_start, w
 
     def _span_exp(self, lo: float, hi: float) -> int:
-        """Smallest width exponent for which [lo, hi] needs at most MAX_BINS bins."""
-        span = max(hi - lo, np.finfo(np.float64).tiny)
+        """Smallest width exponent for which [lo, hi] needs at most MAX_BINS bins. A constant
+        (or nearly constant) span counts as 2^-40 of its magnitude, at least 2^-1000: 2^-w stays
+        a finite double and every bin index stays far inside int64."""
+        span = max(hi - lo, max(abs(lo), abs(hi)) * 2.0**-40, 2.0**-1000)
         w = int(np.ceil(np.log2(span / (MAX_BINS - 2))))
         while np.floor(hi / 2.0**w) - np.floor(lo / 2.0**w) + 1 > MAX_BINS:
             w += 1
@@ -65,7 +73,9 @@ class Histogram:
         v = np.ascontiguousarray(values).ravel()
         if v.size == 0:
             return
-        vlo, vhi = (float(a) for a in _min_max(v))
+        vlo, vhi, zeros = _min_max_zeros(v)
+        vlo, vhi = float(vlo), float(vhi)
+        self.zeros += int(zeros)
         self.lo, self.hi = min(self.lo, vlo), max(self.hi, vhi)
         lo, hi = vlo, vhi
         if self.counts.size:
@@ -105,6 +115,7 @@ class Histogram:
             out.w = w
             out._add_counts(c.start, c.counts)
         out.lo, out.hi = min(self.lo, other.lo), max(self.hi, other.hi)
+        out.zeros = self.zeros + other.zeros
         return out
 
     def edges(self) -> np.ndarray:
@@ -146,9 +157,14 @@ class HistogramObserver(Observer):
 
     def clamped(self, bound: tuple[float, float]) -> tuple[np.ndarray, int, float, float]:
         """(counts as float64, start, lo, hi) with the mass beyond `bound` moved into the bins at
-        the bound: values the LUTs saturate anyway cost nothing wherever they are clipped."""
+        the bound: values the LUTs saturate anyway cost nothing wherever they are clipped.
+        Exact zeros inside the bound are left out: every grid represents them without error, so
+        they are no evidence for any grid (kept in, a spike of them drives kl to a grid so fine
+        that 0's level holds one bin, clipping the rest)."""
         h = self.hist
         counts = h.counts.astype(np.float64)
+        if h.zeros and bound[0] <= 0.0 <= bound[1]:
+            counts[-h.start] -= h.zeros
         lo, hi = max(h.lo, bound[0]), min(h.hi, bound[1])
         i0, i1 = np.clip(np.floor(np.array([lo, hi]) / 2.0**h.w).astype(np.int64) - h.start, 0, counts.size - 1)
         counts[i0] += counts[:i0].sum()

@@ -1,12 +1,12 @@
 """qtool: integer-only GRUs for microcontrollers and DSPs, calibrated and simulated bit-exactly.
 
 The pipeline as Python functions (qtool.api; imported on first use so that `import qtool` stays
-cheap): load_model, calibrate, compare, simulate, save, load, export_c, verify, html_report.
+cheap): load_model, calibrate, advise, compare, simulate, save, load, export_c, verify, html_report.
 """
 
 __version__ = "0.1.0"
 
-API = ("as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model", "observe",
+API = ("advise", "as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model", "observe",
        "save", "save_model", "simulate", "verify")
 __all__ = ["__version__", *API]
 

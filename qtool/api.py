@@ -187,10 +187,13 @@ class Calibration:
     ranges: object = None
     snap: str = "up"
     ranges_used: list = field(default_factory=list)
+    auto: object = None  # method auto: (its quantized model, qtool.auto_method.AutoChoice)
 
     def quant_model(self, k: int = 0) -> QuantModel:
         from qtool.calibration import build_quant_model
 
+        if self.auto is not None:
+            return self.auto[0]
         method = self.plans[k].label()
         if self.ranges is not None:
             method = f"ranges from the {self.ranges.kind} file (snap {self.snap})" + (
@@ -212,13 +215,17 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
             progress: Progress | None = None) -> Calibration:
     """One float pass over the calibration data feeding the observers of every method asked for.
     A model file that holds ranges (`file_ranges`; looked up when `model` is a path) keeps them,
-    and `data` may then be None when the file holds every range."""
+    and `data` may then be None when the file holds every range. `methods=("auto",)`: per tensor
+    the method with the least held-out error (qtool.auto_method); beside a file's own ranges,
+    minmax fills in the rest."""
     from calibrators import METHODS
     from qtool.calibration import MethodPlan, collect_many
 
-    for m in [*methods, method_weights]:
+    if "auto" in methods and len(methods) > 1:
+        raise QtoolError("--compare takes single methods (auto chooses among them itself)")
+    for m in [*(m for m in methods if m != "auto"), method_weights]:
         if m not in METHODS:
-            raise QtoolError(f"unknown method '{m}' (use one of {', '.join(METHODS)})")
+            raise QtoolError(f"unknown method '{m}' (use auto or one of {', '.join(METHODS)})")
     if not methods or len(set(methods)) != len(methods):
         raise QtoolError("--compare needs distinct methods, e.g. minmax,percentile,mse,kl")
     if batch_size < 1:
@@ -232,6 +239,8 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
         path = Path(model)
         model = load_model(path)
         ranges = file_ranges(path, model) if ranges is None else ranges
+    auto = list(methods) == ["auto"] and ranges is None
+    methods = ["minmax" if m == "auto" else m for m in methods]
     plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]
     if data is None:
         if ranges is None:
@@ -240,27 +249,87 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     data = as_data(data, dataset, time_first)
     data.check_features(model.input_size)
     n = count(data, limit)
-    done = (lambda done: progress(done, n)) if progress else None
+    tick = (lambda done: progress(done, n)) if progress else None
     comm = world()
+    if auto:
+        if comm is not None:
+            raise QtoolError("--method auto runs as one process; under mpiexec choose a method "
+                             "(minmax, ema, percentile, mse or kl)")
+        from qtool.auto_method import calibrate_auto
+
+        info = _provenance(model, data, n, label, config, "auto")
+        qm, choice = calibrate_auto(model, data, n, config, method_weights, percentile, batch_size, tick, info)
+        return Calibration(model, data, n, label, config, [choice.plan], [None], auto=(qm, choice))
     if comm is None:
-        obs = collect_many(model, data, plans, batch_size, n, progress=done)
+        obs = collect_many(model, data, plans, batch_size, n, progress=tick)
     else:  # under mpiexec: each rank observes its chunks; every rank gets the merged observers
         from qtool.dist.calibrate import collect_many as collect_ranks
 
-        obs = collect_ranks(comm, model, data, plans, batch_size, n, progress=done)
+        obs = collect_ranks(comm, model, data, plans, batch_size, n, progress=tick)
     return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
 
 
 def calibrate(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
-              method: str = "minmax", method_weights: str = "minmax", percentile: float = 99.99,
+              method: str = "auto", method_weights: str = "minmax", percentile: float = 99.99,
               batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
               time_first: bool = False, snap: str = "up", progress: Progress | None = None) -> QuantModel:
     """Observe every tensor of the float GRU on calibration data; return the quantized model.
+    `method`: "auto" (per tensor the method with the least error on a held-out fifth of the
+    data, checked at the output against every single method; docs/calibration.md) or one method.
     A quantized or QAT-trained model file keeps its own ranges (`snap`: how a scale that is not a
     power of two becomes one, "up" without clipping or "nearest"); `data` fills in the rest."""
     return observe(model, data, bits=bits, methods=(method,), method_weights=method_weights,
                    percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
                    time_first=time_first, snap=snap, progress=progress).quant_model(0)
+
+
+def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+           target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
+           seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
+           limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+           output: str | os.PathLike | None = None, force: bool = False,
+           confirm: Callable[[str], bool] | None = None,
+           progress: Callable[[str, int, int | None], None] | None = None):
+    """The precision advisor (docs/advisor.md): every tensor's predicted SNR at 8 and 16 bits and
+    the seed's int8/int16 rule at `threshold` dB; with held-out `test` data, the least flash whose
+    measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
+    a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
+    `progress(stage, done, total or None)`."""
+    import math
+
+    from qtool.advisor.advise import THRESHOLD_DB
+    from qtool.advisor.advise import advise as run_advise
+    from qtool.fileio import write_bytes
+
+    if target_snr is not None and not math.isfinite(target_snr):
+        raise QtoolError(f"--target-snr must be a finite number of dB, got {target_snr}")
+    if max_flash is not None and (isinstance(max_flash, bool) or max_flash < 1):
+        raise QtoolError(f"--max-flash must be a positive number of bytes, got {max_flash}")
+    if threshold is not None and not math.isfinite(threshold):
+        raise QtoolError(f"--threshold must be a finite number of dB, got {threshold}")
+    if batch_size < 1:
+        raise QtoolError("--batch-size must be at least 1")
+    model_path = None
+    if not isinstance(model, GruModel):
+        model_path = Path(model)
+        model = load_model(model_path)
+    data_in, test_in = data, test
+    data = as_data(data, dataset, time_first)
+    data.check_features(model.input_size)
+    test = as_data(test, dataset, time_first) if test is not None else None
+    if test is not None:
+        test.check_features(model.input_size)
+    if output is not None:  # refuse before the work, not after it
+        names = [None if isinstance(d, np.ndarray) or d is None else s.name
+                 for d, s in ((data_in, data), (test_in, test))]
+        output = claim_output(output, force, [model_path, *names], confirm)
+    n = count(data, limit)
+    adv = run_advise(model, data, test, target_snr, max_flash, THRESHOLD_DB if threshold is None else threshold,
+                     seed, gamma, repeats, batch_size, n, progress, {"data_file": Path(data.name).name})
+    if output is not None:
+        write_bytes(output, adv.bits_toml.encode())
+        adv.extra["bits_file"] = str(output)
+    return adv
 
 
 @dataclass

@@ -29,7 +29,7 @@ from qtool.model import GruCell, GruModel
 from qtool.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.qparams import choose_qparams, grid_range, qrange, quantize
 from qtool.rescale import derive
-from qtool.tensors import BY_NAME, TENSORS, TensorConfig
+from qtool.tensors import BY_NAME, TENSORS, TensorConfig, layer_config
 
 Observers = list[list[dict[str, Observer]]]
 INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0), "tanh": (math.atanh, -1.0)}
@@ -37,18 +37,30 @@ INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0), "tanh": (math.at
 
 @dataclass
 class MethodPlan:
-    """The calibration method of every tensor: a config file's per-tensor `method`, else
-    `weights` for W and R, else `activations`. Biases (32-bit) keep min/max."""
+    """The calibration method of every tensor: a config file's per-tensor `method` (for one
+    layer in `layer_overrides[l]`, else for all), else `weights` for W and R, else
+    `activations`. Biases (32-bit) keep min/max."""
 
     activations: str = "minmax"
     weights: str = "minmax"
     percentile: float = DEFAULT_PERCENTILE
     overrides: dict[str, str] = field(default_factory=dict)
+    layer_overrides: dict[int, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: dict[str, TensorConfig], activations: str = "minmax",
                     weights: str = "minmax", percentile: float = DEFAULT_PERCENTILE) -> MethodPlan:
-        return cls(activations, weights, percentile, {n: c.method for n, c in config.items() if c.method})
+        layers = {l: {n: c.method for n, c in cfg.items() if c.method}
+                  for l, cfg in getattr(config, "layers", {}).items()}
+        return cls(activations, weights, percentile, {n: c.method for n, c in config.items() if c.method},
+                   {l: m for l, m in layers.items() if m})
+
+    def for_layer(self, layer: int) -> MethodPlan:
+        """The plan of one layer: its own overrides over the all-layer ones."""
+        if not self.layer_overrides.get(layer):
+            return self
+        return MethodPlan(self.activations, self.weights, self.percentile,
+                          {**self.overrides, **self.layer_overrides[layer]})
 
     def method(self, name: str) -> str:
         kind = BY_NAME[name].kind
@@ -66,6 +78,8 @@ class MethodPlan:
             text += f", weights {one(self.weights)}"
         if self.overrides:
             text += ", " + ", ".join(f"{n} {one(m)}" for n, m in sorted(self.overrides.items()))
+        for l, over in sorted(self.layer_overrides.items()):
+            text += "".join(f", layer{l} {n} {one(m)}" for n, m in sorted(over.items()))
         return text
 
 
@@ -75,7 +89,8 @@ def as_plan(plan: MethodPlan | str | None) -> MethodPlan:
 
 def new_observers(model: GruModel, plan: MethodPlan | str) -> Observers:
     plan = as_plan(plan)
-    return [[{n: plan.observer(n) for n in TRACED} for _ in cells] for cells in model.layers]
+    return [[{n: plan.for_layer(l).observer(n) for n in TRACED} for _ in cells]
+            for l, cells in enumerate(model.layers)]
 
 
 def observe_batch(model: GruModel, x: np.ndarray, *obs_sets: Observers, traces: list | None = None) -> None:
@@ -126,9 +141,15 @@ def _observer(obs: Observers, l: int, d: int, name: str) -> Observer:
     if name == "h":
         merged = obs[l][0]["h"]
         for other in obs[l][1:]:
-            merged = merged.merge(other["h"])
+            if other["h"] is not obs[l][0]["h"]:  # directions may already share one observer
+                merged = merged.merge(other["h"])
         return merged
     return obs[l][0 if name == "x" else d][name]
+
+
+def cell_observers(obs: Observers, l: int, d: int) -> dict[str, Observer]:
+    """The observers that set one cell's parameters, after the ties."""
+    return {n: _observer(obs, l, d, n) for n in TRACED}
 
 
 def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND,
@@ -186,15 +207,28 @@ def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodP
     return TensorQ(cfg.bits, True, np.array(e, np.int32), 0, np.array(lo), np.array(hi))
 
 
-def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
-                  plan: MethodPlan | None = None, fixed: dict[str, TensorQ] | None = None) -> CellQuant:
-    """Parameters, integer weights, tables and shifts of one cell from its tensors' observers;
-    tensors in `fixed` keep the quantization given there (imported or trained ranges)."""
+def lut_input_bounds(spec: dict[str, TensorQ], config: dict[str, TensorConfig]
+                     ) -> dict[str, tuple[float, float]]:
+    """The saturation bound of each LUT input (z_pre, r_pre, g_pre) from its output's grid."""
+    return {src: saturation_bound(func, spec[dst], config[src].bits) for _, func, src, dst in GATES}
+
+
+def cell_spec(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
+              plan: MethodPlan | None = None, fixed: dict[str, TensorQ] | None = None,
+              weights_cache: dict | None = None) -> dict[str, TensorQ]:
+    """Every tensor's grid in one cell; tensors in `fixed` keep the quantization given there
+    (imported or trained ranges). `weights_cache` keeps the per-channel grids of this cell's
+    weights for configs built one after another."""
     plan = plan or MethodPlan()
     spec: dict[str, TensorQ] = dict(fixed or {})
+    cache = {} if weights_cache is None else weights_cache
     for name in ("W", "R", "bx", "br"):
-        if name not in spec:
-            spec[name] = _per_channel(name, getattr(cell, name), config[name], plan)
+        if name in spec:
+            continue
+        key = (id(cell), name, config[name], plan.method(name), plan.percentile)
+        if key not in cache:
+            cache[key] = _per_channel(name, getattr(cell, name), config[name], plan)
+        spec[name] = cache[key]
     for name, o in observers.items():
         if name in spec:
             continue
@@ -204,11 +238,17 @@ def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[st
             o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
         if name not in ("z_pre", "r_pre", "g_pre"):
             spec[name] = _tensor_q(o, config[name], name=name)
-    for _, func, src, dst in GATES:
+    for src, bound in lut_input_bounds(spec, config).items():
         if src not in spec:
-            bound = saturation_bound(func, spec[dst], config[src].bits)
             spec[src] = _tensor_q(observers[src], config[src], bound, src)
-    return cell_from_spec(cell, spec)
+    return spec
+
+
+def quantize_cell(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
+                  plan: MethodPlan | None = None, fixed: dict[str, TensorQ] | None = None,
+                  weights_cache: dict | None = None) -> CellQuant:
+    """Parameters, integer weights, tables and shifts of one cell from its tensors' observers."""
+    return cell_from_spec(cell, cell_spec(cell, observers, config, plan, fixed, weights_cache))
 
 
 def cell_from_spec(cell: GruCell, spec: dict[str, TensorQ]) -> CellQuant:
@@ -225,21 +265,31 @@ def cell_from_spec(cell: GruCell, spec: dict[str, TensorQ]) -> CellQuant:
     return CellQuant(spec, q["W"], q["R"], q["bx"], q["br"], P, CH, luts, errors)
 
 
+def model_config(config: dict[str, TensorConfig], num_layers: int) -> list[dict[str, TensorConfig]]:
+    """The config of every layer; the x of layer l > 0 takes the bits of layer l - 1's h."""
+    extra = [l for l in getattr(config, "layers", {}) if l >= num_layers]
+    if extra:
+        raise QtoolError(f"the bits config sets layer {max(extra)}; the model has {num_layers} layer(s)")
+    cfgs = [layer_config(config, l) for l in range(num_layers)]
+    for l in range(1, num_layers):
+        cfgs[l]["x"] = cfgs[l - 1]["h"]
+    return cfgs
+
+
 def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, TensorConfig],
                       info: dict, plan: MethodPlan | str | None = None,
-                      fixed: list[list[dict[str, TensorQ]]] | None = None) -> QuantModel:
+                      fixed: list[list[dict[str, TensorQ]]] | None = None,
+                      weights_cache: dict | None = None) -> QuantModel:
     """Turn observations into a QuantModel. Layers l > 0 take their x bits from h. `fixed[l][d]`
     holds tensors whose quantization is already known (the ties must hold among them); with every
     tensor fixed, `obs` may be None."""
     plan = as_plan(plan)
     cells = []
-    for l, layer in enumerate(model.layers):
-        cfg = dict(config)
-        if l > 0:
-            cfg["x"] = config["h"]
+    for l, (layer, cfg) in enumerate(zip(model.layers, model_config(config, model.num_layers))):
         row = []
         for d, cell in enumerate(layer):
-            observers = {n: _observer(obs, l, d, n) for n in TRACED} if obs is not None else {}
-            row.append(quantize_cell(cell, observers, cfg, plan, fixed[l][d] if fixed else None))
+            observers = cell_observers(obs, l, d) if obs is not None else {}
+            row.append(quantize_cell(cell, observers, cfg, plan.for_layer(l), fixed[l][d] if fixed else None,
+                                     weights_cache))
         cells.append(row)
     return QuantModel(model, cells, info)

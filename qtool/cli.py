@@ -178,7 +178,7 @@ def calibrate(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
-    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "minmax",
+    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on a held-out fifth of DATA, checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights W and R, per output channel.")] = "minmax",
     percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
@@ -198,7 +198,7 @@ def calibrate(
     A quantized or QAT-trained model (ONNX QDQ, PyTorch fake-quant, a QuantGRU checkpoint) keeps
     the ranges its file holds; DATA calibrates the rest (without DATA the file must hold them all)."""
     from qtool import api
-    from qtool.report import calibration_summary, lut_table, ranges_table, spec_rows, spec_table
+    from qtool.report import auto_lines, calibration_summary, lut_table, ranges_table, spec_rows, spec_table
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     model = api.load_model(model_path)
@@ -250,9 +250,10 @@ def calibrate(
     api.save(qm, output, force, inputs=inputs)
     elapsed = time.perf_counter() - t0
     imported = {} if ranges is None else {"imported": cal.ranges_used, "notes": ranges.notes}
+    auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
     if as_json:
         emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
-                   "tensors": spec_rows(qm), **imported})
+                   "tensors": spec_rows(qm), **imported, **auto})
         return
     title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
              + (f" over {qm.info['samples']} sequences" if qm.info["samples"] else ""))
@@ -266,7 +267,59 @@ def calibrate(
                                + (f"calibrated on {data_path.name})" if data_path else "none)")))
         for note in ranges.notes:
             out.print(f"note: {escape(note)}", highlight=False)
+    for line in auto_lines(auto["auto"], per_layer=verbose) if auto else []:
+        out.print(escape(line), highlight=False, soft_wrap=True)
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}" + ("" if verbose else "  (--verbose: every tensor)"))
+
+
+@app.command()
+def advise(
+    model_path: ModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
+    target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB.")] = None,
+    max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE'.")] = None,
+    threshold: Annotated[float | None, typer.Option(metavar="DB", help="The seed's threshold T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
+    gamma: Annotated[float, typer.Option(metavar="RATE", help="The estimator's sampling rate.")] = 0.01,
+    repeats: Annotated[int, typer.Option(metavar="K", help="The estimator's independent samples; the least-variance one is kept.")] = 5,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
+    limit: LimitOpt = None,
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Predict every tensor's quantization SNR (the seed's precision estimator) and choose int8 or
+    int16 per tensor; with --eval, prove the choice by simulation: the least flash reaching
+    --target-snr, or the best SNR within --max-flash. -o writes a bits file for
+    'qtool calibrate --bits FILE', which rebuilds the very same model."""
+    from qtool import api
+    from qtool.advisor.report import search_line, summary_line, tensor_table
+
+    model_path = Path(need(model_path, "model file", "MODEL"))
+    data_path = Path(need(data_path, "calibration data file", "CALIB"))
+    with progress_bar() as bar:
+        tasks: dict = {}
+
+        def tick(stage: str, done: int, total: int | None) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total, rate="")
+            bar.update(tasks[stage], completed=done, rate="")
+        adv = api.advise(model_path, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
+                         threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
+                         limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
+                         confirm=confirm_at_terminal(), progress=tick)
+    if as_json:
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "tensors": adv.rows})
+        return
+    out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: predicted and measured SNR per tensor (dB)"))
+    out.print(summary_line(adv), highlight=False)
+    out.print(search_line(adv), highlight=False)
+    if output is not None:
+        out.print(f"bits file -> {escape(str(output))} (qtool calibrate MODEL CALIB --bits "
+                  f"{escape(str(output))} rebuilds this model)", highlight=False)
 
 
 @app.command()

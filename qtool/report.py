@@ -174,6 +174,22 @@ def lut_table(qm: QuantModel) -> Table:
     return t
 
 
+def auto_lines(auto: dict, per_layer: bool = True) -> list[str]:
+    """What `--method auto` chose: the winner and each candidate's output SNR on the held-out
+    sequences, a note if any, then (`per_layer`) each layer's methods."""
+    snr = auto["held_out_snr_db"]
+    lines = [f"method auto: {auto['winner']}" + (
+        f" (held-out output SNR {_num(snr.get(auto['winner']))} dB; "
+        + ", ".join(f"{k} {_num(v)}" for k, v in snr.items() if k != auto["winner"]) + ")" if snr else "")]
+    if auto.get("note"):
+        lines.append(f"  {auto['note']}")
+    by_layer: dict[int, list[str]] = {}
+    for r in auto["tensors"] if per_layer else []:
+        by_layer.setdefault(r["layer"], []).append(f"{r['tensor']} {r['method']}")
+    lines += [f"  layer {l}: " + ", ".join(v) for l, v in sorted(by_layer.items())]
+    return lines
+
+
 def calibration_summary(qm: QuantModel, title: str) -> Table:
     """One row per layer direction: the grids of its input and state, and its tables' error."""
     t = Table(title=title)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.engine_cpu import MEASURED, OUTPUT, TENSORS, plan_model, run_model, time_first_traces
+from qtool.engine_cpu import INTS, MEASURED, OUTPUT, TENSORS, plan_model, run_model, time_first_traces
 from qtool.errors import QtoolError
 from qtool.fakequant_sim import MODES, FakeQuantSide
 from qtool.fileio import SequenceData
@@ -48,7 +48,8 @@ class Simulation:
     fake-quant side (`mode`) and `float_traces` (the report's histograms).
     """
 
-    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_model, mode: str = "integer"):
+    def __init__(self, qm: QuantModel, per_tensor: bool = True, runner=run_model, mode: str = "integer",
+                 per_step: bool = True):
         if mode not in MODES:
             raise QtoolError(f"unknown mode '{mode}' (use one of {', '.join(MODES)})")
         self.qm = qm
@@ -56,6 +57,7 @@ class Simulation:
         self.plans = plan_model(qm) if runner is run_model else None
         self.per_tensor = per_tensor
         self.mode = mode
+        self.per_step = per_step
         self.output = Distance()
         self.steps: list[Distance] = []
         self.tensors: dict[str, Distance] = {}
@@ -82,12 +84,18 @@ class Simulation:
     def float_traces(self, ftr: list) -> None:
         """Sees each chunk's float traces (`float_gru.run_float`) when `wants_float_traces`."""
 
-    def run_chunk(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`."""
+    def run_chunk(self, x: np.ndarray, y_float: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Simulate one batch; returns (float y, dequantized y, integer y), all `[N, T, H*D]`.
+        Without per-tensor reports, the float output may be given (several quantized models of
+        one float model, scored on the same batch, share it): the engine then runs the integers
+        alone and the output is measured against `y_float`."""
         ftr: list | None = [] if self.wants_float_traces() else None
         if self.mode == "fakequant":
             y_float = run_float(self.qm.model, x, ftr)
             return (y_float, *self.fakequant.run_chunk(x, y_float, ftr, None, None))
+        if y_float is not None and not self.per_tensor and self.fakequant is None:
+            return self._against(x, y_float)
         raw: list | None = [] if self.fakequant is not None and self.per_tensor else None
         run = self.runner(self.qm, x, TENSORS if self.per_tensor else OUTPUT, plans=self.plans, traces=raw)
         self._add_stats(run)
@@ -104,8 +112,23 @@ class Simulation:
     def _add_stats(self, run) -> None:
         """Folds one chunk's statistics (computed inside the engine's loops) into the
         accumulators with qtool.simfold's merge, as a distributed run folds its chunks."""
-        for field, part in chunk_partial(run, self.per_tensor).items():
+        self._fold(chunk_partial(run, self.per_tensor, self.per_step))
+
+    def _fold(self, partial: dict) -> None:
+        for field, part in partial.items():
             setattr(self, field, merge_stat(getattr(self, field), part))
+
+    def _against(self, x: np.ndarray, y_float: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The integers alone, their output measured against a given float output."""
+        y_int = self.runner(self.qm, x, INTS, plans=self.plans).y_int
+        s = self.qm.cells[-1][0].spec["h"]
+        y_q = dequantize(y_int, s.exp2_inv, s.zp).astype(np.float32)
+        output, steps = Distance(), [Distance() for _ in range(x.shape[1] if self.per_step else 0)]
+        output.add(y_q, y_float, count_clipped(y_float, s.exp2_inv, s.zp, s.bits))
+        for t, d in enumerate(steps):
+            d.add(y_q[:, t], y_float[:, t])
+        self._fold({"output": output, "steps": steps})
+        return y_float, y_q, y_int
 
     def results(self) -> dict:
         order = {name: i for i, name in enumerate(NAMES)}
@@ -128,11 +151,11 @@ class Simulation:
         }
 
 
-def chunk_partial(run, per_tensor: bool) -> dict:
+def chunk_partial(run, per_tensor: bool, per_step: bool = True) -> dict:
     """One chunk's distances from an engine's statistics `run` (engine_cpu.ModelRun), as the
     partial of the Simulation's fields (qtool.simfold.STATS)."""
     return {"output": Distance.of_stats(st[-1] for st in run.stats[-1]),  # every direction's h, last layer
-            "steps": [Distance.of_stats([row]) for row in run.step_stats],
+            "steps": [Distance.of_stats([row]) for row in run.step_stats] if per_step else [],
             "tensors": {tensor_key(l, d, name): Distance.of_stats([st[k]])
                         for l, row in enumerate(run.stats) for d, st in enumerate(row)
                         for k, name in enumerate(MEASURED)} if per_tensor else {}}

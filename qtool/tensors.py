@@ -82,41 +82,117 @@ def _read_config_file(path: Path) -> dict:
         raise QtoolError(f"{path}: not valid {path.suffix[1:].upper() or 'JSON'} ({e})") from None
 
 
-def load_bits(spec: str) -> tuple[str, dict[str, TensorConfig]]:
-    """`spec` is a preset name or a JSON/TOML file: {"preset": "int8", "tensors": {"g_pre":
-    {"bits": 16}, "h": {"bits": 16, "symmetric": false, "method": "mse"}}}. Returns (label, config)."""
+class BitsConfig(dict):
+    """name -> TensorConfig for every layer, and per-layer overrides `layers[l][name]` (a bits
+    file's `[layers.L.NAME]` tables). A plain dict is a config without overrides."""
+
+    def __init__(self, base: dict[str, TensorConfig], layers: dict[int, dict[str, TensorConfig]] | None = None):
+        super().__init__(base)
+        self.layers = layers or {}
+
+
+def layer_config(config: dict[str, TensorConfig], layer: int) -> dict[str, TensorConfig]:
+    """The config of one layer: the per-layer overrides over the all-layer entries."""
+    out = dict(config)
+    out.update(getattr(config, "layers", {}).get(layer, {}))
+    return out
+
+
+def _entry(path: Path, where: str, name: str, entry, base: TensorConfig) -> TensorConfig:
+    """One tensor's table of a bits file over `base`, validated."""
     from calibrators import METHODS
 
+    if not isinstance(entry, dict) or set(entry) - {"bits", "symmetric", "method"}:
+        raise QtoolError(f"{path}: {where} '{name}' needs a table with 'bits', 'symmetric' and/or 'method'")
+    t = BY_NAME[name]
+    bits = entry.get("bits", base.bits)
+    lo, hi = BITS_LIMITS[t.kind]
+    if not isinstance(bits, int) or not lo <= bits <= hi:
+        raise QtoolError(f"{path}: bits of '{name}' must be an integer in [{lo}, {hi}]")
+    sym = entry.get("symmetric", base.symmetric)
+    if t.kind != "activation" and not sym:
+        raise QtoolError(f"{path}: '{name}' must stay symmetric (zero-point compensation "
+                         "assumes symmetric weights and biases)")
+    method = entry.get("method", base.method)
+    if method is not None and method not in METHODS:
+        raise QtoolError(f"{path}: method of '{name}' must be one of {', '.join(METHODS)}")
+    if method is not None and t.kind == "bias":
+        raise QtoolError(f"{path}: '{name}' is a 32-bit bias; it keeps its min/max range")
+    return TensorConfig(bits, bool(sym), method)
+
+
+def _tables(path: Path, raw, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{path}: '{where}' must be a table/object")
+    for name in raw:
+        if name not in BY_NAME:
+            raise QtoolError(f"{path}: unknown tensor '{name}' in {where} (known: {', '.join(NAMES)})")
+    return raw
+
+
+def _layer_overrides(path: Path, raw, config: dict[str, TensorConfig]) -> dict[int, dict[str, TensorConfig]]:
+    layers = {}
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{path}: 'layers' must be a table of layer numbers")
+    for key, tensors in raw.items():
+        if not str(key).isdigit():
+            raise QtoolError(f"{path}: layers.{key}: layer numbers are integers from 0")
+        l = int(key)
+        if l > 0 and "x" in (tensors or {}):
+            raise QtoolError(f"{path}: layers.{l}.x: the input of layer {l} is the h of layer {l - 1} "
+                             f"(set layers.{l - 1}.h)")
+        layers[l] = {name: _entry(path, f"layers.{l}", name, entry, config[name])
+                     for name, entry in _tables(path, tensors or {}, f"layers.{l}").items()}
+    return layers
+
+
+def load_bits(spec: str) -> tuple[str, BitsConfig]:
+    """`spec` is a preset name or a JSON/TOML file: {"preset": "int8", "tensors": {"g_pre":
+    {"bits": 16}, "h": {"bits": 16, "symmetric": false, "method": "mse"}}, "layers": {"1": {"R":
+    {"bits": 16}}}}. `layers` overrides single layers (TOML: `[layers.1.R]`). Returns (label,
+    config)."""
     if spec in PRESETS:
-        return spec, preset_config(spec)
+        return spec, BitsConfig(preset_config(spec))
     path = Path(spec)
     if not path.is_file():
         raise QtoolError(f"--bits '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
     raw = _read_config_file(path)
     if not isinstance(raw, dict):
         raise QtoolError(f"{path}: the config must be a table/object")
-    unknown = set(raw) - {"preset", "tensors"}
+    unknown = set(raw) - {"preset", "tensors", "layers"}
     if unknown:
-        raise QtoolError(f"{path}: unknown keys {sorted(unknown)} (allowed: preset, tensors)")
+        raise QtoolError(f"{path}: unknown keys {sorted(unknown)} (allowed: preset, tensors, layers)")
     config = preset_config(raw.get("preset", "int8"))
-    for name, entry in (raw.get("tensors") or {}).items():
-        if name not in BY_NAME:
-            raise QtoolError(f"{path}: unknown tensor '{name}' (known: {', '.join(NAMES)})")
-        if not isinstance(entry, dict) or set(entry) - {"bits", "symmetric", "method"}:
-            raise QtoolError(f"{path}: tensor '{name}' needs a table with 'bits', 'symmetric' and/or 'method'")
-        t = BY_NAME[name]
-        bits = entry.get("bits", config[name].bits)
-        lo, hi = BITS_LIMITS[t.kind]
-        if not isinstance(bits, int) or not lo <= bits <= hi:
-            raise QtoolError(f"{path}: bits of '{name}' must be an integer in [{lo}, {hi}]")
-        sym = entry.get("symmetric", config[name].symmetric)
-        if t.kind != "activation" and not sym:
-            raise QtoolError(f"{path}: '{name}' must stay symmetric (zero-point compensation "
-                             "assumes symmetric weights and biases)")
-        method = entry.get("method")
-        if method is not None and method not in METHODS:
-            raise QtoolError(f"{path}: method of '{name}' must be one of {', '.join(METHODS)}")
-        if method is not None and t.kind == "bias":
-            raise QtoolError(f"{path}: '{name}' is a 32-bit bias; it keeps its min/max range")
-        config[name] = TensorConfig(bits, bool(sym), method)
-    return path.name, config
+    for name, entry in _tables(path, raw.get("tensors") or {}, "tensors").items():
+        config[name] = _entry(path, "tensor", name, entry, config[name])
+    return path.name, BitsConfig(config, _layer_overrides(path, raw.get("layers") or {}, config))
+
+
+def bits_toml(preset: str, per_layer: list[dict[str, TensorConfig]], comment: str = "") -> str:
+    """A bits file (TOML, read by `load_bits`) for per-layer configs `per_layer[l]`: entries that
+    all layers share under [tensors.NAME], the others under [layers.L.NAME]; only what differs
+    from the preset is written. The x of layers l > 0 is the h of layer l - 1 and is left out."""
+    base = preset_config(preset)
+
+    def table(header: str, c: TensorConfig) -> str:
+        lines = [f"[{header}]", f"bits = {c.bits}"]
+        if c.symmetric != BY_NAME[header.rsplit(".", 1)[1]].symmetric:
+            lines.append(f"symmetric = {str(c.symmetric).lower()}")
+        if c.method:
+            lines.append(f'method = "{c.method}"')
+        return "\n".join(lines)
+
+    out = [f"# {line}" for line in comment.splitlines()] + [f'preset = "{preset}"']
+    by_layer: dict[int, list[str]] = {}
+    for name in NAMES:
+        layers = [l for l in range(len(per_layer)) if name != "x" or l == 0]
+        values = [per_layer[l][name] for l in layers]
+        if all(v == values[0] for v in values):
+            if values[0] != base[name]:
+                out.append(table(f"tensors.{name}", values[0]))
+            continue
+        for l in layers:
+            if per_layer[l][name] != base[name]:
+                by_layer.setdefault(l, []).append(table(f"layers.{l}.{name}", per_layer[l][name]))
+    out += [t for l in sorted(by_layer) for t in by_layer[l]]
+    return "\n\n".join(out) + "\n"

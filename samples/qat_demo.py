@@ -4,6 +4,7 @@ than the bundled 8-step sample.
 
     python samples/qat_demo.py            # PTQ with every method, then QAT from the best one
     python samples/qat_demo.py --train    # first retrain the float model (samples/digits32_gru.pt)
+    python samples/qat_demo.py --bits samples/w3a8.json   # 3-bit weights: PTQ loses 13.6 points
 
 Needs torch and scikit-learn. Split: a fixed permutation (seed 0); the first 1203 digits train (the
 first 400 of them calibrate), the other 594 are the held-out test set. The integer accuracies are
@@ -27,7 +28,7 @@ from qtool.qat import QuantGRU
 from qtool.qat.module import gru_model
 from qtool.qmodel import load_qmodel
 from qtool.qparams import dequantize
-from qtool.tensors import preset_config
+from qtool.tensors import load_bits
 
 HERE = Path(__file__).parent
 METHODS = ("minmax", "percentile", "mse", "kl")
@@ -77,6 +78,9 @@ def main() -> None:
                     help="ce: the task loss, fine-tuning the head too; distill: match the float GRU's "
                          "last hidden state, the head unchanged")
     ap.add_argument("--lr", type=float, default=1e-4, help="learning rate of the weights")
+    ap.add_argument("--bits", default="int8", help="a preset or a bits file, as `qtool calibrate --bits`")
+    ap.add_argument("--out", type=Path, default=HERE.parent / "out" / "digits32_qat.h5",
+                    help="the quantized model file QAT writes")
     a = ap.parse_args()
     torch.set_num_threads(1)  # small tensors: more threads only add synchronisation
     x_tr, y_tr, x_te, y_te = data()
@@ -92,12 +96,12 @@ def main() -> None:
     model, calib = gru_model(gru), SequenceData(x_tr[:400], False, "calib")
     ptq = {}
     for method in METHODS:
-        qm = build_quant_model(model, collect(model, calib, method), preset_config("int8"), {}, method)
+        qm = build_quant_model(model, collect(model, calib, method), load_bits(a.bits)[1], {}, method)
         ptq[method] = int_accuracy(qm, x_te, head, y_te)
-        print(f"int8 PTQ {method}: {100 * ptq[method]:.2f}%")
+        print(f"{a.bits} PTQ {method}: {100 * ptq[method]:.2f}%")
     best = max(METHODS, key=lambda m: ptq[m])
     torch.manual_seed(0)
-    qgru = QuantGRU.from_float(gru, x_tr[:400], "int8", method=best)
+    qgru = QuantGRU.from_float(gru, x_tr[:400], a.bits, method=best)
     groups = [{"params": qgru.weight_parameters(), "lr": a.lr}, {"params": qgru.range_parameters(), "lr": 1e-2}]
     if a.loss == "ce":
         groups.append({"params": head.parameters(), "lr": a.lr})
@@ -118,7 +122,7 @@ def main() -> None:
             opt.step()
             steps += 1
         print(f"QAT epoch {epoch + 1}: {steps} steps, {time.perf_counter() - t0:.0f} s", flush=True)
-    out = HERE.parent / "out" / "digits32_qat.h5"
+    out = a.out
     qgru.to_qtool(out)
     qm = load_qmodel(out)
     with torch.no_grad():
@@ -126,7 +130,7 @@ def main() -> None:
     s = qm.cells[-1][0].spec["h"]
     q_mod = np.floor(y_mod.double().numpy() * 2.0 ** s.exp2_inv + 0.5) + s.zp
     same = float((q_mod == run_int(qm, x_te)).mean())
-    print(f"int8 QAT (from {best}, {a.loss}, {steps} steps of 64, {time.perf_counter() - t0:.0f} s): "
+    print(f"{a.bits} QAT (from {best}, {a.loss}, {steps} steps of 64, {time.perf_counter() - t0:.0f} s): "
           f"{100 * int_accuracy(qm, x_te, head, y_te):.2f}%; QuantGRU and the written file agree on "
           f"{100 * same:.2f}% of the output integers -> {out}")
 

@@ -31,6 +31,25 @@ def test_histogram_merge_is_exact_and_order_free():
     assert a.total == 20000 and a.counts.size <= MAX_BINS
 
 
+@pytest.mark.parametrize("value", [0.0, 1.0, -3.5, 1e-300, 1e30])
+def test_constant_tensors_get_a_grid_that_holds_them(value):
+    """A tensor with one value (a saturated gate, a constant feature) has no span: its bins are
+    still finite and the grid each method chooses holds the value (or refuses it in one line)."""
+    from qtool.errors import QtoolError
+    from qtool.qparams import dequantize, quantize
+
+    for method in ("percentile", "mse", "kl"):
+        o = make_observer(method, "x")
+        o.observe(np.full((2, 3), value))
+        try:
+            e, zp = o.compute_params(8, False)
+        except QtoolError as err:
+            assert value == 1e30 and "wider than any 8-bit" in str(err)
+            continue
+        back = dequantize(quantize(np.array([value]), e, zp, 8), e, zp)[0]
+        assert abs(back - value) <= 2.0**-e / 2, (method, value, e, zp)
+
+
 def test_histogram_counts_land_in_the_right_bins():
     h = Histogram()
     h.add(np.array([0.0, 0.24, 0.26, -0.01, 1.0]))
@@ -171,3 +190,54 @@ def test_kl_and_mse_merge_like_one_pass():
             parts[-1].observe(p[None])
         merged = parts[2].merge(parts[0]).merge(parts[3].merge(parts[1]))
         assert merged.compute_params(8, False) == whole.compute_params(8, False)
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_kl_ignores_exact_zeros(sym):
+    """Exact zeros sit on a level of every grid: they add no evidence for any, so a share of them
+    (zero-padded steps, silent frames, zero pixels) must not move kl's choice. Observed in two
+    batches, so the count of zeros also goes through a merge."""
+    from calibrators import KlObserver
+
+    v = samples("laplace", n=40000)
+    with_zeros = np.concatenate([v, np.zeros(30000)])
+    plain, parts = KlObserver(), [KlObserver(), KlObserver()]
+    plain.observe(v[None])
+    for o, part in zip(parts, np.array_split(np.random.RandomState(1).permutation(with_zeros), 2)):
+        o.observe(part[None])
+    merged = parts[0].merge(parts[1])
+    assert merged.compute_params(8, sym) == plain.compute_params(8, sym)
+    assert merged.hist.zeros == 30000
+
+
+def test_kl_keeps_a_sparse_inputs_gemm_output():
+    """Regression: a GRU reading sparse inputs (half the steps exactly 0, the rest pixel-like
+    levels) makes Wx = W x exactly 0 on those steps. kl used to let that spike pick a grid a
+    step or two finer than a bin, clipping every negative Wx onto it ([0, 0.249] instead of
+    [-1.84, 1.92]) and the output collapsed (-2.8 dB against 17.9 dB with min/max)."""
+    from conftest import calibrated, random_model
+
+    from qtool.engine_cpu import run_int
+    from qtool.float_gru import run_float
+    from qtool.qparams import dequantize
+
+    def sparse(n, seed):
+        rng = np.random.RandomState(seed)
+        x = rng.randint(0, 17, size=(n, 24, 2)) / 16.0
+        x[rng.rand(n, 24) < 0.5] = 0.0
+        return x
+
+    model = random_model(C=2, H=8, seed=1, scale=0.8)
+    x_calib, x_test = sparse(64, 0), sparse(64, 1)
+    wx = np.einsum("gc,ntc->ntg", model.layers[0][0].W, x_calib)
+    ref = run_float(model, x_test)
+    snr = {}
+    for method in ("minmax", "kl"):
+        q = calibrated(model, x_calib, method=method)
+        s = q.cells[0][0].spec
+        clipped = np.mean((wx < s["Wx"].lo) | (wx > s["Wx"].hi))
+        if method == "kl":
+            assert clipped < 0.01, (s["Wx"].exp2_inv, s["Wx"].zp, clipped)
+        y = dequantize(run_int(q, x_test), s["h"].exp2_inv, s["h"].zp)
+        snr[method] = 10 * np.log10(np.sum(ref**2) / np.sum((y - ref) ** 2))
+    assert snr["kl"] > snr["minmax"] - 6.0, snr

@@ -129,7 +129,7 @@ def test_verify_names_a_stale_export(cli, qmodel, tmp_path):
     q = tmp_path / "q.h5"
     shutil.copyfile(qmodel, q)
     assert cli("export", "c", q, "-o", tmp_path / "c", "--name", "digits")[0] == 0
-    api.save(api.calibrate(MODEL, SAMPLES / "calib.npy", method="mse"), q, force=True)
+    api.save(api.calibrate(MODEL, SAMPLES / "calib.npy", method="minmax"), q, force=True)
     code, _, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--limit", "3")
     assert code == 2 and "made from another model" in err and one_error_line(err)
 

@@ -52,6 +52,8 @@ def _full_sequence_config(cfg: dict) -> dict:
         # the weights are replaced at once: skip the orthogonal initializer's QR decompositions
         cell.update(dtype="float32", kernel_initializer="zeros", recurrent_initializer="zeros",
                     bias_initializer="zeros")
+        if "state_quantizer" in cell:  # a QGRU: qtool's float GRU keeps h in float (h's grid is a range)
+            cell["state_quantizer"] = None
     return cfg
 
 
@@ -95,7 +97,9 @@ def _load(keras, path: Path, config: dict):
 
 def _layer(model, name: str):
     for part in name.split("/"):
-        model = model.get_layer(part)
+        # QKeras' QGRU.from_config hands the layer's name to its cell (the layer gets a fresh one)
+        named = [l for l in model.layers if l.name == part or getattr(getattr(l, "cell", None), "name", None) == part]
+        model = named[0] if len(named) == 1 else model.get_layer(part)
     return model
 
 
@@ -106,6 +110,8 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
         raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values "
                          "for one weight; not loaded with Keras (--no-check imports the GRU without it)")
     keras = _import_keras()
+    if '"qkeras>' in json.dumps(config):
+        import qkeras  # noqa: F401  (registers QKeras' layers and quantizers with Keras)
     model = _load(keras, path, config)
     y = np.asarray(x, np.float32)
     for name in names:

@@ -196,6 +196,9 @@ def read_keras(path: Path) -> dict[str, Stack]:
                 UnicodeError, RecursionError, zipfile.BadZipFile) as e:  # h5py, zipfile, json, a malformed config
             raise QtoolError(f"{path}: not a readable Keras file ({reason(e)})") from None
     from qtool.importers.check_keras import run_keras
+    from qtool.importers.qkeras import fold
+
+    layers = {g.name: [fold(c, dr) for c, dr in zip(layers[g.name], g.dirs)] for g in grus}
 
     stacks = {g.name: Stack([layers[g.name]], "Keras", partial(run_keras, path, config, [g.name])) for g in grus}
     if chain(grus):

@@ -27,6 +27,7 @@ class Direction:
     units: int
     use_bias: bool
     reset_after: bool | None  # None: not in the config (old Keras); the bias shape decides
+    quantizers: dict | None = None  # a QKeras QGRU's quantized_bits settings by role (W, R, b, h)
 
 
 @dataclass
@@ -57,6 +58,11 @@ def _unique(base: str, used: dict) -> str:
     return base
 
 
+def is_qgru(layer: dict) -> bool:
+    """A QKeras QGRU: registered as 'qkeras>QGRU' (.keras), or so named (legacy .h5)."""
+    return (layer.get("class_name"), layer.get("registered_name")) in (("QGRU", "qkeras>QGRU"), ("qkeras>QGRU", None))
+
+
 def _gru_cell(layer: dict, where: str) -> dict | None:
     """The cell config of a keras GRU or of an RNN around one GRUCell; None for other layers."""
     if not isinstance(layer, dict):
@@ -66,6 +72,8 @@ def _gru_cell(layer: dict, where: str) -> dict | None:
         if layer.get("registered_name") not in (None, "GRU"):
             raise QtoolError(f"{where}: layer '{cfg.get('name')}' is a custom class "
                              f"'{layer['registered_name']}'; only keras' own GRU is supported")
+        return cfg
+    if is_qgru(layer):
         return cfg
     if cls == "RNN":
         cell = cfg.get("cell")
@@ -103,7 +111,15 @@ def _direction(layer: dict, backwards: bool, where: str) -> Direction:
     units = cell.get("units")
     if not isinstance(units, int) or units <= 0:
         raise QtoolError(f"{what} has units={units!r}")
-    return Direction(units, bool(cell.get("use_bias", True)), cell.get("reset_after"))
+    quantizers = None
+    if is_qgru(layer):
+        from qtool.importers.qkeras import ROLES, quantizer_config
+
+        quantizers = {r: quantizer_config(str(cfg.get("name")), k, cell.get(k)) for k, r in ROLES.items()}
+        if cell.get("reset_after", False) is not True:  # QGRU's own default is reset_after=False
+            raise QtoolError(f"{what} has reset_after={cell.get('reset_after', False)}; only "
+                             "reset_after=True (the haste/PyTorch formulation) is supported")
+    return Direction(units, bool(cell.get("use_bias", True)), cell.get("reset_after"), quantizers)
 
 
 def _gru_dirs(layer: dict, where: str) -> list[Direction] | None:

@@ -76,7 +76,7 @@ class Imported:
 
 def read_imported(path, model: GruModel, fmt: str | None = None) -> Imported | None:
     """The quantizers a model file holds for the GRU `model` was imported from (None: a float
-    file). ONNX QDQ, PyTorch fake-quant state and qtool QAT checkpoints."""
+    file). ONNX QDQ, PyTorch fake-quant state, qtool QAT checkpoints and QKeras QGRUs."""
     from pathlib import Path
 
     from qtool.importers import detect_format
@@ -100,6 +100,10 @@ def read_imported(path, model: GruModel, fmt: str | None = None) -> Imported | N
         from qtool.importers.torch_fakequant import read_fake_quant
 
         return read_fake_quant(path, fmt, model)
+    if fmt == "keras":
+        from qtool.importers.qkeras import read_qkeras
+
+        return read_qkeras(path, model)
     return None
 
 

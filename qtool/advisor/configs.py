@@ -1,0 +1,77 @@
+"""The space the advisor searches: per layer, each tensor of the seed's table (biases stay
+32-bit) is int8 or int16. A configuration is the set of (layer, tensor) units promoted to 16
+bits; its flash is what `qtool export c` counts for it."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from exporters.c_export import export_c
+from qtool.model import GruModel
+from qtool.qmodel import CellQuant, QuantModel
+from qtool.tensors import BY_NAME, NAMES, BitsConfig, TensorConfig, preset_config
+
+Unit = tuple[int, str]
+UNIT_NAMES = tuple(n for n in NAMES if BY_NAME[n].kind != "bias")
+LOW, HIGH = 8, 16
+
+
+def all_units(model: GruModel) -> list[Unit]:
+    """Every (layer, tensor) that can change bits; the x of layer l > 0 is the h of layer l - 1."""
+    return [(l, n) for l in range(model.num_layers) for n in UNIT_NAMES if n != "x" or l == 0]
+
+
+def unit_of(l: int, name: str) -> Unit | None:
+    """The unit that sets a tensor's bits (None for the 32-bit biases)."""
+    if BY_NAME[name].kind == "bias":
+        return None
+    return (l - 1, "h") if name == "x" and l > 0 else (l, name)
+
+
+def bits_config(model: GruModel, promoted: frozenset[Unit]) -> BitsConfig:
+    """int8 everywhere, 16 bits on the promoted units."""
+    layers: dict[int, dict[str, TensorConfig]] = {}
+    for l, name in promoted:
+        layers.setdefault(l, {})[name] = TensorConfig(HIGH, BY_NAME[name].symmetric)
+    return BitsConfig(preset_config("int8"), layers)
+
+
+def flash_bytes(qm: QuantModel) -> int:
+    """Flash of the exported C (weights, biases, tables, shifts, compensation, parameters), as
+    `qtool export c` counts it with its default options."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return export_c(qm, Path(tmp), "m").flash_bytes
+
+
+GATES = (("lut_z", "z_pre", "z_out"), ("lut_r", "r_pre", "r_out"), ("lut_g", "g_pre", "g_out"))
+
+
+def mixed_cells(low: QuantModel, high: QuantModel, promoted: frozenset[Unit],
+                cross: dict[tuple[int, int], QuantModel]) -> list[list[CellQuant]]:
+    """Cells whose grids, weights and LUT errors come from `high` for the promoted units and
+    from `low` elsewhere: what the predictions read for a config not built yet. A LUT input's
+    grid also depends on its output's bits (its saturation bound): `cross[(in_bits, out_bits)]`
+    holds models built with those bits on every LUT."""
+    out = []
+    for l, row in enumerate(low.cells):
+        cells = []
+        for d, a in enumerate(row):
+            pick = {n: (high if unit_of(l, n) in promoted else low).cells[l][d] for n in a.spec}
+            spec = {n: c.spec[n] for n, c in pick.items()}
+            lut_error = {}
+            for lut, src, dst in GATES:
+                bits = (spec[src].bits, spec[dst].bits)
+                c = pick[src] if bits[0] == bits[1] else cross[bits].cells[l][d]
+                spec[src] = c.spec[src]
+                lut_error[lut] = c.lut_error[lut]
+            cells.append(replace(a, spec=spec, qW=pick["W"].qW, qR=pick["R"].qR, lut_error=lut_error))
+        out.append(cells)
+    return out
+
+
+def lut_bits_config(model: GruModel, in_bits: int) -> frozenset[Unit]:
+    """Units of a config with LUT inputs on `in_bits` and outputs on the other width."""
+    side = ("z_pre", "r_pre", "g_pre") if in_bits == HIGH else ("z_out", "r_out", "g_out")
+    return frozenset((l, n) for l in range(model.num_layers) for n in side)

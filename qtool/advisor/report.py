@@ -1,0 +1,52 @@
+"""The advisor's results as rich tables and as JSON-ready dicts."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from qtool.advisor.advise import Advice
+
+
+def _db(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return "inf" if math.isinf(v) else f"{v:.1f}"
+
+
+def tensor_table(advice: Advice, title: str) -> Table:
+    t = Table(title=title)
+    cols = ("layer", "tensor", "mu", "sigma", "M", "P0 @8", "P0 @16", "seed SNR", "grid SNR",
+            "measured", "bits", "method")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("layer", "tensor", "method") else "right")
+    for r in advice.rows:
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], f"{r['mu']:.2g}", f"{r['sigma']:.2g}",
+                  f"{r['M']:.3g}", f"{r['p_zero_8']:.0e}", f"{r['p_zero_16']:.0e}",
+                  _db(r["predicted_seed_db"]), _db(r["predicted_grid_db"]), _db(r["measured_snr_db"]),
+                  str(r["bits"]), r["method"] or "", style="bold" if r["bits"] == 16 else None)
+    return t
+
+
+def summary_line(advice: Advice) -> str:
+    c = advice.chosen
+    snr = (f"output SNR {c.snr_db:.2f} dB measured on {advice.measured_on} (predicted "
+           f"{advice.predicted_output_db:.1f} dB)" if not math.isnan(c.snr_db) else
+           f"output SNR {advice.predicted_output_db:.1f} dB predicted (--eval TEST measures it)")
+    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} tensors at 16 bits"]
+    for name, p in advice.presets.items():
+        snr = (f"{p['snr_db']:.2f} dB" if "snr_db" in p else f"{p['predicted_snr_db']:.1f} dB predicted")
+        parts.append(f"all-{name}: {p['flash_bytes']:,} bytes, {snr}")
+    return "; ".join(parts)
+
+
+def search_line(advice: Advice) -> str:
+    if advice.mode == "target":
+        what = f"target {advice.target_db:g} dB"
+    elif advice.mode == "budget":
+        what = f"budget {advice.max_flash:,} bytes"
+    else:
+        what = f"the seed's rule, T = {advice.threshold_db:g} dB"
+    return (f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s; "
+            f"methods: {advice.chosen.qm.info.get('method')}")

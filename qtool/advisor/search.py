@@ -1,0 +1,230 @@
+"""Decision and search: the seed's rule per tensor, and the least flash that reaches a measured
+output SNR (or the best measured SNR within a flash budget).
+
+Predictions order the candidates, simulation confirms them:
+1. the presets int8 (nothing promoted), w8a16 and int16 (everything promoted) are measured;
+2. the units are ordered greedily by predicted output-SNR gain (grid-aware prediction) per
+   byte of flash they add (each unit's flash measured once by the C export), free units first;
+3. the shortest prefix of that order that reaches the target is found by bisection, each step
+   one simulation on the held-out data;
+4. from the smallest-flash configuration measured to reach the target, every promoted unit is
+   tried back at 8 bits, most expensive first, and stays there if the target still holds.
+Every configuration is calibrated by `--method auto` (the same choice `qtool calibrate` makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from qtool.advisor import seed
+from qtool.advisor.configs import (
+    HIGH,
+    LOW,
+    Unit,
+    all_units,
+    bits_config,
+    flash_bytes,
+    lut_bits_config,
+    mixed_cells,
+    unit_of,
+)
+from qtool.advisor.predict import Predictor
+from qtool.advisor.stats import Stats
+from qtool.auto_method import AutoCalibrator, AutoChoice
+from qtool.errors import QtoolError
+from qtool.fileio import SequenceData
+from qtool.float_gru import run_float
+from qtool.qmodel import QuantModel
+from qtool.simulation import Simulation
+
+FLOAT_CACHE = 256 << 20  # keep the float outputs of the evaluation data up to this size
+# Tensors that are no operand of a product: the seed's one-vector rule decides them.
+SINGLE = ("Wx", "Rh", "z_pre", "r_pre", "g_pre", "rRh", "old_contrib", "new_contrib")
+
+
+@dataclass
+class Candidate:
+    promoted: frozenset[Unit]
+    qm: QuantModel
+    choice: AutoChoice
+    flash: int
+    snr_db: float  # measured output SNR on the evaluation data
+
+
+class Evaluator:
+    """Builds a configuration (auto methods), counts its flash and measures its output SNR on
+    the evaluation data; remembers every configuration it saw."""
+
+    def __init__(self, ac: AutoCalibrator, data: SequenceData, info: dict, chunk: int = 256,
+                 on_simulation: Callable[[int], None] | None = None) -> None:
+        self.ac, self.data, self.info, self.chunk = ac, data, info, chunk
+        self.seen: dict[frozenset[Unit], Candidate] = {}
+        self.simulations = 0
+        self.on_simulation = on_simulation
+        size = data.num_sequences * data.shape[1] * ac.model.output_size * 4
+        self._floats: dict[int, np.ndarray] | None = {} if size <= FLOAT_CACHE else None
+
+    def __call__(self, promoted: frozenset[Unit]) -> Candidate:
+        if promoted not in self.seen:
+            qm, choice = self.ac.quantize(bits_config(self.ac.model, promoted), self.info)
+            self.seen[promoted] = Candidate(promoted, qm, choice, flash_bytes(qm), self._snr(qm))
+        return self.seen[promoted]
+
+    def _snr(self, qm: QuantModel) -> float:
+        sim = Simulation(qm, per_tensor=False, per_step=False)
+        for start, x in self.data.chunks(self.chunk):
+            y = None
+            if self._floats is not None:
+                if start not in self._floats:
+                    self._floats[start] = run_float(qm.model, x)
+                y = self._floats[start]
+            sim.run_chunk(x, y)
+        self.simulations += 1
+        if self.on_simulation:
+            self.on_simulation(self.simulations)
+        return sim.output.snr_db
+
+    def flash_only(self, promoted: frozenset[Unit], like: Candidate) -> int:
+        """Flash of a configuration built with `like`'s methods (no choice, no simulation)."""
+        qm = self.ac.build(bits_config(self.ac.model, promoted), like.choice.plan, {})
+        return flash_bytes(qm)
+
+
+def seed_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
+    """The seed's decision: a product whose predicted int8 SNR is at most T dB gets both its
+    operands at 16 bits; every other tensor whose one-vector SNR at 8 bits is at most T too."""
+    out: set[Unit] = set()
+    for l, row in enumerate(stats):
+        for st in row:
+            for operands in seed.PRODUCTS.values():
+                p = [seed.p_zero(seed.operand_stats(st, n), LOW) for n in operands]
+                if seed.snr_db(*p) <= threshold_db:
+                    out.update(unit_of(l, seed.OPERAND_BITS.get(n, n)) for n in operands)
+            out.update(unit_of(l, n) for n in SINGLE if seed.snr_db(seed.p_zero(st[n], LOW)) <= threshold_db)
+    return frozenset(u for u in out if u is not None)
+
+
+class Search:
+    """The target and budget searches over one evaluator."""
+
+    def __init__(self, ev: Evaluator, predictor: Predictor) -> None:
+        self.ev, self.pr = ev, predictor
+        self.units = all_units(ev.ac.model)
+        self.low = ev(frozenset())
+
+    @cached_property
+    def high(self) -> Candidate:
+        return self.ev(frozenset(self.units))
+
+    @cached_property
+    def w8a16(self) -> Candidate:
+        return self.ev(frozenset(u for u in self.units if u[1] not in ("W", "R")))
+
+    @cached_property
+    def cost(self) -> dict[Unit, int]:
+        """Flash each unit adds on its own to the all-int8 model."""
+        return {u: self.ev.flash_only(frozenset([u]), self.low) - self.low.flash for u in self.units}
+
+    @cached_property
+    def cross(self) -> dict[tuple[int, int], QuantModel]:
+        """Models with every LUT input on one width and its output on the other."""
+        model = self.ev.ac.model
+        return {(b, LOW + HIGH - b): self.ev.ac.build(bits_config(model, lut_bits_config(model, b)),
+                                                      (self.low if b == LOW else self.high).choice.plan, {})
+                for b in (LOW, HIGH)}
+
+    @cached_property
+    def order(self) -> list[Unit]:
+        return self._order()
+
+    def predicted_db(self, promoted: frozenset[Unit]) -> float:
+        return self.pr.grid(mixed_cells(self.low.qm, self.high.qm, promoted, self.cross))[1]
+
+    def _order(self) -> list[Unit]:
+        """Greedy on predictions: next, the unit with the most predicted dB per byte (free
+        units count as 1% of the int8 flash)."""
+        c0 = 0.01 * self.low.flash
+        chosen: list[Unit] = []
+        rest = list(self.units)
+        current = self.predicted_db(frozenset())
+        while rest:
+            gains = {u: self.predicted_db(frozenset(chosen + [u])) - current for u in rest}
+            best = max(rest, key=lambda u: gains[u] / (max(self.cost[u], 0) + c0))
+            chosen.append(best)
+            rest.remove(best)
+            current += gains[best]
+        return chosen
+
+    def passing(self, target_db: float) -> list[Candidate]:
+        return [c for c in self.ev.seen.values() if c.snr_db >= target_db]
+
+    def for_target(self, target_db: float) -> Candidate:
+        ev = self.ev
+        if self.low.snr_db >= target_db:
+            return self.low
+        best = max([self.high, *ev.seen.values()], key=lambda c: c.snr_db)
+        if best.snr_db < target_db:
+            raise QtoolError(f"no configuration reaches {target_db:g} dB on the evaluation data: the "
+                             f"best measured is {best.snr_db:.2f} dB ({len(best.promoted)} tensors at "
+                             f"16 bits, flash {best.flash:,} bytes)")
+        lo, hi = 0, len(self.order)  # prefix lengths: lo misses (int8), hi reaches (int16)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ev(frozenset(self.order[:mid])).snr_db >= target_db:
+                hi = mid
+            else:
+                lo = mid
+        presets = [self.w8a16]  # a preset may reach the target with less flash than the prefix
+        start = min(self.passing(target_db) + [c for c in presets if c.snr_db >= target_db],
+                    key=lambda c: (c.flash, len(c.promoted)))
+        return self._prune(start, target_db)
+
+    def _prune(self, cand: Candidate, target_db: float) -> Candidate:
+        """Units back to 8 bits while the target holds: each unit that costs flash on its own,
+        most expensive first; then the free ones, least important (by prediction) first, as
+        many as a bisection finds the target allows."""
+        for u in sorted((u for u in cand.promoted if self.cost[u] > 0), key=lambda u: -self.cost[u]):
+            trial = self.ev(cand.promoted - {u})
+            if trial.snr_db >= target_db and trial.flash <= cand.flash:
+                cand = trial
+        free = [u for u in cand.promoted if self.cost[u] <= 0]
+        full = self.predicted_db(cand.promoted)
+        loss = {u: full - self.predicted_db(cand.promoted - {u}) for u in free}
+        free.sort(key=lambda u: loss[u])
+        ok, bad = 0, len(free) + 1  # dropping the first `ok` keeps the target; `bad` does not
+        while bad - ok > 1:
+            mid = (ok + bad) // 2
+            trial = self.ev(cand.promoted - frozenset(free[:mid]))
+            if trial.snr_db >= target_db and trial.flash <= cand.flash:
+                ok = mid
+            else:
+                bad = mid
+        return self.ev(cand.promoted - frozenset(free[:ok]))
+
+    def within(self, budget: int) -> Candidate:
+        """The best measured SNR with flash at most `budget`: the order's longest prefix that
+        fits, the order filled greedily with every unit that still fits, and the presets."""
+        if budget < self.low.flash:
+            raise QtoolError(f"--max-flash {budget:,} bytes is below the all-int8 flash "
+                             f"({self.low.flash:,} bytes), the least any configuration needs")
+        prefix, fill, spent, blocked = [], [], self.low.flash, False
+        for u in self.order:
+            fits = spent + max(self.cost[u], 0) <= budget
+            if fits:
+                fill.append(u)
+                spent += max(self.cost[u], 0)
+            blocked = blocked or not fits
+            if not blocked:
+                prefix.append(u)
+        for units in (prefix, fill):
+            units = list(units)
+            while units and self.ev(frozenset(units)).flash > budget:  # the estimate was short
+                units.remove(max(units, key=lambda u: self.cost[u]))
+            self.ev(frozenset(units))
+        fitting = [c for c in self.ev.seen.values() if c.flash <= budget]
+        return max(fitting, key=lambda c: (c.snr_db, -c.flash))
+

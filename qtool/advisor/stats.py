@@ -1,0 +1,37 @@
+"""The seed's estimator on every tensor of the seed's table: observers for the traced tensors
+(fed by calibration's float pass) and the same estimator run once over the weights."""
+
+from __future__ import annotations
+
+from calibrators.sampled import GAMMA, BulkStats, K, SampledStatsObserver, observer_seed
+from qtool.calibration import Observers
+from qtool.float_gru import TRACED
+from qtool.model import GruModel
+
+Stats = list[list[dict[str, BulkStats]]]  # stats[l][d][tensor]
+
+
+def new_estimators(model: GruModel, seed: int = 0, gamma: float = GAMMA, k: int = K) -> Observers:
+    """One estimator per traced tensor of every cell, each with its own random stream."""
+    return [[{n: SampledStatsObserver(gamma, k, observer_seed(seed, f"{l}.{d}.{n}")) for n in TRACED}
+             for d in range(len(cells))] for l, cells in enumerate(model.layers)]
+
+
+def model_stats(model: GruModel, obs: Observers, seed: int = 0, gamma: float = GAMMA, k: int = K) -> Stats:
+    """The estimates of every tensor of the seed's table: the traced ones from `obs`, the
+    weights and biases from one pass over their values. The backward direction reads the same
+    inputs as the forward one."""
+    out: Stats = []
+    for l, cells in enumerate(model.layers):
+        row = []
+        for d, cell in enumerate(cells):
+            st = {n: o.stats() for n, o in obs[l][d].items() if not o.empty}
+            for name in ("W", "R", "bx", "br"):
+                o = SampledStatsObserver(gamma, k, observer_seed(seed, f"{l}.{d}.{name}"))
+                o.observe(getattr(cell, name))
+                st[name] = o.stats()
+            row.append(st)
+        for st in row[1:]:
+            st.setdefault("x", row[0]["x"])
+        out.append(row)
+    return out

@@ -1,0 +1,103 @@
+"""`--method auto`: per tensor, the method with the least error on held-out calibration data,
+checked at the output against every single method; the default of `qtool calibrate`."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SAMPLES, has, random_model
+
+from qtool.auto_method import AUTO_METHODS, AutoCalibrator, held_out_count
+from qtool.calibration import build_quant_model, collect, model_config
+from qtool.fileio import open_sequences
+from qtool.float_gru import run_float
+from qtool.qparams import dequantize, quantize
+from qtool.tensors import BitsConfig, preset_config
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("auto")
+    rng = np.random.default_rng(1)
+    x = rng.standard_t(2.5, (60, 10, 5)).astype(np.float32)
+    np.save(d / "calib.npy", x)
+    model = random_model(C=5, H=10, layers=2, seed=2, scale=0.8)
+    data = open_sequences(d / "calib.npy")
+    return model, data, AutoCalibrator(model, data, 60, chunk=16)
+
+
+def grids(qm):
+    return [(n, np.asarray(t.exp2_inv).tolist(), t.zp) for row in qm.cells for c in row for n, t in c.spec.items()]
+
+
+@pytest.mark.parametrize("method", AUTO_METHODS)
+def test_views_of_one_histogram_pass_equal_each_method_run_alone(setup, method):
+    """The fitting and held-out parts merge exactly: each method built from the shared
+    histograms has the grids of a plain one-pass calibration with that method."""
+    model, data, ac = setup
+    cfg = BitsConfig(preset_config("int8"))
+    alone = build_quant_model(model, collect(model, data, method, chunk=7), cfg, {}, method)
+    assert grids(ac.build(cfg, ac.fixed_plan(cfg, method), {})) == grids(alone)
+
+
+def test_each_tensor_gets_its_least_held_out_error(setup):
+    """The held-out error of every method's grid, computed from the held-out histogram, ranks
+    the methods as the exact squared error of the held-out values does, and the choice is the
+    least of them."""
+    model, data, ac = setup
+    cfg = BitsConfig(preset_config("int8"))
+    choice, errors = ac._per_tensor(cfg)
+    assert set(choice) == {(l, n) for l, n in errors} and errors
+    traces = []
+    run_float(model, data.chunk(ac.n_fit, ac.n), traces)
+    cfgs = model_config(cfg, 2)
+    for (l, name), errs in errors.items():
+        assert choice[(l, name)] == min(AUTO_METHODS, key=lambda m: errs[m])
+        if name in ("z_pre", "r_pre", "g_pre", "x"):
+            continue  # LUT inputs count clipping beyond saturation as free; x is checked below
+        exact = {}
+        for m in AUTO_METHODS:
+            qm = ac.build(cfg, ac.fixed_plan(cfg, m), {}, fit_only=True)
+            t = qm.cells[l][0].spec[name]
+            v = np.concatenate([traces[l][d][name].ravel() for d in range(len(traces[l]))]).astype(np.float64)
+            exact[m] = float(np.sum((dequantize(quantize(v, t.exp2_inv, t.zp, cfgs[l][name].bits),
+                                                t.exp2_inv, t.zp) - v) ** 2))
+        for m in AUTO_METHODS:
+            assert errs[m] == pytest.approx(exact[m], rel=0.05, abs=1e-3 * max(exact.values()))
+
+
+def test_the_winner_is_the_best_candidate_on_the_held_out_sequences(setup):
+    model, data, ac = setup
+    for preset in ("int8", "int16"):
+        choice = ac.choose(BitsConfig(preset_config(preset)))
+        assert choice.held_snr_db[choice.winner] == max(choice.held_snr_db.values())
+        assert set(choice.held_snr_db) == {"per-tensor", *AUTO_METHODS}
+    assert (held_out_count(60), held_out_count(3), held_out_count(1)) == (12, 1, 0)
+
+
+def test_one_sequence_cannot_hold_any_out(tmp_path):
+    np.save(tmp_path / "one.npy", np.random.default_rng(0).normal(size=(1, 6, 3)).astype(np.float32))
+    model = random_model(C=3, H=4)
+    ac = AutoCalibrator(model, open_sequences(tmp_path / "one.npy"), 1)
+    qm, choice = ac.quantize(BitsConfig(preset_config("int8")), {})
+    assert choice.winner == "minmax" and "2 or more" in choice.note
+
+
+@pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
+def test_calibrate_defaults_to_auto_and_is_no_worse_than_any_single_method(cli, tmp_path):
+    """On the sample's held-out test data: auto against minmax, percentile, mse and kl."""
+    model = SAMPLES / "digits_gru.safetensors"
+    code, out, err = cli("calibrate", model, SAMPLES / "calib.npy", "-o", tmp_path / "a.h5", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["method"].startswith("auto (") and res["auto"]["winner"] and res["auto"]["tensors"]
+    code, out, err = cli("simulate", tmp_path / "a.h5", SAMPLES / "test.npy", "--json", "--no-per-tensor")
+    auto_snr = json.loads(out)["output"]["snr_db"]
+    code, out, err = cli("calibrate", model, SAMPLES / "calib.npy", "--compare", ",".join(AUTO_METHODS),
+                         "--eval", SAMPLES / "test.npy", "--json")
+    assert code == 0, err
+    singles = {r["method"]: r["snr_db"] for r in json.loads(out)["methods"]}
+    assert auto_snr >= max(singles.values()) - 0.05, (auto_snr, singles)
+    code, _, err = cli("calibrate", model, SAMPLES / "calib.npy", "--compare", "auto,mse", "--eval",
+                       SAMPLES / "test.npy")
+    assert code == 2 and "auto chooses among them itself" in err
