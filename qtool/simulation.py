@@ -151,6 +151,13 @@ class Simulation:
         }
 
 
+def float_output(qm: QuantModel, x: np.ndarray, runner=run_model) -> np.ndarray:
+    """The float GRU's output `[N, T, H*D]` as `simulate`'s engine computes it (its float32
+    reference): for scoring several quantized models of one float model against one float run
+    (`Simulation.run_chunk(x, y_float)`) with the numbers `simulate` reports."""
+    return runner(qm, x, OUTPUT).y_float
+
+
 def chunk_partial(run, per_tensor: bool, per_step: bool = True) -> dict:
     """One chunk's distances from an engine's statistics `run` (engine_cpu.ModelRun), as the
     partial of the Simulation's fields (qtool.simfold.STATS)."""
