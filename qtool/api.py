@@ -251,10 +251,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     n = count(data, limit)
     tick = (lambda done: progress(done, n)) if progress else None
     comm = world()
-    if auto:
-        if comm is not None:
-            raise QtoolError("--method auto runs as one process; under mpiexec choose a method "
-                             "(minmax, ema, percentile, mse or kl)")
+    if auto:  # not distributed: under mpiexec every rank runs it over all the data, rank 0 writes
         from qtool.auto_method import calibrate_auto
 
         info = _provenance(model, data, n, label, config, "auto")

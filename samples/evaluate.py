@@ -8,14 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.calibration import build_quant_model, collect
+import qtool
 from qtool.engine_cpu import run_int
-from qtool.fileio import open_sequences
 from qtool.float_gru import run_float
-from qtool.importers import import_model
 from qtool.metrics import Distance
 from qtool.qparams import dequantize
-from qtool.tensors import preset_config
 
 HERE = Path(__file__).parent
 
@@ -26,18 +23,17 @@ def accuracy(y_seq: np.ndarray, head: dict, labels: np.ndarray) -> float:
 
 
 def evaluate() -> list[dict]:
-    """Float, then each preset with min/max, then int8 with each calibration method."""
-    model = import_model(HERE / "digits_gru.safetensors")
+    """Float, then each preset with the default method (auto), then int8 with each single method."""
+    model = qtool.load_model(HERE / "digits_gru.safetensors")
     head = dict(np.load(HERE / "digits_head.npz"))
     x = np.load(HERE / "test.npy")
     labels = np.load(HERE / "test_labels.npy")
     y_float = run_float(model, x)
     rows = [{"preset": "float", "accuracy": accuracy(y_float, head, labels)}]
-    runs = [(p, "minmax") for p in ("int8", "w8a16", "int16")]
-    runs += [("int8", m) for m in ("ema", "percentile", "mse", "kl")]
+    runs = [(p, "auto") for p in ("int8", "w8a16", "int16")]
+    runs += [("int8", m) for m in ("minmax", "ema", "percentile", "mse", "kl")]
     for preset, method in runs:
-        obs = collect(model, open_sequences(HERE / "calib.npy"), method)
-        qm = build_quant_model(model, obs, preset_config(preset), {}, method)
+        qm = qtool.calibrate(model, HERE / "calib.npy", bits=preset, method=method)
         s = qm.cells[-1][0].spec["h"]
         y_q = dequantize(run_int(qm, x), s.exp2_inv, s.zp)
         d = Distance()

@@ -63,6 +63,7 @@ def _histogram_on(parts: list[Histogram], w: int) -> Histogram:
     """The sum of histograms re-binned onto width 2^w (exact: aligned power-of-two bins)."""
     out = Histogram(w)
     for h in parts:
+        out.zeros += h.zeros
         if not h.counts.size:
             continue
         if h.w > w:
