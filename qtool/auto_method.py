@@ -41,11 +41,11 @@ from qtool.calibration import (
     observe_batch,
 )
 from qtool.fileio import SequenceData
-from qtool.float_gru import TRACED, run_float
+from qtool.float_gru import TRACED
 from qtool.model import GruModel
 from qtool.qmodel import QuantModel
 from qtool.qparams import qrange
-from qtool.simulation import Simulation
+from qtool.simulation import Simulation, float_output
 from qtool.tensors import TensorConfig
 
 AUTO_METHODS = ("minmax", "percentile", "mse", "kl")
@@ -269,7 +269,8 @@ class AutoCalibrator:
         integer run per distinct set of grids."""
         held = self.held_sequences()
         if self.held_float is None:
-            self.held_float = [run_float(self.model, held[i:i + 256]) for i in range(0, len(held), 256)]
+            qm = next(iter(qms.values()))  # any: the float reference depends on the float model alone
+            self.held_float = [float_output(qm, held[i:i + 256]) for i in range(0, len(held), 256)]
         unique: dict[bytes, Simulation] = {}
         sims = {k: unique.setdefault(grids_key(qm), Simulation(qm, per_tensor=False, per_step=False))
                 for k, qm in qms.items()}

@@ -350,6 +350,10 @@ def simulate(
         from qtool.fileio import claim_output
 
         claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
+    from qtool.engine_cpu import needs_compile
+
+    if backend != "cuda" and mode != "fakequant" and needs_compile():
+        err.print("first run: compiling the simulator's kernels (a few seconds, cached for later runs)")
     with Bar("simulating", 1) as bar:
         res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
                            limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,

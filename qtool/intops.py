@@ -104,7 +104,7 @@ def lut_eval(table, u, shift):
     return a + rshift_round((table[i + 1] - a) * f, shift)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def gru_cell(q_Wx_z, q_Wx_r, q_Wx_g, acc_Rh_z, acc_Rh_r, acc_Rh_g, q_h_old, jz, jr, jg,
              P, CH, lut_z, lut_r, lut_g):
     """One hidden unit at one time step: z, r, g and h_new from the seed's integer formulas.

@@ -5,6 +5,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
+from numba.extending import register_jitable
+
+from qtool.simd import f64_bits, f64_from_bits
+
+# the columns of a statistics row, as the engines accumulate them (STAT_MAX is a maximum,
+# the others sums)
+STATS = ("ref2", "err2", "dot", "q2", "max_abs", "count", "saturated")
+STAT_MAX = STATS.index("max_abs")
+# a tensor's grid as the engines read it: zero point, scale 2^-exp2_inv, and the reference
+# values below LO_CLIP or from HI_CLIP up that the grid clips (see count_clipped)
+GRID = ("zp", "scale", "lo_clip", "hi_clip")
 
 
 class Distance:
@@ -27,6 +39,20 @@ class Distance:
         self.max_abs = max(self.max_abs, float(np.abs(e).max(initial=0.0)))
         self.count += r.size
         self.saturated += int(saturated)
+
+    @classmethod
+    def of_stats(cls, rows) -> Distance:
+        """The distance of rows of engine statistics (columns STATS), added in order."""
+        out = cls()
+        for row in rows:
+            out.ref2 += float(row[0])
+            out.err2 += float(row[1])
+            out.dot += float(row[2])
+            out.q2 += float(row[3])
+            out.max_abs = max(out.max_abs, float(row[4]))
+            out.count += int(row[5])
+            out.saturated += int(row[6])
+        return out
 
     def merge(self, other: Distance) -> Distance:
         out = Distance()
@@ -61,6 +87,58 @@ class Distance:
 
 def finite_or_none(v: float) -> float | None:
     return v if math.isfinite(v) else None
+
+
+def grid_row(exp2_inv: int, zp: int, bits: int) -> np.ndarray:
+    """The GRID row of a per-tensor quantization (the thresholds of count_clipped)."""
+    qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    s = np.ldexp(1.0, -int(exp2_inv))
+    return np.array([zp, s, (qmin - zp - 0.5) * s, (qmax - zp + 0.5) * s], np.float64)
+
+
+@register_jitable(inline="always")
+def dequantized(q, offset, scale):
+    """(q - offset) * scale in float64, offset = zero point (+ the GEMM view's shift): exact for
+    every integer of up to 16 bits."""
+    return (np.float64(q) - offset) * scale
+
+
+@register_jitable(inline="always")
+def clipped(r, lo, hi):
+    """Whether the grid clips the reference value r: r < lo or r >= hi (GRID's lo_clip and
+    hi_clip, as count_clipped)."""
+    return (r < lo) | (r >= hi)
+
+
+@njit(nogil=True, cache=True, fastmath=True, noalias=True)
+def add_row(q, shift, f, grid, st):
+    """Accumulate the distance between integers `q - shift` (dequantized on `grid`) and the
+    float reference `f` into the statistics row `st`, in float64 as Distance.add does.
+
+    fastmath lets the compiler keep several partial sums (a different order of float64
+    additions, nothing else); the values themselves are exact float64 products.
+    """
+    offset, scale, lo, hi = shift + grid[0], grid[1], grid[2], grid[3]
+    ref2 = err2 = dot = q2 = 0.0
+    mx = f64_bits(st[4])  # |errors| >= 0: their maximum as an integer maximum of bit patterns
+    n_clipped = 0
+    for k in range(f.shape[0]):
+        qd = dequantized(q[k], offset, scale)
+        r = np.float64(f[k])
+        e = qd - r
+        ref2 += r * r
+        err2 += e * e
+        dot += qd * r
+        q2 += qd * qd
+        mx = max(mx, f64_bits(abs(e)))
+        n_clipped += clipped(r, lo, hi)
+    st[0] += ref2
+    st[1] += err2
+    st[2] += dot
+    st[3] += q2
+    st[4] = f64_from_bits(mx)
+    st[5] += f.shape[0]
+    st[6] += n_clipped
 
 
 def count_clipped(ref: np.ndarray, exp2_inv, zp: int, bits: int) -> int:

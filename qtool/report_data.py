@@ -4,7 +4,8 @@ The numbers come from `qtool simulate`'s own Simulation (the same Distance per t
 step and at the output, so the report and `simulate` agree to the last digit); the report only
 adds what the pictures need, kept in bounded memory however much data it runs over:
 - per tensor, a histogram of the float reference values (calibrators.histogram.Histogram:
-  streamed, at most 8192 bins), the grid's representable interval and the calibrated range;
+  streamed, at most 8192 bins; numpy's float GRU traced per chunk, as the engine keeps no traces), the
+  grid's representable interval and the calibrated range;
 - per weight channel, the float range, the calibrated range and the grid;
 - the float and the dequantized integer output of the first few sequences.
 """
@@ -137,8 +138,10 @@ class ReportSimulation(Simulation):
             self.kept.append((y_float[:self.keep - have], y_q[:self.keep - have]))
         return y_float, y_q, y_int
 
-    def _add_tensors(self, ftr: list, itr: list) -> None:
-        super()._add_tensors(ftr, itr)
+    def wants_float_traces(self) -> bool:
+        return True
+
+    def float_traces(self, ftr: list) -> None:
         for l, cells in enumerate(ftr):
             for d, trace in enumerate(cells):
                 for name, values in trace.items():
@@ -165,9 +168,9 @@ def collect(qm: QuantModel, data: SequenceData, n: int, *, keep: int = 3, batch_
             runner=None, progress=None) -> ReportData:
     """Run the integer and the float GRU over the first `n` sequences of `data` (in chunks of
     `batch_size`, so memory stays bounded) and gather everything the report draws."""
-    from qtool.engine_cpu import run_cell
+    from qtool.engine_cpu import run_model
 
-    sim = ReportSimulation(qm, runner or run_cell, keep)
+    sim = ReportSimulation(qm, runner or run_model, keep)
     for start, x in data.chunks(batch_size, n):
         sim.run_chunk(x)
         if progress:

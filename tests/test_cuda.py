@@ -12,7 +12,7 @@ from conftest import SAMPLES, calibrated, has, random_model
 from test_integer_gru import mixed_config
 
 from qtool.engine_cpu import run_int
-from qtool.engine_cuda import run_cell_cuda, select_backend
+from qtool.engine_cuda import run_model_cuda, select_backend
 
 
 @pytest.mark.parametrize("preset", ["int8", "w8a16", "int16", "mixed"])
@@ -26,7 +26,7 @@ def test_cuda_equals_cpu_every_tensor(preset, layers, dirs):
     x = rng.randn(3, 4, 5).astype(np.float32) * 1.3
     tr_cpu, tr_gpu, f_cpu, f_gpu = [], [], [], []
     y_cpu = run_int(qm, x, tr_cpu, f_cpu)
-    y_gpu = run_int(qm, x, tr_gpu, f_gpu, runner=run_cell_cuda)
+    y_gpu = run_int(qm, x, tr_gpu, f_gpu, runner=run_model_cuda)
     assert np.array_equal(y_cpu, y_gpu)
     for a, b in zip(f_cpu, f_gpu):
         assert np.array_equal(a, b)
@@ -41,7 +41,7 @@ def test_backend_selection_under_simulator():
     runner, label, why = select_backend("auto")
     assert label == "cpu" and "simulator" in why  # auto never picks the simulator
     runner, label, why = select_backend("cuda")
-    assert runner is run_cell_cuda and label == "cuda" and "simulator" in why
+    assert runner is run_model_cuda and label == "cuda" and "simulator" in why
 
 
 @pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")

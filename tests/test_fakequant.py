@@ -118,6 +118,9 @@ def test_simulate_mode_fakequant_and_bad_mode(cli, sample_qmodels, tmp_path):
     assert code == 0, err
     res = json.loads(out)
     assert res["mode"] == "fakequant" and "agreement" not in res and res["output"]["count"] == 30 * 8 * 64
+    from qtool.tensors import NAMES
+
+    assert set(res["tensors"]) == {f"layer{l}.fwd.{name}" for l in range(2) for name in NAMES}  # activations too
     import h5py
 
     with h5py.File(tmp_path / "r.h5") as f:

@@ -6,7 +6,7 @@ import pytest
 from conftest import calibrated, random_model
 from reference_int_gru import cell_forward
 
-from qtool.engine_cpu import gemm_dtype, gemm_input, gemm_operands, gemm_types, int_gemm, row_dot, run_cell, run_int
+from qtool.engine_cpu import gemm_apply, gemm_dtype, gemm_plan, run_cell, run_int, split_halves
 from qtool.intops import clamp, lut_eval, rescale, rshift_round
 from qtool.simd import HAS_VNNI
 from qtool.tensors import TensorConfig, preset_config
@@ -36,52 +36,37 @@ def test_lut_eval_direct_and_interpolated():
     assert lut_eval(table, 8, 2) == 20
 
 
-@pytest.mark.parametrize("bits", [8, 16])
-def test_int_gemm_exact_in_every_dtype(bits):
-    rng = np.random.RandomState(bits)
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1))
-    q_w = rng.randint(lo, hi, size=(12, 40))
-    q_in = rng.randint(lo, hi, size=(7, 40))
-    exact = q_in.astype(object) @ q_w.T.astype(object)
-    assert gemm_dtype(q_w, bits) == (np.float32 if bits == 8 else np.float64)
-    for dt in (gemm_dtype(q_w, bits), np.int64):
-        got = int_gemm(q_in.astype(dt), q_w.astype(dt))
-        assert np.array_equal(got.astype(np.int64).astype(object), exact)
+def extremes(rng, lo, hi, shape):
+    q = rng.choice([lo, hi], size=shape)
+    q[0] = lo  # lo * lo summed K times: the largest positive sum
+    return q
 
 
-@pytest.mark.parametrize("K,bits,want", [(700, 8, (np.int16, np.int8, np.int32)),
-                                         (1, 16, (np.int16, np.int16, np.int32)),
-                                         (2, 16, (np.float64,) * 3)])
-def test_int16_gemm_exact_at_the_extremes(K, bits, want):
-    """The int32-sum path at the largest products its bound admits (and just past it)."""
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+@pytest.mark.parametrize("K,bits_w,bits_in,vnni,kind,half", [
+    (700, 8, 8, True, "u8s8", False), (700, 8, 8, False, "s16", False),
+    (500, 8, 16, True, "s16", False), (700, 8, 16, True, "f64", False), (1, 16, 16, True, "s16", False),
+    (256, 16, 16, True, "s16", True), (511, 16, 16, False, "s16", True),
+    (2, 16, 16, True, "s16", True), (40000, 16, 16, True, "f64", False)])
+def test_gemm_exact_at_the_extremes(K, bits_w, bits_in, vnni, kind, half):
+    """Each arithmetic at the largest products its bound admits: the sums equal exact
+    integer arithmetic, zero-point compensation included."""
+    if kind == "u8s8" and not HAS_VNNI:
+        pytest.skip("the CPU has no AVX-512 VNNI")
     rng = np.random.RandomState(K)
-    q_w = rng.choice([lo, hi], size=(9, K))
-    q_w[0] = lo
-    q_in = rng.choice([lo, hi], size=(5, K))
-    q_in[0] = lo  # lo * lo summed K times: the largest positive sum
-    assert gemm_types(q_w, bits, vnni=False) == want
-    in_t, w_t, sum_t = want
-    got = int_gemm(q_in.astype(in_t), q_w.astype(w_t), sum_t)
-    exact = q_in.astype(object) @ q_w.T.astype(object)
-    assert np.array_equal(got.astype(np.int64).astype(object), exact)
-    assert row_dot(q_w.astype(w_t), 0, q_in.astype(in_t), 0, sum_t(0)) == exact[0, 0]  # plain Python
-
-
-@pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX-512 VNNI")
-@pytest.mark.parametrize("K", [1, 64, 100, 700])
-def test_vnni_gemm_exact_with_its_compensation(K):
-    """uint8 view q + 128 on vpdpbusd, minus (zp + 128) * sum_k w: the seed's W @ (q - zp)."""
-    rng = np.random.RandomState(K)
-    q_w = rng.choice([-128, 127], size=(9, K))
-    q_w[0] = -128
-    q_in = rng.randint(-128, 128, size=(70, K))
-    q_in[0], q_in[1] = -128, 127
+    q_w = extremes(rng, -(1 << (bits_w - 1)), (1 << (bits_w - 1)) - 1, (9, K))
+    q_in = extremes(rng, -(1 << (bits_in - 1)), (1 << (bits_in - 1)) - 1, (6, K))
     zp = 3
-    w, in_t, sum_t, shift, comp = gemm_operands(q_w, 8, zp, vnni=True)
-    assert (in_t, sum_t, shift, w.shape[1] % 64) == (np.uint8, np.int32, 128, 0)
-    got = int_gemm(gemm_input(q_in, in_t, w.shape[1], shift), w, sum_t).astype(np.int64) - comp
-    assert np.array_equal(got, (q_in - zp) @ q_w.T)
+    g = gemm_plan(q_w, bits_in, zp, vnni=vnni)
+    assert (g.kind, g.half > 0) == (kind, half)
+    exact = (q_in.astype(object) - zp) @ q_w.T.astype(object)
+    assert np.array_equal(gemm_apply(g, q_in, 9).astype(object), exact)
+
+
+def test_split_halves():
+    w = np.arange(-2**15, 2**15)
+    hi, lo = split_halves(w)
+    assert np.array_equal(256 * hi + lo, w)
+    assert lo.min() == -128 and lo.max() == 127 and hi.min() == -128 and hi.max() == 128
 
 
 @pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX-512 VNNI")
@@ -94,7 +79,7 @@ def test_engine_same_integers_with_and_without_vnni(monkeypatch):
     x = rng.randn(4, 13, 70).astype(np.float32)
     with_vnni = run_int(qm, x)
     monkeypatch.setattr(engine, "HAS_VNNI", False)
-    assert gemm_types(qm.cells[0][0].qW, 8) == (np.int16, np.int8, np.int32)
+    assert gemm_plan(qm.cells[0][0].qW, 8, 0).kind == "s16"
     assert np.array_equal(run_int(qm, x), with_vnni)
 
 

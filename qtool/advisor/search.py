@@ -37,9 +37,8 @@ from qtool.advisor.stats import Stats
 from qtool.auto_method import AutoCalibrator, AutoChoice
 from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
-from qtool.float_gru import run_float
 from qtool.qmodel import QuantModel
-from qtool.simulation import Simulation
+from qtool.simulation import Simulation, float_output
 
 FLOAT_CACHE = 256 << 20  # keep the float outputs of the evaluation data up to this size
 # Tensors that are no operand of a product: the seed's one-vector rule decides them.
@@ -80,7 +79,7 @@ class Evaluator:
             y = None
             if self._floats is not None:
                 if start not in self._floats:
-                    self._floats[start] = run_float(qm.model, x)
+                    self._floats[start] = float_output(qm, x)
                 y = self._floats[start]
             sim.run_chunk(x, y)
         self.simulations += 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.dist.half import dequantize_rows
-from qtool.engine_cpu import gemm_bound, gemm_input, gemm_operands, int_gemm
+from qtool.engine_cpu import gemm_apply, gemm_bound, gemm_plan
 
 STEPS = 8             # pipeline steps aimed at: the first gather and the last GEMM are not hidden
 MIN_STEP_MACS = 1 << 22  # but no step so small that call and message overheads dominate
@@ -74,31 +74,19 @@ class CpuGemm(Prepared):
 
     def __init__(self, b: np.ndarray, channel_scale: np.ndarray):
         super().__init__(b, channel_scale)
-        # int_gemm multiplies by w [N, K] transposed; 8-bit inputs with zero point 0
-        self.w, self.in_t, self.sum_t, self.shift, self.comp = gemm_operands(self.wide, 8, 0)
+        # the engine's GEMM of w [N, K] with 8-bit rows of zero point 0 (VNNI where the CPU has it)
+        self.gemm = gemm_plan(self.wide, 8, 0)
         del self.wide
-        self.scratch = np.zeros((0, self.w.shape[1]), np.uint8)  # padding columns stay zero
-
-    def view(self, rows: np.ndarray) -> np.ndarray:
-        """The rows as the GEMM reads them (engine_cpu.gemm_input for int8 rows): on the VNNI
-        path q + 128 as uint8, which is q's bits with the sign bit flipped, zero-padded."""
-        if self.in_t is not np.uint8:
-            return gemm_input(rows.astype(np.int16), self.in_t, self.w.shape[1], self.shift)
-        if self.scratch.shape[0] < rows.shape[0]:
-            self.scratch = np.zeros((rows.shape[0], self.w.shape[1]), np.uint8)
-        out = self.scratch[:rows.shape[0]]
-        np.bitwise_xor(rows.view(np.uint8), np.uint8(self.shift), out=out[:, :rows.shape[1]])
-        return out
+        self.no_comp = np.zeros(self.N, np.int64)  # gemm_apply has subtracted its input view's
 
     def __call__(self, rows: np.ndarray, token_scale: np.ndarray, poll=None) -> tuple[np.ndarray, np.ndarray]:
         acc = np.empty((rows.shape[0], self.N), np.int32)
         d = np.empty(acc.shape, np.float16)
         block = max(-(-rows.shape[0] // POLLS), 8)
         for i in range(0, rows.shape[0], block):
-            a = self.view(rows[i:i + block])
-            # the uint8 view (a + 128) of the VNNI path is compensated by 128 * sum_k b[k, n]
-            dequantize_rows(int_gemm(a, self.w, self.sum_t), self.comp, token_scale[i:i + block],
-                            self.channel_scale, acc[i:i + block], d[i:i + block].view(np.uint16))
+            dequantize_rows(gemm_apply(self.gemm, rows[i:i + block], self.N), self.no_comp,
+                            token_scale[i:i + block], self.channel_scale, acc[i:i + block],
+                            d[i:i + block].view(np.uint16))
             if poll is not None:
                 poll()
         return acc, d
