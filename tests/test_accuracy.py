@@ -18,11 +18,11 @@ def results():
 
 
 def test_int16_cosine(results):
-    assert results["int16 minmax"]["cosine"] >= 0.9999
+    assert results["int16 auto"]["cosine"] >= 0.9999
 
 
 def test_w8a16_cosine(results):
-    assert results["w8a16 minmax"]["cosine"] >= 0.9995
+    assert results["w8a16 auto"]["cosine"] >= 0.9995
 
 
 def test_int8_cosine_and_task_accuracy(results):
