@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from qtool.engine_cpu import H_TENSOR, INTS, MEASURED, N_STATS, N_TRACE, ROWS, ModelRun, gemm_dtype, quantize_input
 from qtool.errors import QtoolError
@@ -33,6 +33,7 @@ from qtool.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
 
 MAX_SHARED_H = 2048  # hidden units one block keeps in shared memory
 THREADS = 128
+REDUCE_THREADS = 8 if config.ENABLE_CUDASIM else 128  # the simulator runs every thread in Python
 N_MEASURED = len(MEASURED)
 
 
@@ -184,7 +185,7 @@ def reduce_kernel(acc, out):
     block (tensor, stat), a strided sum per thread, then a tree in shared memory."""
     tensor, stat = cuda.blockIdx.x, cuda.blockIdx.y
     tid = cuda.threadIdx.x
-    buf = cuda.shared.array(THREADS, np.float64)
+    buf = cuda.shared.array(REDUCE_THREADS, np.float64)
     N, J = acc.shape[0], acc.shape[1]
     v = 0.0
     for i in range(tid, N * J, cuda.blockDim.x):
@@ -239,7 +240,7 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     if not level:
         return None
     d_st = cuda.device_array((N_MEASURED, N_STATS), np.float64)
-    reduce_kernel[(N_MEASURED, N_STATS), THREADS](d_acc, d_st)
+    reduce_kernel[(N_MEASURED, N_STATS), REDUCE_THREADS](d_acc, d_st)
     return d_st.copy_to_host()
 
 
