@@ -12,6 +12,7 @@ one last exchange, so a rank that fails after everybody else finished is heard t
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -40,11 +41,33 @@ class AgreedError(QtoolError):
         self.failure = failure
 
 
+EXCHANGE_TAG = 30000  # apart from reduce_in_rank_order's tags (powers of two below the rank count)
+POLL_S = 0.001
+
+
+def recv(comm, source: int, tag: int):
+    """A receive that a signal can interrupt: Python's signal handlers run only between
+    bytecodes, so rank 0 blocked in MPI while another rank stops on Ctrl-C would never say so or
+    remove its temporary file. Polling keeps it in Python while it waits."""
+    while not comm.Iprobe(source=source, tag=tag):
+        time.sleep(POLL_S)
+    return comm.recv(source=source, tag=tag)
+
+
+def gather(comm, item) -> list | None:
+    """comm.gather(item, root=0), with the root's waits interruptible (`recv`); messages between
+    two ranks with one tag arrive in order, so successive gathers never mix."""
+    if comm.Get_rank() != 0:
+        comm.send(item, dest=0, tag=EXCHANGE_TAG)
+        return None
+    return [item] + [recv(comm, r, EXCHANGE_TAG) for r in range(1, comm.Get_size())]
+
+
 def exchange(comm, item=None) -> list | None:
     """One collective step: gather every rank's `item` on the root (returned there, in rank
     order; None elsewhere) and agree on the outcome. Raises AgreedError on every rank when any
     rank's item is a Failure."""
-    items = comm.gather(item, root=0)
+    items = gather(comm, item)
     verdict = next((i for i in items if isinstance(i, Failure)), None) if comm.Get_rank() == 0 else None
     verdict = comm.bcast(verdict, root=0)
     if verdict is not None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.dist.agree import Failure, exchange
+from qtool.dist.agree import Failure, exchange, recv
 from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
 
@@ -54,7 +54,7 @@ def reduce_in_rank_order(comm, value, merge: Callable[[object, object], object])
             comm.send(value, dest=me - step, tag=step)
             return None
         if me + step < R:
-            other = comm.recv(source=me + step, tag=step)
+            other = recv(comm, me + step, step)
             if isinstance(other, Failure) or isinstance(value, Failure):
                 value = value if isinstance(value, Failure) else other
             else:
