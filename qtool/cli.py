@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from qtool import __version__
 from qtool.dist import check_command, command_scope, stop_every_rank
 from qtool.errors import QtoolError
+from qtool.fileio import STOP_SIGNALS
 
 app = typer.Typer(
     help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and "
@@ -602,7 +603,7 @@ def _one_line(text) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")

@@ -13,6 +13,7 @@ import errno
 import io
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each removes qtool's temporaries
 
 MAX_IN_MEMORY_BYTES = 4 << 30  # an .npz array is read whole: beyond this, ask for .npy / .h5
 MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence
@@ -127,13 +130,18 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     parent = _ensure_parent(dest)
     if dest.is_dir():
         raise QtoolError(f"output path is a directory: {dest}")
+    # signals wait until the temporary is in the `finally`'s care: one between its creation
+    # and the `try` would leave it behind
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
     except OSError as e:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         raise QtoolError(os_error_message(e, dest)) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         try:
             yield tmp_path
             mode = dest.stat().st_mode & 0o7777 if dest.exists() else _default_mode()
