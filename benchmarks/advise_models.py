@@ -21,8 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qtool.importers.torch_sd import rzn_to_zrg  # noqa: E402
-from qtool.model import GruCell, GruModel, open_h5, write_model  # noqa: E402
+from qtool.model import GruModel, open_h5, write_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out" / "models"
 
@@ -108,11 +107,11 @@ def train(spec: Spec, gru, x: np.ndarray, steps: int = 300) -> float:
 
 
 def to_model(gru, name: str) -> GruModel:
-    sd = {k: v.detach().numpy() for k, v in gru.state_dict().items()}
-    dirs = ("", "_reverse") if gru.bidirectional else ("",)
-    layers = [[GruCell(*(rzn_to_zrg(sd[f"{k}_l{l}{r}"]) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")))
-               for r in dirs] for l in range(gru.num_layers)]
-    return GruModel(layers, name=name, source="benchmarks/advise_models.py")
+    from qtool.qat.module import gru_model
+
+    model = gru_model(gru)
+    model.name, model.source = name, "benchmarks/advise_models.py"
+    return model
 
 
 def make(spec: Spec, out: Path, seed: int = 0) -> Path:
