@@ -16,7 +16,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers.onnx_graph import Graph, any_tensor, attr
-from qtool.importers.ranges import Imported, ImportedRange, learned_range
+from qtool.importers.ranges import Imported, ImportedRange, learned_range, source_key
 from qtool.model import GruModel
 
 # ONNX TensorProto data types of quantized integers: (bits, signed)
@@ -78,8 +78,7 @@ def dequantized_constants(graph, consts: dict) -> dict:
 def _gru_nodes(graph, model: GruModel) -> list:
     """The GRU nodes the float import chose, layer by layer (see importers.import_model)."""
     nodes = [n for n in graph.node if n.op_type == "GRU"]
-    parts = model.source.split(":", 2)
-    key = parts[2] if len(parts) > 2 else ""
+    key = source_key(model)
     if key:
         nodes = [n for i, n in enumerate(nodes) if (n.name or f"GRU_{i}") == key]
     if len(nodes) != model.num_layers:
