@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.validate import MAX_TENSOR_ELEMENTS
+from qtool.importers.validate import MAX_TENSOR_ELEMENTS, one_torch_thread
 
 SIZE_KEYS = ("units", "filters", "input_dim", "output_dim", "num_heads", "key_dim", "value_dim",
              "num_tokens", "max_tokens")
@@ -109,12 +109,13 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
     keras = _import_keras()
     if '"qkeras>' in json.dumps(config):
         import qkeras  # noqa: F401  (registers QKeras' layers and quantizers with Keras)
-    model = _load(keras, path, config)
-    y = np.asarray(x, np.float32)
-    for name in names:
-        layer = _layer(model, name)
-        clone = layer.__class__.from_config(_full_sequence_config(layer.get_config()))
-        clone.build(y.shape)
-        clone.set_weights([np.asarray(w, np.float32) for w in layer.get_weights()])
-        y = keras.ops.convert_to_numpy(clone(y))
+    with one_torch_thread():  # a no-op unless Keras runs on PyTorch
+        model = _load(keras, path, config)
+        y = np.asarray(x, np.float32)
+        for name in names:
+            layer = _layer(model, name)
+            clone = layer.__class__.from_config(_full_sequence_config(layer.get_config()))
+            clone.build(y.shape)
+            clone.set_weights([np.asarray(w, np.float32) for w in layer.get_weights()])
+            y = keras.ops.convert_to_numpy(clone(y))
     return y
