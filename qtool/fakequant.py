@@ -28,11 +28,11 @@ from qtool.lut import FUNCS
 from qtool.qmodel import LUT_NAMES, CellQuant, QuantModel, TensorQ
 from qtool.qparams import dequantize, qrange
 from qtool.rescale import LUT_SHIFT_G, LUT_SHIFT_R, LUT_SHIFT_Z
+from qtool.tensors import BY_NAME, NAMES
 
 ROUNDINGS = ("tensor", "integer")
 # tensors whose grids the cell reads (weights and biases come fake-quantized as values)
-ACTIVATIONS = ("x", "h", "Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
-               "Rh_add_br", "rRh", "old_contrib", "new_contrib")
+ACTIVATIONS = tuple(n for n in NAMES if BY_NAME[n].kind == "activation")
 
 
 def qdq(xp, v, inv, zp, qmin: int, qmax: int):

@@ -8,7 +8,6 @@ computes the same steps) and float32 arithmetic, then given the loaded layer's w
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.validate import MAX_TENSOR_ELEMENTS
+from qtool.importers.validate import MAX_TENSOR_ELEMENTS, one_torch_thread
 
 SIZE_KEYS = ("units", "filters", "input_dim", "output_dim", "num_heads", "key_dim", "value_dim",
              "num_tokens", "max_tokens")
@@ -43,15 +42,13 @@ def _import_keras():
 
 def _full_sequence_config(cfg: dict) -> dict:
     """A GRU's (or a Bidirectional GRU's) config returning the whole sequence, in float32."""
-    cfg = copy.deepcopy(cfg)
+    cfg = _zero_initializers(cfg)  # a copy; the weights are replaced at once
     cfg["dtype"] = "float32"
     inner = [cfg[k]["config"] for k in ("layer", "backward_layer") if isinstance(cfg.get(k), dict)]
     for c in inner or [cfg]:
         c.update(return_sequences=True, return_state=False, stateful=False, dtype="float32")
         cell = c["cell"]["config"] if isinstance(c.get("cell"), dict) else c  # keras.layers.RNN(GRUCell)
-        # the weights are replaced at once: skip the orthogonal initializer's QR decompositions
-        cell.update(dtype="float32", kernel_initializer="zeros", recurrent_initializer="zeros",
-                    bias_initializer="zeros")
+        cell["dtype"] = "float32"
         if "state_quantizer" in cell:  # a QGRU: qtool's float GRU keeps h in float (h's grid is a range)
             cell["state_quantizer"] = None
     return cfg
@@ -112,12 +109,13 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
     keras = _import_keras()
     if '"qkeras>' in json.dumps(config):
         import qkeras  # noqa: F401  (registers QKeras' layers and quantizers with Keras)
-    model = _load(keras, path, config)
-    y = np.asarray(x, np.float32)
-    for name in names:
-        layer = _layer(model, name)
-        clone = layer.__class__.from_config(_full_sequence_config(layer.get_config()))
-        clone.build(y.shape)
-        clone.set_weights([np.asarray(w, np.float32) for w in layer.get_weights()])
-        y = keras.ops.convert_to_numpy(clone(y))
+    with one_torch_thread():  # a no-op unless Keras runs on PyTorch
+        model = _load(keras, path, config)
+        y = np.asarray(x, np.float32)
+        for name in names:
+            layer = _layer(model, name)
+            clone = layer.__class__.from_config(_full_sequence_config(layer.get_config()))
+            clone.build(y.shape)
+            clone.set_weights([np.asarray(w, np.float32) for w in layer.get_weights()])
+            y = keras.ops.convert_to_numpy(clone(y))
     return y

@@ -23,12 +23,11 @@ def _one_node_model(graph: Graph, node):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
 
 
-def run_onnx(model, nodes: list, x: np.ndarray) -> np.ndarray:
-    """ONNX Runtime on the GRU `nodes`, one after another, on batch-first `x [N, T, C]`."""
+def run_onnx(graph: Graph, nodes: list, x: np.ndarray) -> np.ndarray:
+    """ONNX Runtime on the GRU `nodes`, one after another, on batch-first `x [N, T, C]`; `graph` is
+    the importer's, a QDQ file's weights already folded into the floats they stand for."""
     import onnxruntime as ort  # ImportError: ONNX Runtime is not installed
 
-    graph = Graph(model.graph)
-    graph.fold_dequantized(model.graph, "ONNX check")  # a QDQ file's weights: the floats they stand for
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = 1

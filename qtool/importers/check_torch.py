@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 
+from qtool.importers.validate import one_torch_thread
+
 
 def run_torch(state: dict, x: np.ndarray) -> np.ndarray:
     """nn.GRU built from `state` (nn.GRU's own parameter names) on batch-first `x [N, T, C]`."""
@@ -17,5 +19,5 @@ def run_torch(state: dict, x: np.ndarray) -> np.ndarray:
                        bias="bias_ih_l0" in state, batch_first=True,
                        bidirectional="weight_ih_l0_reverse" in state)
     gru.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
-    with torch.no_grad():
+    with torch.no_grad(), one_torch_thread():
         return gru(torch.from_numpy(np.ascontiguousarray(x, np.float32)))[0].numpy()

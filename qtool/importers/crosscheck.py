@@ -8,10 +8,7 @@ layer order), so the check is independent of how qtool interpreted the file.
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -25,21 +22,6 @@ SEQUENCES, STEPS = 3, 8
 TOLERANCE = 1e-4
 
 
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """The check's matrices are tiny: PyTorch's worker threads would only spin against numpy's
-    (seconds on a busy 2-core machine); restored afterwards."""
-    torch = sys.modules.get("torch")
-    threads = torch.get_num_threads() if torch else None
-    if torch:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if torch and threads:
-            sys.modules["torch"].set_num_threads(threads)
-
-
 def cross_check(model: GruModel, stack, where: str) -> dict:
     """Compare `model` with `stack.run_source`; returns what was checked, raises when they differ."""
     if stack.run_source is None:
@@ -47,7 +29,7 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
     x = np.random.default_rng(0).standard_normal((SEQUENCES, STEPS, model.input_size)).astype(np.float32)
     t0 = time.perf_counter()
     try:
-        with quiet(), one_torch_thread():
+        with quiet():
             want = np.asarray(stack.run_source(x), np.float32)
     except ImportError as e:
         missing = f"no module {e.name!r}" if e.name else str(e)

@@ -113,8 +113,8 @@ def _read_graph(path: Path, model) -> dict[str, Stack]:
         dirs = _check_attributes(node, where)
         _check_inputs(graph, node, where)
         cells = _cells(graph, node, dirs, where)
-        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, model, [node]))
+        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, graph, [node]))
         chain.append((node, cells))
     if len(chain) > 1 and all(graph.feeds_next(a[0], b[0]) for a, b in zip(chain, chain[1:])):
-        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, model, [n for n, _ in chain]))
+        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, graph, [n for n, _ in chain]))
     return stacks

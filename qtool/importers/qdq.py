@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.ranges import Imported, ImportedRange, learned_range
+from qtool.importers.onnx_graph import Graph, any_tensor, attr
+from qtool.importers.ranges import Imported, ImportedRange, learned_range, source_key
 from qtool.model import GruModel
 
 # ONNX TensorProto data types of quantized integers: (bits, signed)
@@ -30,15 +31,6 @@ def _bounds(elem_type: int) -> tuple[int, int, int]:
     return (bits, -(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (bits, 0, (1 << bits) - 1)
 
 
-def _attr(node, name: str, default):
-    from onnx import helper
-
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def _broadcast(param: np.ndarray, shape: tuple, axis: int) -> np.ndarray:
     """A DequantizeLinear scale or zero point (scalar, or 1-D along `axis`) against its input."""
     param = np.asarray(param)
@@ -51,7 +43,7 @@ def _broadcast(param: np.ndarray, shape: tuple, axis: int) -> np.ndarray:
 
 def _dequantizer(node, consts: dict, where: str) -> tuple[np.ndarray, np.ndarray, int]:
     """(scale, zero point, ONNX integer type) of a QuantizeLinear/DequantizeLinear node."""
-    if _attr(node, "block_size", 0):
+    if attr(node, "block_size", 0):
         raise QtoolError(f"{where}: blocked quantization (block_size) is not supported")
     try:
         scale = consts[node.input[1]]
@@ -69,17 +61,10 @@ def _np_type(a: np.ndarray) -> int:
             np.dtype(np.int16): 5}.get(np.asarray(a).dtype, 0)
 
 
-def _constants(graph, where: str) -> dict:
-    """Every constant as an array, each checked against its declared size first."""
-    from qtool.importers.onnx_graph import Graph, any_tensor
-
-    return {k: any_tensor(where, tp, k) for k, tp in Graph(graph).consts.items()}
-
-
 def dequantize_node(node, consts: dict) -> np.ndarray:
     q = consts[node.input[0]]
     scale, zp, _ = _dequantizer(node, consts, "DequantizeLinear")
-    axis = _attr(node, "axis", 1)
+    axis = attr(node, "axis", 1)
     return ((q.astype(np.float64) - _broadcast(zp, q.shape, axis)) * _broadcast(scale, q.shape, axis)
             ).astype(np.float32)
 
@@ -93,8 +78,7 @@ def dequantized_constants(graph, consts: dict) -> dict:
 def _gru_nodes(graph, model: GruModel) -> list:
     """The GRU nodes the float import chose, layer by layer (see importers.import_model)."""
     nodes = [n for n in graph.node if n.op_type == "GRU"]
-    parts = model.source.split(":", 2)
-    key = parts[2] if len(parts) > 2 else ""
+    key = source_key(model)
     if key:
         nodes = [n for i, n in enumerate(nodes) if (n.name or f"GRU_{i}") == key]
     if len(nodes) != model.num_layers:
@@ -110,7 +94,7 @@ def _weight_ranges(node, index: int, producer: dict, consts: dict, where: str):
     q = consts[dq.input[0]]
     scale, zp, _ = _dequantizer(dq, consts, where)
     bits, qmin, qmax = _bounds(_np_type(q))
-    axis = _attr(dq, "axis", 1)
+    axis = attr(dq, "axis", 1)
     s, z = _broadcast(scale, q.shape, axis), _broadcast(zp, q.shape, axis).astype(np.int64)
     lo, hi = learned_range(s, z, qmin, qmax)
     desc = "per channel" if np.asarray(scale).size > 1 else "per tensor"
@@ -132,8 +116,9 @@ def read_qdq(path: Path, model: GruModel) -> Imported | None:
     import onnx
 
     graph = onnx.load(str(path)).graph
-    consts = _constants(graph, str(path))
-    producer = {o: n for n in graph.node for o in n.output}
+    g = Graph(graph)
+    consts = {k: any_tensor(str(path), tp, k) for k, tp in g.consts.items()}  # each size checked first
+    producer = g.producer
     consumers: dict[str, list] = {}
     for n in graph.node:
         for i in n.input:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.ranges import Imported, ImportedRange
+from qtool.importers.ranges import Imported, ImportedRange, source_key
 from qtool.model import GruCell
 
 EPSILON = np.float32(1e-7)  # keras.backend.epsilon()
@@ -129,7 +129,7 @@ def fold(cell: GruCell, dr) -> GruCell:
 
 def read_qkeras(path, model) -> Imported | None:
     """The QGRU quantizers of a `.keras`/`.h5` file for the GRU stack `model` was imported from
-    (each of its layers is the file's GRU whose quantized weights it holds); None without QGRUs."""
+    (the GRUs `importers.import_model` chose, by `model.source`); None without QGRUs."""
     import tempfile
 
     from qtool.importers.keras import SPOOL_BYTES, _read
@@ -138,10 +138,13 @@ def read_qkeras(path, model) -> Imported | None:
         _, grus, raw = _read(path, tmp)
     if not any(dr.quantizers for g in grus for dr in g.dirs):
         return None
+    key = source_key(model)  # a GRU's name, or "": the file's GRUs in order (one, or the chained stack)
+    chosen = [g for g in grus if g.name == key] if key else grus
+    if len(chosen) != model.num_layers:
+        raise QtoolError(f"{model.source}: {len(chosen)} Keras GRUs for {model.num_layers} layers")
     out = Imported("QKeras")
-    for l, layer in enumerate(model.layers):
-        g = next((g for g in grus if np.array_equal(fold(raw[g.name][0], g.dirs[0]).W, layer[0].W)), None)
-        if g is None or not any(dr.quantizers for dr in g.dirs):
+    for l, g in enumerate(chosen):
+        if not any(dr.quantizers for dr in g.dirs):
             out.notes.append(f"layer {l} is not a QGRU: its ranges come from calibration")
             continue
         for d, (dr, cell) in enumerate(zip(g.dirs, raw[g.name])):

@@ -107,6 +107,13 @@ def read_imported(path, model: GruModel, fmt: str | None = None) -> Imported | N
     return None
 
 
+def source_key(model: GruModel) -> str:
+    """The stack `importers.import_model` chose in the file (the third part of `model.source`,
+    `fmt:file:key`): a GRU's name, or "" for the file's only GRU or its whole chained stack."""
+    parts = model.source.split(":", 2)
+    return parts[2] if len(parts) > 2 else ""
+
+
 def learned_range(step, zp, qmin: int, qmax: int) -> tuple:
     """The interval a file's grid covers."""
     step = np.asarray(step, np.float64)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.ranges import Imported, ImportedRange, learned_range
+from qtool.importers.ranges import Imported, ImportedRange, learned_range, source_key
 from qtool.importers.torch_sd import load_tensors, rzn_to_zrg
 from qtool.model import GruModel
 from qtool.qmodel import TensorQ
@@ -86,8 +86,8 @@ def _fake_quant(leaves: dict, name: str, where: str) -> ImportedRange:
 
 def read_fake_quant(path: Path, fmt: str, model: GruModel) -> Imported | None:
     """The quantizers of the GRU the float import chose; None when the checkpoint holds none."""
-    parts = model.source.split(":", 2)
-    prefix = f"{parts[2]}." if len(parts) > 2 and parts[2] else ""
+    key = source_key(model)
+    prefix = f"{key}." if key else ""
     slots = _slots(load_tensors(path, fmt, keep=lambda k: True), prefix)
     if not slots:
         return None

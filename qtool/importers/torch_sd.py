@@ -153,8 +153,9 @@ def _layer_cell(parts: dict, l: int, rev: bool, where: str) -> tuple[GruCell, in
     return GruCell(rzn_to_zrg(w_ih), rzn_to_zrg(got["weight_hh"]), rzn_to_zrg(b[0]), rzn_to_zrg(b[1])), H
 
 
-def _stack(state: dict, where: str) -> list:
-    """The layers of one nn.GRU from its state dict (names without the module prefix)."""
+def gru_layers(state: dict, where: str) -> list:
+    """The layers of one nn.GRU from its state dict (names without the module prefix), as float
+    arrays; gates reordered to z | r | g, every shape checked."""
     parts = {}
     for k, a in state.items():
         m = KEY.match(k)
@@ -189,5 +190,5 @@ def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
         if not prefix and len(groups) > 1:
             prefix = "root"  # "" would mean "the only GRU": with others beside it, it needs a name
         state = {k: as_float32(where, k, v) for k, v in state.items()}
-        out[prefix] = Stack(_stack(state, where), "PyTorch nn.GRU", partial(run_torch, state))
+        out[prefix] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state))
     return out

@@ -8,6 +8,7 @@ claiming more is refused before it can exhaust memory (docs/importing.md, "Limit
 
 from __future__ import annotations
 
+import sys
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -96,3 +97,19 @@ def quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """The check's matrices are tiny: PyTorch's worker threads would only spin against numpy's
+    (seconds on a busy 2-core machine); restored afterwards. Entered by the framework runners
+    once their framework is imported (PyTorch may be loaded only by the check itself)."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None
+    if torch:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch and threads:
+            torch.set_num_threads(threads)

@@ -234,13 +234,7 @@ class QuantGRU(nn.Module):
 
     def float_model(self) -> GruModel:
         """The current float weights as qtool's model (gate order z | r | g)."""
-        D = 2 if self.bidirectional else 1
-        layers = []
-        for l in range(self.num_layers):
-            rows = torch_rows(self.hidden_size_of(l))
-            layers.append([GruCell(*(self._float(n, l, d).detach().cpu().float().numpy()[rows]
-                                     for n, _ in WEIGHTS)) for d in range(D)])
-        return GruModel(layers, name="quant_gru", source="qtool.qat.QuantGRU")
+        return GruModel(_layers(self), name="quant_gru", source="qtool.qat.QuantGRU")
 
     def to_quant_model(self) -> QuantModel:
         """The quantized model this module computes: its grids, the integer weights quantized on
@@ -273,21 +267,15 @@ class QuantGRU(nn.Module):
         return qm
 
 
+def _layers(module: nn.Module) -> list[list[GruCell]]:
+    """The float layers of a module holding nn.GRU's own parameters (`weight_ih_l0`, ...) as its
+    direct parameters, through the PyTorch importer's gate reordering and shape checks."""
+    from qtool.importers.torch_sd import gru_layers
+
+    state = {n: p.detach().cpu().float().numpy() for n, p in module.named_parameters(recurse=False)}
+    return gru_layers(state, type(module).__name__)
+
+
 def gru_model(gru: nn.GRU) -> GruModel:
     """An nn.GRU's weights as qtool's float model (via the PyTorch importer's gate reordering)."""
-    from qtool.importers.torch_sd import rzn_to_zrg
-
-    if getattr(gru, "proj_size", 0):
-        raise QtoolError("GRUs with a projection are not supported")
-    D = 2 if gru.bidirectional else 1
-    layers = []
-    for l in range(gru.num_layers):
-        cells = []
-        for d in range(D):
-            sfx = f"_l{l}" + ("_reverse" if d else "")
-            w = {k: getattr(gru, f"{k}{sfx}", None) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
-            zeros = torch.zeros(3 * gru.hidden_size)
-            cells.append(GruCell(*(rzn_to_zrg((w[k] if w[k] is not None else zeros).detach().cpu().float().numpy())
-                                   for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))))
-        layers.append(cells)
-    return GruModel(layers, name="gru", source="torch.nn.GRU")
+    return GruModel(_layers(gru), name="gru", source="torch.nn.GRU")
