@@ -256,3 +256,20 @@ def test_qtool_qat_checkpoint_needs_no_data(tmp_path, cli):
         for k in ("qW", "qR", "qbx", "qbr", "P", "CH"):
             assert np.array_equal(getattr(cg, k), getattr(cw, k)), k
         assert all(np.array_equal(cg.luts[n], cw.luts[n]) for n in cw.luts)
+
+
+@needs_torch
+def test_fake_quant_of_a_top_level_gru_beside_another(tmp_path):
+    """A checkpoint whose GRU sits at the top of the state dict, with another GRU beside it: the
+    importer names the top one 'root', and its quantizers must be found under no prefix."""
+    import torch
+
+    from qtool.importers import import_model
+    from qtool.importers.ranges import read_imported
+
+    gru = _torch_ao_checkpoint(tmp_path / "ao.pt")
+    state = {**gru.state_dict(), **{f"enc.{k}": v for k, v in torch.nn.GRU(3, 4).state_dict().items()}}
+    torch.save(state, tmp_path / "two.pt")
+    model = import_model(tmp_path / "two.pt", name="root")
+    imported = read_imported(tmp_path / "two.pt", model)
+    assert imported is not None and {(k[0], k[2]) for k in imported.ranges} >= {(0, "x"), (1, "h"), (0, "W")}

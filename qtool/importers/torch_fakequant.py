@@ -27,7 +27,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers.ranges import Imported, ImportedRange, learned_range, source_key
-from qtool.importers.torch_sd import load_tensors, rzn_to_zrg
+from qtool.importers.torch_sd import key_prefix, load_tensors, rzn_to_zrg
 from qtool.model import GruModel
 from qtool.qmodel import TensorQ
 from qtool.tensors import NAMES
@@ -86,8 +86,7 @@ def _fake_quant(leaves: dict, name: str, where: str) -> ImportedRange:
 
 def read_fake_quant(path: Path, fmt: str, model: GruModel) -> Imported | None:
     """The quantizers of the GRU the float import chose; None when the checkpoint holds none."""
-    key = source_key(model)
-    prefix = f"{key}." if key else ""
+    prefix = key_prefix(source_key(model))
     slots = _slots(load_tensors(path, fmt, keep=lambda k: True), prefix)
     if not slots:
         return None

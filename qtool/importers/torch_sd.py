@@ -32,6 +32,14 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SAFETENSORS_FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 
 
+ROOT = "root"  # the name of a GRU at the top of a state dict that also holds others
+
+
+def key_prefix(name: str) -> str:
+    """The state-dict key prefix of the GRU imported as `name` (read_torch's names)."""
+    return "" if name in ("", ROOT) else f"{name}."
+
+
 def rzn_to_zrg(a: np.ndarray) -> np.ndarray:
     r, z, n = np.split(a, 3, axis=0)
     return np.concatenate([z, r, n], axis=0)
@@ -188,7 +196,7 @@ def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
     for prefix, state in groups.items():
         where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
         if not prefix and len(groups) > 1:
-            prefix = "root"  # "" would mean "the only GRU": with others beside it, it needs a name
+            prefix = ROOT  # "" would mean "the only GRU": with others beside it, it needs a name
         state = {k: as_float32(where, k, v) for k, v in state.items()}
         out[prefix] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state))
     return out
