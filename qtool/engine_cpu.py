@@ -171,8 +171,13 @@ def plan_direction(cq: CellQuant, cell: GruCell) -> DirectionPlan:
     CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, gh.comp
     fW, _ = pack(cell.W, "f32")
     fR, _ = pack(cell.R, "f32")
-    grids = np.stack([grid_row(cq.spec[t].exp2_inv, cq.spec[t].zp, cq.spec[t].bits) for t in MEASURED])
-    return DirectionPlan(cq, gx, gh, CH, fW, fR, padded(cell.R.shape[0], "f32"), cell.bx, cell.br, grids)
+    return DirectionPlan(cq, gx, gh, CH, fW, fR, padded(cell.R.shape[0], "f32"), cell.bx, cell.br,
+                         measured_grids(cq))
+
+
+def measured_grids(cq: CellQuant) -> np.ndarray:
+    """The GRID rows (qtool.metrics) of one layer direction's MEASURED tensors, in order."""
+    return np.stack([grid_row(cq.spec[t].exp2_inv, cq.spec[t].zp, cq.spec[t].bits) for t in MEASURED])
 
 
 def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:

@@ -24,11 +24,22 @@ import math
 import numpy as np
 from numba import config, cuda
 
-from qtool.engine_cpu import H_TENSOR, INTS, MEASURED, N_STATS, N_TRACE, ROWS, ModelRun, gemm_dtype, quantize_input
+from qtool.engine_cpu import (
+    H_TENSOR,
+    INTS,
+    MEASURED,
+    N_STATS,
+    N_TRACE,
+    ROWS,
+    ModelRun,
+    gemm_dtype,
+    measured_grids,
+    quantize_input,
+)
 from qtool.errors import QtoolError
 from qtool.float_cell import float_cell
 from qtool.intops import gru_cell, rescale
-from qtool.metrics import STAT_MAX, clipped, dequantized, grid_row
+from qtool.metrics import STAT_MAX, clipped, dequantized
 from qtool.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
 
 MAX_SHARED_H = 2048  # hidden units one block keeps in shared memory
@@ -230,11 +241,10 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     blocks = (math.ceil(H / threads), N)
     width = blocks[0] * threads
     d_acc = cuda.to_device(np.zeros((N, width, N_MEASURED, N_STATS) if level else (1, 1, 1, N_STATS)))
-    grids = np.stack([grid_row(cq.spec[k].exp2_inv, cq.spec[k].zp, cq.spec[k].bits) for k in MEASURED])
     args = (d_qx, d_xf, d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else
             d_fWx.reshape(1, 1, 3 * H), cuda.to_device(cq.qR.astype(dt_R)), cuda.to_device(cell.R), d_P,
             d_CH, *d_luts, cuda.to_device(cell.bx), cuda.to_device(cell.br), d_out_q, d_out_f, col,
-            d_hi, d_hf, level, cuda.to_device(grids), d_acc, d_step, trace)
+            d_hi, d_hf, level, cuda.to_device(measured_grids(cq)), d_acc, d_step, trace)
     for s in range(T):  # launches queue on the stream; nothing is copied per step
         step_kernel[blocks, threads](T - 1 - s if rev else s, s, *args)
     if not level:
