@@ -103,10 +103,6 @@ def gemm_plan(q_w: np.ndarray, bits_in: int, zp_in: int, vnni: bool | None = Non
     q_w = np.asarray(q_w, np.int64)
     c_out = q_w.shape[0]
     lo, hi = int(q_w.min(initial=0)), int(q_w.max(initial=0))
-    in_max = 1 << (bits_in - 1)
-
-    def bound(w):
-        return int(np.abs(w).sum(axis=1).max(initial=0))
 
     def plan(kind, w, shift=0, half=0):
         packed, Kp = pack(w, kind)
@@ -114,13 +110,13 @@ def gemm_plan(q_w: np.ndarray, bits_in: int, zp_in: int, vnni: bool | None = Non
         return Gemm(kind, packed, Kp, width, shift, width // 2 if half else 0,
                     sum_mul_zp(q_w, zp_in + shift))
 
-    if vnni and bits_in <= 8 and -128 <= lo and hi < 128 and bound(q_w) * 255 < 2**31:
+    if vnni and bits_in <= 8 and -128 <= lo and hi < 128 and gemm_bound(q_w, 1) * 255 < 2**31:
         return plan("u8s8", q_w, U8_SHIFT)
     if bits_in <= 16 and -2**15 <= lo and hi < 2**15:
-        if bound(q_w) * in_max < 2**31:
+        if gemm_bound(q_w, bits_in) < 2**31:
             return plan("s16", q_w)
         w_hi, w_lo = split_halves(q_w)
-        if max(bound(w_hi), bound(w_lo)) * in_max < 2**31:
+        if max(gemm_bound(w_hi, bits_in), gemm_bound(w_lo, bits_in)) < 2**31:
             half = padded(c_out, "s16")
             both = np.zeros((2 * half, q_w.shape[1]), np.int64)
             both[:c_out], both[half:half + c_out] = w_hi, w_lo
@@ -175,8 +171,13 @@ def plan_direction(cq: CellQuant, cell: GruCell) -> DirectionPlan:
     CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, gh.comp
     fW, _ = pack(cell.W, "f32")
     fR, _ = pack(cell.R, "f32")
-    grids = np.stack([grid_row(cq.spec[t].exp2_inv, cq.spec[t].zp, cq.spec[t].bits) for t in MEASURED])
-    return DirectionPlan(cq, gx, gh, CH, fW, fR, padded(cell.R.shape[0], "f32"), cell.bx, cell.br, grids)
+    return DirectionPlan(cq, gx, gh, CH, fW, fR, padded(cell.R.shape[0], "f32"), cell.bx, cell.br,
+                         measured_grids(cq))
+
+
+def measured_grids(cq: CellQuant) -> np.ndarray:
+    """The GRID rows (qtool.metrics) of one layer direction's MEASURED tensors, in order."""
+    return np.stack([grid_row(cq.spec[t].exp2_inv, cq.spec[t].zp, cq.spec[t].bits) for t in MEASURED])
 
 
 def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:

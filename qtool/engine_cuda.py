@@ -24,11 +24,22 @@ import math
 import numpy as np
 from numba import config, cuda
 
-from qtool.engine_cpu import H_TENSOR, INTS, MEASURED, N_STATS, N_TRACE, ROWS, ModelRun, gemm_dtype, quantize_input
+from qtool.engine_cpu import (
+    H_TENSOR,
+    INTS,
+    MEASURED,
+    N_STATS,
+    N_TRACE,
+    ROWS,
+    ModelRun,
+    gemm_dtype,
+    measured_grids,
+    quantize_input,
+)
 from qtool.errors import QtoolError
 from qtool.float_cell import float_cell
 from qtool.intops import gru_cell, rescale
-from qtool.metrics import STAT_MAX, clipped, dequantized, grid_row
+from qtool.metrics import STAT_MAX, clipped, dequantized
 from qtool.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
 
 MAX_SHARED_H = 2048  # hidden units one block keeps in shared memory
@@ -78,12 +89,25 @@ def fwx_kernel(x, W, out):
 
 
 @cuda.jit(device=True)
-def add_terms(acc, n, j, tensor, q, shift, f, grid):
-    """Add one value's distance terms to thread (n, j)'s slot of tensor `tensor`."""
-    qd = dequantized(q, shift + grid[0], grid[1])
+def rh_sums(R, h, j, H, zero):
+    """Unit j's three gate rows of R h, (R[j] h, R[j + H] h, R[j + 2H] h), summed from `zero`."""
+    s_z = zero
+    s_r = zero
+    s_g = zero
+    for k in range(H):
+        v = h[k]
+        s_z += R[j, k] * v
+        s_r += R[j + H, k] * v
+        s_g += R[j + 2 * H, k] * v
+    return s_z, s_r, s_g
+
+
+@cuda.jit(device=True)
+def add_terms(slot, q, f, grid):
+    """Add one value's distance terms to a statistics row `slot` (STATS columns)."""
+    qd = dequantized(q, grid[0], grid[1])
     r = np.float64(f)
     e = qd - r
-    slot = acc[n, j, tensor]
     slot[0] += r * r
     slot[1] += e * e
     slot[2] += qd * r
@@ -104,24 +128,17 @@ def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx
     H = qR.shape[1]
     hs = cuda.shared.array(MAX_SHARED_H, np.float64)
     fs = cuda.shared.array(MAX_SHARED_H, np.float32)
-    part = cuda.shared.array((THREADS, 6), np.float64)
+    part = cuda.shared.array((THREADS, N_STATS), np.float64)
     for k in range(tid, H, cuda.blockDim.x):
         hs[k] = h_i[s % 2, n, k]
         fs[k] = h_f[s % 2, n, k]
-    for c in range(6):
+    for c in range(N_STATS):
         part[tid, c] = 0.0
     cuda.syncthreads()
     if j < H:
         jr = j + H
         jg = j + 2 * H
-        s_z = qR[j, 0] * 0
-        s_r = s_z
-        s_g = s_z
-        for k in range(H):
-            v = hs[k]
-            s_z += qR[j, k] * v
-            s_r += qR[jr, k] * v
-            s_g += qR[jg, k] * v
+        s_z, s_r, s_g = rh_sums(qR, hs, j, H, qR[j, 0] * 0)
         wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, jg]
         res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(s_z), np.int64(s_r),
                        np.int64(s_g), np.int64(hs[j]), j, jr, jg, P, CH, lut_z, lut_r, lut_g)
@@ -135,41 +152,27 @@ def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx
             for k in range(N_TRACE):
                 trace[n, t, 3 + k, j] = res[k]
         if level:
-            f_z = np.float32(0.0)
-            f_r = f_z
-            f_g = f_z
-            for k in range(H):
-                v = fs[k]
-                f_z += fR[j, k] * v
-                f_r += fR[jr, k] * v
-                f_g += fR[jg, k] * v
+            f_z, f_r, f_g = rh_sums(fR, fs, j, H, np.float32(0.0))
             fx_z, fx_r, fx_g = f_Wx[n, t, j], f_Wx[n, t, jr], f_Wx[n, t, jg]
             fres = float_cell(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
                               br[jr], br[jg])
             f_h = fres[N_TRACE - 1]
             out_f[n, t, col + j] = f_h
             h_f[(s + 1) % 2, n, j] = f_h
-            qd = dequantized(q_h, grids[H_TENSOR, 0], grids[H_TENSOR, 1])
-            e = qd - np.float64(f_h)
-            part[tid, 0] = np.float64(f_h) * f_h
-            part[tid, 1] = e * e
-            part[tid, 2] = qd * f_h
-            part[tid, 3] = qd * qd
-            part[tid, 4] = abs(e)
-            part[tid, 5] = 1.0
-            add_terms(acc, n, j, H_TENSOR, q_h, 0, f_h, grids[H_TENSOR])
+            add_terms(part[tid], q_h, f_h, grids[H_TENSOR])  # the step's terms, on a zeroed row
+            add_terms(acc[n, j, H_TENSOR], q_h, f_h, grids[H_TENSOR])
             if level == 2:
                 for g in range(3):
-                    add_terms(acc, n, j, 1, (wz, wr, wg)[g], 0, (fx_z, fx_r, fx_g)[g], grids[1])
+                    add_terms(acc[n, j, 1], (wz, wr, wg)[g], (fx_z, fx_r, fx_g)[g], grids[1])
                 for k in range(N_TRACE - 1):  # Rh's three gate rows, then one row per tensor
-                    add_terms(acc, n, j, 2 if k < 3 else k, res[k], 0, fres[k], grids[2 if k < 3 else k])
+                    add_terms(acc[n, j, 2 if k < 3 else k], res[k], fres[k], grids[2 if k < 3 else k])
     if level == 2:
         for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
-            add_terms(acc, n, j, 0, qx[n, t, k], 0, xf[n, t, k], grids[0])  # j: this thread's slot
+            add_terms(acc[n, j, 0], qx[n, t, k], xf[n, t, k], grids[0])  # j: this thread's slot
     if level:
         cuda.syncthreads()
         if tid == 0:
-            for c in range(6):
+            for c in range(N_STATS):
                 v = part[0, c]
                 for i in range(1, cuda.blockDim.x):
                     v = max(v, part[i, c]) if c == STAT_MAX else v + part[i, c]
@@ -230,11 +233,10 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     blocks = (math.ceil(H / threads), N)
     width = blocks[0] * threads
     d_acc = cuda.to_device(np.zeros((N, width, N_MEASURED, N_STATS) if level else (1, 1, 1, N_STATS)))
-    grids = np.stack([grid_row(cq.spec[k].exp2_inv, cq.spec[k].zp, cq.spec[k].bits) for k in MEASURED])
     args = (d_qx, d_xf, d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else
             d_fWx.reshape(1, 1, 3 * H), cuda.to_device(cq.qR.astype(dt_R)), cuda.to_device(cell.R), d_P,
             d_CH, *d_luts, cuda.to_device(cell.bx), cuda.to_device(cell.br), d_out_q, d_out_f, col,
-            d_hi, d_hf, level, cuda.to_device(grids), d_acc, d_step, trace)
+            d_hi, d_hf, level, cuda.to_device(measured_grids(cq)), d_acc, d_step, trace)
     for s in range(T):  # launches queue on the stream; nothing is copied per step
         step_kernel[blocks, threads](T - 1 - s if rev else s, s, *args)
     if not level:

@@ -216,15 +216,22 @@ def f32_from_bits(i):
     return np.array(i, np.int32).view(np.float32)[()]
 
 
-@intrinsic(target="generic")
-def _bitcast_f32(typingctx, i):
-    if i != types.int32:
-        return None
+def _bitcast(src, dst, to_ir, target: str = "cpu"):
+    """An intrinsic that reads the bits of a `src` scalar as a `dst` (LLVM type `to_ir`)."""
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
+    def bitcast(typingctx, x):
+        if x != src:
+            return None
 
-    return types.float32(i), codegen
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], to_ir)
+
+        return dst(x), codegen
+
+    return intrinsic(target=target)(bitcast)
+
+
+_bitcast_f32 = _bitcast(types.int32, types.float32, ir.FloatType(), "generic")
 
 
 @overload(f32_from_bits, target="generic", inline="always")
@@ -232,26 +239,8 @@ def _f32_from_bits(i):
     return lambda i: _bitcast_f32(i)
 
 
-@intrinsic
-def f64_bits(typingctx, x):
-    """The int64 bit pattern of the float64 x: for x >= 0 it orders as x does, so a maximum of
-    non-negative floats becomes an integer maximum, which LLVM vectorises as a reduction."""
-    if x != types.float64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.int64(x), codegen
-
-
-@intrinsic
-def f64_from_bits(typingctx, i):
-    """The float64 whose bit pattern is the int64 i (the inverse of f64_bits)."""
-    if i != types.int64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(i), codegen
+# f64_bits(x): the int64 bit pattern of the float64 x; for x >= 0 it orders as x does, so a
+# maximum of non-negative floats becomes an integer maximum, which LLVM vectorises as a reduction.
+f64_bits = _bitcast(types.float64, types.int64, ir.IntType(64))
+# f64_from_bits(i): the float64 whose bit pattern is the int64 i (the inverse of f64_bits).
+f64_from_bits = _bitcast(types.int64, types.float64, ir.DoubleType())
