@@ -21,7 +21,7 @@ from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
 from qtool.model import DIRECTIONS, GruModel
 from qtool.qmodel import QuantModel
-from qtool.simulation import Simulation, tensor_key
+from qtool.simulation import simulate, tensor_key
 from qtool.tensors import TENSORS, TensorConfig, bits_toml
 
 # The seed's threshold T (dB) on its predicted int8 SNR, chosen by the experiment in
@@ -70,13 +70,6 @@ def file_configs(model: GruModel, promoted: frozenset[Unit], plan) -> list[dict[
         for name in CHOSEN:
             cfg[name] = TensorConfig(cfg[name].bits, cfg[name].symmetric, p.method(name))
     return cfgs
-
-
-def _measure(qm: QuantModel, batches) -> dict:
-    sim = Simulation(qm, per_tensor=True)
-    for x in batches:
-        sim.run_chunk(x)
-    return sim.results()
 
 
 def tensor_rows(model: GruModel, stats, pred: Prediction, measured: dict, qm: QuantModel,
@@ -154,7 +147,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     measured_on = "nothing (no --eval: predictions only)"
     if eval_data is not None:
         tick("measuring", 0, None)
-        measured = _measure(chosen.qm, (x for _, x in eval_data.chunks(256)))
+        measured = simulate(chosen.qm, eval_data).results()
         measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
     pred = predictor.predict(chosen.qm.cells)
     rows = tensor_rows(model, stats, pred, measured, chosen.qm, chosen.choice)
