@@ -31,7 +31,6 @@ K = 5
 MIN_SAMPLE = 30  # a sample with fewer values cannot tell a variance; fall back to all values
 
 
-
 @njit(cache=True)
 def _splitmix(state: np.uint64) -> tuple[np.uint64, float]:
     """The next state and a uniform number in (0, 1] (splitmix64, 53 random bits)."""
@@ -108,25 +107,19 @@ class SampledStatsObserver(Observer):
         if not 0.0 < gamma <= 1.0 or k < 1:
             raise ValueError("gamma must be in (0, 1] and K at least 1")
         self.gamma, self.k = gamma, k
-        self.log1m_gamma = math.log1p(-gamma) if gamma < 1.0 else -math.inf
+        self.log1m_gamma = math.log1p(-gamma) if gamma < 1.0 else -math.inf  # gamma 1: every gap 0
         self.states = np.array([observer_seed(seed, str(i)) for i in range(k)], np.uint64)
         self.gaps = np.zeros(k, np.int64)
         for i in range(k):  # the first sampled value's position
-            self.states[i], self.gaps[i] = self._first_gap(self.states[i])
+            self.states[i], self.gaps[i] = _gap(self.states[i], self.log1m_gamma)
         self.sums = np.zeros((k, 3))
         self.full = np.zeros(3)
         self.extremes = np.array([np.inf, -np.inf])
 
-    def _first_gap(self, state: np.uint64) -> tuple[np.uint64, int]:
-        if self.gamma == 1.0:
-            return state, 0
-        return _gap(state, self.log1m_gamma)
-
     def observe(self, values: np.ndarray) -> None:
         v = np.ascontiguousarray(values).ravel()
         if v.size:
-            _observe(v, self.log1m_gamma if self.gamma < 1.0 else -np.inf, self.states, self.gaps,
-                     self.sums, self.full, self.extremes)
+            _observe(v, self.log1m_gamma, self.states, self.gaps, self.sums, self.full, self.extremes)
 
     def merge(self, other: Observer) -> Observer:
         if not isinstance(other, SampledStatsObserver) or (other.gamma, other.k) != (self.gamma, self.k):

@@ -20,8 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from qtool import __version__
 from qtool.dist import check_command, command_scope, stop_every_rank
-from qtool.errors import QtoolError
-from qtool.fileio import STOP_SIGNALS
+from qtool.errors import STOP_SIGNALS, QtoolError
 
 app = typer.Typer(
     help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and "

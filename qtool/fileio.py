@@ -20,9 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.errors import QtoolError
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each removes qtool's temporaries
+from qtool.errors import STOP_SIGNALS, QtoolError
 
 MAX_IN_MEMORY_BYTES = 4 << 30  # an .npz array is read whole: beyond this, ask for .npy / .h5
 MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence

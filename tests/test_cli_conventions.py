@@ -22,6 +22,15 @@ def test_version_help_and_no_arguments(cli):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--bogus" in err
 
 
+def test_the_cli_starts_without_numpy():
+    """`qtool --help` and `--version` stay quick: numpy (and all the numerics) load on first use."""
+    import subprocess
+    import sys
+
+    code = "import sys, qtool.cli; sys.exit('numpy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def bidir(tmp_path_factory):
     d = tmp_path_factory.mktemp("bi")

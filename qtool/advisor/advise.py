@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from calibrators import GATE_OUTPUTS
 from calibrators.sampled import GAMMA, K
 from qtool.advisor import seed
 from qtool.advisor.configs import HIGH, LOW, Unit, all_units, bits_config, flash_bytes
@@ -21,7 +22,7 @@ from qtool.errors import QtoolError
 from qtool.fileio import SequenceData
 from qtool.model import DIRECTIONS, GruModel
 from qtool.qmodel import QuantModel
-from qtool.simulation import Simulation, tensor_key
+from qtool.simulation import simulate, tensor_key
 from qtool.tensors import TENSORS, TensorConfig, bits_toml
 
 # The seed's threshold T (dB) on its predicted int8 SNR, chosen by the experiment in
@@ -72,15 +73,11 @@ def file_configs(model: GruModel, promoted: frozenset[Unit], plan) -> list[dict[
     return cfgs
 
 
-def _measure(qm: QuantModel, batches) -> dict:
-    sim = Simulation(qm, per_tensor=True)
-    for x in batches:
-        sim.run_chunk(x)
-    return sim.results()
+def measured_presets(**presets: Candidate) -> dict[str, dict]:
+    return {k: {"flash_bytes": c.flash, "snr_db": c.snr_db} for k, c in presets.items()}
 
 
-def tensor_rows(model: GruModel, stats, pred: Prediction, measured: dict, qm: QuantModel,
-                choice: AutoChoice) -> list[dict]:
+def tensor_rows(stats, pred: Prediction, measured: dict, qm: QuantModel, choice: AutoChoice) -> list[dict]:
     rows = []
     for l, cells in enumerate(qm.cells):
         plan = choice.plan.for_layer(l)
@@ -96,7 +93,7 @@ def tensor_rows(model: GruModel, stats, pred: Prediction, measured: dict, qm: Qu
                     "predicted_seed_db": pred.seed_db.get((l, d, name)),
                     "predicted_grid_db": pred.grid_db.get((l, d, name)),
                     "measured_snr_db": m, "bits": cq.spec[name].bits,
-                    "method": method if name not in ("z_out", "r_out", "g_out") else "minmax"})
+                    "method": method if name not in GATE_OUTPUTS else "minmax"})
     return rows
 
 
@@ -131,15 +128,13 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
         if target_db is not None and max_flash is not None and chosen.flash > max_flash:
             raise QtoolError(f"reaching {target_db:g} dB needs {chosen.flash:,} bytes of flash, above "
                              f"--max-flash {max_flash:,}")
-        presets = {k: {"flash_bytes": c.flash, "snr_db": c.snr_db}
-                   for k, c in (("int8", search.low), ("w8a16", search.w8a16), ("int16", search.high))}
+        presets = measured_presets(int8=search.low, w8a16=search.w8a16, int16=search.high)
     else:
         mode = "rule"
         promoted = seed_rule(stats, threshold_db)
         if eval_data is not None:
             chosen = ev(promoted)
-            presets = {k: {"flash_bytes": c.flash, "snr_db": c.snr_db}
-                       for k, c in (("int8", ev(frozenset())), ("int16", ev(frozenset(all_units(model)))))}
+            presets = measured_presets(int8=ev(frozenset()), int16=ev(frozenset(all_units(model))))
         else:
             qm, choice = ac.quantize(bits_config(model, promoted), info)
             chosen = Candidate(promoted, qm, choice, flash_bytes(qm), float("nan"))
@@ -154,10 +149,10 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     measured_on = "nothing (no --eval: predictions only)"
     if eval_data is not None:
         tick("measuring", 0, None)
-        measured = _measure(chosen.qm, (x for _, x in eval_data.chunks(256)))
+        measured = simulate(chosen.qm, eval_data).results()
         measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
     pred = predictor.predict(chosen.qm.cells)
-    rows = tensor_rows(model, stats, pred, measured, chosen.qm, chosen.choice)
+    rows = tensor_rows(stats, pred, measured, chosen.qm, chosen.choice)
     snr = (f"output SNR {chosen.snr_db:.2f} dB measured on {measured_on}" if eval_data is not None
            else f"output SNR {pred.output_db:.1f} dB predicted (no held-out data)")
     comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from exporters.c_export import export_c
+from qtool.lut import GATES
 from qtool.model import GruModel
 from qtool.qmodel import CellQuant, QuantModel
 from qtool.tensors import BY_NAME, NAMES, BitsConfig, TensorConfig, preset_config
@@ -45,9 +46,6 @@ def flash_bytes(qm: QuantModel) -> int:
         return export_c(qm, Path(tmp), "m").flash_bytes
 
 
-GATES = (("lut_z", "z_pre", "z_out"), ("lut_r", "r_pre", "r_out"), ("lut_g", "g_pre", "g_out"))
-
-
 def mixed_cells(low: QuantModel, high: QuantModel, promoted: frozenset[Unit],
                 cross: dict[tuple[int, int], QuantModel]) -> list[list[CellQuant]]:
     """Cells whose grids, weights and LUT errors come from `high` for the promoted units and
@@ -61,7 +59,7 @@ def mixed_cells(low: QuantModel, high: QuantModel, promoted: frozenset[Unit],
             pick = {n: (high if unit_of(l, n) in promoted else low).cells[l][d] for n in a.spec}
             spec = {n: c.spec[n] for n, c in pick.items()}
             lut_error = {}
-            for lut, src, dst in GATES:
+            for lut, _, src, dst in GATES:
                 bits = (spec[src].bits, spec[dst].bits)
                 c = pick[src] if bits[0] == bits[1] else cross[bits].cells[l][d]
                 spec[src] = c.spec[src]
@@ -73,5 +71,5 @@ def mixed_cells(low: QuantModel, high: QuantModel, promoted: frozenset[Unit],
 
 def lut_bits_config(model: GruModel, in_bits: int) -> frozenset[Unit]:
     """Units of a config with LUT inputs on `in_bits` and outputs on the other width."""
-    side = ("z_pre", "r_pre", "g_pre") if in_bits == HIGH else ("z_out", "r_out", "g_out")
+    side = [src if in_bits == HIGH else dst for _, _, src, dst in GATES]
     return frozenset((l, n) for l in range(model.num_layers) for n in side)
