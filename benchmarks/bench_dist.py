@@ -32,6 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from h5compare import h5_contents  # noqa: E402
+
 SHAPES = ((2048, 4096, 4), (2048, 4096, 16), (2048, 4096, 64), (2048, 4096, 256), (64, 16384, 512))
 
 
@@ -212,25 +216,10 @@ def best_of(fn, repeat: int) -> float:
     return min(times)
 
 
-def contents(path: Path) -> dict:
-    """Every dataset and attribute of an HDF5 file, but the creation time."""
-    import h5py
-
-    out = {}
-    with h5py.File(path) as f:
-        def visit(name, obj):
-            out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
-            if isinstance(obj, h5py.Dataset):
-                out[name] = obj[()]
-        visit("/", f)
-        f.visititems(visit)
-    return out
-
-
 def same_files(d: Path, tag: str) -> bool:
-    ref = contents(d / f"{tag}1.h5")
+    ref = h5_contents(d / f"{tag}1.h5")
     return all(c.keys() == ref.keys() and all(np.array_equal(np.asarray(ref[k]), np.asarray(c[k])) for k in ref)
-               for c in (contents(d / f"{tag}0.h5"), contents(d / f"{tag}r.h5")))
+               for c in (h5_contents(d / f"{tag}0.h5"), h5_contents(d / f"{tag}r.h5")))
 
 
 def cli(a) -> None:

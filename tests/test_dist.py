@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from conftest import has, random_model
+from h5compare import h5_contents
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
@@ -31,19 +31,6 @@ def mpirun(n: int, *args, timeout: int = 600) -> subprocess.CompletedProcess:
                NUMBA_ENABLE_CUDASIM="1")
     return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env)
-
-
-def h5_contents(path: Path) -> dict:
-    """Every dataset and attribute of an HDF5 file, but the creation time."""
-    out = {}
-    with h5py.File(path) as f:
-        def visit(name, obj):
-            out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
-            if isinstance(obj, h5py.Dataset):
-                out[name] = obj[()]
-        visit("/", f)
-        f.visititems(visit)
-    return out
 
 
 def assert_same_file(a: Path, b: Path) -> None:
