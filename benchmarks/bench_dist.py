@@ -110,16 +110,16 @@ def one_shape(comm, m: int, K: int, N: int, a) -> dict[str, float]:
 
 
 def make_files(d: Path, a) -> tuple[Path, Path]:
-    """The README's calibration benchmark case: one layer, PyTorch's initialisation range."""
-    from qtool.model import GruCell, GruModel, open_h5, write_model
+    """The README's calibration benchmark case (bench_simulate's: one layer, PyTorch's
+    initialisation range), written to files."""
+    from bench_simulate import make_case
 
-    rng = np.random.RandomState(0)
-    s = 1 / np.sqrt(a.H)
-    cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
-                   rng.uniform(-s, s, 3 * a.H), rng.uniform(-s, s, 3 * a.H))
+    from qtool.model import open_h5, write_model
+
+    model, x = make_case(a)
     with open_h5(d / "m.h5", "w") as f:
-        write_model(f, GruModel([[cell]]))
-    np.save(d / "calib.npy", rng.randn(a.N, a.T, a.C).astype(np.float32))
+        write_model(f, model)
+    np.save(d / "calib.npy", x)
     return d / "m.h5", d / "calib.npy"
 
 
