@@ -15,13 +15,15 @@ import pytest
 from conftest import has, random_model
 from h5compare import h5_contents
 
+import calibrators
+
 HERE = Path(__file__).resolve().parent
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                          os.environ.get("PATH", "")]))
 needs_mpi = pytest.mark.skipif(not (has("mpi4py") and MPIEXEC),
                                reason="MPI runs need mpi4py and mpiexec: pip install 'qtool[mpi]'")
 CLI = ("-c", "from qtool.cli import main; main()")
-METHODS = ("minmax", "ema", "percentile", "mse", "kl")
+METHODS = tuple(calibrators.METHODS)  # every calibration method
 
 
 def mpirun(n: int, *args, timeout: int = 600) -> subprocess.CompletedProcess:
