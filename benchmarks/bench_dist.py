@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from h5compare import h5_contents  # noqa: E402
 
+ONE_THREAD = dict(os.environ,  # a process of one thread: numba, OpenBLAS, OpenMP
+                  NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 SHAPES = ((2048, 4096, 4), (2048, 4096, 16), (2048, 4096, 64), (2048, 4096, 256), (64, 16384, 512))
 
 
@@ -138,11 +140,10 @@ def timed(a, args: list[str], out_flag: str, d: Path, tag: str) -> dict[str, lis
     mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     qtool = [sys.executable, "-c", "from qtool.cli import main; main()"]
     one = dict(os.environ)
-    single = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     runs = {"one process": ([*qtool, *args, out_flag, str(d / f"{tag}1.h5")], one),
-            "one process, 1 thread": ([*qtool, *args, out_flag, str(d / f"{tag}0.h5")], single),
+            "one process, 1 thread": ([*qtool, *args, out_flag, str(d / f"{tag}0.h5")], ONE_THREAD),
             f"mpiexec -n {a.ranks}": ([mpiexec, "-n", str(a.ranks), *qtool, *args, out_flag, str(d / f"{tag}r.h5")],
-                                      single)}
+                                      ONE_THREAD)}
     run_cli(*runs["one process"])  # numba caches
     times: dict[str, list] = {k: [] for k in runs}
     for _ in range(a.runs):
@@ -238,9 +239,9 @@ def cli(a) -> None:
         res = [{k: v for k, v in t[2].items() if k != "seconds"} for label, ts in times.items() for t in ts
                if label != "one process"]
         report(a, "simulate --save", times, same_files(d, "r") and all(r == res[0] for r in res))
-    single = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     subprocess.run([sys.executable, __file__, "sizes", *(f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-                                                        if k not in ("what", "chunk_rows"))], env=single, check=True)
+                                                        if k not in ("what", "chunk_rows"))],
+                   env=ONE_THREAD, check=True)
 
 
 def main() -> None:
