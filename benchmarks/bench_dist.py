@@ -32,6 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from h5compare import h5_contents  # noqa: E402
+
+ONE_THREAD = dict(os.environ,  # a process of one thread: numba, OpenBLAS, OpenMP
+                  NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 SHAPES = ((2048, 4096, 4), (2048, 4096, 16), (2048, 4096, 64), (2048, 4096, 256), (64, 16384, 512))
 
 
@@ -106,16 +112,16 @@ def one_shape(comm, m: int, K: int, N: int, a) -> dict[str, float]:
 
 
 def make_files(d: Path, a) -> tuple[Path, Path]:
-    """The README's calibration benchmark case: one layer, PyTorch's initialisation range."""
-    from qtool.model import GruCell, GruModel, open_h5, write_model
+    """The README's calibration benchmark case (bench_simulate's: one layer, PyTorch's
+    initialisation range), written to files."""
+    from bench_simulate import make_case
 
-    rng = np.random.RandomState(0)
-    s = 1 / np.sqrt(a.H)
-    cell = GruCell(rng.uniform(-s, s, (3 * a.H, a.C)), rng.uniform(-s, s, (3 * a.H, a.H)),
-                   rng.uniform(-s, s, 3 * a.H), rng.uniform(-s, s, 3 * a.H))
+    from qtool.model import open_h5, write_model
+
+    model, x = make_case(a)
     with open_h5(d / "m.h5", "w") as f:
-        write_model(f, GruModel([[cell]]))
-    np.save(d / "calib.npy", rng.randn(a.N, a.T, a.C).astype(np.float32))
+        write_model(f, model)
+    np.save(d / "calib.npy", x)
     return d / "m.h5", d / "calib.npy"
 
 
@@ -134,11 +140,10 @@ def timed(a, args: list[str], out_flag: str, d: Path, tag: str) -> dict[str, lis
     mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     qtool = [sys.executable, "-c", "from qtool.cli import main; main()"]
     one = dict(os.environ)
-    single = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     runs = {"one process": ([*qtool, *args, out_flag, str(d / f"{tag}1.h5")], one),
-            "one process, 1 thread": ([*qtool, *args, out_flag, str(d / f"{tag}0.h5")], single),
+            "one process, 1 thread": ([*qtool, *args, out_flag, str(d / f"{tag}0.h5")], ONE_THREAD),
             f"mpiexec -n {a.ranks}": ([mpiexec, "-n", str(a.ranks), *qtool, *args, out_flag, str(d / f"{tag}r.h5")],
-                                      single)}
+                                      ONE_THREAD)}
     run_cli(*runs["one process"])  # numba caches
     times: dict[str, list] = {k: [] for k in runs}
     for _ in range(a.runs):
@@ -212,25 +217,10 @@ def best_of(fn, repeat: int) -> float:
     return min(times)
 
 
-def contents(path: Path) -> dict:
-    """Every dataset and attribute of an HDF5 file, but the creation time."""
-    import h5py
-
-    out = {}
-    with h5py.File(path) as f:
-        def visit(name, obj):
-            out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
-            if isinstance(obj, h5py.Dataset):
-                out[name] = obj[()]
-        visit("/", f)
-        f.visititems(visit)
-    return out
-
-
 def same_files(d: Path, tag: str) -> bool:
-    ref = contents(d / f"{tag}1.h5")
+    ref = h5_contents(d / f"{tag}1.h5")
     return all(c.keys() == ref.keys() and all(np.array_equal(np.asarray(ref[k]), np.asarray(c[k])) for k in ref)
-               for c in (contents(d / f"{tag}0.h5"), contents(d / f"{tag}r.h5")))
+               for c in (h5_contents(d / f"{tag}0.h5"), h5_contents(d / f"{tag}r.h5")))
 
 
 def cli(a) -> None:
@@ -249,9 +239,9 @@ def cli(a) -> None:
         res = [{k: v for k, v in t[2].items() if k != "seconds"} for label, ts in times.items() for t in ts
                if label != "one process"]
         report(a, "simulate --save", times, same_files(d, "r") and all(r == res[0] for r in res))
-    single = dict(os.environ, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     subprocess.run([sys.executable, __file__, "sizes", *(f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-                                                        if k not in ("what", "chunk_rows"))], env=single, check=True)
+                                                        if k not in ("what", "chunk_rows"))],
+                   env=ONE_THREAD, check=True)
 
 
 def main() -> None:

@@ -4,9 +4,10 @@ quantized model per method as OUT_DIR/METHOD.h5 (rank 0 writes)."""
 
 import sys
 
+import calibrators
 import qtool
 
-METHODS = ("minmax", "ema", "percentile", "mse", "kl")
+METHODS = tuple(calibrators.METHODS)
 
 if __name__ == "__main__":
     model, data, out, batch = sys.argv[1:5]

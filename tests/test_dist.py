@@ -10,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from conftest import has, random_model
+from h5compare import h5_contents
+
+import calibrators
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
@@ -21,29 +23,21 @@ MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable)
 needs_mpi = pytest.mark.skipif(not (has("mpi4py") and MPIEXEC),
                                reason="MPI runs need mpi4py and mpiexec: pip install 'qtool[mpi]'")
 CLI = ("-c", "from qtool.cli import main; main()")
-METHODS = ("minmax", "ema", "percentile", "mse", "kl")
+METHODS = tuple(calibrators.METHODS)  # every calibration method
 
 
-def mpirun(n: int, *args, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`mpiexec -n n python ARGS`; one thread per rank (the ranks share the machine's cores)."""
+def mpi_env() -> dict[str, str]:
+    """The ranks' environment: one thread per rank (the ranks share the machine's cores)."""
     env = {k: v for k, v in os.environ.items() if k != "QTOOL_MPI"}
     env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                NUMBA_ENABLE_CUDASIM="1")
+    return env
+
+
+def mpirun(n: int, *args, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`mpiexec -n n python ARGS` (mpi_env)."""
     return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def h5_contents(path: Path) -> dict:
-    """Every dataset and attribute of an HDF5 file, but the creation time."""
-    out = {}
-    with h5py.File(path) as f:
-        def visit(name, obj):
-            out.update({f"{name}@{k}": v for k, v in obj.attrs.items() if k != "created"})
-            if isinstance(obj, h5py.Dataset):
-                out[name] = obj[()]
-        visit("/", f)
-        f.visititems(visit)
-    return out
+                          text=True, timeout=timeout, env=mpi_env())
 
 
 def assert_same_file(a: Path, b: Path) -> None:
@@ -297,13 +291,11 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing(files, qmodel, tmp_path):
     import time
 
     np.save(tmp_path / "long.npy", np.random.RandomState(2).randn(4000, 9, 5).astype(np.float32))
-    env = {k: v for k, v in os.environ.items() if k != "QTOOL_MPI"}
-    env.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     out = tmp_path / "out"
     out.mkdir()
     p = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, *CLI, "simulate", qmodel, tmp_path / "long.npy",
                           "--batch-size", "4", "--save", out / "r.h5"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=subprocess.PIPE, text=True, env=mpi_env())
     deadline = time.monotonic() + 120
     while not any(out.iterdir()) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # until rank 0 has its temporary file open

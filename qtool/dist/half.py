@@ -49,14 +49,14 @@ def halves(x: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit(parallel=True, cache=True)
-def dequantize_rows(acc, comp, token_scale, channel_scale, c_out, d_bits) -> None:
-    """c_out[m, n] = acc[m, n] - comp[n] (the exact int32 C), and d_bits[m, n] = the float16
+def dequantize_rows(acc, token_scale, channel_scale, c_out, d_bits) -> None:
+    """c_out[m, n] = acc[m, n] (the exact sums, as int32 C), and d_bits[m, n] = the float16
     bits of float32(C) * token_scale[m] * channel_scale[n] (two float32 products, in order)."""
     M, N = c_out.shape
     for m in prange(M):
         row = np.empty(N, np.float32)
         for n in range(N):
-            c = np.int32(acc[m, n] - comp[n])
+            c = np.int32(acc[m, n])
             c_out[m, n] = c
             row[n] = np.float32(c) * token_scale[m] * channel_scale[n]
         bits = row.view(np.uint32)

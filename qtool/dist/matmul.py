@@ -77,16 +77,15 @@ class CpuGemm(Prepared):
         # the engine's GEMM of w [N, K] with 8-bit rows of zero point 0 (VNNI where the CPU has it)
         self.gemm = gemm_plan(self.wide, 8, 0)
         del self.wide
-        self.no_comp = np.zeros(self.N, np.int64)  # gemm_apply has subtracted its input view's
 
     def __call__(self, rows: np.ndarray, token_scale: np.ndarray, poll=None) -> tuple[np.ndarray, np.ndarray]:
         acc = np.empty((rows.shape[0], self.N), np.int32)
         d = np.empty(acc.shape, np.float16)
         block = max(-(-rows.shape[0] // POLLS), 8)
         for i in range(0, rows.shape[0], block):
-            dequantize_rows(gemm_apply(self.gemm, rows[i:i + block], self.N), self.no_comp,
-                            token_scale[i:i + block], self.channel_scale, acc[i:i + block],
-                            d[i:i + block].view(np.uint16))
+            # gemm_apply's sums are exact (its input view's compensation subtracted)
+            dequantize_rows(gemm_apply(self.gemm, rows[i:i + block], self.N), token_scale[i:i + block],
+                            self.channel_scale, acc[i:i + block], d[i:i + block].view(np.uint16))
             if poll is not None:
                 poll()
         return acc, d
