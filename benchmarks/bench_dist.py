@@ -169,6 +169,8 @@ def sizes(a) -> None:
     """What the scaling estimates need, on one rank (run it with one thread): the rank's
     throughput once warm, its observer state at the merge (bytes, one pairwise merge, the root's
     final replays) and a chunk's simulation partial (bytes, one fold at the root)."""
+    from bench_simulate import best_of
+
     from qtool import api
     from qtool.calibration import MethodPlan, collect, new_observers, observe_batch
     from qtool.dist.calibrate import Logged, finish, map_observers, merge_pair, zip_observers
@@ -205,16 +207,6 @@ def sizes(a) -> None:
     print(f"simulation fold: a chunk's partial statistics {len(pickle.dumps(part)) / 2**10:.0f} KiB, folded "
           f"in {t_fold * 1e3:.2f} ms; --save adds {a.sim_batch * a.T * a.H * 12 / 2**20:.1f} MiB of outputs "
           f"per chunk of {a.sim_batch}")
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def same_files(d: Path, tag: str) -> bool:

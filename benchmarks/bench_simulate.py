@@ -46,6 +46,17 @@ def timed(fn) -> float:
     return CLOCK() - t0
 
 
+def best_of(fn, repeat: int) -> float:
+    """The least time of `repeat` runs after a first one (compilation, caches)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def summary(times: list[float]) -> str:
     return f"{statistics.median(times):8.4f} ({min(times):.4f}-{max(times):.4f})"
 
