@@ -25,10 +25,18 @@ ONE = F(1.0)
 
 
 @register_jitable
+def floor32(t):
+    """floor(t) for float32 t within int32's range, as np.floor gives it; numba.cuda has no
+    np.floor on the device. Truncation toward zero, one down where that went up."""
+    f = F(np.int32(t))
+    return f - ONE if f > t else f
+
+
+@register_jitable
 def exp32(x):
     """e^x in float32 for x in [-87, 88] (clamped outside, where sigmoid and tanh are flat)."""
     x = min(max(x, F(-87.0)), F(88.0))
-    n = np.floor(x * F(1.44269504) + F(0.5))
+    n = floor32(x * F(1.44269504) + F(0.5))
     r = x - n * F(0.693359375) - n * F(-2.12194440e-4)
     p = F(1.9875691500e-4)
     p = p * r + F(1.3981999507e-3)
