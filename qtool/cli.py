@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from qtool import __version__
 from qtool.dist import check_command, command_scope, stop_every_rank
+from qtool.dist.agree import RankStopped
 from qtool.errors import STOP_SIGNALS, QtoolError
 
 app = typer.Typer(
@@ -622,9 +623,10 @@ def main(argv: list[str] | None = None) -> None:
     except QtoolError as e:
         err.print(f"[red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except (Interrupted, KeyboardInterrupt) as e:
+    except (Interrupted, KeyboardInterrupt, RankStopped) as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        err.print(f"interrupted ({signal.Signals(signum).name}); no output was left half written")
+        where = f" on rank {e.rank}" if isinstance(e, RankStopped) else ""
+        err.print(f"interrupted ({signal.Signals(signum).name}{where}); no output was left half written")
         stop_every_rank(128 + signum)  # under mpiexec a rank blocked in a collective would wait on
     except Exception as e:  # anything else is a bug, but still one line unless debugging
         if os.environ.get("QTOOL_DEBUG"):

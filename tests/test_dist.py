@@ -303,3 +303,39 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing(files, qmodel, tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGINT, err
     assert err.count("interrupted (SIGINT)") == 1 and not any(out.iterdir())
+
+
+def _rank_pid(token: str, rank: int) -> int | None:
+    """The pid of MPI rank `rank` of the run started with QTOOL_TEST_RUN=token (hydra sets PMI_RANK)."""
+    want = {f"PMI_RANK={rank}".encode(), f"QTOOL_TEST_RUN={token}".encode()}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and want <= set((proc / "environ").read_bytes().split(b"\0")):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+@needs_mpi
+def test_signal_to_one_other_rank_removes_rank_0s_temporary(files, qmodel, tmp_path):
+    """SIGTERM to rank 1 alone (a scheduler or the OOM killer stops one process): rank 0 hears
+    of it, says so once, removes its temporary --save file, and every rank ends (128 + 15)."""
+    import signal
+    import time
+
+    np.save(tmp_path / "long.npy", np.random.RandomState(2).randn(4000, 9, 5).astype(np.float32))
+    env = {k: v for k, v in os.environ.items() if k != "QTOOL_MPI"}
+    env.update(NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", QTOOL_TEST_RUN=str(tmp_path))
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, *CLI, "simulate", qmodel, tmp_path / "long.npy",
+                          "--batch-size", "4", "--save", out / "r.h5"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not any(out.iterdir()) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until rank 0 has its temporary file open
+    os.kill(_rank_pid(str(tmp_path), 1), signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert err.count("interrupted (SIGTERM") == 1 and not any(out.iterdir()), err

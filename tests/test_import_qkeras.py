@@ -151,6 +151,11 @@ def _edited(tmp_path, edit):
     (lambda c: c["kernel_quantizer"]["config"].update(alpha="auto"), "alpha='auto'"),
     (lambda c: c["state_quantizer"]["config"].update(use_stochastic_rounding=True), "use_stochastic_rounding"),
     (lambda c: c["state_quantizer"]["config"].update(alpha="auto_po2"), "each step's own state"),
+    # QGRU's default activation, as QKeras serializes it: named, not dumped as a dict
+    (lambda c: c.update(activation={"module": "qkeras.quantizers", "class_name": "quantized_tanh",
+                                    "config": {"bits": 8}, "shared_object_id": 1}),
+     "e.keras: GRU 'qgru' has activation='quantized_tanh'; qtool's GRU needs 'tanh'"),
+    (lambda c: c["kernel_quantizer"].update(class_name="binary"), "e.keras: QGRU 'qgru': kernel_quantizer"),
 ])
 def test_what_qtool_does_not_compute_is_refused(tmp_path, cli, edit, match):
     code, out, err = cli("import", _edited(tmp_path, edit), "--no-check", "-o", tmp_path / "m.h5")

@@ -129,6 +129,9 @@ def stop_every_rank(code: int) -> None:
     if comm is not None:
         sys.stderr.flush()
         if comm.Get_rank() != 0:
+            from qtool.dist.agree import tell_root_stopped
+
+            tell_root_stopped(comm, code - 128)  # the signal may have reached this rank alone
             time.sleep(ABORT_GRACE_S)
         comm.Abort(code)
     sys.exit(code)

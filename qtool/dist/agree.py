@@ -42,14 +42,42 @@ class AgreedError(QtoolError):
 
 
 EXCHANGE_TAG = 30000  # apart from reduce_in_rank_order's tags (powers of two below the rank count)
+STOP_TAG = 30001      # a rank stopped by a signal tells rank 0 (qtool.dist.stop_every_rank)
 POLL_S = 0.001
+
+
+class RankStopped(BaseException):
+    """Another rank was stopped by a signal that this one did not get (a scheduler or the OOM
+    killer stops one process): unwind as if interrupted, so that temporary files are removed
+    before that rank's MPI_Abort ends every rank. A BaseException, like KeyboardInterrupt:
+    `agreed` must not turn it into an exchange that the stopped rank will never join."""
+
+    def __init__(self, rank: int, signum: int):
+        super().__init__(f"rank {rank} stopped by signal {signum}")
+        self.rank, self.signum = rank, signum
+
+
+def tell_root_stopped(comm, signum: int) -> None:
+    """From a rank other than 0, stopped by `signum`: rank 0 raises RankStopped at its next wait."""
+    comm.isend(signum, dest=0, tag=STOP_TAG)
+
+
+def _check_stopped(comm) -> None:
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    if comm.Iprobe(source=MPI.ANY_SOURCE, tag=STOP_TAG, status=status):
+        signum = comm.recv(source=status.Get_source(), tag=STOP_TAG)
+        raise RankStopped(status.Get_source(), signum)
 
 
 def recv(comm, source: int, tag: int):
     """A receive that a signal can interrupt: Python's signal handlers run only between
     bytecodes, so rank 0 blocked in MPI while another rank stops on Ctrl-C would never say so or
-    remove its temporary file. Polling keeps it in Python while it waits."""
+    remove its temporary file. Polling keeps it in Python while it waits, and hears of a rank
+    stopped by a signal of its own (RankStopped)."""
     while not comm.Iprobe(source=source, tag=tag):
+        _check_stopped(comm)
         time.sleep(POLL_S)
     return comm.recv(source=source, tag=tag)
 

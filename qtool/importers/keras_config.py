@@ -98,7 +98,9 @@ def _direction(layer: dict, backwards: bool, where: str) -> Direction:
     what = f"{where}: GRU '{cfg.get('name')}'"
     for key, want in (("activation", "tanh"), ("recurrent_activation", "sigmoid")):
         if cell.get(key, want) != want:
-            raise QtoolError(f"{what} has {key}={cell.get(key)!r}; qtool's GRU needs {want!r}")
+            got = cell.get(key)  # a serialized object (QKeras' quantized_tanh) by its class name
+            got = got.get("class_name", got) if isinstance(got, dict) else got
+            raise QtoolError(f"{what} has {key}={got!r}; qtool's GRU needs {want!r}")
     if cell.get("reset_after") is False:
         raise QtoolError(f"{what} has reset_after=False; only reset_after=True (the haste/PyTorch "
                          "formulation) is supported")
@@ -115,7 +117,10 @@ def _direction(layer: dict, backwards: bool, where: str) -> Direction:
     if is_qgru(layer):
         from qtool.importers.qkeras import ROLES, quantizer_config
 
-        quantizers = {r: quantizer_config(str(cfg.get("name")), k, cell.get(k)) for k, r in ROLES.items()}
+        try:
+            quantizers = {r: quantizer_config(str(cfg.get("name")), k, cell.get(k)) for k, r in ROLES.items()}
+        except QtoolError as e:
+            raise QtoolError(f"{where}: {e}") from None  # which file, as for every other refusal
         if cell.get("reset_after", False) is not True:  # QGRU's own default is reset_after=False
             raise QtoolError(f"{what} has reset_after={cell.get('reset_after', False)}; only "
                              "reset_after=True (the haste/PyTorch formulation) is supported")
