@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -59,8 +60,27 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def _on_signal(signum, _frame):
-    raise Interrupted(signum)
+RESIGNAL_S = 0.05
+
+
+def _on_signal(signum, frame):
+    if _inside_llvmlite(frame):
+        # An exception raised in llvmlite's ctypes callbacks (numba compiling or loading its
+        # cache) is swallowed and leaves LLVM half-built, which crashes: ask again shortly.
+        timer = threading.Timer(RESIGNAL_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # one stop: a second signal must not
+    raise Interrupted(signum)                                # break the unwinding that cleans up
+
+
+def _inside_llvmlite(frame) -> bool:
+    while frame is not None:
+        if f"{os.sep}llvmlite{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def interactive() -> bool:

@@ -302,7 +302,8 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing(files, qmodel, tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGINT, err
-    assert err.count("interrupted (SIGINT)") == 1 and not any(out.iterdir())
+    # rank 0 may hear of rank 1's signal before its own: "interrupted (SIGINT on rank 1)"
+    assert err.count("interrupted (SIGINT") == 1 and not any(out.iterdir()), err
 
 
 def _rank_pid(token: str, rank: int) -> int | None:

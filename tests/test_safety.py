@@ -214,3 +214,23 @@ def test_signals_remove_temporaries(qmodel, tmp_path, sig):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + sig and "interrupted" in err and one_error_line(err)
     assert not list(tmp_path.glob("*s.h5*"))
+
+
+def test_a_signal_inside_llvmlite_is_asked_again_after_it():
+    """A signal that lands in llvmlite's ctypes callbacks (numba compiling or reading its cache)
+    must not raise there: ctypes swallows the exception and LLVM crashes on its half-built state
+    (a segfault under mpiexec). The handler returns and the signal comes again once outside."""
+    from qtool import cli
+
+    old = signal.signal(signal.SIGINT, cli._on_signal)
+    try:
+        fake_callback = compile("handler(signal.SIGINT, sys._getframe())",
+                                os.path.join(os.sep, "site", "llvmlite", "binding", "executionengine.py"), "exec")
+        exec(fake_callback, {"handler": cli._on_signal, "signal": signal, "sys": sys})  # returns
+        with pytest.raises(cli.Interrupted):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.01)  # the signal is sent again, outside llvmlite: raised here
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+        signal.signal(signal.SIGINT, old)

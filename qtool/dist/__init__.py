@@ -118,6 +118,7 @@ def command_scope(*consoles) -> Iterator[None]:
 
 
 ABORT_GRACE_S = 2.0  # how long the other ranks let rank 0 remove its temporary file first
+STDERR_GRACE_S = 0.2  # MPI_Abort tears down mpiexec's I/O forwarding: rank 0's last line was lost
 
 
 def stop_every_rank(code: int) -> None:
@@ -133,5 +134,7 @@ def stop_every_rank(code: int) -> None:
 
             tell_root_stopped(comm, code - 128)  # the signal may have reached this rank alone
             time.sleep(ABORT_GRACE_S)
+        else:
+            time.sleep(STDERR_GRACE_S)
         comm.Abort(code)
     sys.exit(code)
