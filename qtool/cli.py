@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from qtool import __version__
 from qtool.dist import check_command, command_scope, stop_every_rank
 from qtool.dist.agree import RankStopped
-from qtool.errors import STOP_SIGNALS, QtoolError
+from qtool.errors import STOP_SIGNALS, QtoolError, ignore_stop_signals
 
 app = typer.Typer(
     help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and "
@@ -71,8 +71,8 @@ def _on_signal(signum, frame):
         timer.daemon = True
         timer.start()
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # one stop: a second signal must not
-    raise Interrupted(signum)                                # break the unwinding that cleans up
+    ignore_stop_signals()
+    raise Interrupted(signum)
 
 
 def _inside_llvmlite(frame) -> bool:

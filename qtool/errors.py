@@ -9,3 +9,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each removes qt
 
 class QtoolError(Exception):
     """A user-facing error: bad input, a missing package, an impossible configuration."""
+
+
+def ignore_stop_signals() -> None:
+    """After the first stop: a second signal must not break the unwinding that removes
+    temporaries. The process-wide disposition, not a thread's mask: numba's worker threads
+    would take a signal that the main thread blocks and hand it to the main thread's handler."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

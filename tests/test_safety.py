@@ -222,7 +222,8 @@ def test_a_signal_inside_llvmlite_is_asked_again_after_it():
     (a segfault under mpiexec). The handler returns and the signal comes again once outside."""
     from qtool import cli
 
-    old = signal.signal(signal.SIGINT, cli._on_signal)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, cli._on_signal)
     try:
         fake_callback = compile("handler(signal.SIGINT, sys._getframe())",
                                 os.path.join(os.sep, "site", "llvmlite", "binding", "executionengine.py"), "exec")
@@ -231,6 +232,7 @@ def test_a_signal_inside_llvmlite_is_asked_again_after_it():
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 time.sleep(0.01)  # the signal is sent again, outside llvmlite: raised here
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # one stop: the next is ignored
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -12,12 +12,11 @@ one last exchange, so a rank that fails after everybody else finished is heard t
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from qtool.errors import STOP_SIGNALS, QtoolError
+from qtool.errors import QtoolError, ignore_stop_signals
 
 AGREED = "qtool_agreed"  # set on a rank's own exception once every rank has agreed on it
 
@@ -69,8 +68,8 @@ def _check_stopped(comm) -> None:
     status = MPI.Status()
     if comm.Iprobe(source=MPI.ANY_SOURCE, tag=STOP_TAG, status=status):
         signum = comm.recv(source=status.Get_source(), tag=STOP_TAG)
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # this rank's own signal, if it
-        raise RankStopped(status.Get_source(), signum)           # comes, must not break the cleanup
+        ignore_stop_signals()  # this rank's own signal, if it comes, must not break the clean-up
+        raise RankStopped(status.Get_source(), signum)
 
 
 def recv(comm, source: int, tag: int):
