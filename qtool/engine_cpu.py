@@ -186,7 +186,7 @@ def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:
             for l, cells in enumerate(qm.cells)]
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _gemm_sum(acc, i, c, half):
     """The GEMM's integer sum for channel c: out[c], or 256 hi + lo for split weights
     (branch-free: half = 0 reads out[c] twice and keeps the first)."""
@@ -248,7 +248,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                          step_stats[blk, t], tmp)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _wx(accx, i, c, half, P, CH):
     """Seed Step 1's rescale, the W x GEMM's epilogue: q_Wx[c] = S_W[c] S_x / S_Wx (sum -
     W_sum_mul_x_zp[c]) + Z_Wx, saturated."""
@@ -256,7 +256,7 @@ def _wx(accx, i, c, half, P, CH):
                    P[ZP_WX], P[LO_WX], P[HI_WX])
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _store_rows(buf, i, j, v):
     """buf[i, r, j] = v[r] for the ROWS values of one unit, written out so that no store
     indexes the tuple at run time (which the vectoriser cannot follow)."""
