@@ -48,8 +48,10 @@ def kl_divergence(counts, start, w, e, zp, qmin, qmax, p, q) -> float:
     # nothing. So at least half the levels must lie over data, unless the grid holds all of it.
     if (i1 - i0 + 1) * bw < min(0.5 * (qmax - qmin + 1), n * bw / s) * s:
         return np.inf
-    # P: the inside bins, with the clipped mass added to the end bins
-    p[i0:i1 + 1] = counts[i0:i1 + 1]
+    # P: the inside bins, with the clipped mass added to the end bins (a loop: a slice copy
+    # compiles numba's shape-mismatch message, which took longer than the rest of the search)
+    for k in range(i0, i1 + 1):
+        p[k] = counts[k]
     p[i0] += counts[:i0].sum()
     p[i1] += counts[i1 + 1:].sum()
     # Q: each level's count (clipped mass excluded, as TVM) spread over its non-empty bins of P

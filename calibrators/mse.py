@@ -73,8 +73,8 @@ def _mse_search(counts, start, w, e_lo, e_hi, qmin, qmax, symmetric, zp0):
         for i in range(n):  # rounding error of whole inside bins depends on e only
             a = (start + i) * bw
             R[i + 1] = R[i] + bin_error(a, a + bw, counts[i], -np.inf, np.inf, s, fine)
-        zps = np.array([zp0]) if symmetric else np.concatenate((np.array([zp0]), np.arange(qmin, qmax + 1)))
-        for zp in zps:
+        for k in range(1 if symmetric else qmax - qmin + 2):  # zp0, then every zp of the range
+            zp = zp0 if k == 0 else qmin + k - 1
             L, H = (qmin - zp) * s, (qmax - zp) * s
             iL = min(max(np.floor(L / bw) - start, -1.0), float(n))
             iH = min(max(np.floor(H / bw) - start, -1.0), float(n))

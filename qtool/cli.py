@@ -194,6 +194,15 @@ def import_cmd(
     out.print(describe(model.extra.get("check")), highlight=False)
 
 
+def say_if_compiling() -> None:
+    """One line on stderr when the engine's kernel is not compiled yet (the first run after an
+    install), which would otherwise sit silent for several seconds."""
+    from qtool.engine_cpu import needs_compile
+
+    if needs_compile():
+        err.print("first run: compiling the simulator's kernels (cached for later runs)")
+
+
 @app.command()
 def calibrate(
     model_path: ModelArg = None,
@@ -263,6 +272,8 @@ def calibrate(
         if output is not None:
             out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
         return
+    if method == "auto":  # auto simulates its candidates with the integer engine
+        say_if_compiling()
     with Bar("calibrating", 1) as bar:
         cal = api.observe(model, data_path, bits=bits, methods=[method], method_weights=method_weights,
                           percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
@@ -371,10 +382,8 @@ def simulate(
         from qtool.fileio import claim_output
 
         claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
-    from qtool.engine_cpu import needs_compile
-
-    if backend != "cuda" and mode != "fakequant" and needs_compile():
-        err.print("first run: compiling the simulator's kernels (a few seconds, cached for later runs)")
+    if backend != "cuda" and mode != "fakequant":
+        say_if_compiling()
     with Bar("simulating", 1) as bar:
         res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
                            limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,

@@ -186,7 +186,7 @@ def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:
             for l, cells in enumerate(qm.cells)]
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _gemm_sum(acc, i, c, half):
     """The GEMM's integer sum for channel c: out[c], or 256 hi + lo for split weights
     (branch-free: half = 0 reads out[c] twice and keeps the first)."""
@@ -248,7 +248,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                          step_stats[blk, t], tmp)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _wx(accx, i, c, half, P, CH):
     """Seed Step 1's rescale, the W x GEMM's epilogue: q_Wx[c] = S_W[c] S_x / S_Wx (sum -
     W_sum_mul_x_zp[c]) + Z_Wx, saturated."""
@@ -256,7 +256,7 @@ def _wx(accx, i, c, half, P, CH):
                    P[ZP_WX], P[LO_WX], P[HI_WX])
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _store_rows(buf, i, j, v):
     """buf[i, r, j] = v[r] for the ROWS values of one unit, written out so that no store
     indexes the tuple at run time (which the vectoriser cannot follow)."""
@@ -278,7 +278,7 @@ def _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z,
         lut_r, lut_g)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib):
     """The integer cell of every unit of block row i: `ah` receives the next step's GEMM input
     (h + shift), the rows of `ib` Wx and every output of gru_cell."""
@@ -288,7 +288,7 @@ def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, l
         ah[i, j] = v[ROWS - 1] + gh_shift
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
     """The float32 cell of every unit of block row i, into the rows of `fb` (as `_int_cells`)."""
     for j in range(H):
@@ -299,7 +299,7 @@ def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
         fah[i, j] = res[N_TRACE - 1]
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp):
     """Distances of block row i's tensors at one step: h always (also into the step's row),
     the others at level TENSORS."""
