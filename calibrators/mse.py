@@ -55,6 +55,46 @@ def grid_error(counts, start, w, e, zp, qmin, qmax) -> float:
 
 
 @nb.njit(cache=True)
+def _bin_of(v: float, bw: float, start: int, n: int) -> int:
+    """The bin holding v, -1 below the histogram, n above it."""
+    return int(min(max(np.floor(v / bw) - start, -1.0), float(n)))
+
+
+@nb.njit(cache=True)
+def _below(P0, P1, P2, jL: int, L: float) -> float:
+    """Clipping error of the whole bins below bin jL (which holds L): all clipped to L."""
+    k = min(max(jL, 0), P0.size - 1)
+    return P2[k] - 2.0 * L * P1[k] + L * L * P0[k]
+
+
+@nb.njit(cache=True)
+def _above(P0, P1, P2, jH: int, H: float) -> float:
+    """Clipping error of the whole bins above bin jH (which holds H): all clipped to H."""
+    n = P0.size - 1
+    k = min(max(jH + 1, 0), n)
+    return (P2[n] - P2[k]) - 2.0 * H * (P1[n] - P1[k]) + H * H * (P0[n] - P0[k])
+
+
+@nb.njit(cache=True)
+def _zp_error(counts, P0, P1, P2, R, start, bw, L, H, s, fine) -> float:
+    """The grid's error in O(1): clipped whole bins, whole bins inside, the two bins at L, H."""
+    n = counts.size
+    jL, jH = _bin_of(L, bw, start, n), _bin_of(H, bw, start, n)
+    err = _below(P0, P1, P2, jL, L) + _above(P0, P1, P2, jH, H)
+    i0 = min(max(jL + 1, 0), n)
+    if jH > i0:
+        err += R[min(jH, n)] - R[i0]
+    for j in (jL, jH):
+        if 0 <= j < n and (j == jL or jH != jL):
+            a = (start + j) * bw
+            err += bin_error(a, a + bw, counts[j], L, H, s, fine)
+    return err
+
+
+ZP_BLOCK = 256  # zero points bounded together: a block that cannot win is skipped
+
+
+@nb.njit(cache=True)
 def _mse_search(counts, start, w, e_lo, e_hi, qmin, qmax, symmetric, zp0):
     n = counts.size
     bw = 2.0**w
@@ -73,25 +113,22 @@ def _mse_search(counts, start, w, e_lo, e_hi, qmin, qmax, symmetric, zp0):
         for i in range(n):  # rounding error of whole inside bins depends on e only
             a = (start + i) * bw
             R[i + 1] = R[i] + bin_error(a, a + bw, counts[i], -np.inf, np.inf, s, fine)
-        for k in range(1 if symmetric else qmax - qmin + 2):  # zp0, then every zp of the range
-            zp = zp0 if k == 0 else qmin + k - 1
-            L, H = (qmin - zp) * s, (qmax - zp) * s
-            iL = min(max(np.floor(L / bw) - start, -1.0), float(n))
-            iH = min(max(np.floor(H / bw) - start, -1.0), float(n))
-            jL, jH = int(iL), int(iH)
-            below = min(max(jL, 0), n)
-            err = P2[below] - 2.0 * L * P1[below] + L * L * P0[below]
-            a0 = min(max(jH + 1, 0), n)
-            err += (P2[n] - P2[a0]) - 2.0 * H * (P1[n] - P1[a0]) + H * H * (P0[n] - P0[a0])
-            i0 = min(max(jL + 1, 0), n)
-            if jH > i0:
-                err += R[min(jH, n)] - R[i0]
-            for j in (jL, jH):
-                if 0 <= j < n and (j == jL or jH != jL):
-                    a = (start + j) * bw
-                    err += bin_error(a, a + bw, counts[j], L, H, s, fine)
-            if err < best * (1.0 - 1e-12):
-                best, best_e, best_zp = err, e, zp
+        err = _zp_error(counts, P0, P1, P2, R, start, bw, (qmin - zp0) * s, (qmax - zp0) * s, s, fine)
+        if err < best * (1.0 - 1e-12):
+            best, best_e, best_zp = err, e, zp0
+        for z1 in range(qmin, (qmin - 1) if symmetric else (qmax + 1), ZP_BLOCK):
+            z2 = min(z1 + ZP_BLOCK - 1, qmax)
+            # every term of a grid's error is >= 0; as zp grows, L and H move down: the clipping
+            # below L only shrinks, the clipping above H only grows. No zp of [z1, z2] has less
+            # than the one at z2 plus the other at z1 (less a margin for rounding)
+            L, H = (qmin - z2) * s, (qmax - z1) * s
+            bound = _below(P0, P1, P2, _bin_of(L, bw, start, n), L) + _above(P0, P1, P2, _bin_of(H, bw, start, n), H)
+            if bound - 1e-9 * (P2[n] + (L * L + H * H) * P0[n]) >= best:
+                continue
+            for zp in range(z1, z2 + 1):
+                err = _zp_error(counts, P0, P1, P2, R, start, bw, (qmin - zp) * s, (qmax - zp) * s, s, fine)
+                if err < best * (1.0 - 1e-12):
+                    best, best_e, best_zp = err, e, zp
     return best_e, best_zp
 
 

@@ -271,8 +271,8 @@ def calibrate(model: GruModel | str | os.PathLike, data: DataLike | None, *, bit
               batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
               time_first: bool = False, snap: str = "up", progress: Progress | None = None) -> QuantModel:
     """Observe every tensor of the float GRU on calibration data; return the quantized model.
-    `method`: "auto" (per tensor the method with the least error on a held-out fifth of the
-    data, checked at the output against every single method; docs/calibration.md) or one method.
+    `method`: "auto" (per tensor the method with the least error on held-out folds of the data,
+    checked at the output against every single method; docs/calibration.md) or one method.
     A quantized or QAT-trained model file keeps its own ranges (`snap`: how a scale that is not a
     power of two becomes one, "up" without clipping or "nearest"); `data` fills in the rest."""
     return observe(model, data, bits=bits, methods=(method,), method_weights=method_weights,

@@ -1,25 +1,30 @@
 """`--method auto`: each activation tensor's calibration method, chosen on held-out data.
 
-The last fifth of the calibration sequences is held out. One float pass observes every tensor
-into a histogram, the statistics that minmax, percentile, mse and kl all read (ema, the seed's
-sequential EMA, has no exact merge and is not a candidate), separately for the fitting part
-and the held-out part. Then, for a bits config:
+The calibration sequences are split into FOLDS contiguous folds. One float pass observes every
+tensor of every fold into a histogram, the statistics that minmax, percentile, mse and kl all
+read (ema, the seed's sequential EMA, has no exact merge and is not a candidate). Each fold in
+turn is held out and the other folds, merged exactly, fit the grids (k-fold cross-validation:
+every sequence is held out once). Then, for a bits config:
 
-1. every method's grids come from the fitting part;
-2. per tensor (per layer, both directions together), the method whose grid has the least
-   squared error on the held-out histogram wins; LUT inputs count their mass beyond the
-   saturation bound at the bound, where clipping is free (`--compare`'s question, per tensor);
-3. that per-tensor mix and each single method are built from the fitting part and simulated on
-   the held-out sequences (at most HELD_SIM of them); the best output SNR wins (ties keep the
-   mix), so auto is never below the best single method there;
-4. the winner is rebuilt from all the data: the fitting and held-out histograms merge exactly,
-   as one pass would have seen them (a bits file naming these methods reproduces the model).
+1. per fold, every method's grids come from the other folds;
+2. per tensor (per layer, both directions together), the method whose grids have the least
+   squared error on their held-out folds' histograms, summed over the folds, wins; LUT inputs
+   count their mass beyond the saturation bound at the bound, where clipping is free
+   (`--compare`'s question, per tensor);
+3. that per-tensor mix and each single method are built per fold from the other folds and
+   simulated on the held-out fold's sequences (at most HELD_SIM in all); the output distances
+   of all folds pooled give each candidate one output SNR, and the best wins (ties keep the
+   mix). A method whose grid moves when a few rare values join the data (an mse or kl grid one
+   exponent coarser) loses in the folds that hold them, as it would on new data;
+4. the winner is rebuilt from all the data: the fold histograms merge exactly, as one pass
+   would have seen them (a bits file naming these methods reproduces the model).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 
 import numpy as np
 
@@ -42,6 +47,7 @@ from qtool.calibration import (
 )
 from qtool.fileio import SequenceData
 from qtool.float_gru import TRACED
+from qtool.metrics import Distance
 from qtool.model import GruModel
 from qtool.qmodel import QuantModel
 from qtool.qparams import qrange
@@ -49,15 +55,25 @@ from qtool.simulation import Simulation, float_output
 from qtool.tensors import TensorConfig
 
 AUTO_METHODS = ("minmax", "percentile", "mse", "kl")
-HOLD_OUT = 5      # one sequence in HOLD_OUT (the last ones) is held out
-HELD_SIM = 1024   # sequences of the held-out part the candidates are simulated on
+FOLDS = 5         # each fold (a fifth of the sequences) is held out once
+HELD_SIM = 1024   # sequences (over all folds) the candidates are simulated on
 # the tensors whose method auto chooses: activations whose grid a method sets (gate outputs
 # always keep min/max; the x of layers l > 0 is the h below)
 CHOSEN = tuple(n for n in TRACED if n not in GATE_OUTPUTS)
 
 
-def held_out_count(n: int) -> int:
-    return n // HOLD_OUT if n >= HOLD_OUT else (1 if n >= 2 else 0)
+def fold_bounds(n: int) -> list[tuple[int, int]]:
+    """The folds' [start, end) over n sequences: FOLDS contiguous, near-equal folds (one per
+    sequence below FOLDS; none below 2 sequences, where nothing can be held out)."""
+    if n < 2:
+        return []
+    k = min(FOLDS, n)
+    edges = [n * i // k for i in range(k + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def merge_sets(a: list[Observers], b: list[Observers]) -> list[Observers]:
+    return [merge_observers(x, y) for x, y in zip(a, b)]
 
 
 class _Memo(Observer):
@@ -149,9 +165,9 @@ class AutoChoice:
 
 
 class AutoCalibrator:
-    """Observes calibration data once (fitting and held-out parts) and quantizes any bits
-    config with the auto choice. `extra` makes further observer sets (the advisor's estimator)
-    fed in the same float pass; `extra_sets` holds them, merged over all the data."""
+    """Observes calibration data once (per fold) and quantizes any bits config with the auto
+    choice. `extra` makes further observer sets (the advisor's estimator) fed in the same
+    float pass; `extra_sets` holds them, merged over all the data."""
 
     def __init__(self, model: GruModel, data: SequenceData, n: int, chunk: int = 64,
                  weights: str = "minmax", percentile: float = 99.99, ema: bool = False,
@@ -159,44 +175,50 @@ class AutoCalibrator:
                  progress: Callable[[int], None] | None = None) -> None:
         data.check_features(model.input_size)
         self.model, self.data, self.chunk = model, data, chunk
-        self.weights, self.percentile = weights, percentile
-        self.n, self.n_held = n, held_out_count(n)
-        self.n_fit = n - self.n_held
+        self.weights, self.percentile, self.n = weights, percentile, n
+        self.folds = fold_bounds(n)
 
         def sets() -> list[Observers]:
             out = [new_observers(model, "mse")] + [make() for make in extra]
             return out + ([new_observers(model, "ema")] if ema else [])
 
-        fit, held = sets(), sets()
-        for part, (lo, hi) in ((fit, (0, self.n_fit)), (held, (self.n_fit, n))):
+        parts = [sets() for _ in self.folds or [(0, n)]]
+        for part, (lo, hi) in zip(parts, self.folds or [(0, n)]):
             traces: list = []
             for start in range(lo, hi, chunk):
                 observe_batch(model, data.chunk(start, min(start + chunk, hi)), *part, traces=traces)
                 if progress:
                     progress(min(start + chunk, hi))
-        every = [merge_observers(a, b) for a, b in zip(fit, held)]
-        ema_fit, ema_all = (fit[-1], every[-1]) if ema else (None, None)
-        self.held = held[0]
-        self.fit_views = MethodViews(fit[0], percentile, ema_fit)
-        self.all_views = MethodViews(every[0], percentile, ema_all)
+        every = reduce(merge_sets, parts)
+        self.parts = [[p[0]] + ([p[-1]] if ema else []) for p in parts]  # per fold: histograms, ema
+        self.held = [p[0] for p in parts]
+        self.all_views = MethodViews(every[0], percentile, every[-1] if ema else None)
         self.extra_sets = every[1:1 + len(extra)]
-        self.held_data: np.ndarray | None = None
-        self.held_float: list[np.ndarray] | None = None
+        self.fold_cache: dict[int, MethodViews] = {}
+        self.held_float: dict[int, list[np.ndarray]] = {}
         self.weights_cache: dict = {}
+
+    def fold_views(self, i: int) -> MethodViews:
+        """The views fitted without fold i: every other fold's statistics, merged."""
+        if i not in self.fold_cache:
+            fit = reduce(merge_sets, [p for j, p in enumerate(self.parts) if j != i])
+            self.fold_cache[i] = MethodViews(fit[0], self.percentile, fit[1] if len(fit) > 1 else None)
+        return self.fold_cache[i]
 
     def fixed_plan(self, config: dict[str, TensorConfig], method: str) -> MethodPlan:
         """One method for every activation, under the config file's per-tensor methods."""
         return MethodPlan.from_config(config, method, self.weights, self.percentile)
 
     def build(self, config: dict[str, TensorConfig], plan: MethodPlan, info: dict,
-              fit_only: bool = False) -> QuantModel:
-        views = self.fit_views if fit_only else self.all_views
+              fold: int | None = None) -> QuantModel:
+        """The quantized model from all the data, or (`fold`) from every fold but that one."""
+        views = self.all_views if fold is None else self.fold_views(fold)
         return build_quant_model(self.model, views.observers(plan), config, info, plan,
                                  weights_cache=self.weights_cache)
 
     def choose(self, config: dict[str, TensorConfig]) -> AutoChoice:
         """Steps 1-3 of the module's recipe for one bits config."""
-        if self.n_held == 0:
+        if not self.folds:
             plan = self.fixed_plan(config, "minmax")
             return AutoChoice(plan, "minmax", note="auto needs 2 or more calibration sequences to "
                               "hold some out; used minmax")
@@ -210,7 +232,7 @@ class AutoCalibrator:
             layers.setdefault(l, {}).update(over)
         mix = MethodPlan("minmax", self.weights, self.percentile, base.overrides, layers)
         plans = {"per-tensor": mix, **{m: self.fixed_plan(config, m) for m in AUTO_METHODS}}
-        snr = self._held_snr({k: self.build(config, p, {}, fit_only=True) for k, p in plans.items()})
+        snr = self._held_snr(config, plans)
         winner = max(plans, key=lambda k: snr[k])  # first of equals: the mix
         if winner != "per-tensor":
             per_tensor = {k: winner for k in per_tensor}
@@ -224,12 +246,12 @@ class AutoCalibrator:
 
     def _per_tensor(self, config: dict[str, TensorConfig]
                     ) -> tuple[dict[tuple[int, str], str], dict[tuple[int, str], dict[str, float]]]:
-        """Per (layer, tensor) the method with the least held-out squared error."""
+        """Per (layer, tensor) the method with the least held-out squared error over the folds."""
         cfgs = model_config(config, self.model.num_layers)
         fixed = self.fixed_plan(config, "minmax")
         errors: dict[tuple[int, str], dict[str, float]] = {}
-        for m in AUTO_METHODS:
-            obs = self.fit_views.observers(self.fixed_plan(config, m))
+        for i, m in ((i, m) for i in range(len(self.folds)) for m in AUTO_METHODS):
+            obs = self.fold_views(i).observers(self.fixed_plan(config, m))
             for l, cells in enumerate(self.model.layers):
                 for d, cell in enumerate(cells):
                     spec = cell_spec(cell, cell_observers(obs, l, d), cfgs[l], fixed.for_layer(l),
@@ -238,7 +260,7 @@ class AutoCalibrator:
                     for name in CHOSEN:
                         if self._fixed(fixed, l, name) or (name == "x" and (l > 0 or d > 0)):
                             continue
-                        err = self._held_error(self.held[l][d][name], spec[name], bounds.get(name, NO_BOUND))
+                        err = self._held_error(self.held[i][l][d][name], spec[name], bounds.get(name, NO_BOUND))
                         e = errors.setdefault((l, name), {})
                         e[m] = e.get(m, 0.0) + err
         choice = {k: min(AUTO_METHODS, key=lambda m: e[m]) for k, e in errors.items()}
@@ -256,28 +278,33 @@ class AutoCalibrator:
         qmin, qmax = qrange(t.bits)
         return float(grid_error(counts, start, o.hist.w, int(t.exp2_inv), int(t.zp), qmin, qmax))
 
-    def held_sequences(self) -> np.ndarray:
-        """The held-out sequences the candidates are simulated on (at most HELD_SIM; all the
-        data when none is held out)."""
-        if self.held_data is None:
-            start = self.n_fit if self.n_held else 0
-            self.held_data = self.data.chunk(start, min(self.n, start + HELD_SIM))
-        return self.held_data
+    def held_sequences(self, i: int) -> np.ndarray:
+        """Fold i's sequences the candidates are simulated on (its first ones, HELD_SIM in all)."""
+        lo, hi = self.folds[i]
+        return self.data.chunk(lo, min(hi, lo + -(-HELD_SIM // len(self.folds))))
 
-    def _held_snr(self, qms: dict[str, QuantModel]) -> dict[str, float]:
-        """Output SNR of each candidate on the held-out sequences: one float run per batch, one
-        integer run per distinct set of grids."""
-        held = self.held_sequences()
-        if self.held_float is None:
+    def _held_snr(self, config: dict[str, TensorConfig], plans: dict[str, MethodPlan]) -> dict[str, float]:
+        """Each candidate's output SNR over every fold's held-out sequences, its model fitted on
+        the other folds: one float run per fold, one integer run per distinct set of grids."""
+        out = {k: Distance() for k in plans}
+        for i in range(len(self.folds)):
+            qms = {k: self.build(config, p, {}, fold=i) for k, p in plans.items()}
+            for k, d in self._fold_snr(i, qms).items():
+                out[k] = out[k].merge(d)
+        return {k: d.snr_db for k, d in out.items()}
+
+    def _fold_snr(self, i: int, qms: dict[str, QuantModel]) -> dict[str, Distance]:
+        held = self.held_sequences(i)
+        if i not in self.held_float:
             qm = next(iter(qms.values()))  # any: the float reference depends on the float model alone
-            self.held_float = [float_output(qm, held[i:i + 256]) for i in range(0, len(held), 256)]
+            self.held_float[i] = [float_output(qm, held[j:j + 256]) for j in range(0, len(held), 256)]
         unique: dict[bytes, Simulation] = {}
         sims = {k: unique.setdefault(grids_key(qm), Simulation(qm, per_tensor=False, per_step=False))
                 for k, qm in qms.items()}
-        for i, y_float in enumerate(self.held_float):
+        for j, y_float in enumerate(self.held_float[i]):
             for sim in unique.values():
-                sim.run_chunk(held[i * 256:(i + 1) * 256], y_float)
-        return {k: sim.output.snr_db for k, sim in sims.items()}
+                sim.run_chunk(held[j * 256:(j + 1) * 256], y_float)
+        return {k: sim.output for k, sim in sims.items()}
 
 
 def grids_key(qm: QuantModel) -> bytes:

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from conftest import SAMPLES, has, random_model
 
-from qtool.auto_method import AUTO_METHODS, AutoCalibrator, held_out_count
+from qtool.auto_method import AUTO_METHODS, AutoCalibrator, fold_bounds
 from qtool.calibration import build_quant_model, collect, model_config
 from qtool.fileio import open_sequences
 from qtool.float_gru import run_float
 from qtool.qparams import dequantize, quantize
+from qtool.simulation import simulate
 from qtool.tensors import BitsConfig, preset_config
 
 
@@ -41,29 +42,33 @@ def test_views_of_one_histogram_pass_equal_each_method_run_alone(setup, method):
 
 
 def test_each_tensor_gets_its_least_held_out_error(setup):
-    """The held-out error of every method's grid, computed from the held-out histogram, ranks
-    the methods as the exact squared error of the held-out values does, and the choice is the
-    least of them."""
+    """The held-out error of every method's grids, computed from the held-out folds'
+    histograms, equals the exact squared error of the held-out values under the grids fitted
+    without them, summed over the folds; the choice is the least of them."""
     model, data, ac = setup
     cfg = BitsConfig(preset_config("int8"))
     choice, errors = ac._per_tensor(cfg)
     assert set(choice) == {(l, n) for l, n in errors} and errors
-    traces = []
-    run_float(model, data.chunk(ac.n_fit, ac.n), traces)
     cfgs = model_config(cfg, 2)
+    exact: dict = {}
+    for i, (lo, hi) in enumerate(ac.folds):
+        traces = []
+        run_float(model, data.chunk(lo, hi), traces)
+        for m in AUTO_METHODS:
+            qm = ac.build(cfg, ac.fixed_plan(cfg, m), {}, fold=i)
+            for (l, name) in errors:
+                t = qm.cells[l][0].spec[name]
+                v = np.concatenate([traces[l][d][name].ravel() for d in range(len(traces[l]))]).astype(np.float64)
+                e = np.sum((dequantize(quantize(v, t.exp2_inv, t.zp, cfgs[l][name].bits), t.exp2_inv, t.zp) - v) ** 2)
+                exact.setdefault((l, name), {}).setdefault(m, 0.0)
+                exact[(l, name)][m] += float(e)
     for (l, name), errs in errors.items():
         assert choice[(l, name)] == min(AUTO_METHODS, key=lambda m: errs[m])
         if name in ("z_pre", "r_pre", "g_pre", "x"):
-            continue  # LUT inputs count clipping beyond saturation as free; x is checked below
-        exact = {}
+            continue  # LUT inputs count clipping beyond saturation as free; x: the histogram's bins
+        ex = exact[(l, name)]
         for m in AUTO_METHODS:
-            qm = ac.build(cfg, ac.fixed_plan(cfg, m), {}, fit_only=True)
-            t = qm.cells[l][0].spec[name]
-            v = np.concatenate([traces[l][d][name].ravel() for d in range(len(traces[l]))]).astype(np.float64)
-            exact[m] = float(np.sum((dequantize(quantize(v, t.exp2_inv, t.zp, cfgs[l][name].bits),
-                                                t.exp2_inv, t.zp) - v) ** 2))
-        for m in AUTO_METHODS:
-            assert errs[m] == pytest.approx(exact[m], rel=0.05, abs=1e-3 * max(exact.values()))
+            assert errs[m] == pytest.approx(ex[m], rel=0.05, abs=1e-3 * max(ex.values()))
 
 
 def test_the_winner_is_the_best_candidate_on_the_held_out_sequences(setup):
@@ -72,7 +77,29 @@ def test_the_winner_is_the_best_candidate_on_the_held_out_sequences(setup):
         choice = ac.choose(BitsConfig(preset_config(preset)))
         assert choice.held_snr_db[choice.winner] == max(choice.held_snr_db.values())
         assert set(choice.held_snr_db) == {"per-tensor", *AUTO_METHODS}
-    assert (held_out_count(60), held_out_count(3), held_out_count(1)) == (12, 1, 0)
+    assert fold_bounds(60) == [(0, 12), (12, 24), (24, 36), (36, 48), (48, 60)]
+    assert (fold_bounds(3), fold_bounds(1)) == ([(0, 1), (1, 2), (2, 3)], [])
+
+
+def test_every_sequence_is_held_out_once_by_grids_fitted_without_it(setup, tmp_path):
+    """Each candidate's held-out output SNR pools five folds: each fold simulated with the grids
+    a plain one-pass calibration gives on the other folds' sequences (their histograms merged,
+    not re-observed), against the float GRU."""
+    model, data, ac = setup
+    cfg = BitsConfig(preset_config("int8"))
+    choice = ac.choose(cfg)
+    x = data.chunk(0, data.num_sequences)
+    assert [i for lo, hi in ac.folds for i in range(lo, hi)] == list(range(len(x)))
+    for m in AUTO_METHODS:
+        ref2 = err2 = 0.0
+        for lo, hi in ac.folds:
+            np.save(tmp_path / "fit.npy", np.concatenate([x[:lo], x[hi:]]))
+            np.save(tmp_path / "held.npy", x[lo:hi])
+            fit = open_sequences(tmp_path / "fit.npy")
+            qm = build_quant_model(model, collect(model, fit, m, chunk=7), cfg, {}, m)
+            out = simulate(qm, open_sequences(tmp_path / "held.npy"), per_tensor=False).output
+            ref2, err2 = ref2 + out.ref2, err2 + out.err2
+        assert choice.held_snr_db[m] == pytest.approx(10 * np.log10(ref2 / err2), abs=1e-9)
 
 
 def test_one_sequence_cannot_hold_any_out(tmp_path):
