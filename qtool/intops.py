@@ -116,9 +116,9 @@ def lut_eval(table, u, shift):
     linear interpolation between knots every 2^shift inputs."""
     i = shr(lane(u, shift), shift)
     f = u - shl(i, shift)
-    k = lane(i, UINDEX)  # i >= 0: as unsigned, numba adds no wraparound for negative indices
-    a = table[k]
-    return a + rshift_round((table[k + 1] - a) * f, shift)
+    # i >= 0: unsigned indices, for which numba adds no wraparound of negative ones
+    a = table[lane(i, UINDEX)]
+    return a + rshift_round((table[lane(i + 1, UINDEX)] - a) * f, shift)
 
 
 @register_jitable

@@ -46,8 +46,8 @@ def _lane(x, like):
 
 def _shift(op: str):
     def shift(typingctx, v, n):
-        if not isinstance(v, types.Integer) or not isinstance(n, types.Integer):
-            return None
+        if not isinstance(v, types.Integer) or not isinstance(n, types.Integer) or not v.signed:
+            return None  # signed values only: shr is an arithmetic shift
         vt, nt = types.unliteral(v), types.unliteral(n)
 
         def codegen(context, builder, signature, args):
