@@ -34,7 +34,7 @@ from numba import njit
 from qtool.calibration import build_quant_model, new_observers, observe_batch
 from qtool.engine_cpu import OUTPUT, TENSORS, plan_model, run_int, run_model, slices, threads
 from qtool.model import GruCell, GruModel
-from qtool.simd import KINDS, MB, gemm_rows, pack, padded
+from qtool.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded
 from qtool.tensors import preset_config
 
 CLOCK = time.perf_counter
@@ -182,6 +182,9 @@ def main() -> None:
           f"cells and the rest of the integer engine {(ints - gemms) * 1e3:.1f} ms, float reference "
           f"{(ref - ints) * 1e3:.1f} ms, every tensor's distances {(full - ref) * 1e3:.1f} ms")
     macs = a.N * a.T * 3 * a.H * (a.C + a.H)
+    if not HAS_VNNI:  # the peak is measured with vpdpbusd, which the target lacks
+        print(f"no AVX-512 VNNI on this target: no VNNI limit for {macs / 1e9:.2f} GMAC")
+        return
     rate = vnni_peak(5)
     limit = macs / 64 / (rate * threads())
     print(f"VNNI limit: {macs / 1e9:.2f} GMAC = {macs / 64 / 1e6:.1f} M vpdpbusd (64 MAC each); "

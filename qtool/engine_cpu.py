@@ -26,12 +26,13 @@ from numba.extending import register_jitable
 
 from qtool.float_cell import float_cell
 from qtool.intops import gru_cell, rescale
+from qtool.lane_bounds import cell_lane_type, fold_bias_shifts
 from qtool.metrics import STAT_MAX, STATS, add_row, grid_row
 from qtool.model import GruCell
 from qtool.qmodel import CellQuant, QuantModel
 from qtool.qparams import quantize
 from qtool.rescale import CH_R_SUM_MUL_H_ZP, CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX, sum_mul_zp
-from qtool.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded
+from qtool.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded, prefer_wide_vectors
 
 N_TRACE = 14  # gru_cell's outputs: Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, ..., h
 # rows of the per-step buffers: Wx (3 gate rows), then gru_cell's outputs
@@ -149,13 +150,16 @@ def gemm_apply(g: Gemm, q_in: np.ndarray, c_out: int) -> np.ndarray:
 
 @dataclass
 class DirectionPlan:
-    """Everything one layer direction's kernel reads: both GEMMs, the spec's constants, the
-    float weights (packed for the float32 micro-kernel) and the grids of the measured tensors."""
+    """Everything one layer direction's kernel reads: both GEMMs, the spec's constants (P, CH
+    and the tables, in the cell's lane type: qtool.lanes), the float weights (packed for the
+    float32 micro-kernel) and the grids of the measured tensors."""
 
     cq: CellQuant
     gx: Gemm
     gh: Gemm
+    P: np.ndarray
     CH: np.ndarray
+    luts: tuple
     fW: np.ndarray
     fR: np.ndarray
     fwidth: int
@@ -168,12 +172,15 @@ def plan_direction(cq: CellQuant, cell: GruCell) -> DirectionPlan:
     x, h = cq.spec["x"], cq.spec["h"]
     gx = gemm_plan(cq.qW, x.bits, x.zp)
     gh = gemm_plan(cq.qR, h.bits, h.zp)
-    CH = cq.CH.copy()  # the compensation for the inputs as the GEMMs see them
-    CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, gh.comp
+    CH = fold_bias_shifts(cq.CH)
+    CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, gh.comp  # the GEMMs' own views
+    luts = [cq.luts[k] for k in ("lut_z", "lut_r", "lut_g")]
+    lane_t = cell_lane_type(cq, CH, luts)
     fW, _ = pack(cell.W, "f32")
     fR, _ = pack(cell.R, "f32")
-    return DirectionPlan(cq, gx, gh, CH, fW, fR, padded(cell.R.shape[0], "f32"), cell.bx, cell.br,
-                         measured_grids(cq))
+    return DirectionPlan(cq, gx, gh, cq.P.astype(lane_t), CH.astype(lane_t),
+                         tuple(t.astype(lane_t) for t in luts), fW, fR, padded(cell.R.shape[0], "f32"),
+                         cell.bx, cell.br, measured_grids(cq))
 
 
 def measured_grids(cq: CellQuant) -> np.ndarray:
@@ -207,6 +214,7 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
     Block b of MB sequences accumulates its statistics into `stats[b]` and `step_stats[b]`.
     No two array arguments may share memory (noalias: what lets LLVM vectorise the cells).
     """
+    prefer_wide_vectors()
     T, C = xq.shape[1], xq.shape[2]
     H = ib.shape[2]
     zp_h = P[ZP_H]
@@ -285,7 +293,7 @@ def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, l
     for j in range(H):
         v = _int_cell(accx, acch, ah, i, j, H, gx_half, gh_half, gh_shift, P, CH, lut_z, lut_r, lut_g)
         _store_rows(ib, i, j, v)
-        ah[i, j] = v[ROWS - 1] + gh_shift
+        ah[i, j] = v[-1] + gh_shift  # a literal index: the tuple mixes int32 and int64
 
 
 @register_jitable
@@ -375,7 +383,7 @@ def run_direction(dp: DirectionPlan, xq, xf, n0: int, n1: int, rev: bool, out_q,
     _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                    gx.w, gx.shift, gx.half, z(gx.Kp, KINDS[gx.kind][0]), z(gx.width, KINDS[gx.kind][2]),
                    gh.w, gh.shift, gh.half, z(gh.Kp, KINDS[gh.kind][0]), z(gh.width, KINDS[gh.kind][2]),
-                   cq.P, dp.CH, cq.luts["lut_z"], cq.luts["lut_r"], cq.luts["lut_g"],
+                   dp.P, dp.CH, *dp.luts,
                    level, dp.fW, dp.fR, z(C, np.float32), z(H, np.float32), z(dp.fwidth, np.float32),
                    z(dp.fwidth, np.float32), dp.bx, dp.br, np.zeros((MB, ROWS, H), np.int32),
                    np.zeros((MB, ROWS, H), np.float32), dp.grids, ROW_TENSOR, stats, step_stats, trace,

@@ -3,7 +3,8 @@
 Plain Python functions in the subset that numba compiles for the CPU (`njit`) and for CUDA
 (device functions), registered with `register_jitable` so that the CPU engine and the CUDA
 kernels call the very same code; the C runtime mirrors them line for line. All arithmetic is on
-int64 values.
+int64 values, or on int32 lanes where the CPU engine has proven that every value fits
+(qtool.lanes: the primitives compute in the type of the model constant they are given).
 
 Rounding rule for every rescale: add half, then arithmetic right shift (round half up).
 Saturation rule: clamp to the target tensor's [qmin, qmax].
@@ -11,8 +12,11 @@ Saturation rule: clamp to the target tensor's [qmin, qmax].
 
 from __future__ import annotations
 
+import numpy as np
+from numba import njit
 from numba.extending import register_jitable
 
+from qtool.lanes import lane, shl, shr
 from qtool.rescale import (
     CH_QBR,
     CH_QBX,
@@ -71,6 +75,8 @@ from qtool.rescale import (
     ZP_Z_PRE,
 )
 
+UINDEX = np.uint32(0)  # the type of table indices
+
 
 @register_jitable
 def rshift_round(v, n):
@@ -80,12 +86,22 @@ def rshift_round(v, n):
     the compilers vectorise the cell across hidden units.
     """
     r = max(n, 0)
-    return ((v << max(-n, 0)) + ((1 << r) >> 1)) >> r
+    half = shl(lane(min(r, 1), n), max(r - 1, 0))  # 2^(r-1), or 0 for r = 0
+    return shr(lane(shl(lane(v, n), max(-n, 0)) + half, n), r)
+
+
+@njit(cache=True)
+def rshift_round_all(v, n):
+    """rshift_round of each element of the int64 arrays `v` and `n` (per-channel constants)."""
+    out = np.empty_like(v)
+    for c in range(v.size):
+        out[c] = rshift_round(v[c], n[c])
+    return out
 
 
 @register_jitable
 def clamp(v, lo, hi):
-    return min(max(v, lo), hi)
+    return min(max(lane(v, lo), lo), hi)
 
 
 @register_jitable
@@ -98,10 +114,11 @@ def rescale(v, n, zp, lo, hi):
 def lut_eval(table, u, shift):
     """Table lookup at u = q_in - qmin_in. shift = 0: the directly indexed exact table; shift > 0:
     linear interpolation between knots every 2^shift inputs."""
-    i = u >> shift
-    f = u - (i << shift)
-    a = table[i]
-    return a + rshift_round((table[i + 1] - a) * f, shift)
+    i = shr(lane(u, shift), shift)
+    f = u - shl(i, shift)
+    # i >= 0: unsigned indices, for which numba adds no wraparound of negative ones
+    a = table[lane(i, UINDEX)]
+    return a + rshift_round((table[lane(i + 1, UINDEX)] - a) * f, shift)
 
 
 @register_jitable

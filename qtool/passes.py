@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.intops import rshift_round
+from qtool.intops import rshift_round_all
 from qtool.model import DIRECTIONS
 from qtool.qmodel import QuantModel
 from qtool.rescale import CHANNEL_ROWS
@@ -95,8 +95,8 @@ def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The bias terms of `intops.gru_cell` are constants per channel: fold them at export.
     b_pre [3H]: rshift_round(qbx, sh_bx), plus rshift_round(qbr, sh_br) for the z and r blocks
     (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g)."""
-    bx = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbx"], rows["sh_bx"])], np.int64)
-    br = np.array([rshift_round(int(q), int(n)) for q, n in zip(rows["qbr"], rows["sh_br"])], np.int64)
+    bx = rshift_round_all(np.asarray(rows["qbx"], np.int64), np.asarray(rows["sh_bx"], np.int64))
+    br = rshift_round_all(np.asarray(rows["qbr"], np.int64), np.asarray(rows["sh_br"], np.int64))
     H = bx.size // 3
     b_pre = bx.copy()
     b_pre[:2 * H] += br[:2 * H]
