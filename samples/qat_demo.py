@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -59,8 +59,7 @@ def sum100():
     return x[:4000], y[:4000], x[4000:], y[4000:]
 
 
-@dataclass(frozen=True)
-class Task:
+class Task(NamedTuple):
     data: Callable
     hidden: int
     classes: int
