@@ -117,9 +117,9 @@ def int_accuracy(qm, x, head, labels) -> float:
 
 
 def fine_tune(qgru: QuantGRU, gru, head, x, y, a, test) -> tuple[int, float]:
-    """QAT: Adam over the weights (a.lr) and the grids (1e-2); returns the steps and seconds. After
+    """QAT: Adam over the weights (a.lr) and the grids (a.grid_lr); returns the steps and seconds. After
     each epoch, the integer engine's accuracy on `test` (x, labels) of the model it would write."""
-    groups = [{"params": qgru.weight_parameters(), "lr": a.lr}, {"params": qgru.range_parameters(), "lr": 1e-2}]
+    groups = [{"params": qgru.weight_parameters(), "lr": a.lr}, {"params": qgru.range_parameters(), "lr": a.grid_lr}]
     if a.loss == "ce":
         groups.append({"params": head.parameters(), "lr": a.lr})
     opt = torch.optim.Adam(groups)
@@ -154,6 +154,7 @@ def main() -> None:
                     help="ce: the task loss, fine-tuning the head too; distill: match the float GRU's "
                          "last hidden state, the head unchanged")
     ap.add_argument("--lr", type=float, default=1e-4, help="learning rate of the weights")
+    ap.add_argument("--grid-lr", type=float, default=1e-2, help="learning rate of the grids' log2 scales")
     ap.add_argument("--seed", type=int, default=0, help="seed of the QAT batches' order")
     ap.add_argument("--bits", default="int8", help="a preset or a bits file, as `qtool calibrate --bits`")
     ap.add_argument("--out", type=Path, help="the quantized model file QAT writes (out/TASK_qat.h5)")
