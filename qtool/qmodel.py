@@ -105,8 +105,9 @@ def write_qmodel(f, qm: QuantModel) -> None:
     write_model(f, qm.model)
     f.attrs["format"] = QFORMAT
     q = f.create_group("quant")
-    q.attrs.update(version=QFORMAT_VERSION, qtool_version=__version__, fingerprint=qm.fingerprint(),
-                   **{k: v for k, v in qm.info.items() if v is not None})
+    # a model read from a file carries that file's version attributes in info: these replace them
+    q.attrs.update({**{k: v for k, v in qm.info.items() if v is not None}, "version": QFORMAT_VERSION,
+                    "qtool_version": __version__, "fingerprint": qm.fingerprint()})
     for l, cells in enumerate(qm.cells):
         for d, c in enumerate(cells):
             g = q.create_group(f"layer{l}/{DIRECTIONS[d]}")

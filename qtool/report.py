@@ -227,7 +227,7 @@ def provenance_table(qm: QuantModel) -> Table:
     t.add_column("value", overflow="fold")
     t.add_row("fingerprint", qm.fingerprint())
     for k, v in qm.info.items():
-        if k != "bits_config":
+        if k not in ("bits_config", "fingerprint"):  # a loaded file's info holds its fingerprint too
             t.add_row(k, str(v))
     return t
 

@@ -1,8 +1,10 @@
-"""Result tables stay readable at 80 columns (a pipe, CI log or default terminal): tensor names
-are printed whole, never cut to 'layer0.fw…'."""
+"""What `simulate --mode both` and `inspect` print: tensor names whole at 80 columns (a pipe, a CI
+log, a default terminal), never cut to 'layer0.fw…'; a model file's fingerprint once."""
 
 import io
 
+import numpy as np
+from conftest import calibrated, random_model
 from rich.console import Console
 
 from qtool.report import both_table
@@ -27,3 +29,17 @@ def test_both_table_keeps_tensor_names_whole_at_80_columns():
     for name in names:
         assert any(f"│ {name} " in line for line in lines), name
     assert "…" not in text
+
+
+def test_a_loaded_model_saves_again_and_inspect_lists_its_fingerprint_once(tmp_path):
+    import qtool
+    from qtool.report import provenance_table
+
+    qm = calibrated(random_model(C=3, H=4), np.random.RandomState(1).randn(4, 5, 3))
+    qtool.save(qm, tmp_path / "q.h5")
+    loaded = qtool.load(tmp_path / "q.h5")
+    qtool.save(loaded, tmp_path / "again.h5")  # raised TypeError: two values for 'fingerprint'
+    again = qtool.load(tmp_path / "again.h5")
+    assert again.fingerprint() == qm.fingerprint() == again.info["fingerprint"]
+    text = _render(provenance_table(again))
+    assert text.count("fingerprint") == 1 and qm.fingerprint() in text
