@@ -62,6 +62,10 @@ def os_error_message(e: OSError, path: Path, doing: str = "writing") -> str:
         return f"read-only file system: cannot write {path}"
     if code in (errno.EACCES, errno.EPERM):
         return f"permission denied {doing} {path}"
+    if code in (errno.EEXIST, errno.ENOTDIR):  # a file stands where a directory must go
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            return f"cannot write {path}: {blocker} is a file, not a directory"
     reason = e.strerror or text.split("(")[0].strip() or type(e).__name__
     return f"cannot write {path}: {reason}"
 

@@ -1,5 +1,6 @@
-"""What `simulate --mode both` and `inspect` print: tensor names whole at 80 columns (a pipe, a CI
-log, a default terminal), never cut to 'layer0.fw…'; a model file's fingerprint once."""
+"""What the CLI prints: tensor names whole at 80 columns (a pipe, a CI log, a default terminal), never
+cut to 'layer0.fw…'; a model file's fingerprint once; the file that stands where an output's
+directory must go."""
 
 import io
 
@@ -43,3 +44,14 @@ def test_a_loaded_model_saves_again_and_inspect_lists_its_fingerprint_once(tmp_p
     assert again.fingerprint() == qm.fingerprint() == again.info["fingerprint"]
     text = _render(provenance_table(again))
     assert text.count("fingerprint") == 1 and qm.fingerprint() in text
+
+
+def test_an_output_under_a_file_names_that_file(cli, tmp_path):
+    import qtool
+
+    qtool.save(calibrated(random_model(C=3, H=4), np.random.RandomState(1).randn(4, 5, 3)), tmp_path / "q.h5")
+    (tmp_path / "notes").write_text("mine")
+    for out in (tmp_path / "notes" / "p.json", tmp_path / "notes" / "sub" / "p.json"):
+        code, _, err = cli("export", "json", tmp_path / "q.h5", "-o", out)
+        assert code == 2 and f"{tmp_path / 'notes'} is a file, not a directory" in err, err
+    assert (tmp_path / "notes").read_text() == "mine"
