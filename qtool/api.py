@@ -433,7 +433,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
         from qtool.results import write_results
 
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
-            qm, data, batch_size, per_tensor, n, on_chunk, runner, mode), progress)
+            qm, data, batch_size, per_tensor, n, on_chunk, runner, mode), progress, mode)
     res = sim.results()
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
     return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,

@@ -18,9 +18,11 @@ DATASETS = (("float/y", "f4"), ("quant/y", "f4"), ("quant/y_int", "i4"))
 
 
 def write_results(path: Path, qm: QuantModel, data: SequenceData, n: int,
-                  run: Callable[[Callable], object], progress: Callable[[int, int], None] | None = None):
+                  run: Callable[[Callable], object], progress: Callable[[int, int], None] | None = None,
+                  mode: str = "integer"):
     """Call `run(on_chunk)` (a simulation that reports each chunk's outputs) while streaming the
-    outputs into `path`; the file appears only when complete. Returns what `run` returns."""
+    outputs into `path`; the file appears only when complete. Returns what `run` returns. `mode`
+    is recorded: under "fakequant" `quant/` holds the fake-quant GRU's outputs, not the integers'."""
     import h5py
 
     from qtool.api import now_utc, sha256_file
@@ -34,7 +36,7 @@ def write_results(path: Path, qm: QuantModel, data: SequenceData, n: int,
                            qmodel_fingerprint=qm.fingerprint(), model=qm.model.name,
                            data_file=data_path.name,
                            data_sha256=sha256_file(data_path) if data_path.is_file() else "",
-                           samples=n, created=now_utc())
+                           samples=n, mode=mode, created=now_utc())
             ds = [f.create_dataset(k, shape, dtype=dt) for k, dt in DATASETS]
 
             def on_chunk(start, *outs):

@@ -55,3 +55,22 @@ def test_an_output_under_a_file_names_that_file(cli, tmp_path):
         code, _, err = cli("export", "json", tmp_path / "q.h5", "-o", out)
         assert code == 2 and f"{tmp_path / 'notes'} is a file, not a directory" in err, err
     assert (tmp_path / "notes").read_text() == "mine"
+
+
+def test_saved_results_record_the_simulation_mode(cli, tmp_path):
+    import h5py
+
+    import qtool
+
+    qtool.save(calibrated(random_model(C=3, H=4), np.random.RandomState(1).randn(4, 5, 3)), tmp_path / "q.h5")
+    np.save(tmp_path / "test.npy", np.random.RandomState(2).randn(3, 5, 3).astype(np.float32))
+    y_int = {}
+    for mode in ("integer", "fakequant"):
+        code, _, err = cli("simulate", tmp_path / "q.h5", tmp_path / "test.npy", "--mode", mode,
+                           "--save", tmp_path / f"{mode}.h5")
+        assert code == 0, err
+        with h5py.File(tmp_path / f"{mode}.h5") as f:
+            assert f.attrs["mode"] == mode
+            y_int[mode] = f["quant/y_int"][:]
+    # what makes the attribute necessary: the two files' quant/ differ
+    assert not np.array_equal(y_int["integer"], y_int["fakequant"])

@@ -56,7 +56,7 @@ def simulate(comm, qm: QuantModel, data: SequenceData, chunk: int, per_tensor: b
         if root and save is not None:
             from qtool.results import write_results
 
-            write_results(save, qm, data, n, loop, progress)
+            write_results(save, qm, data, n, loop, progress, mode)
         else:
             loop(None)
         if root:
