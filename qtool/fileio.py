@@ -116,8 +116,11 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
         if not written_by_qtool(path):
             raise QtoolError(f"{path} exists and was not written by qtool; it is left alone "
                              "(remove it yourself or choose another output)")
-        if not force and not (confirm and confirm(f"{path} exists. Overwrite?")):
-            raise QtoolError(f"{path} exists; use --force to overwrite it")
+        if not force:
+            if confirm is None:
+                raise QtoolError(f"{path} exists; use --force to overwrite it")
+            if not confirm(f"{path} exists. Overwrite?"):
+                raise QtoolError(f"{path} exists and was not overwritten")
     return path
 
 

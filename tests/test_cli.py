@@ -156,7 +156,7 @@ def test_prompts_at_a_terminal(qmodel, tmp_path, monkeypatch):
     assert "calibration data file" in res.output and (tmp_path / "q.h5").exists()
     res = runner.invoke(cli_mod.app, ["calibrate", str(MODEL), str(SAMPLES / "calib.npy"),
                                       "-o", str(tmp_path / "q.h5")], input="n\n")
-    assert res.exit_code != 0 and "Overwrite?" in res.output
+    assert res.exit_code != 0 and "Overwrite?" in res.output and "was not overwritten" in str(res.exception)
 
 
 def test_compare_scores_each_method_like_a_separate_run(cli, tmp_path):
