@@ -240,7 +240,7 @@ def bench_process(a) -> None:
                 res[k].append(run_process(cmd))
     print(f"whole processes, T={a.T} N={a.N} C={a.C} H={a.H} (data {x.nbytes / 2**20:.1f} MiB); "
           f"median (range) of {a.repeat} runs")
-    torch_med = statistics.median(t for t, _ in res["python + PyTorch nn.GRU float32"])
+    torch_med = statistics.median(r[0] for r in res["python + PyTorch nn.GRU float32"])
     for k, v in res.items():
         t, rss, cpu = [r[0] for r in v], [r[1] for r in v], [r[2] for r in v]
         print(f"{k:<45} {summary(t)} s  peak RSS {statistics.median(rss):6.0f} MiB "
