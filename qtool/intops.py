@@ -13,7 +13,6 @@ Saturation rule: clamp to the target tensor's [qmin, qmax].
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 from numba.extending import register_jitable
 
 from qtool.lanes import lane, shl, shr
@@ -90,13 +89,11 @@ def rshift_round(v, n):
     return shr(lane(shl(lane(v, n), max(-n, 0)) + half, n), r)
 
 
-@njit(cache=True)
-def rshift_round_all(v, n):
-    """rshift_round of each element of the int64 arrays `v` and `n` (per-channel constants)."""
-    out = np.empty_like(v)
-    for c in range(v.size):
-        out[c] = rshift_round(v[c], n[c])
-    return out
+def rshift_round_all(v: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """rshift_round of each element of the integer arrays `v` and `n` (per-channel constants,
+    folded when a model is planned or exported: a plain loop, 3 ms where compiling one took 1.7 s
+    of the first run)."""
+    return np.array([rshift_round(int(a), int(b)) for a, b in zip(v, n)], np.int64)
 
 
 @register_jitable
