@@ -186,11 +186,13 @@ class Search:
         """Units back to 8 bits while the target holds: each unit that costs flash on its own,
         most expensive first; then the free ones, least important (by prediction) first, as
         many as a bisection finds the target allows."""
-        for u in sorted((u for u in cand.promoted if self.cost[u] > 0), key=lambda u: -self.cost[u]):
+        # sorted(cand.promoted): a frozenset iterates in PYTHONHASHSEED order, and ties in cost
+        # (or in loss below) would make the chosen model differ from one run to the next
+        for u in sorted((u for u in sorted(cand.promoted) if self.cost[u] > 0), key=lambda u: -self.cost[u]):
             trial = self.ev(cand.promoted - {u})
             if trial.snr_db >= target_db and trial.flash <= cand.flash:
                 cand = trial
-        free = [u for u in cand.promoted if self.cost[u] <= 0]
+        free = [u for u in sorted(cand.promoted) if self.cost[u] <= 0]
         full = self.predicted_db(cand.promoted)
         loss = {u: full - self.predicted_db(cand.promoted - {u}) for u in free}
         free.sort(key=lambda u: loss[u])
