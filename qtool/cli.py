@@ -288,7 +288,7 @@ def calibrate(
                    "tensors": spec_rows(qm), **imported, **auto})
         return
     title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
-             + (f" over {qm.info['samples']} sequences" if qm.info["samples"] else ""))
+             + (f" over {qm.info['samples']} sequence{'s' * (qm.info['samples'] != 1)}" if qm.info["samples"] else ""))
     if verbose:
         out.print(spec_table(qm, title))
         out.print(lut_table(qm))

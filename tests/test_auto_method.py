@@ -128,3 +128,13 @@ def test_calibrate_defaults_to_auto_and_is_no_worse_than_any_single_method(cli, 
     code, _, err = cli("calibrate", model, SAMPLES / "calib.npy", "--compare", "auto,mse", "--eval",
                        SAMPLES / "test.npy")
     assert code == 2 and "auto chooses among them itself" in err
+
+
+def test_one_sequence_title_says_sequence(tmp_path, cli):
+    from qtool.model import open_h5, write_model
+
+    np.save(tmp_path / "one.npy", np.random.default_rng(0).normal(size=(1, 6, 3)).astype(np.float32))
+    with open_h5(tmp_path / "m.h5", "w") as f:
+        write_model(f, random_model(C=3, H=4))
+    code, out, err = cli("calibrate", tmp_path / "m.h5", tmp_path / "one.npy", "-o", tmp_path / "q.h5")
+    assert code == 0 and "over 1 sequence" in out and "1 sequences" not in out + err
