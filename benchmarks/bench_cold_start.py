@@ -2,7 +2,10 @@
 `pip install ".[safetensors]"`, then the first `qtool calibrate` and `qtool simulate` (numba
 compiles the kernels: its cache is empty) and the same two commands again (from the cache).
 
-    python benchmarks/bench_cold_start.py [--repeat 3] [--repo .]
+    python benchmarks/bench_cold_start.py [--repeat 3] [--repo .] [--no-precompile]
+
+The install compiles the CPU kernels into the package (setup.py, qtool/precompile.py);
+`--no-precompile` installs with QTOOL_PRECOMPILE=0, so the first commands compile them.
 
 Every step runs in its own process; the table gives the median (range) of wall and CPU time
 (user + system of the step's processes) over the repeats, and the load average of the machine
@@ -38,13 +41,14 @@ def timed(cmd: str, cwd: Path) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def one_run(repo: Path) -> dict[str, tuple[float, float]]:
+def one_run(repo: Path, precompile: bool) -> dict[str, tuple[float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "qtool"
         subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
         env_free = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "VIRTUAL_ENV")}
         subprocess.run(["python3", "-m", "venv", ".venv"], cwd=clone, check=True, env=env_free)
         os.environ.pop("NUMBA_CACHE_DIR", None)  # numba caches in the installed package
+        os.environ["QTOOL_PRECOMPILE"] = "1" if precompile else "0"
         return {name: timed(cmd, clone) for name, cmd in STEPS}
 
 
@@ -56,12 +60,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--no-precompile", action="store_true", help="install without compiling the kernels")
     a = ap.parse_args()
     runs, loads = [], []
     for _ in range(a.repeat):
         loads.append(os.getloadavg()[0])
-        runs.append(one_run(a.repo))
-    print(f"README sample command, fresh clone and venv; {os.cpu_count()} CPUs; load average before "
+        runs.append(one_run(a.repo, not a.no_precompile))
+    print(f"README sample command, fresh clone and venv{', no precompile' if a.no_precompile else ''}; "
+          f"{os.cpu_count()} CPUs; load average before "
           f"each repeat: {', '.join(f'{x:.1f}' for x in loads)}; median (range) of {a.repeat}")
     print(f"{'step':<18} {'wall s':>20} {'CPU s':>20}")
     for name, _ in STEPS:

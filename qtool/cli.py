@@ -619,6 +619,26 @@ def verify(
 
 
 @app.command()
+def precompile(
+    preset: Annotated[list[str] | None, typer.Option("--preset", help="Compile for this preset only (repeatable); default: int8, w8a16 and int16.")] = None,
+):
+    """Compile the CPU kernels now, into numba's cache, so that no later command waits for them.
+
+    `pip install .` does this already; run it after an editable install, after upgrading numba,
+    or when building an image for another machine (the cache holds code for this CPU only)."""
+    from qtool.precompile import PRESETS
+    from qtool.precompile import precompile as run
+
+    presets = tuple(preset or PRESETS)
+    for p in presets:
+        if p not in PRESETS:
+            raise QtoolError(f"unknown preset '{p}' (use one of {', '.join(PRESETS)})")
+    with err.status("compiling the CPU kernels (numba)"):
+        seconds = run(presets, say=lambda line: err.print(f"  {line}"))
+    out.print(f"kernels ready ({seconds:.1f} s)")
+
+
+@app.command()
 def version():
     """Print qtool's version."""
     out.print(f"qtool {__version__}")

@@ -330,14 +330,16 @@ def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp
 
 
 def needs_compile() -> bool:
-    """Whether the engine's kernel is neither loaded nor in numba's on-disk cache: the first run
-    after an install compiles it (numba caches it next to this file, or in the user's cache
-    directory where that is not writable)."""
+    """Whether the engine's kernel is neither loaded nor in numba's on-disk cache for this CPU:
+    the first run compiles it (numba caches it next to this file, or in the user's cache
+    directory where that is not writable; `pip install .` fills the cache, qtool/precompile.py)."""
     if _run_direction.signatures:
         return False
-    try:
-        return not os.path.exists(_run_direction._cache._cache_file._index_path)
-    except AttributeError:  # numba's cache internals moved: say nothing rather than guess
+    try:  # the index is empty when numba, the source or the cache's CPU differ from this one
+        index = _run_direction._cache._cache_file._load_index()
+        magic = _run_direction.targetctx.codegen().magic_tuple()
+        return not any(key[1] == magic for key in index)
+    except Exception:  # numba's cache internals moved: say nothing rather than guess
         return False
 
 
