@@ -9,7 +9,8 @@ version and the CPU: on another machine numba ignores it and compiles as before.
 
 The kernels are compiled by running the pipeline itself on small random models, so exactly the
 type signatures the commands use are compiled: calibration by every method, the integer and
-the float engines, the fake-quant view, in the lane types each preset leads to.
+the float engines, the fake-quant view, in the lane types each preset leads to. Other mixes
+of 8- and 16-bit tensors (bits files, the advisor's search) compile on first use.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _model(layers: int, dirs: int, seed: int):
 
 def precompile(presets: tuple[str, ...] = PRESETS, say: Callable[[str], None] = lambda s: None) -> float:
     """Run calibrate (auto, every method) and simulate (integer and fake-quant) once per preset on
-    a stacked and a bidirectional random GRU; returns the seconds it took."""
+    a stacked and a bidirectional random GRU, and with every preset the advisor's table; returns
+    the seconds it took."""
     import qtool
 
     t0 = time.perf_counter()
@@ -46,6 +48,10 @@ def precompile(presets: tuple[str, ...] = PRESETS, say: Callable[[str], None] = 
             qm = qtool.calibrate(_model(layers, dirs, seed=layers), x, bits=preset, method="auto")
             qtool.simulate(qm, x, backend="cpu", mode="both")
         say(f"{preset}: {time.perf_counter() - t:.1f} s")
+    if len(presets) == len(PRESETS):  # the advisor's noise model and observers; a search's mixed
+        t = time.perf_counter()      # 8/16-bit candidates (W int8 with R int16, ...) compile when met
+        qtool.advise(_model(2, 1, seed=2), x, x)
+        say(f"advise: {time.perf_counter() - t:.1f} s")
     return time.perf_counter() - t0
 
 
