@@ -4,8 +4,9 @@ numba compiles a kernel the first time it is called with new argument types (abo
 everything `calibrate` and `simulate` use, on a 2-core machine). The wheel build runs this
 module on the freshly built package (setup.py's `build_py`), so that an installed qtool starts
 from a warm cache, and `qtool precompile` does the same for an existing installation (an
-editable one, a Docker image). The cache is keyed by the source files' contents, numba's
-version and the CPU: on another machine numba ignores it and compiles as before.
+editable one, a Docker image). numba keys the cache by numba's version, the CPU and the source
+files' contents (their modification times in older numba, which an install changes): where any
+differs, numba ignores it and compiles as before.
 
 The kernels are compiled by running the pipeline itself on small random models, so exactly the
 type signatures the commands use are compiled: calibration by every method, the integer and
