@@ -620,12 +620,12 @@ def verify(
 
 @app.command()
 def precompile(
-    preset: Annotated[list[str] | None, typer.Option("--preset", help="Compile for this preset only (repeatable); default: int8, w8a16 and int16.")] = None,
+    preset: Annotated[list[str] | None, typer.Option("--preset", metavar="PRESET", help="Compile for this preset only (repeatable); default: int8, w8a16 and int16.")] = None,
 ):
     """Compile the CPU kernels now, into numba's cache, so that no later command waits for them.
 
-    `pip install .` does this already; run it after an editable install, after upgrading numba,
-    or when building an image for another machine (the cache holds code for this CPU only)."""
+    `pip install .` does this already; run it after an editable install or a numba upgrade. The
+    cache holds code for this machine's CPU: elsewhere the kernels compile again on first use."""
     from qtool.precompile import PRESETS
     from qtool.precompile import precompile as run
 

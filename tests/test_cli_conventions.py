@@ -13,13 +13,15 @@ def test_version_help_and_no_arguments(cli):
     assert code == 0 and out.strip() == f"qtool {qtool.__version__}"
     code, out, _ = cli()
     assert code == 0 and "calibrate" in out and "simulate" in out
-    for cmd in (["calibrate"], ["simulate"], ["import"], ["export", "c"], ["verify"]):
+    for cmd in (["calibrate"], ["simulate"], ["import"], ["export", "c"], ["verify"], ["precompile"]):
         code, out, _ = cli(*cmd, "--help")
         assert code == 0 and "<bool>" not in out and "[src]" not in out, cmd
     code, out, _ = cli("--help")
     assert "--install-completion" in out
     code, _, err = cli("simulate", "--bogus")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--bogus" in err
+    code, _, err = cli("precompile", "--preset", "int9")
+    assert code == 2 and "unknown preset 'int9'" in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_cli_starts_without_numpy():
