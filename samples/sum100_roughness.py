@@ -4,12 +4,16 @@ samples/qat_demo.py starts) is moved by +-eps with random signs, the size of one
 learning rate eps, and the accuracy on the 500 validation sequences of qat_demo's split (the last
 500 training sequences) is measured, the int8 one by the integer engine on the model QuantGRU writes.
 
-    python samples/sum100_roughness.py   # about 30 s on one thread
+    python samples/sum100_roughness.py                          # about 15 s on one thread
+    python samples/sum100_roughness.py samples/sum100_qat.h5    # around QAT's weights instead
+
+With a quantized model file written by QuantGRU.to_qtool, its weights and grids are the int8 start.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,7 @@ import torch
 from qtool import api
 from qtool.qat import QuantGRU
 from qtool.qat.module import gru_model
+from qtool.qmodel import load_qmodel
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("qat_demo", HERE / "qat_demo.py")
@@ -34,12 +39,13 @@ def nudge(module: torch.nn.Module, start: dict, eps: float, seed: int) -> None:
                 p.copy_(start[name] + eps * (2 * torch.randint(0, 2, p.shape, generator=g) - 1))
 
 
-def main(draws: int = 16) -> None:
+def main(start: str | None = None, draws: int = 16) -> None:
     torch.set_num_threads(1)
     x_tr, y_tr, _, _ = demo.sum100()
     xv, yv = x_tr[-500:], y_tr[-500:]
     gru, head = demo.load_float("sum100", 1)
-    qgru = QuantGRU(api.calibrate(gru_model(gru), x_tr[:400], bits="int8", method="mse"), batch_first=True)
+    qm = load_qmodel(start) if start else api.calibrate(gru_model(gru), x_tr[:400], bits="int8", method="mse")
+    qgru = QuantGRU(qm, batch_first=True)
     f0 = {n: p.detach().clone() for n, p in gru.named_parameters()}
     q0 = {n: p.detach().clone() for n, p in qgru.named_parameters() if "_fake_quant." not in n}
     print("eps     float: min..max (sd)        int8: min..max (sd), validation accuracy %")
@@ -56,4 +62,4 @@ def main(draws: int = 16) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])
