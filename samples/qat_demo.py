@@ -1,6 +1,6 @@
 """QAT against post-training calibration, on GRUs that int8 calibration hurts.
 
-    python samples/qat_demo.py --task sum100 --epochs 1 --lr 1e-3  # int8: PTQ loses 3.35 points, QAT wins half back
+    python samples/qat_demo.py --task sum100     # int8: PTQ loses 3.35 points, QAT wins back 2.2 to 2.65
     python samples/qat_demo.py                   # digits32: PTQ with every method, then QAT
     python samples/qat_demo.py --train           # first retrain the task's float model
     python samples/qat_demo.py --bits samples/w3a8.json   # 3-bit weights: PTQ loses 13.6 points
@@ -12,16 +12,20 @@ Tasks (a float classifier head on the GRU's last state):
 - sum100: a running sum to classify: 100 steps of one input uniform in [-1, 1]; the class is the
   sum's tercile (below -0.43 sigma, between, above +0.43 sigma of its N(0, 100/3) law), one layer
   of 32 (samples/sum100_gru.pt). 6000 sequences drawn with seed 0: 4000 train (the first 400
-  calibrate), 2000 test. The answer needs the whole sum held to a fraction of a step in h.
+  calibrate; QAT trains on the first 3500 and validates on the last 500), 2000 test. The answer
+  needs the whole sum held to a fraction of a step in h.
 
 PTQ: every method of `qtool calibrate --method`, auto included; QAT (qtool.qat.QuantGRU) starts
-from the best of them and distills the float GRU's last hidden state (or `--loss ce`). Every
-integer accuracy is the integer engine's on a quantized model file. Needs torch and scikit-learn.
+from the best of them and distills the float GRU's last hidden state (or `--loss ce`), with the
+task's recipe (`Recipe`; docs/qat.md says why sum100 anneals its rate, keeps its grids and
+writes its best validated checkpoint). Every integer accuracy is the integer engine's on a
+quantized model file. Needs torch and scikit-learn.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,15 +63,27 @@ def sum100():
     return x[:4000], y[:4000], x[4000:], y[4000:]
 
 
+class Recipe(NamedTuple):
+    """A task's default QAT recipe (each field a command-line option)."""
+
+    epochs: int
+    lr: float       # the weights' learning rate (Adam)
+    grid_lr: float  # the grids' log2 scales and zero points; 0 keeps the calibrated grids
+    schedule: str   # "constant", or "cosine": annealed to 0 over the run
+    val: int        # the last `val` training sequences only validate; the best checkpoint is kept
+
+
 class Task(NamedTuple):
     data: Callable
     hidden: int
     classes: int
     epochs: int
     cosine: bool  # learning rate annealed to 0 over the training (long sums need the last digits)
+    qat: Recipe
 
 
-TASKS = {"digits32": Task(digits32, 64, 10, 60, False), "sum100": Task(sum100, 32, 3, 30, True)}
+TASKS = {"digits32": Task(digits32, 64, 10, 60, False, Recipe(3, 1e-4, 1e-2, "constant", 0)),
+         "sum100": Task(sum100, 32, 3, 30, True, Recipe(2, 1e-3, 0.0, "cosine", 500))}
 
 
 def checkpoint(name: str) -> Path:
@@ -116,20 +132,50 @@ def int_accuracy(qm, x, head, labels) -> float:
     return accuracy(dequantize(run_int(qm, x), s.exp2_inv, s.zp)[:, -1], head, labels)
 
 
-def fine_tune(qgru: QuantGRU, gru, head, x, y, a, test) -> tuple[int, float]:
-    """QAT: Adam over the weights (a.lr) and the grids (a.grid_lr); returns the steps and seconds. After
-    each epoch, the integer engine's accuracy on `test` (x, labels) of the model it would write."""
-    groups = [{"params": qgru.weight_parameters(), "lr": a.lr}, {"params": qgru.range_parameters(), "lr": a.grid_lr}]
+class Tuned(NamedTuple):
+    steps: int       # optimizer steps taken
+    seconds: float   # CPU seconds of the fine-tuning itself (validation excluded)
+    best_step: int   # the step whose weights were kept (0: the calibrated start)
+    val: float       # the integer engine's validation accuracy there (nan without validation)
+
+
+def fine_tune(qgru: QuantGRU, gru, head, x, y, a, val) -> Tuned:
+    """QAT: Adam over the weights (a.lr) and the grids (a.grid_lr; 0 freezes them), the rates
+    annealed to 0 when a.schedule is cosine. With a validation split `val` (x, labels), the
+    integer engine's accuracy of the model the module would write is measured every a.eval_every
+    steps and at the start, and the best checkpoint is loaded back at the end."""
+    grids = qgru.range_parameters()
+    groups = [{"params": qgru.weight_parameters(), "lr": a.lr}]
+    if a.grid_lr:
+        groups.append({"params": grids, "lr": a.grid_lr})
+    else:
+        for p in grids:
+            p.requires_grad_(False)
     if a.loss == "ce":
         groups.append({"params": head.parameters(), "lr": a.lr})
     opt = torch.optim.Adam(groups)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y).long()
+    total = a.epochs * ((len(xt) + 63) // 64)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total) if a.schedule == "cosine" else None
     with torch.no_grad():
         teacher = gru(xt)[0][:, -1]
-    t0, steps = time.perf_counter(), 0
+    best = Tuned(0, 0.0, 0, float("nan"))
+    keep = None
+
+    def validate(steps: int) -> float:
+        nonlocal best, keep
+        acc = int_accuracy(qgru.to_quant_model(), val[0], head, val[1])
+        if not acc <= best.val:  # the first, or better: ties keep the earlier (smaller change)
+            best, keep = best._replace(best_step=steps, val=acc), copy.deepcopy(qgru.state_dict())
+        return acc
+
+    seconds, steps, acc = 0.0, 0, float("nan")
+    if val is not None:
+        acc = validate(0)
     for epoch in range(a.epochs):
         perm = torch.randperm(len(xt))
         for i in range(0, len(xt), 64):
+            t0 = time.process_time()
             idx = perm[i:i + 64]
             last = qgru(xt[idx])[0][:, -1]
             loss = (torch.nn.functional.cross_entropy(head(last), yt[idx]) if a.loss == "ce"
@@ -137,28 +183,44 @@ def fine_tune(qgru: QuantGRU, gru, head, x, y, a, test) -> tuple[int, float]:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if sched:
+                sched.step()
+            seconds += time.process_time() - t0
             steps += 1
-        spent = time.perf_counter() - t0
-        acc = int_accuracy(qgru.to_quant_model(), test[0], head, test[1])
-        print(f"QAT epoch {epoch + 1}: {steps} steps, {spent:.0f} s; integer engine {100 * acc:.2f}%", flush=True)
-        t0 = time.perf_counter() - spent  # the evaluation is not fine-tuning
-    return steps, time.perf_counter() - t0
+            if val is not None and (steps % a.eval_every == 0 or steps == total):
+                acc = validate(steps)
+        note = (f"; validation {100 * acc:.2f}% (step {steps - steps % a.eval_every}), best "
+                f"{100 * best.val:.2f}% (step {best.best_step})") if val is not None else ""
+        print(f"QAT epoch {epoch + 1}: {steps} steps, {seconds:.0f} s CPU{note}", flush=True)
+    if keep is not None:
+        qgru.load_state_dict(keep)
+    return best._replace(steps=steps, seconds=seconds)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", choices=tuple(TASKS), default="digits32", help="the model and data set")
     ap.add_argument("--train", action="store_true", help="retrain the float model first")
-    ap.add_argument("--epochs", type=int, default=3, help="QAT epochs over the training split")
+    ap.add_argument("--epochs", type=int, help="QAT epochs over the training split (the task's recipe: "
+                    "digits32 3, sum100 2)")
     ap.add_argument("--loss", choices=("ce", "distill"), default="distill",
                     help="ce: the task loss, fine-tuning the head too; distill: match the float GRU's "
                          "last hidden state, the head unchanged")
-    ap.add_argument("--lr", type=float, default=1e-4, help="learning rate of the weights")
-    ap.add_argument("--grid-lr", type=float, default=1e-2, help="learning rate of the grids' log2 scales")
+    ap.add_argument("--lr", type=float, help="learning rate of the weights (digits32 1e-4, sum100 1e-3)")
+    ap.add_argument("--grid-lr", type=float, help="learning rate of the grids' log2 scales and zero "
+                    "points; 0 keeps the calibrated grids (digits32 1e-2, sum100 0)")
+    ap.add_argument("--schedule", choices=("constant", "cosine"),
+                    help="the learning rates, held or annealed to 0 over the run (digits32 constant, sum100 cosine)")
+    ap.add_argument("--val", type=int, help="hold out the last VAL training sequences to validate on; the "
+                    "checkpoint best on them is written (digits32 0: none, the last is written; sum100 500)")
+    ap.add_argument("--eval-every", type=int, default=5, help="validate every this many steps")
     ap.add_argument("--seed", type=int, default=0, help="seed of the QAT batches' order")
     ap.add_argument("--bits", default="int8", help="a preset or a bits file, as `qtool calibrate --bits`")
     ap.add_argument("--out", type=Path, help="the quantized model file QAT writes (out/TASK_qat.h5)")
     a = ap.parse_args()
+    for field, value in TASKS[a.task].qat._asdict().items():
+        if getattr(a, field) is None:
+            setattr(a, field, value)
     out = a.out or HERE.parent / "out" / f"{a.task}_qat.h5"
     torch.set_num_threads(1)  # small tensors: more threads only add synchronisation
     x_tr, y_tr, x_te, y_te = TASKS[a.task].data()
@@ -173,7 +235,8 @@ def main() -> None:
     best = max(METHODS, key=score.get)  # chosen on the test set: the most PTQ can be credited with
     torch.manual_seed(a.seed)
     qgru = QuantGRU(ptq[best], batch_first=True)
-    steps, seconds = fine_tune(qgru, gru, head, x_tr, y_tr, a, (x_te, y_te))
+    n = len(x_tr) - a.val  # the validation split comes from the training sequences, never the test
+    tuned = fine_tune(qgru, gru, head, x_tr[:n], y_tr[:n], a, (x_tr[n:], y_tr[n:]) if a.val else None)
     qgru.to_qtool(out)
     qm = load_qmodel(out)
     with torch.no_grad():
@@ -181,8 +244,10 @@ def main() -> None:
     s = qm.cells[-1][0].spec["h"]
     q_mod = np.floor(y_mod.double().numpy() * 2.0 ** s.exp2_inv + 0.5) + s.zp
     same = float((q_mod == run_int(qm, x_te)).mean())
-    print(f"{a.bits} QAT (from {best}, {a.loss}, seed {a.seed}, {steps} steps of 64, "
-          f"{seconds:.0f} s): {100 * int_accuracy(qm, x_te, head, y_te):.2f}%; QuantGRU "
+    kept = f", kept step {tuned.best_step} ({100 * tuned.val:.2f}% on validation)" if a.val else ""
+    print(f"{a.bits} QAT (from {best}, {a.loss}, {a.schedule} lr {a.lr:g}, grids {a.grid_lr:g}, seed {a.seed}, "
+          f"{tuned.steps} steps of 64, {tuned.seconds:.0f} s CPU{kept}): "
+          f"{100 * int_accuracy(qm, x_te, head, y_te):.2f}%; QuantGRU "
           f"and the written file agree on {100 * same:.2f}% of the output integers -> {out}")
 
 
