@@ -17,3 +17,14 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'qtool' has no attribute {name!r}")
+
+
+def _seed_numba_cache() -> None:
+    """Before any kernel module is imported: a read-only installation's shipped kernels, into the
+    user's numba cache (qtool/cache_seed.py)."""
+    from qtool.cache_seed import seed_quietly
+
+    seed_quietly()
+
+
+_seed_numba_cache()
