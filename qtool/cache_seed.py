@@ -84,7 +84,10 @@ def seed_user_cache(roots: list[Path] | None = None) -> int:
         roots = [site / p for p in PACKAGES]
     copied = 0
     read_only = [c for c in shipped_caches(roots) if not os.access(c, os.W_OK)]  # numba uses the others in place
-    base = cache_base() if read_only else None
+    # a read-only package without a shipped cache (QTOOL_PRECOMPILE=0) needs the user's cache too
+    in_tree = all(os.access(r / "__pycache__" if (r / "__pycache__").is_dir() else r, os.W_OK)
+                  for r in roots if r.is_dir())
+    base = cache_base() if read_only or not in_tree else None
     for cache in read_only:
         dest = user_cache_dir(cache, base)
         for index in cache.glob("*.nbi"):

@@ -95,3 +95,25 @@ def test_without_a_writable_home_numba_is_sent_to_a_private_temporary_folder(shi
     log = run.stdout + run.stderr
     assert f"data loaded from '{base}" in log, log
     assert "data saved to" not in log, log
+
+
+def test_a_read_only_package_without_a_shipped_cache_gets_a_cache_folder_too(tmp_path, monkeypatch):
+    """QTOOL_PRECOMPILE=0 installed by root, run without a writable home: numba would fail with
+    "cannot cache function"; it gets the private temporary folder as above."""
+    from numba.core import config
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == pkg else access(p, mode))
+    monkeypatch.setattr(cache_seed, "writable_dir", lambda path: False)
+    monkeypatch.setattr(cache_seed.tempfile, "tempdir", str(tmp_path))
+    try:
+        assert cache_seed.seed_user_cache([pkg]) == 0  # nothing to copy
+        assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / f"qtool-numba-{os.getuid()}") == config.CACHE_DIR
+    finally:
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+        if OWN_CACHE_DIR is not None:
+            os.environ["NUMBA_CACHE_DIR"] = OWN_CACHE_DIR
+        config.reload_config()
