@@ -14,8 +14,6 @@ qtool points NUMBA_CACHE_DIR at a private folder under the system's temporary on
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 PACKAGES = ("qtool", "calibrators", "exporters")
@@ -45,6 +43,8 @@ def writable_dir(path: Path) -> bool:
 def cache_base() -> Path:
     """The user's numba cache directory; where that cannot be written, a folder of this user's
     own under the temporary directory, which numba is then told to use (NUMBA_CACHE_DIR)."""
+    import tempfile
+
     from numba.misc.appdirs import AppDirs
 
     base = Path(AppDirs(appname="numba", appauthor=False).user_cache_dir)
@@ -65,6 +65,8 @@ def cache_base() -> Path:
 def copy_index(index: Path, dest: Path) -> None:
     """One kernel's index (name.nbi) with its data files (name.N.nbc), the index last so that
     a reader never finds an index without its data."""
+    import shutil
+
     dest.mkdir(parents=True, exist_ok=True)
     base = index.name[: -len(".nbi")]
     for f in [*index.parent.glob(f"{base}.*.nbc"), index]:
@@ -73,22 +75,27 @@ def copy_index(index: Path, dest: Path) -> None:
         os.replace(tmp, dest / f.name)
 
 
+def _in_tree_writable(root: Path) -> bool:
+    cache = root / "__pycache__"
+    return os.access(cache if cache.is_dir() else root, os.W_OK)
+
+
 def seed_user_cache(roots: list[Path] | None = None) -> int:
     """Copy the shipped caches that numba cannot use in place (their folder is not writable)
     into the user's numba cache, where that has no index for them yet; returns how many kernels'
-    indexes were copied. With NUMBA_CACHE_DIR set numba uses that folder alone: left as it is."""
+    indexes were copied. With NUMBA_CACHE_DIR set numba uses that folder alone: left as it is.
+    Runs at every `import qtool`: a writable installation costs a few `access` calls."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return 0
     if roots is None:
         site = Path(__file__).resolve().parent.parent
         roots = [site / p for p in PACKAGES]
+    if all(_in_tree_writable(r) for r in roots if r.is_dir()):
+        return 0  # numba reads and writes the packages' own caches
+    # read-only: the user's cache (also for a package without a shipped one, QTOOL_PRECOMPILE=0)
+    base = cache_base()
     copied = 0
-    read_only = [c for c in shipped_caches(roots) if not os.access(c, os.W_OK)]  # numba uses the others in place
-    # a read-only package without a shipped cache (QTOOL_PRECOMPILE=0) needs the user's cache too
-    in_tree = all(os.access(r / "__pycache__" if (r / "__pycache__").is_dir() else r, os.W_OK)
-                  for r in roots if r.is_dir())
-    base = cache_base() if read_only or not in_tree else None
-    for cache in read_only:
+    for cache in shipped_caches(roots):
         dest = user_cache_dir(cache, base)
         for index in cache.glob("*.nbi"):
             if not (dest / index.name).exists():

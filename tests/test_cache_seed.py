@@ -5,6 +5,7 @@ them into the user's numba cache, where numba's own user-wide locator then finds
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_without_a_writable_home_numba_is_sent_to_a_private_temporary_folder(shi
     access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == cache else access(p, mode))
     monkeypatch.setattr(cache_seed, "writable_dir", lambda path: False)
-    monkeypatch.setattr(cache_seed.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     try:
         assert cache_seed.seed_user_cache([shipped]) == 1
         base = tmp_path / f"qtool-numba-{os.getuid()}"
@@ -108,7 +109,7 @@ def test_a_read_only_package_without_a_shipped_cache_gets_a_cache_folder_too(tmp
     access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == pkg else access(p, mode))
     monkeypatch.setattr(cache_seed, "writable_dir", lambda path: False)
-    monkeypatch.setattr(cache_seed.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     try:
         assert cache_seed.seed_user_cache([pkg]) == 0  # nothing to copy
         assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / f"qtool-numba-{os.getuid()}") == config.CACHE_DIR
