@@ -83,10 +83,16 @@ def _in_tree_writable(root: Path) -> bool:
 def seed_user_cache(roots: list[Path] | None = None) -> int:
     """Copy the shipped caches that numba cannot use in place (their folder is not writable)
     into the user's numba cache, where that has no index for them yet; returns how many kernels'
-    indexes were copied. With NUMBA_CACHE_DIR set numba uses that folder alone: left as it is.
-    Runs at every `import qtool`: a writable installation costs a few `access` calls."""
+    indexes were copied. With NUMBA_CACHE_DIR set numba uses that folder alone: left as it is,
+    unless it cannot be written, when qtool chooses as without it. Runs at every `import qtool`:
+    a writable installation costs a few `access` calls."""
     if os.environ.get("NUMBA_CACHE_DIR"):
-        return 0
+        if writable_dir(Path(os.environ["NUMBA_CACHE_DIR"])):
+            return 0
+        del os.environ["NUMBA_CACHE_DIR"]  # a file, or not ours: numba would say "cannot cache function"
+        from numba.core import config
+
+        config.reload_config()
     if roots is None:
         site = Path(__file__).resolve().parent.parent
         roots = [site / p for p in PACKAGES]

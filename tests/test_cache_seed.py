@@ -69,7 +69,8 @@ def test_a_writable_package_cache_is_left_to_numba(shipped, tmp_path):
 
 def test_numba_cache_dir_is_left_alone(shipped, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(shipped / "elsewhere"))
-    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    access = os.access  # every folder read-only but the one NUMBA_CACHE_DIR names
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) if Path(p) == shipped / "elsewhere" else False)
     assert cache_seed.seed_user_cache([shipped]) == 0
 
 
@@ -113,6 +114,30 @@ def test_a_read_only_package_without_a_shipped_cache_gets_a_cache_folder_too(tmp
     try:
         assert cache_seed.seed_user_cache([pkg]) == 0  # nothing to copy
         assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / f"qtool-numba-{os.getuid()}") == config.CACHE_DIR
+    finally:
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+        if OWN_CACHE_DIR is not None:
+            os.environ["NUMBA_CACHE_DIR"] = OWN_CACHE_DIR
+        config.reload_config()
+
+
+def test_an_unwritable_numba_cache_dir_is_replaced_like_a_missing_one(tmp_path, monkeypatch):
+    """NUMBA_CACHE_DIR naming a file, with a read-only package: numba would fail every command
+    with "cannot cache function"; qtool sends it to a folder it can write instead."""
+    from numba.core import config
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "a-file"))
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == pkg else access(p, mode))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    try:
+        cache_seed.seed_user_cache([pkg])
+        assert os.environ.get("NUMBA_CACHE_DIR") != str(tmp_path / "a-file") != config.CACHE_DIR
+        assert (tmp_path / "a-file").read_text() == ""
     finally:
         os.environ.pop("NUMBA_CACHE_DIR", None)
         if OWN_CACHE_DIR is not None:

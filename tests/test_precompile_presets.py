@@ -1,0 +1,25 @@
+"""`qtool precompile --preset P` repeated: each preset is compiled once, and the advisor's
+kernels (compiled with every preset) only when every preset was asked for."""
+
+import qtool
+from qtool.precompile import PRESETS, precompile
+
+
+def _calls(monkeypatch) -> list:
+    calls = []
+    monkeypatch.setattr(qtool, "calibrate", lambda model, x, bits, method: calls.append(("calibrate", bits)))
+    monkeypatch.setattr(qtool, "simulate", lambda qm, x, backend, mode: None)
+    monkeypatch.setattr(qtool, "advise", lambda *a: calls.append(("advise", None)))
+    return calls
+
+
+def test_a_repeated_preset_is_compiled_once(monkeypatch):
+    calls = _calls(monkeypatch)
+    precompile(("int8",) * len(PRESETS))
+    assert calls == [("calibrate", "int8")] * 2  # the stacked and the bidirectional model, once
+
+
+def test_every_preset_in_any_order_adds_the_advisor(monkeypatch):
+    calls = _calls(monkeypatch)
+    precompile(tuple(reversed(PRESETS)))
+    assert calls == [("calibrate", p) for p in reversed(PRESETS) for _ in range(2)] + [("advise", None)]
