@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +24,21 @@ FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
 class Stack:
     """One importable GRU: its cells `layers[l][d]` and, where the source is a framework, a function
     that runs the framework's own GRU on batch-first `x [N, T, C]` (raises ImportError when the
-    framework is not installed)."""
+    framework is not installed).
+
+    What the file holds besides it, so that nothing is converted partly without a word:
+    `took` names the file's layers or nodes that make this GRU; `left_out` the computing layers,
+    nodes or tensor groups it does not take (`"name (Op)"`; inference no-ops and layout ops are
+    not listed); `input_from` is None when the GRU reads the model's own input (through layout
+    ops only), else the `"name (Op)"` whose output it reads, so that data for the file is not
+    data for the GRU."""
 
     layers: list[list[GruCell]]
     framework: str | None = None
     run_source: Callable[[np.ndarray], np.ndarray] | None = None
+    took: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    input_from: str | None = None
 
 
 def detect_format(path: Path) -> str:
@@ -93,6 +103,9 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     model_name = key.replace("/", "_") or path.stem
     model = GruModel(stacks[key].layers, name=re.sub(r"\W+", "_", model_name).strip("_") or "gru",
                      source=f"{fmt}:{path.name}" + (f":{key}" if key else ""))
+    stack = stacks[key]
+    model.extra["import"] = {"took": list(stack.took), "left_out": list(stack.left_out),
+                             "input_from": stack.input_from}
     if check:
         from qtool.importers.crosscheck import cross_check
         model.extra["check"] = cross_check(model, stacks[key], str(path))
