@@ -52,8 +52,10 @@ class Histogram:
         if self.w is None or w <= self.w or self.counts.size == 0:
             self.w = w if self.w is None or self.counts.size == 0 else max(self.w, w)
             return
-        f = 1 << (w - self.w)
-        idx = np.floor_divide(np.arange(self.start, self.start + self.counts.size), f)
+        # floor(i / 2^s) as an arithmetic shift: s may exceed 63 (bins of 2^-40 merged with bins
+        # of 2^90 when data reach 1e30), where 2^s is no int64 and every index becomes 0 or -1
+        idx = np.right_shift(np.arange(self.start, self.start + self.counts.size, dtype=np.int64),
+                             min(w - self.w, 63))
         new_start = int(idx[0])
         self.counts = np.bincount(idx - new_start, weights=self.counts,
                                   minlength=int(idx[-1]) - new_start + 1).astype(np.int64)

@@ -320,6 +320,7 @@ def advise(
     time_first: TimeFirst = False,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
     limit: LimitOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the seed's own SNR prediction.")] = False,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
@@ -346,7 +347,7 @@ def advise(
     if as_json:
         emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "tensors": adv.rows})
         return
-    out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: predicted and measured SNR per tensor (dB)"))
+    out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
     out.print(summary_line(adv), highlight=False)
     out.print(search_line(adv), highlight=False)
     if output is not None:

@@ -211,6 +211,13 @@ def data_cases(good: np.ndarray) -> Iterator[tuple[str, str, Callable[[Path], No
     yield "npy_long_sequence", ".npy", npy((1, 10**9, c), "<f4")
     yield "npy_inf", ".npy", lambda p: np.save(p, np.full_like(good, np.inf))
     yield "npy_1e30", ".npy", lambda p: np.save(p, np.full_like(good, 1e30))
+
+    def pm_1e30(p):  # a few huge values among ordinary ones: histograms of very different widths merge
+        x = good.astype(np.float32)
+        x.reshape(-1)[::97] = 1e30
+        x.reshape(-1)[1::101] = -1e30
+        np.save(p, x)
+    yield "npy_pm_1e30", ".npy", pm_1e30
     yield "npy_float16_max", ".npy", lambda p: np.save(p, np.full(good.shape, 65504, np.float16))
     yield "npy_int64_extremes", ".npy", lambda p: np.save(p, np.full(good.shape, np.iinfo(np.int64).max))
     yield "npy_bool", ".npy", lambda p: np.save(p, good > 0)

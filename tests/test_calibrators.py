@@ -31,6 +31,19 @@ def test_histogram_merge_is_exact_and_order_free():
     assert a.total == 20000 and a.counts.size <= MAX_BINS
 
 
+def test_merging_bins_of_2e_minus_40_with_bins_of_2e90_is_exact():
+    """Tiny values in one chunk and +-1e30 in the next: bin widths 2^130 apart merge by shifting
+    each bin index (no 2^130 divisor, which int64 cannot hold)."""
+    tiny, huge = np.array([1e-12, 2e-12, 3e-12], np.float32), np.array([1e30, -1e30], np.float32)
+    a, b, whole = Histogram(), Histogram(), Histogram()
+    a.add(tiny)
+    b.add(huge)
+    whole.add(np.concatenate([tiny, huge]))
+    for merged in (a.merge(b), b.merge(a)):
+        assert merged.w == whole.w and merged.start == whole.start
+        assert np.array_equal(merged.counts, whole.counts) and merged.total == 5
+
+
 @pytest.mark.parametrize("value", [0.0, 1.0, -3.5, 1e-300, 1e30])
 def test_constant_tensors_get_a_grid_that_holds_them(value):
     """A tensor with one value (a saturated gate, a constant feature) has no span: its bins are

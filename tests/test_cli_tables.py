@@ -74,3 +74,26 @@ def test_saved_results_record_the_simulation_mode(cli, tmp_path):
             y_int[mode] = f["quant/y_int"][:]
     # what makes the attribute necessary: the two files' quant/ differ
     assert not np.array_equal(y_int["integer"], y_int["fakequant"])
+
+
+def test_advise_table_fits_80_columns_and_verbose_adds_the_statistics():
+    from types import SimpleNamespace
+
+    from qtool.advisor.report import tensor_table
+
+    row = {"layer": 1, "direction": "bwd", "mu": -0.0123, "sigma": 0.456, "M": 12.5, "p_zero_8": 1e-3,
+           "p_zero_16": 1e-7, "predicted_seed_db": 31.25, "predicted_grid_db": 30.5, "measured_snr_db": 29.75,
+           "bits": 16, "method": "percentile"}
+    rows = [{**row, "tensor": t} for t in ("old_contrib", "Rh_add_br", "new_contrib", "z_pre")]
+    advice = SimpleNamespace(rows=rows)
+    text = _render(tensor_table(advice, "gru: SNR per tensor (dB)"))
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in text
+    header = next(line for line in lines if "┃ layer" in line)
+    for col in ("layer", "tensor", "predicted", "measured", "bits", "method"):
+        assert col in header, col
+    for r in rows:
+        assert any(f"│ 1.bwd │ {r['tensor']} " in line and "30.5" in line and "29.8" in line and "percentile" in line
+                   for line in lines), r["tensor"]
+    wide = tensor_table(advice, "t", verbose=True)
+    assert [c.header for c in wide.columns][2:8] == ["mu", "sigma", "M", "P0 @8", "P0 @16", "seed SNR"]

@@ -155,7 +155,7 @@ def test_zip_bomb_keras_is_refused_in_bounded_memory(cli, tmp_path):
 
 REFUSED = ("npy_huge_shape", "npy_truncated", "npy_complex", "npy_object", "npy_bad_header",
            "npy_long_sequence", "npy_inf", "npz_lying_member", "h5_strings", "h5_huge_declared")
-BEYOND_EVERY_GRID = ("npy_1e30", "npy_int64_extremes")  # simulate saturates them; calibrate refuses
+BEYOND_EVERY_GRID = ("npy_1e30", "npy_pm_1e30", "npy_int64_extremes")  # simulate saturates them; calibrate refuses
 
 
 def test_odd_data_files(cli, qmodel, tmp_path):

@@ -71,7 +71,9 @@ def test_histograms_and_clipping_from_the_float_values(case, data):
                 clipping += clipped > 0
                 assert v.distance["saturated"] == clipped / values.size, v.key
                 assert v.counts.sum() == values.size and v.distance["count"] == values.size
-                assert v.data == (values.min(), values.max())
+                # the report's float pass runs in other chunks than this one: BLAS may round a
+                # GEMM's last bit differently, so extremes agree to float32 precision, not bit for bit
+                assert np.allclose(v.data, (values.min(), values.max()), rtol=1e-6, atol=1e-7), v.key
                 assert v.edges[0] <= values.min() and values.max() < v.edges[-1]
                 lo, hi = v.grid
                 assert np.count_nonzero((values < lo) | (values >= hi)) == clipped, v.key

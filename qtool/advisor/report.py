@@ -15,17 +15,21 @@ def _db(v: float | None) -> str:
     return "inf" if math.isinf(v) else f"{v:.1f}"
 
 
-def tensor_table(advice: Advice, title: str) -> Table:
+def tensor_table(advice: Advice, title: str, verbose: bool = False) -> Table:
+    """Per tensor: the SNR predicted on its grid, the measured one and the bits chosen (fits 80
+    columns); `verbose` adds the estimator's statistics and the seed's own prediction."""
     t = Table(title=title)
-    cols = ("layer", "tensor", "mu", "sigma", "M", "P0 @8", "P0 @16", "seed SNR", "grid SNR",
-            "measured", "bits", "method")
+    stats = ("mu", "sigma", "M", "P0 @8", "P0 @16", "seed SNR") if verbose else ()
+    cols = ("layer", "tensor", *stats, "predicted", "measured", "bits", "method")
     for c in cols:
-        t.add_column(c, justify="left" if c in ("layer", "tensor", "method") else "right")
+        t.add_column(c, justify="left" if c in ("layer", "tensor", "method") else "right",
+                     no_wrap=c in ("layer", "tensor"))
     for r in advice.rows:
-        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], f"{r['mu']:.2g}", f"{r['sigma']:.2g}",
-                  f"{r['M']:.3g}", f"{r['p_zero_8']:.0e}", f"{r['p_zero_16']:.0e}",
-                  _db(r["predicted_seed_db"]), _db(r["predicted_grid_db"]), _db(r["measured_snr_db"]),
-                  str(r["bits"]), r["method"] or "", style="bold" if r["bits"] == 16 else None)
+        values = (f"{r['mu']:.2g}", f"{r['sigma']:.2g}", f"{r['M']:.3g}", f"{r['p_zero_8']:.0e}",
+                  f"{r['p_zero_16']:.0e}", _db(r["predicted_seed_db"])) if verbose else ()
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], *values, _db(r["predicted_grid_db"]),
+                  _db(r["measured_snr_db"]), str(r["bits"]), r["method"] or "",
+                  style="bold" if r["bits"] == 16 else None)
     return t
 
 

@@ -55,17 +55,19 @@ def _flatten(d, prefix: str = "") -> dict:
     return out
 
 
-def load_tensors(path: Path, fmt: str, keep=None) -> dict:
+def load_tensors(path: Path, fmt: str, keep=None, skipped: list | None = None) -> dict:
     """The tensors of a state dict whose keys `keep` accepts (default: the GRU weights), as
-    numpy arrays, each checked for size first; only the GRU weights must be floating point."""
-    return _load_safetensors(path, keep) if fmt == "safetensors" else _load_pt(path, keep)
+    numpy arrays, each checked for size first; only the GRU weights must be floating point.
+    The keys of the tensors not read are appended to `skipped`."""
+    skipped = [] if skipped is None else skipped
+    return _load_safetensors(path, keep, skipped) if fmt == "safetensors" else _load_pt(path, keep, skipped)
 
 
 def _is_gru_key(k: str) -> bool:
     return KEY.match(k) is not None
 
 
-def _load_safetensors(path: Path, keep=None) -> dict:
+def _load_safetensors(path: Path, keep, skipped: list) -> dict:
     try:
         from safetensors import safe_open
     except ImportError:
@@ -76,7 +78,8 @@ def _load_safetensors(path: Path, keep=None) -> dict:
         with safe_open(str(path), framework="numpy") as f:
             for k in f.keys():
                 if not (keep or _is_gru_key)(k):
-                    continue  # other tensors of the file are never read
+                    skipped.append(k)  # other tensors of the file are never read
+                    continue
                 sl = f.get_slice(k)
                 check_size(str(path), k, sl.get_shape())
                 if _is_gru_key(k) and sl.get_dtype() not in SAFETENSORS_FLOATS:
@@ -107,7 +110,7 @@ def _torch_error(path: Path, e: Exception) -> QtoolError:
                       f"({lines[0][:200] if lines else type(e).__name__})")
 
 
-def _load_pt(path: Path, keep=None) -> dict:
+def _load_pt(path: Path, keep, skipped: list) -> dict:
     try:
         import torch
     except ImportError:
@@ -132,6 +135,7 @@ def _load_pt(path: Path, keep=None) -> dict:
     out = {}
     for k, v in _flatten(obj).items():
         if not ((keep or _is_gru_key)(k) and isinstance(v, torch.Tensor)):
+            skipped.append(k)
             continue
         check_size(str(path), k, v.shape)
         if v.layout != torch.strided or v.is_quantized or v.is_complex():
@@ -187,16 +191,30 @@ def gru_layers(state: dict, where: str) -> list:
 def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
     from qtool.importers.check_torch import run_torch
 
-    tensors = load_tensors(path, fmt)
+    skipped: list[str] = []
+    tensors = load_tensors(path, fmt, skipped=skipped)
     groups: dict[str, dict] = {}
     for key, val in tensors.items():
         m = KEY.match(key)
         groups.setdefault(m["prefix"].rstrip("."), {})[key[len(m["prefix"]):]] = val
+    from qtool.importers.torch_fakequant import SLOT
+
+    others = modules([k for k in skipped if not SLOT.match(k)])  # quantizers are read as ranges
     out = {}
     for prefix, state in groups.items():
         where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
-        if not prefix and len(groups) > 1:
-            prefix = ROOT  # "" would mean "the only GRU": with others beside it, it needs a name
+        name = ROOT if not prefix and len(groups) > 1 else prefix  # "" means "the only GRU"
         state = {k: as_float32(where, k, v) for k, v in state.items()}
-        out[prefix] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state))
+        rest = [f"{p or ROOT} (GRU)" for p in groups if p != prefix]
+        # a state dict does not say what feeds the GRU: input_from stays unknown (None)
+        out[name] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state),
+                          took=[prefix or ROOT], left_out=rest + others)
     return out
+
+
+def modules(keys: list[str]) -> list[str]:
+    """The modules a state dict holds besides its GRUs, as `"name (N tensors)"`, in file order."""
+    count: dict[str, int] = {}
+    for k in keys:
+        count[k.rpartition(".")[0] or k] = count.get(k.rpartition(".")[0] or k, 0) + 1
+    return [f"{m} ({n} tensor{'s' * (n != 1)})" for m, n in count.items()]
