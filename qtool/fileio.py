@@ -112,6 +112,7 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
             raise QtoolError(f"output {path} is also an input of this command; choose another name")
     if path.is_dir():
         raise QtoolError(f"output path is a directory: {path}")
+    probe_writable(path)
     if path.exists() or path.is_symlink():
         if not written_by_qtool(path):
             raise QtoolError(f"{path} exists and was not written by qtool; it is left alone "
@@ -122,6 +123,23 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
             if not confirm(f"{path} exists. Overwrite?"):
                 raise QtoolError(f"{path} exists and was not overwritten")
     return path
+
+
+def probe_writable(path: Path) -> None:
+    """Refuse now, not after minutes of work, an output whose folder cannot take a file: create
+    and remove a temporary in the nearest existing folder (a read-only mount, no permission, a
+    file where a folder must go). Nothing is created that stays."""
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise QtoolError(f"cannot write {path}: {existing} is a file, not a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=existing)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, path)) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -201,10 +219,21 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise QtoolError(f"output path exists and is not a directory: {out_dir}")
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise QtoolError(os_error_message(e, out_dir, "creating")) from None
+    try:
+        return _write_into(out_dir, files, force, confirm, inputs)
+    except BaseException:  # a refusal, a full disk, a signal: no folder of ours stays behind either
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only empty folders go: what another process put there stays
+        raise
+
+
+def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable) -> list[str]:
     targets = {name: out_dir / name for name in files}
     for p in targets.values():
         for i in inputs:
