@@ -17,6 +17,7 @@ Every user error raises qtool.errors.QtoolError with a one-line message.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -92,6 +93,20 @@ def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None
         model = import_model(path, fmt, name, check=check)
     if path.is_file():
         model.extra["sha256"] = sha256_file(path)
+    model.extra["path"] = str(path)  # an output must never replace it
+    return model
+
+
+def load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
+                        check: bool = True) -> GruModel:
+    """`load_model` for a command that feeds data to the file (calibrate, advise): the data are the
+    model's input, so a GRU that reads another layer's output is refused, remedy included."""
+    from qtool.importers import not_fed_by_input
+
+    model = load_model(path, fmt, name, check)
+    refusal = not_fed_by_input(model, Path(path))
+    if refusal:
+        raise QtoolError(refusal)
     return model
 
 
@@ -99,7 +114,38 @@ def load(path: str | os.PathLike) -> QuantModel:
     """A quantized model file, validated (qtool.validate): safe for every engine and exporter."""
     from qtool.qmodel import load_qmodel
 
-    return load_qmodel(Path(path))
+    path = Path(path)
+    _refuse_unquantized(path)
+    return load_qmodel(path)
+
+
+def _refuse_unquantized(path: Path) -> None:
+    """A float model or a framework file where a quantized model belongs: say what it is and
+    what to run (load_qmodel's errors cover everything else)."""
+    import h5py
+
+    from qtool.importers import detect_format
+    from qtool.model import open_h5
+    from qtool.qmodel import is_qmodel
+
+    if not path.is_file():
+        return
+    kind = None
+    if h5py.is_hdf5(path):
+        with open_h5(path) as f:
+            if is_qmodel(f):
+                return
+            if str(f.attrs.get("format", "")) in ("qtool-gru", "b'qtool-gru'"):
+                kind = "a float qtool model"
+            elif "keras_version" in f.attrs or "model_config" in f.attrs:
+                kind = "a Keras model"
+    else:
+        with contextlib.suppress(QtoolError):
+            kind = {"torch": "a PyTorch file", "safetensors": "a safetensors file", "keras": "a Keras model",
+                    "onnx": "an ONNX model", "haste": "haste weights"}[detect_format(path)]
+    if kind:
+        raise QtoolError(f"{path}: {kind}, not a quantized model; quantize it first: qtool calibrate "
+                         f"{path.name} CALIB_DATA -o q.h5")
 
 
 def _write_once(write: Callable[[], None]) -> None:
@@ -237,7 +283,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     label, config = _bits_config(bits)
     if not isinstance(model, GruModel):
         path = Path(model)
-        model = load_model(path)
+        model = load_model_for_data(path)
         ranges = file_ranges(path, model) if ranges is None else ranges
     auto = list(methods) == ["auto"] and ranges is None
     methods = ["minmax" if m == "auto" else m for m in methods]
@@ -306,10 +352,9 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
         raise QtoolError(f"--threshold must be a finite number of dB, got {threshold}")
     if batch_size < 1:
         raise QtoolError("--batch-size must be at least 1")
-    model_path = None
     if not isinstance(model, GruModel):
-        model_path = Path(model)
-        model = load_model(model_path)
+        model = load_model_for_data(Path(model))
+    model_path = model.extra.get("path")
     data_in, test_in = data, test
     data = as_data(data, dataset, time_first)
     data.check_features(model.input_size)
@@ -380,6 +425,11 @@ class SimulationResult:
     backend_reason: str = ""
     mode: str = "integer"
     extra: dict = field(default_factory=dict)  # mode both: "fakequant" (its distances, agreement)
+    # with outputs=True, [N, T, output_size]: the float GRU's output, the integer GRU's dequantized
+    # (the fake-quant GRU's under mode "fakequant") and its raw output integers (int32)
+    y_float: np.ndarray | None = None
+    y_quant: np.ndarray | None = None
+    y_int: np.ndarray | None = None
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "output": self.output, "tensors": self.tensors,
@@ -391,11 +441,12 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
              backend: str = "auto", batch_size: int = 256, limit: int | None = None,
              save: str | os.PathLike | None = None, force: bool = False,
              confirm: Callable[[str], bool] | None = None, dataset: str | None = None,
-             time_first: bool = False, mode: str = "integer",
+             time_first: bool = False, mode: str = "integer", outputs: bool = False,
              progress: Progress | None = None) -> SimulationResult:
     """Run the integer GRU and the float GRU side by side on `data` and measure how far apart
     they are. `mode`: "integer", "fakequant" (the float GRU with every tensor rounded onto its
-    grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file."""
+    grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file;
+    `outputs=True` returns them in the result (`y_float`, `y_quant`, `y_int`, `[N, T, out]`)."""
     from qtool.fakequant_sim import MODES
 
     if mode not in MODES:
@@ -421,23 +472,52 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
                             confirm)
     t0 = time.perf_counter()
     comm = world()
+    kept = _Outputs(n, data.shape[1], qm.model.output_size) if outputs else None
     if comm is not None:  # under mpiexec: each rank simulates its chunks, rank 0 writes `save`
         from qtool.dist.simulate import simulate as simulate_ranks
 
+        if outputs:
+            raise QtoolError("outputs=True is not available under mpiexec (each rank holds its own "
+                             "chunks); use save= to get the outputs in a file")
         sim = simulate_ranks(comm, qm, data, batch_size, per_tensor, n, runner, progress, save, mode)
     elif save is None:
-        sim = run_simulation(qm, data, batch_size, per_tensor, n,
-                             (lambda start, *o: progress(start + len(o[0]), n)) if progress else None, runner,
-                             mode)
+        report = (lambda start, *o: progress(start + len(o[0]), n)) if progress else None
+        sim = run_simulation(qm, data, batch_size, per_tensor, n, _keeping(kept, report), runner, mode)
     else:
         from qtool.results import write_results
 
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
-            qm, data, batch_size, per_tensor, n, on_chunk, runner, mode), progress, mode)
+            qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
+    arrays = (kept.y_float, kept.y_quant, kept.y_int) if kept else (None, None, None)
     return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
-                            time.perf_counter() - t0, label, reason, mode, extra)
+                            time.perf_counter() - t0, label, reason, mode, extra, *arrays)
+
+
+class _Outputs:
+    """The outputs of every chunk of a simulation, gathered for SimulationResult."""
+
+    def __init__(self, n: int, steps: int, width: int) -> None:
+        self.y_float = np.empty((n, steps, width), np.float32)
+        self.y_quant = np.empty((n, steps, width), np.float32)
+        self.y_int = np.empty((n, steps, width), np.int32)
+
+    def put(self, start: int, y_float: np.ndarray, y_quant: np.ndarray, y_int: np.ndarray) -> None:
+        stop = start + len(y_float)
+        self.y_float[start:stop], self.y_quant[start:stop], self.y_int[start:stop] = y_float, y_quant, y_int
+
+
+def _keeping(kept: _Outputs | None, on_chunk: Callable | None) -> Callable | None:
+    """`on_chunk`, first storing each chunk's outputs in `kept` (when asked for)."""
+    if kept is None:
+        return on_chunk
+
+    def both(start: int, *outs) -> None:
+        kept.put(start, *outs)
+        if on_chunk:
+            on_chunk(start, *outs)
+    return both
 
 
 @dataclass

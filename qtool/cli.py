@@ -162,6 +162,8 @@ def root(ctx: typer.Context,
         raise typer.Exit()
 
 
+NameOpt = Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several (a Keras layer, an ONNX node, a PyTorch module prefix).")]
+NoCheckOpt = Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import of a framework file.")]
 ModelArg = Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A qtool model file or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")]
 QModelArg = Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="A quantized model from 'qtool calibrate'.")]
 DataOpt = Annotated[str | None, typer.Option("--dataset", metavar="NAME", help="Array/dataset name inside .npz/.h5 data.")]
@@ -176,12 +178,13 @@ def import_cmd(
     src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
-    name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several.")] = None,
-    no_check: Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import.")] = False,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
     force: Force = False,
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
     from qtool import api
+    from qtool.importers import import_note
     from qtool.importers.crosscheck import describe
 
     src = Path(need(src, "model file to import", "MODEL"))
@@ -192,6 +195,18 @@ def import_cmd(
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
     out.print(describe(model.extra.get("check")), highlight=False)
+    note = import_note(model)
+    if note:
+        out.print(escape(note), highlight=False)
+
+
+def note_what_was_left_out(model) -> None:
+    """A framework file given to calibrate or advise: say on stderr what the GRU leaves out."""
+    from qtool.importers import import_note
+
+    note = import_note(model)
+    if note:
+        err.print(f"note: {escape(note)}", highlight=False)
 
 
 def say_if_compiling() -> None:
@@ -220,6 +235,8 @@ def calibrate(
     limit: LimitOpt = None,
     snap: Annotated[str, typer.Option(metavar="up|nearest", help="For quantized or QAT-trained models (ONNX QDQ, PyTorch fake-quant, QAT checkpoints): a file scale that is not a power of two goes 'up' to the finest power-of-two grid that does not clip its range, or to the 'nearest' power of two.")] = "up",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every tensor's quantization and the activation tables.")] = False,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
@@ -231,7 +248,8 @@ def calibrate(
     from qtool.report import auto_lines, calibration_summary, lut_table, ranges_table, spec_rows, spec_table
 
     model_path = Path(need(model_path, "model file", "MODEL"))
-    model = api.load_model(model_path)
+    model = api.load_model_for_data(model_path, name=name, check=not no_check)
+    note_what_was_left_out(model)
     ranges = api.file_ranges(model_path, model)
     if ranges is None or compare is not None or data_path is not None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
@@ -321,6 +339,8 @@ def advise(
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
     limit: LimitOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the seed's own SNR prediction.")] = False,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
@@ -333,6 +353,8 @@ def advise(
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
+    model = api.load_model_for_data(model_path, name=name, check=not no_check)
+    note_what_was_left_out(model)
     with progress_bar() as bar:
         tasks: dict = {}
 
@@ -340,7 +362,7 @@ def advise(
             if stage not in tasks:
                 tasks[stage] = bar.add_task(stage, total=total, rate="")
             bar.update(tasks[stage], completed=done, rate="")
-        adv = api.advise(model_path, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
+        adv = api.advise(model, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
                          threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
                          limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
                          confirm=confirm_at_terminal(), progress=tick)
@@ -449,28 +471,37 @@ def report(
 
 @app.command()
 def inspect(
-    path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A model or quantized model file.")] = None,
+    path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A quantized or float qtool model file, or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")] = None,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
     as_json: JsonOpt = False,
 ):
     """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables."""
+    import h5py
+
     from qtool import api
+    from qtool.importers import import_note
     from qtool.model import open_h5
     from qtool.qmodel import is_qmodel
     from qtool.report import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
 
     path = Path(need(path, "model file", "FILE"))
-    with open_h5(path) as f:
-        quantized = is_qmodel(f)
+    quantized = False
+    if path.is_file() and h5py.is_hdf5(path):  # else an importable file, or load_model's error
+        with open_h5(path) as f:
+            quantized = is_qmodel(f)
     qm = api.load(path) if quantized else None
-    model = qm.model if qm else api.load_model(path)
+    model = qm.model if qm else api.load_model(path, name=name, check=not no_check)
     summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
                "bidirectional": model.bidirectional, "input_size": model.input_size,
-               "hidden_size": model.hidden_size, "quantized": quantized}
+               "hidden_size": model.hidden_size, "quantized": quantized, **model.extra.get("import", {})}
     if as_json:
         emit_json({**summary, "shapes": layer_rows(model),
                    **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {})})
         return
     out.print(shapes_table(model, f"{model.name} ({model.source})"))
+    if import_note(model):
+        out.print(escape(import_note(model)), highlight=False)
     if qm is not None:
         out.print(provenance_table(qm))
         out.print(spec_table(qm, "quantization"))

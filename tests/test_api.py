@@ -53,3 +53,31 @@ def test_api_errors_are_qtool_errors():
         qtool.calibrate(model, np.zeros((4, 3, 5), np.float32), method="magic")
     with pytest.raises(AttributeError):
         getattr(qtool, "no_such_function")  # noqa: B009
+
+
+def test_simulate_hands_back_the_outputs_without_a_file(tmp_path):
+    """outputs=True: y_int is what the independent rational reference computes, y_quant its
+    dequantization, y_float the float GRU's; the same arrays as save= writes."""
+    import h5py
+    from reference_int_gru import cell_forward
+
+    from qtool.engine_cpu import quantize_input
+    from qtool.float_gru import run_float
+    from qtool.qparams import dequantize
+
+    model = random_model(C=5, H=4, seed=3)
+    rng = np.random.default_rng(11)
+    qm = qtool.calibrate(model, rng.standard_normal((16, 6, 5)).astype(np.float32), method="minmax")
+    test = rng.standard_normal((7, 5, 5)).astype(np.float32) * 1.3  # held out, partly beyond the range
+    res = qtool.simulate(qm, test, backend="cpu", batch_size=3, outputs=True, save=tmp_path / "s.h5")
+    assert res.y_int.shape == res.y_quant.shape == res.y_float.shape == (7, 5, 4) and res.y_int.dtype == np.int32
+    qx = quantize_input(qm, test).transpose(1, 0, 2).tolist()  # [T, N, C]
+    want = np.array(cell_forward(qm.cells[0][0], qx)).transpose(1, 0, 2)  # [N, T, H]
+    assert np.array_equal(res.y_int, want)
+    h = qm.cells[0][0].spec["h"]
+    assert np.array_equal(res.y_quant, dequantize(res.y_int, h.exp2_inv, h.zp).astype(np.float32))
+    assert np.allclose(res.y_float, run_float(model, test), atol=1e-6)
+    with h5py.File(tmp_path / "s.h5") as f:
+        for key, got in (("float/y", res.y_float), ("quant/y", res.y_quant), ("quant/y_int", res.y_int)):
+            assert np.array_equal(f[key][()], got), key
+    assert qtool.simulate(qm, test, backend="cpu").y_int is None  # only when asked for

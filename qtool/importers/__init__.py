@@ -116,3 +116,27 @@ def chained(layers: list) -> bool:
     """Whether single layers `[[fwd(, bwd)], ...]` chain by size (each takes the one before's output)."""
     return all(layers[l][0].W.shape[1] == layers[l - 1][0].R.shape[1] * len(layers[l - 1])
                and len(layers[l]) == len(layers[l - 1]) for l in range(1, len(layers)))
+
+
+def import_note(model: GruModel) -> str | None:
+    """One line on what an import took from a framework file and what it left out; None when the
+    file holds nothing but the GRU."""
+    info = model.extra.get("import")
+    if not info or not info["left_out"]:
+        return None
+    took = ", ".join(info["took"]) or model.name
+    return (f"took the GRU ({took}); left out, not quantized: {', '.join(info['left_out'])} "
+            "(qtool quantizes the GRU alone)")
+
+
+def not_fed_by_input(model: GruModel, path: Path) -> str | None:
+    """Why data for the file at `path` are not data for its GRU (it reads another layer's output),
+    with the remedy; None when the GRU reads the model's own input."""
+    info = model.extra.get("import")
+    if not info or info["input_from"] is None:
+        return None
+    took = ", ".join(info["took"]) or model.name
+    return (f"{path}: the GRU ({took}) reads the output of {info['input_from']}, not the model's input, "
+            "so the model's input data are not what the GRU sees; qtool quantizes the GRU alone: run "
+            f"the layers before it on your data and calibrate the GRU on their outputs (qtool import "
+            f"{path.name} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")

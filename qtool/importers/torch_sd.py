@@ -97,6 +97,10 @@ def _torch_error(path: Path, e: Exception) -> QtoolError:
     """torch's unpickling errors are long and coloured: say in one line what the file holds."""
     msg = ANSI.sub("", str(e))
     save = "save the weights instead: torch.save(model.state_dict(), 'model.pt')"
+    if "TorchScript" in msg:  # loading one runs its code; its state dict holds the same weights
+        return QtoolError(f"{path}: a TorchScript archive (torch.jit.save), which holds code; qtool reads "
+                          f"weights only: torch.save(torch.jit.load('{path.name}').state_dict(), 'model.pt') "
+                          "and import that")
     glob = re.search(r"GLOBAL ([\w.]+)", msg)
     if glob:
         return QtoolError(f"{path}: holds pickled Python objects ({glob[1]}), not only tensors; loading them "
