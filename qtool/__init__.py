@@ -6,8 +6,8 @@ cheap): load_model, calibrate, advise, compare, simulate, save, load, export_c, 
 
 __version__ = "0.1.0"
 
-API = ("advise", "as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model", "observe",
-       "save", "save_model", "simulate", "verify")
+API = ("advise", "as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model",
+       "load_model_for_data", "observe", "save", "save_model", "simulate", "verify")
 __all__ = ["__version__", *API]
 
 
