@@ -184,13 +184,15 @@ def import_cmd(
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
     from qtool import api
+    from qtool.fileio import claim_output
     from qtool.importers import import_note
     from qtool.importers.crosscheck import describe
 
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
+    claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
     model = api.load_model(src, fmt, name, check=not no_check)
-    api.save_model(model, output, force, confirm_at_terminal(), inputs=[src])
+    api.save_model(model, output, True, inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
@@ -200,13 +202,16 @@ def import_cmd(
         out.print(escape(note), highlight=False)
 
 
+NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)
+
+
 def note_what_was_left_out(model) -> None:
-    """A framework file given to calibrate or advise: say on stderr what the GRU leaves out."""
+    """A framework file given to calibrate or advise: say what the GRU leaves out of it."""
     from qtool.importers import import_note
 
     note = import_note(model)
     if note:
-        err.print(f"note: {escape(note)}", highlight=False)
+        NOTES.append(note)
 
 
 def say_if_compiling() -> None:
@@ -686,11 +691,15 @@ def main(argv: list[str] | None = None) -> None:
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
+    NOTES.clear()  # in-process callers (tests) run several commands
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")
     try:
         with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
             code = app(args=argv, prog_name="qtool", standalone_mode=False)
+            for note in NOTES:
+                err.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+            NOTES.clear()
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

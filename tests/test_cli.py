@@ -97,9 +97,9 @@ def test_bad_model_files(cli, tmp_path):
     (tmp_path / "x.onnx").write_bytes(b"\x00\x01garbage")
     (tmp_path / "x.pt").write_bytes(b"garbage")
     cases = [
-        (["inspect", tmp_path / "corrupt.h5"], "not a readable HDF5"),
+        (["inspect", tmp_path / "corrupt.h5"], "not a readable"),
         (["inspect", tmp_path / "missing.h5"], "not found"),
-        (["simulate", MODEL, SAMPLES / "test.npy"], "not a readable HDF5"),
+        (["simulate", MODEL, SAMPLES / "test.npy"], "a safetensors file, not a quantized model"),
         (["import", tmp_path / "x.weird", "-o", tmp_path / "m.h5"], "not found"),
         (["import", SAMPLES / "calib.npy", "-o", tmp_path / "m.h5", "--format", "nope"], "unknown format"),
         (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--bits", "int3"],
