@@ -1,5 +1,6 @@
 """The Keras side of the import check: the file loaded by Keras itself (safe_mode: no code from the
-file runs), its GRU layers run on the check's inputs.
+file runs, no compile: nothing of training is loaded), its GRU layers run on the check's inputs.
+Keras is given an inference-only copy of the file in a private temporary folder (keras_copy.py).
 
 Keras decides which weights belong to which layer and what the layer computes; each layer is
 re-created from its own config with the full sequence returned (a `return_sequences=False` layer
@@ -12,11 +13,13 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.importers.keras_copy import inference_config, unloadable, write_copy
 from qtool.importers.validate import MAX_TENSOR_ELEMENTS, one_torch_thread
 
 SIZE_KEYS = ("units", "filters", "input_dim", "output_dim", "num_heads", "key_dim", "value_dim",
@@ -42,7 +45,7 @@ def _import_keras():
 
 def _full_sequence_config(cfg: dict) -> dict:
     """A GRU's (or a Bidirectional GRU's) config returning the whole sequence, in float32."""
-    cfg = _zero_initializers(cfg)  # a copy; the weights are replaced at once
+    cfg = inference_config(cfg)  # a copy; the weights are replaced at once
     cfg["dtype"] = "float32"
     inner = [cfg[k]["config"] for k in ("layer", "backward_layer") if isinstance(cfg.get(k), dict)]
     for c in inner or [cfg]:
@@ -71,25 +74,16 @@ def _oversized(config) -> str | None:
     return next((r for v in config.values() if (r := _oversized(v))), None)
 
 
-def _zero_initializers(config):
-    """The config with every initializer 'zeros': Keras builds the model without the orthogonal
-    initializer's QR decompositions (seconds for large GRUs); every weight is then loaded from the file."""
-    if isinstance(config, dict):
-        return {k: "zeros" if k.endswith("_initializer") and v is not None else _zero_initializers(v)
-                for k, v in config.items()}
-    if isinstance(config, list):
-        return [_zero_initializers(v) for v in config]
-    return config
-
-
 def _load(keras, path: Path, config: dict):
-    """The model as Keras reads it: built from the file's config (safe_mode: no code from the file
-    runs), then Keras assigns the file's weights to its layers."""
-    if str(path).endswith(".keras"):
-        model = keras.saving.deserialize_keras_object(_zero_initializers(config), safe_mode=True)
-        model.load_weights(str(path))
-        return model
-    return keras.saving.load_model(str(path), compile=False, safe_mode=True)
+    """The model as Keras reads it: Keras' own loader on the inference-only copy of the file, in a
+    folder of qtool's that is removed afterwards (the loaded model holds its weights in memory)."""
+    why = unloadable(keras, inference_config(config))
+    if why:
+        raise QtoolError(f"{path}: {why}; Keras cannot build the model without that code, which qtool does "
+                         "not run (--no-check imports the GRU without the check)")
+    with tempfile.TemporaryDirectory(prefix="qtool-keras-") as folder:
+        copy = write_copy(path, config, Path(folder))
+        return keras.saving.load_model(str(copy), compile=False, safe_mode=True)
 
 
 def _layer(model, name: str):

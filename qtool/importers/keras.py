@@ -20,7 +20,9 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers import Stack
+from qtool.importers.check_keras import run_keras
 from qtool.importers.keras_config import KerasGru, chain, find_grus
+from qtool.importers.keras_graph import Layer, input_from, layer_graph, left_out
 from qtool.importers.validate import (
     MAX_JSON_BYTES,
     as_float32,
@@ -109,7 +111,8 @@ def _role(where: str, g: KerasGru, name: str) -> int:
 
 
 def _gru_shaped(f: h5py.Group) -> list[str]:
-    """Every Keras 3 `vars` group holding a kernel [C, 3H] and a recurrent kernel [H, 3H]."""
+    """Every Keras 3 `vars` group holding a kernel [C, 3H] and a recurrent kernel [H, 3H] (the
+    optimizer's slots, shaped like the weights they train, are not the model's)."""
     found = []
 
     def visit(name, obj):
@@ -119,7 +122,9 @@ def _gru_shaped(f: h5py.Group) -> list[str]:
                     and len(r.shape) == 2 and r.shape[1] == 3 * r.shape[0] and k.shape[1] == r.shape[1]):
                 found.append(name)
 
-    f.visititems(visit)
+    for key in f:
+        if key != "optimizer" and isinstance(f[key], h5py.Group):  # training state, not the model
+            f[key].visititems(lambda name, obj, key=key: visit(f"{key}/{name}", obj))
     return found
 
 
@@ -186,21 +191,27 @@ def _read(path: Path, tmp) -> tuple[dict, list[KerasGru], dict]:
     return config, grus, layers
 
 
+def _stack(path: Path, config: dict, grus: list[KerasGru], layers: dict, graph: dict[str, Layer]) -> Stack:
+    """The GRUs `grus` as one Stack, with the model's other computing layers and what feeds the first."""
+    took = [g.name for g in grus]
+    return Stack([layers[n] for n in took], "Keras", partial(run_keras, path, config, took), took=took,
+                 left_out=left_out(graph, took), input_from=input_from(graph, took[0]))
+
+
 def read_keras(path: Path) -> dict[str, Stack]:
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as tmp:
         try:
             config, grus, layers = _read(path, tmp)
+            graph = layer_graph(config)
         except QtoolError:
             raise
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError,
                 UnicodeError, RecursionError, zipfile.BadZipFile) as e:  # h5py, zipfile, json, a malformed config
             raise QtoolError(f"{path}: not a readable Keras file ({reason(e)})") from None
-    from qtool.importers.check_keras import run_keras
     from qtool.importers.qkeras import fold
 
     layers = {g.name: [fold(c, dr) for c, dr in zip(layers[g.name], g.dirs)] for g in grus}
-
-    stacks = {g.name: Stack([layers[g.name]], "Keras", partial(run_keras, path, config, [g.name])) for g in grus}
+    stacks = {g.name: _stack(path, config, [g], layers, graph) for g in grus}
     if chain(grus):
-        stacks[""] = Stack([layers[g.name] for g in grus], "Keras", partial(run_keras, path, config, list(layers)))
+        stacks[""] = _stack(path, config, grus, layers, graph)
     return stacks
