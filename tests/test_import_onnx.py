@@ -9,7 +9,7 @@ from qtool.errors import QtoolError
 from qtool.float_gru import run_float
 from qtool.importers import import_model
 
-pytestmark = pytest.mark.skipif(not has("onnx"), reason="onnx not installed")
+pytest.importorskip("onnx")  # before the parameters below, which build ONNX tensors, are collected
 needs_ort = pytest.mark.skipif(not has("onnxruntime"), reason="onnxruntime not installed")
 C, H, T, N = 3, 4, 6, 2
 
@@ -167,3 +167,133 @@ def test_duplicate_gru_node_names_are_refused(tmp_path):
     onnx.save(m, path)
     with pytest.raises(QtoolError, match="two GRU nodes have this name"):
         import_model(path)
+
+
+def refused(path, match):
+    """Refused with one line."""
+    with pytest.raises(QtoolError, match=match) as e:
+        import_model(path)
+    assert "\n" not in str(e.value)
+
+
+def external_model(tmp_path, **edit):
+    """gru_model in tmp_path/model/ with every initializer in model/w.bin; `edit` rewrites W's
+    external_data entries (location, offset, length)."""
+    import onnx
+
+    (tmp_path / "model").mkdir()
+    path = gru_model(tmp_path / "model" / "m.onnx")
+    onnx.save(onnx.load(path), path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+              size_threshold=0)
+    m = onnx.load(path, load_external_data=False)
+    w = next(t for t in m.graph.initializer if t.name == "W")
+    entries = {e.key: e.value for e in w.external_data} | {k: str(v) for k, v in edit.items()}
+    del w.external_data[:]
+    for k, v in entries.items():
+        w.external_data.add(key=k, value=v)
+    onnx.save(m, path)
+    return path
+
+
+@needs_ort
+def test_external_data_beside_the_model_is_read(tmp_path):
+    path = external_model(tmp_path)
+    model = import_model(path)
+    y = ort_out(path, held_out().transpose(1, 0, 2)).transpose(2, 0, 1, 3)
+    assert np.abs(run_float(model, held_out()) - y.reshape(N, T, -1)).max() < 1e-5
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: dict(location="../w.bin"), "outside the model's folder"),
+    (lambda d: dict(location=str(d / "w.bin")), "outside the model's folder"),  # absolute
+    (lambda d: dict(location="link.bin"), "leads outside the model's folder"),  # a symlink out of it
+    (lambda d: dict(location="nope.bin"), "not found beside the model"),
+    (lambda d: dict(length=4 * 3 * H * C + 4), r"declares dims \[1, 12, 3\] \(144 bytes\) but 148 bytes"),
+    (lambda d: dict(offset=10**12), "needs bytes 1,000,000,000,000"),  # past the end of the file
+    (lambda d: dict(offset=-1), "negative external data offset"),
+])
+def test_external_data_that_leaves_the_folder_or_the_file_is_refused(tmp_path, edit, match):
+    (tmp_path / "w.bin").write_bytes(b"\0" * 4096)  # what a path leaving the folder would read
+    path = external_model(tmp_path, **edit(tmp_path))
+    (tmp_path / "model" / "link.bin").symlink_to(tmp_path / "w.bin")
+    refused(path, match)
+
+
+def test_external_file_shorter_than_offset_plus_length_is_refused(tmp_path):
+    path = external_model(tmp_path)
+    data = (tmp_path / "model" / "w.bin").read_bytes()
+    (tmp_path / "model" / "w.bin").write_bytes(data[:100])  # W (144 bytes at offset 0) cut short
+    refused(path, r"tensor 'W' needs bytes 0\.\.144 of 'w.bin', which holds 100")
+
+
+def _int64(name, values):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+@pytest.mark.parametrize("nodes, inits", [
+    ([("ConstantOfShape", ["huge"], {})], [_int64("huge", [1 << 20, 1 << 20])]),
+    ([("Expand", ["zero", "huge"], {})], [_int64("huge", [1 << 20, 1 << 20]), const("zero", [0.0])]),
+    ([("Tile", ["zero", "reps"], {})], [_int64("reps", [1 << 14, 1 << 14, 1 << 12]), const("zero", [[[0.0]]])]),
+    ([("Range", ["a", "b", "c"], {})], [const("a", 0.0), const("b", 2.0 ** 40), const("c", 1.0)]),
+])
+def test_a_huge_declared_state_is_refused_before_it_is_allocated(tmp_path, nodes, inits):
+    """The state is zero whatever its size, but qtool evaluates constants only within its limits."""
+    from onnx import helper
+
+    made = [helper.make_node(op, ins, ["s"], **kw) for op, ins, kw in nodes]
+    path = gru_model(tmp_path / "m.onnx", inputs=("X", "W", "R", "B", "", "s"), extra_inits=inits, nodes=made)
+    refused(path, "1,099,511,627,776 values .* beyond qtool's limit")
+
+
+def test_states_that_are_not_provably_zero_are_refused(tmp_path):
+    """A non-zero ConstantOfShape, and values computed from zeros (Sigmoid(0) = 0.5)."""
+    from onnx import helper
+
+    made = [helper.make_node("ConstantOfShape", ["shape"], ["s"], value=helper.make_tensor("v", 1, [1], [0.25]))]
+    path = gru_model(tmp_path / "a.onnx", inputs=("X", "W", "R", "B", "", "s"), nodes=made,
+                     extra_inits=[_int64("shape", [1, N, H])])
+    refused(path, "initial_h 's', which is not zero")
+    made = [helper.make_node("Shape", ["X"], ["shape"]), helper.make_node("ConstantOfShape", ["shape"], ["z"]),
+            helper.make_node("Sigmoid", ["z"], ["s"])]
+    path = gru_model(tmp_path / "b.onnx", inputs=("X", "W", "R", "B", "", "s"), nodes=made)
+    refused(path, "initial_h 's', which is not zero")
+
+
+@needs_ort
+def test_zero_states_of_data_dependent_shape_are_zero(tmp_path):
+    """torch.onnx's dynamic-axes states: Slice(ConstantOfShape(Concat(.., Gather(Shape(X)), ..)), Pad of zeros."""
+    from onnx import helper
+
+    made = [helper.make_node("Shape", ["X"], ["shape"]),
+            helper.make_node("Gather", ["shape", "one"], ["n"], axis=0),
+            helper.make_node("Concat", ["two", "n", "h"], ["dims"], axis=0),
+            helper.make_node("ConstantOfShape", ["dims"], ["zeros"]),
+            helper.make_node("Slice", ["zeros", "zero", "one"], ["sliced"]),
+            helper.make_node("Pad", ["sliced", "pads"], ["s"])]
+    inits = [_int64("one", [1]), _int64("two", [2]), _int64("h", [H - 1]), _int64("zero", [0]),
+             _int64("pads", [0, 0, 0, 0, 0, 1])]
+    path = gru_model(tmp_path / "m.onnx", inputs=("X", "W", "R", "B", "", "s"), nodes=made, extra_inits=inits)
+    model = import_model(path)
+    assert model.extra["check"]["checked"]
+    y = ort_out(path, held_out().transpose(1, 0, 2)).transpose(2, 0, 1, 3)
+    assert np.abs(run_float(model, held_out()) - y.reshape(N, T, -1)).max() < 1e-5
+
+
+def test_a_gemm_head_and_a_relu_in_front_are_named(tmp_path):
+    """What the file computes besides the GRU is named, not dropped silently; layout ops are not."""
+    import onnx
+    from onnx import helper
+
+    path = gru_model(tmp_path / "m.onnx")
+    m = onnx.load(path)
+    m.graph.node[0].input[0] = "Xr"
+    m.graph.node.insert(0, helper.make_node("Relu", ["X"], ["Xr"], name="front"))
+    m.graph.node.extend([helper.make_node("Squeeze", ["Y", "axis1"], ["Ys"]),
+                         helper.make_node("Gemm", ["Ys", "Wh"], ["Z"], name="head")])
+    m.graph.initializer.extend([_int64("axis1", [1]), const("Wh", np.ones((H, 2)))])
+    onnx.save(m, path)
+    model = import_model(path, check=False)
+    assert model.extra["import"] == {"took": ["g"], "left_out": ["front (Relu)", "head (Gemm)"],
+                                     "input_from": "front (Relu)"}

@@ -3,8 +3,11 @@ B [dirs, 6H] (Wb then Rb), gates z | r | h (the canonical order). Needs the opti
 
 Every attribute and input of a GRU node is either supported or refused: activations other than
 Sigmoid/Tanh, clip, direction 'reverse', sequence_lens and a non-zero initial_h change the math.
-Several GRU nodes form one stack when each reads the one before's output through layout ops that
-concatenate its directions (onnx_graph.py); each is also available by its node name.
+Weights may be initializers (inline or in external data beside the model) or computed from them
+(torch.onnx's default exporter concatenates slices of the PyTorch tensors): constant subgraphs are
+evaluated (onnx_fold.py). Several GRU nodes form one stack when each reads the one before's output
+through ops that concatenate its directions (onnx_graph.py); each is also available by its node name.
+Each Stack says which nodes it took and what else computes in the file (onnx_scope.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers import Stack
-from qtool.importers.onnx_graph import Graph, attr, float_tensor
+from qtool.importers.onnx_graph import Graph, attr
+from qtool.importers.onnx_scope import Scope
 from qtool.importers.validate import expect_shape, hidden_from_recurrent, reason
 
 # output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta only
@@ -53,7 +57,10 @@ def _check_inputs(graph: Graph, node, where: str) -> None:
     if inputs[4]:
         raise QtoolError(f"{where} takes sequence_lens ('{inputs[4]}'); qtool runs every sequence over "
                          "all its time steps (export without sequence lengths)")
-    if inputs[5] and not (inputs[5] in graph.inputs or graph.is_zero(where, inputs[5])):
+    # zeros (a zero constant, ConstantOfShape 0 of any shape, and values moved from them), or values of
+    # graph inputs (torch.onnx.export's h0, whole or sliced per layer): qtool assumes a state input is
+    # zero at the start of each sequence, as docs/importing.md says
+    if inputs[5] and graph.state_origin(inputs[5]) is None:
         raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', which is not zero; qtool's GRU "
                          "starts every sequence from h = 0")
 
@@ -63,9 +70,9 @@ def _cells(graph: Graph, node, dirs: int, where: str) -> list:
 
     names = list(node.input[1:4]) + [""] * (4 - len(node.input))
     for n in names[:2]:
-        if n not in graph.consts:
-            raise QtoolError(f"{where}: weight '{n}' is not a constant initializer")
-    W, R = (float_tensor(where, graph.consts[n], n) for n in names[:2])
+        if n not in graph.constant:
+            raise QtoolError(f"{where}: weight '{n}' is not a constant (nor computed from constants only)")
+    W, R = (graph.weight(where, n) for n in names[:2])
     if R.ndim != 3 or R.shape[0] != dirs:
         raise QtoolError(f"{where}: tensor '{names[1]}' has shape {R.shape}, expected [{dirs}, 3H, H]")
     H = hidden_from_recurrent(where, names[1], R[0])
@@ -74,9 +81,9 @@ def _cells(graph: Graph, node, dirs: int, where: str) -> list:
                          f"'{names[1]}' have H={H}")
     if W.ndim != 3 or W.shape[:2] != (dirs, 3 * H):
         raise QtoolError(f"{where}: tensor '{names[0]}' has shape {W.shape}, expected [{dirs}, {3 * H}, C]")
-    if names[2] and names[2] not in graph.consts:
-        raise QtoolError(f"{where}: bias '{names[2]}' is not a constant initializer")
-    B = (expect_shape(where, names[2], float_tensor(where, graph.consts[names[2]], names[2]), (dirs, 6 * H))
+    if names[2] and names[2] not in graph.constant:
+        raise QtoolError(f"{where}: bias '{names[2]}' is not a constant (nor computed from constants only)")
+    B = (expect_shape(where, names[2], graph.weight(where, names[2]), (dirs, 6 * H))
          if names[2]
          else np.zeros((dirs, 6 * H), np.float32))
     return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:]) for d in range(dirs)]
@@ -87,7 +94,7 @@ def read_onnx(path: Path) -> dict[str, Stack]:
         import onnx
     except ImportError:
         raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
-    try:
+    try:  # external data is read by qtool itself, each tensor checked first (onnx_external.py)
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have several types
         raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
@@ -99,22 +106,34 @@ def read_onnx(path: Path) -> dict[str, Stack]:
         raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
 
 
+def _opset(model) -> int:
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
+
+
 def _read_graph(path: Path, model) -> dict[str, Stack]:
     from qtool.importers.check_onnx import run_onnx
 
-    graph = Graph(model.graph)
+    graph = Graph(model.graph, str(path), Path(path).parent, _opset(model), model)
     graph.fold_dequantized(model.graph, str(path))
+    grus = [n for n in graph.nodes if n.op_type == "GRU"]  # the Graph's node objects: Scope knows them by id
+    names = {id(n): n.name or f"GRU_{i}" for i, n in enumerate(grus)}
+    scope = Scope(graph, names)
     stacks, chain = {}, []
-    for i, node in enumerate(n for n in model.graph.node if n.op_type == "GRU"):
-        name = node.name or f"GRU_{i}"
+    for node in grus:
+        name = names[id(node)]
         where = f"{path}: GRU node '{name}'"
         if name in stacks:
             raise QtoolError(f"{where}: two GRU nodes have this name; give them unique names")
         dirs = _check_attributes(node, where)
         _check_inputs(graph, node, where)
         cells = _cells(graph, node, dirs, where)
-        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, graph, [node]))
+        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, graph, [node]), took=[name],
+                             left_out=scope.left_out([node]), input_from=scope.input_from(node))
         chain.append((node, cells))
-    if len(chain) > 1 and all(graph.feeds_next(a[0], b[0]) for a, b in zip(chain, chain[1:])):
-        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, graph, [n for n, _ in chain]))
+    if len(chain) > 1 and all(graph.feeds_next(a, b, len(ca), ca[0].R.shape[1])
+                              for (a, ca), (b, _) in zip(chain, chain[1:])):
+        nodes = [n for n, _ in chain]
+        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, graph, nodes),
+                           took=[names[id(n)] for n in nodes], left_out=scope.left_out(nodes),
+                           input_from=scope.input_from(nodes[0]))
     return stacks
