@@ -87,7 +87,7 @@ def test_load_model_for_data_refuses_a_gru_fed_by_another_layer(tmp_path, files)
     d, _ = files
     model = qtool.load_model(d / "seq2seq.pt", name="enc", check=False)
     assert model.extra["import"] == {"took": ["enc"], "left_out": ["dec (GRU)", "fc (2 tensors)"],
-                                     "input_from": None}
+                                     "input_from": None, "notes": []}
     assert not_fed_by_input(model, d / "seq2seq.pt") is None
     model.extra["import"]["input_from"] = "dense (Dense)"
     msg = not_fed_by_input(model, tmp_path / "m.keras")

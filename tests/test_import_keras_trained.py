@@ -104,7 +104,7 @@ def test_gru_between_dense_layers_compiled_with_custom_loss_and_metrics(keras, m
     m, folder = models[kind]
     model = import_model(folder / fmt)
     assert model.extra["import"] == {"took": ["gru"], "left_out": ["embed (Dense)", "head (Dense)"],
-                                     "input_from": "embed (Dense)"}
+                                     "input_from": "embed (Dense)", "notes": []}
     gru_matches_keras(keras, m, model, "gru", "gru")
 
 
@@ -115,7 +115,7 @@ def test_a_reshape_before_the_gru_is_named(keras, models, fmt):
     m, folder = models["head"]
     model = import_model(folder / fmt)
     assert model.extra["import"] == {"took": ["gru"], "left_out": ["reshape (Reshape)", "head (Dense)"],
-                                     "input_from": "reshape (Reshape)"}
+                                     "input_from": "reshape (Reshape)", "notes": []}
     gru_matches_keras(keras, m, model, "gru", "gru")
 
 
@@ -123,13 +123,15 @@ def test_a_reshape_before_the_gru_is_named(keras, models, fmt):
 def test_stacked_grus_and_each_one_alone(keras, models, fmt):
     m, folder = models["stacked"]
     stack = import_model(folder / fmt)
-    assert stack.extra["import"] == {"took": ["a", "b"], "left_out": ["head (Dense)"], "input_from": None}
+    assert stack.extra["import"] == {"took": ["a", "b"], "left_out": ["head (Dense)"], "input_from": None, "notes": []}
     gru_matches_keras(keras, m, stack, "a", "b")
     b = import_model(folder / fmt, name="b")
-    assert b.extra["import"] == {"took": ["b"], "left_out": ["a (GRU)", "head (Dense)"], "input_from": "a (GRU)"}
+    assert b.extra["import"] == {"took": ["b"], "left_out": ["a (GRU)", "head (Dense)"], "input_from": "a (GRU)",
+                                 "notes": []}
     gru_matches_keras(keras, m, b, "b", "b")
     a = import_model(folder / fmt, name="a")
-    assert a.extra["import"] == {"took": ["a"], "left_out": ["b (GRU)", "head (Dense)"], "input_from": None}
+    assert a.extra["import"] == {"took": ["a"], "left_out": ["b (GRU)", "head (Dense)"], "input_from": None,
+                                 "notes": []}
 
 
 def test_gru_inside_a_nested_model_compiled_on_its_own(keras, tmp_path):
@@ -146,7 +148,7 @@ def test_gru_inside_a_nested_model_compiled_on_its_own(keras, tmp_path):
     m.save(tmp_path / "m.keras")
     model = import_model(tmp_path / "m.keras")
     assert model.extra["import"] == {"took": ["enc/g"], "left_out": ["embed (Dense)", "head (Dense)"],
-                                     "input_from": "embed (Dense)"}
+                                     "input_from": "embed (Dense)", "notes": []}
     x = held_out(3)
     gru_in = keras.Model(m.inputs, m.get_layer("embed").output).predict(x, verbose=0)
     assert np.abs(run_float(model, gru_in) - inner.predict(gru_in, verbose=0)).max() < 1e-4
@@ -165,7 +167,8 @@ def test_custom_layer_before_the_gru_is_named(keras, tmp_path, fmt):
     with pytest.raises(QtoolError, match=r"layer 'scale' \(Scale\) is the custom class 'Scale'"):
         import_model(tmp_path / fmt)
     model = import_model(tmp_path / fmt, check=False)
-    assert model.extra["import"] == {"took": ["gru"], "left_out": ["scale (Scale)"], "input_from": "scale (Scale)"}
+    assert model.extra["import"] == {"took": ["gru"], "left_out": ["scale (Scale)"], "input_from": "scale (Scale)",
+                                     "notes": []}
 
 
 EVIL = ["../evil.txt", "/abs_evil.txt", "sub/../../evil2.txt", "a/../../../evil3.txt"]

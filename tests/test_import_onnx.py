@@ -296,4 +296,4 @@ def test_a_gemm_head_and_a_relu_in_front_are_named(tmp_path):
     onnx.save(m, path)
     model = import_model(path, check=False)
     assert model.extra["import"] == {"took": ["g"], "left_out": ["front (Relu)", "head (Gemm)"],
-                                     "input_from": "front (Relu)"}
+                                     "input_from": "front (Relu)", "notes": []}

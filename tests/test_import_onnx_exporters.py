@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from qtool.float_gru import run_float  # noqa: E402
-from qtool.importers import import_model, read_stacks  # noqa: E402
+from qtool.importers import import_model, import_note, read_stacks  # noqa: E402
 
 C, H, T, N = 3, 4, 5, 2
 EXTERNAL = 1  # TensorProto.EXTERNAL
@@ -117,10 +117,13 @@ def test_exported_gru_imports_and_equals_pytorch(exported, model_name, exporter)
         assert ops in (["Add", "Add", "MatMul", "MatMul"], ["Gemm", "Gemm"]), left_out
         assert model.extra["import"]["input_from"] in left_out  # the front Linear feeds the GRU
         assert model.extra["import"]["input_from"].endswith(("(Add)", "(Gemm)"))
-    else:
-        assert model.extra["import"] == {"took": took, "left_out": [], "input_from": None}
-    if model_name == "h0_input":  # each layer's state a Slice of this input, assumed zero at the start
+    elif model_name == "h0_input":  # each layer's state a Slice of this input, assumed zero, and said
         assert "h0" in [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+        notes = model.extra["import"]["notes"]
+        assert len(notes) == module.gru.num_layers and all("graph input 'h0', taken as zero" in n for n in notes)
+        assert "taken as zero" in import_note(model)
+    else:
+        assert model.extra["import"] == {"took": took, "left_out": [], "input_from": None, "notes": []}
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])

@@ -39,6 +39,7 @@ class Stack:
     took: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     input_from: str | None = None
+    notes: list[str] = field(default_factory=list)  # what the import assumed, said by `import`
 
 
 def detect_format(path: Path) -> str:
@@ -105,7 +106,7 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
                      source=f"{fmt}:{path.name}" + (f":{key}" if key else ""))
     stack = stacks[key]
     model.extra["import"] = {"took": list(stack.took), "left_out": list(stack.left_out),
-                             "input_from": stack.input_from}
+                             "input_from": stack.input_from, "notes": list(stack.notes)}
     if check:
         from qtool.importers.crosscheck import cross_check
         model.extra["check"] = cross_check(model, stacks[key], str(path))
@@ -119,14 +120,15 @@ def chained(layers: list) -> bool:
 
 
 def import_note(model: GruModel) -> str | None:
-    """One line on what an import took from a framework file and what it left out; None when the
-    file holds nothing but the GRU."""
+    """One line on what an import took from a framework file, what it left out and what it
+    assumed; None when the file holds nothing but the GRU and nothing was assumed."""
     info = model.extra.get("import")
-    if not info or not info["left_out"]:
+    if not info or not (info["left_out"] or info["notes"]):
         return None
     took = ", ".join(info["took"]) or model.name
-    return (f"took the GRU ({took}); left out, not quantized: {', '.join(info['left_out'])} "
-            "(qtool quantizes the GRU alone)")
+    left = (f"took the GRU ({took}); left out, not quantized: {', '.join(info['left_out'])} "
+            "(qtool quantizes the GRU alone)") if info["left_out"] else ""
+    return "; ".join([left, *info["notes"]] if left else info["notes"])
 
 
 def not_fed_by_input(model: GruModel, path: Path) -> str | None:

@@ -52,7 +52,8 @@ def _check_attributes(node, where: str) -> int:
     return dirs
 
 
-def _check_inputs(graph: Graph, node, where: str) -> None:
+def _check_inputs(graph: Graph, node, where: str) -> list[str]:
+    """Refuse the inputs that change the math; returns notes on what is assumed."""
     inputs = list(node.input) + [""] * (6 - len(node.input))
     if inputs[4]:
         raise QtoolError(f"{where} takes sequence_lens ('{inputs[4]}'); qtool runs every sequence over "
@@ -60,9 +61,15 @@ def _check_inputs(graph: Graph, node, where: str) -> None:
     # zeros (a zero constant, ConstantOfShape 0 of any shape, and values moved from them), or values of
     # graph inputs (torch.onnx.export's h0, whole or sliced per layer): qtool assumes a state input is
     # zero at the start of each sequence, as docs/importing.md says
-    if inputs[5] and graph.state_origin(inputs[5]) is None:
+    origin = graph.state_origin(inputs[5]) if inputs[5] else set()
+    if origin is None:
         raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', which is not zero; qtool's GRU "
                          "starts every sequence from h = 0")
+    if not origin:
+        return []
+    inputs = ", ".join(f"'{i}'" for i in sorted(origin))
+    return [f"GRU node '{node.name}' starts from the graph input {inputs}, taken as zero at the start of "
+            "every sequence"]
 
 
 def _cells(graph: Graph, node, dirs: int, where: str) -> list:
@@ -125,15 +132,16 @@ def _read_graph(path: Path, model) -> dict[str, Stack]:
         if name in stacks:
             raise QtoolError(f"{where}: two GRU nodes have this name; give them unique names")
         dirs = _check_attributes(node, where)
-        _check_inputs(graph, node, where)
+        notes = _check_inputs(graph, node, where)
         cells = _cells(graph, node, dirs, where)
         stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, graph, [node]), took=[name],
-                             left_out=scope.left_out([node]), input_from=scope.input_from(node))
+                             left_out=scope.left_out([node]), input_from=scope.input_from(node), notes=notes)
         chain.append((node, cells))
     if len(chain) > 1 and all(graph.feeds_next(a, b, len(ca), ca[0].R.shape[1])
                               for (a, ca), (b, _) in zip(chain, chain[1:])):
         nodes = [n for n, _ in chain]
         stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, graph, nodes),
                            took=[names[id(n)] for n in nodes], left_out=scope.left_out(nodes),
-                           input_from=scope.input_from(nodes[0]))
+                           input_from=scope.input_from(nodes[0]),
+                           notes=[note for n in nodes for note in stacks[names[id(n)]].notes])
     return stacks

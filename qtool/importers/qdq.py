@@ -115,9 +115,9 @@ def read_qdq(path: Path, model: GruModel) -> Imported | None:
     """The quantizers around the chosen GRU nodes; None when the file has no QDQ around them."""
     import onnx
 
-    graph = onnx.load(str(path)).graph
-    g = Graph(graph)
-    consts = {k: any_tensor(str(path), tp, k) for k, tp in g.consts.items()}  # each size checked first
+    graph = onnx.load(str(path), load_external_data=False).graph  # external data: read by Graph, checked
+    g = Graph(graph, str(path), Path(path).parent)
+    consts = {k: any_tensor(str(path), g.tensor(k), k) for k in g.consts}  # each size checked first
     producer = g.producer
     consumers: dict[str, list] = {}
     for n in graph.node:
