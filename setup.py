@@ -1,5 +1,5 @@
 """Builds qtool with its CPU kernels compiled: after `build_py` has copied the package, numba
-compiles them into the package's own cache (qtool/precompile.py), which the wheel carries, so
+compiles them into the package's own cache (qtool/install/precompile.py), which the wheel carries, so
 the first `qtool` command after `pip install .` need not compile. The cache is valid only on a
 CPU like the one that built it; elsewhere numba ignores it. QTOOL_PRECOMPILE=0 skips this."""
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 
@@ -21,9 +21,15 @@ class BuildPyWithKernels(build_py):
         path = [os.path.abspath(self.build_lib)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         env.update(PYTHONPATH=os.pathsep.join(path), PYTHONDONTWRITEBYTECODE="1")
         print("compiling qtool's CPU kernels (numba, about a minute)", flush=True)
-        done = subprocess.run([sys.executable, "-m", "qtool.precompile"], env=env, cwd=self.build_lib)
+        done = subprocess.run([sys.executable, "-m", "qtool.install.precompile"], env=env, cwd=self.build_lib)
         if done.returncode:  # the package works without the cache: it compiles on first use instead
             print("qtool: precompiling failed; the kernels will be compiled on first use", file=sys.stderr)
 
 
-setup(cmdclass={"build_py": BuildPyWithKernels})
+# the repository's top level (qtool/, calibrators/, exporters/) installs as one package
+PARTS = {"qtool.calibrators": "calibrators", "qtool.exporters": "exporters"}
+PACKAGES = find_packages(include=["qtool", "qtool.*"]) + [
+    f"{name}{sub[len(folder):]}" for name, folder in PARTS.items()
+    for sub in [folder, *(f"{folder}.{p}" for p in find_packages(folder))]]
+
+setup(cmdclass={"build_py": BuildPyWithKernels}, packages=PACKAGES, package_dir=PARTS)

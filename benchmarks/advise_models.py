@@ -21,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qtool.model import GruModel, open_h5, write_model  # noqa: E402
+from qtool.core.model import GruModel, open_h5, write_model  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out" / "models"
 

@@ -27,17 +27,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from advise_models import all_models  # noqa: E402
 
-from qtool.advisor import seed  # noqa: E402
+from qtool.advisor import pzero  # noqa: E402
 from qtool.advisor.configs import all_units, bits_config, unit_of  # noqa: E402
 from qtool.advisor.predict import Predictor  # noqa: E402
 from qtool.advisor.search import SINGLE  # noqa: E402
 from qtool.advisor.stats import model_stats, new_estimators  # noqa: E402
 from qtool.api import load_model  # noqa: E402
-from qtool.auto_method import AutoCalibrator  # noqa: E402
-from qtool.fileio import open_sequences  # noqa: E402
-from qtool.model import GruModel  # noqa: E402
-from qtool.simulation import simulate, tensor_key  # noqa: E402
-from qtool.tensors import BitsConfig, preset_config  # noqa: E402
+from qtool.calibration.auto import AutoCalibrator  # noqa: E402
+from qtool.core.model import GruModel  # noqa: E402
+from qtool.core.tensors import BitsConfig, preset_config  # noqa: E402
+from qtool.io.files import open_sequences  # noqa: E402
+from qtool.simulation.run import simulate, tensor_key  # noqa: E402
 
 REQUIRED = 20.0   # dB: the seed's "safe" (signal energy 100x the noise)
 
@@ -65,13 +65,13 @@ def measure_model(model: GruModel, calib, test, seed_value: int = 0) -> dict:
                      "seed_db": None, "grid_db": pred.output_db, "measured_db": res["output"]["snr_db"]})
     units = frozenset(all_units(model))
     for l in range(model.num_layers):
-        for name in (*seed.PRODUCTS, *SINGLE):
-            operands = [seed.OPERAND_BITS.get(n, n) for n in seed.PRODUCTS.get(name, (name,))]
+        for name in (*pzero.PRODUCTS, *SINGLE):
+            operands = [pzero.OPERAND_BITS.get(n, n) for n in pzero.PRODUCTS.get(name, (name,))]
             alone = units - {unit_of(l, n) for n in operands}
             qm = ac.build(bits_config(model, alone), plans["int8"], {})
             res = simulate(qm, test, 256, True).results()
             for d, st in enumerate(stats[l]):
-                p = seed.tensor_snr_db(st, dict.fromkeys([*st, "one_minus_z"], 8), name)
+                p = pzero.tensor_snr_db(st, dict.fromkeys([*st, "one_minus_z"], 8), name)
                 decisions.append({"key": tensor_key(l, d, name), "predicted_db": p,
                                   "measured_db": res["tensors"][tensor_key(l, d, name)]["snr_db"]})
     return {"rows": rows, "decisions": decisions}

@@ -18,14 +18,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from advise_models import all_models  # noqa: E402
+from qtool.calibrators import METHODS  # noqa: E402
 
-from calibrators import METHODS  # noqa: E402
 from qtool.api import load_model  # noqa: E402
-from qtool.auto_method import calibrate_auto  # noqa: E402
-from qtool.calibration import MethodPlan, build_quant_model, collect_many  # noqa: E402
-from qtool.fileio import open_sequences  # noqa: E402
-from qtool.simulation import simulate  # noqa: E402
-from qtool.tensors import BitsConfig, preset_config  # noqa: E402
+from qtool.calibration.auto import calibrate_auto  # noqa: E402
+from qtool.calibration.observe import MethodPlan, build_quant_model, collect_many  # noqa: E402
+from qtool.core.tensors import BitsConfig, preset_config  # noqa: E402
+from qtool.io.files import open_sequences  # noqa: E402
+from qtool.simulation.run import simulate  # noqa: E402
 
 
 def scores(model_path: Path, calib_path: Path, test_path: Path, preset: str) -> dict:

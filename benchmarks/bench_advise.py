@@ -28,7 +28,7 @@ from advise_models import all_models  # noqa: E402
 from qtool import api  # noqa: E402
 from qtool.api import load_model  # noqa: E402
 from qtool.errors import QtoolError  # noqa: E402
-from qtool.fileio import open_sequences  # noqa: E402
+from qtool.io.files import open_sequences  # noqa: E402
 
 
 def speed(model_path: Path, calib_path: Path, repeat: int) -> dict:

@@ -27,16 +27,16 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from qtool.exporters import c_target
+from qtool.exporters.c_export import export_c, sources
+from qtool.exporters.c_types import COMPENSATION, model_types
+from qtool.exporters.c_verify import compile_c
 
-from exporters import c_target
-from exporters.c_export import export_c, sources
-from exporters.c_types import COMPENSATION, model_types
-from exporters.c_verify import compile_c
-from qtool.calibration import build_quant_model, collect, new_observers, observe_batch
-from qtool.fileio import open_sequences
+from qtool.calibration.observe import build_quant_model, collect, new_observers, observe_batch
+from qtool.core.model import GruCell, GruModel
+from qtool.core.tensors import preset_config
 from qtool.importers import import_model
-from qtool.model import GruCell, GruModel
-from qtool.tensors import preset_config
+from qtool.io.files import open_sequences
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 TICK_INSTRUCTIONS = 40  # -icount shift=0: 1 ns per instruction; the MPS2 timer runs at 25 MHz

@@ -17,12 +17,12 @@ import platform
 
 import numpy as np
 from bench_simulate import best_of, make_case
+from qtool.calibrators import KlObserver, PercentileObserver
 
-from calibrators import KlObserver, PercentileObserver
-from qtool.calibration import build_quant_model, collect
-from qtool.fileio import SequenceData
-from qtool.float_gru import run_float
-from qtool.tensors import preset_config
+from qtool.calibration.observe import build_quant_model, collect
+from qtool.core.tensors import preset_config
+from qtool.io.files import SequenceData
+from qtool.numerics.float_gru import run_float
 
 
 def activations(model, x, batches: int) -> dict[str, list[np.ndarray]]:

@@ -4,7 +4,7 @@ compiles the kernels: its cache is empty) and the same two commands again (from 
 
     python benchmarks/bench_cold_start.py [--repeat 3] [--repo .] [--no-precompile]
 
-The install compiles the CPU kernels into the package (setup.py, qtool/precompile.py);
+The install compiles the CPU kernels into the package (setup.py, qtool/install/precompile.py);
 `--no-precompile` installs with QTOOL_PRECOMPILE=0, so the first commands compile them.
 
 Every step runs in its own process; the table gives the median (range) of wall and CPU time

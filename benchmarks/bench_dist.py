@@ -61,8 +61,8 @@ def slowest(comm, fns: dict, repeat: int) -> dict[str, float]:
 def operator(a) -> None:
     from mpi4py import MPI
 
-    from qtool.dist.matmul import auto_chunk_rows
-    from qtool.simd import HAS_VNNI
+    from qtool.engine.simd import HAS_VNNI
+    from qtool.parallel.matmul import auto_chunk_rows
 
     comm = MPI.COMM_WORLD
     R, me = comm.Get_size(), comm.Get_rank()
@@ -83,7 +83,7 @@ def operator(a) -> None:
 
 def one_shape(comm, m: int, K: int, N: int, a) -> dict[str, float]:
     """The four timings of one shape (every rank its own random A_i and b)."""
-    from qtool.dist.matmul import allgather_dequant_matmul, prepare
+    from qtool.parallel.matmul import allgather_dequant_matmul, prepare
 
     R = comm.Get_size()
     rng = np.random.default_rng(comm.Get_rank())
@@ -116,7 +116,7 @@ def make_files(d: Path, a) -> tuple[Path, Path]:
     initialisation range), written to files."""
     from bench_simulate import make_case
 
-    from qtool.model import open_h5, write_model
+    from qtool.core.model import open_h5, write_model
 
     model, x = make_case(a)
     with open_h5(d / "m.h5", "w") as f:
@@ -138,7 +138,7 @@ def timed(a, args: list[str], out_flag: str, d: Path, tag: str) -> dict[str, lis
     """(wall, in-command seconds, JSON) of each run: one process with its default threads, one
     process with one thread, and R ranks with one thread each; alternating, --runs times."""
     mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    qtool = [sys.executable, "-c", "from qtool.cli import main; main()"]
+    qtool = [sys.executable, "-c", "from qtool.cli.app import main; main()"]
     one = dict(os.environ)
     runs = {"one process": ([*qtool, *args, out_flag, str(d / f"{tag}1.h5")], one),
             "one process, 1 thread": ([*qtool, *args, out_flag, str(d / f"{tag}0.h5")], ONE_THREAD),
@@ -172,11 +172,11 @@ def sizes(a) -> None:
     from bench_simulate import best_of
 
     from qtool import api
-    from qtool.calibration import MethodPlan, collect, new_observers, observe_batch
-    from qtool.dist.calibrate import Logged, finish, map_observers, merge_pair, zip_observers
-    from qtool.fileio import SequenceData
-    from qtool.simfold import chunk_stats, fold
-    from qtool.simulation import Simulation, simulate
+    from qtool.calibration.observe import MethodPlan, collect, new_observers, observe_batch
+    from qtool.io.files import SequenceData
+    from qtool.parallel.calibrate import Logged, finish, map_observers, merge_pair, zip_observers
+    from qtool.simulation.fold import chunk_stats, fold
+    from qtool.simulation.run import Simulation, simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         model_path, data_path = make_files(Path(tmp), a)

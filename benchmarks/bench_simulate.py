@@ -31,11 +31,12 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from qtool.calibration import build_quant_model, new_observers, observe_batch
-from qtool.engine_cpu import OUTPUT, TENSORS, plan_model, run_int, run_model, slices, threads
-from qtool.model import GruCell, GruModel
-from qtool.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded
-from qtool.tensors import preset_config
+from qtool.calibration.observe import build_quant_model, new_observers, observe_batch
+from qtool.core.model import GruCell, GruModel
+from qtool.core.tensors import preset_config
+from qtool.engine.cpu import plan_model, run_int, run_model, slices, threads
+from qtool.engine.layout import EVERY_TENSOR, OUTPUT
+from qtool.engine.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded
 
 CLOCK = time.perf_counter
 
@@ -142,7 +143,7 @@ def main() -> None:
              f"{' split' if plans[p][0][0].gh.half else ''})"] = lambda qm=qm: run_int(qm, x)
     qm8, pl8 = qms["int8"], plans["int8"]
     runs["int8 + float reference (output distance)"] = lambda: run_model(qm8, x, OUTPUT, pl8)
-    runs["int8 + float reference + every tensor's distances"] = lambda: run_model(qm8, x, TENSORS, pl8)
+    runs["int8 + float reference + every tensor's distances"] = lambda: run_model(qm8, x, EVERY_TENSOR, pl8)
     runs["int8 GEMMs alone"] = gemm_only(qm8, a.N, a.T)
     try:
         import torch
@@ -267,7 +268,7 @@ def bench_cuda(a) -> None:
     import torch
     from numba import cuda
 
-    from qtool.engine_cuda import run_model_cuda
+    from qtool.engine.cuda import run_model_cuda
 
     model, x = make_case(a)
     steps = a.N * a.T

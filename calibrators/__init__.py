@@ -1,18 +1,21 @@
-"""Range-setting methods. Every method is an Observer (calibrators.base) with three verbs:
+"""Range-setting methods. Every method is an Observer (qtool.calibrators.base) with three verbs:
 observe a batch, merge with another observer, compute parameters. `make_observer` builds one by
 method name."""
 
 from __future__ import annotations
 
-from calibrators.base import Observer
-from calibrators.ema import EmaObserver
-from calibrators.kl import KlObserver
-from calibrators.minmax import MinMaxObserver
-from calibrators.mse import MseObserver
-from calibrators.percentile import DEFAULT_PERCENTILE, PercentileObserver
+from qtool.calibrators.base import Observer
+from qtool.calibrators.ema import EmaObserver
+from qtool.calibrators.kl import KlObserver
+from qtool.calibrators.minmax import MinMaxObserver
+from qtool.calibrators.mse import MseObserver
+from qtool.calibrators.percentile import DEFAULT_PERCENTILE, PercentileObserver
+
+from qtool.core.tensors import METHOD_NAMES
 
 METHODS = {"minmax": MinMaxObserver, "ema": EmaObserver, "percentile": PercentileObserver,
            "mse": MseObserver, "kl": KlObserver}
+assert tuple(METHODS) == METHOD_NAMES, "qtool.core.tensors.METHOD_NAMES names the methods bits files may use"
 # Sigmoid/tanh outputs are bounded; clipping them only saturates gates, so they keep min/max.
 GATE_OUTPUTS = ("z_out", "r_out", "g_out")
 

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from qtool.qparams import choose_qparams
+from qtool.numerics.qparams import choose_qparams
 
 NO_BOUND = (-math.inf, math.inf)
 

@@ -8,8 +8,7 @@ min/max union it is not, and the docs say so; it is order-independent.
 from __future__ import annotations
 
 import numpy as np
-
-from calibrators.base import Observer
+from qtool.calibrators.base import Observer
 
 MOMENTUM = 0.9
 

@@ -12,8 +12,7 @@ import copy
 
 import numba as nb
 import numpy as np
-
-from calibrators.base import Observer
+from qtool.calibrators.base import Observer
 
 MAX_BINS = 8192  # the resolution of TVM's 8001-bin KL histogram
 

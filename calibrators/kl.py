@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-
-from calibrators.search import SearchObserver
+from qtool.calibrators.search import SearchObserver
 
 EPS = 1e-4
 ZP_PROBES = 32  # asymmetric: zp on a coarse comb first, then halving steps around the best

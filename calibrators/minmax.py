@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from calibrators.base import Observer
+from qtool.calibrators.base import Observer
 
 
 class MinMaxObserver(Observer):

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-
-from calibrators.search import SearchObserver
+from qtool.calibrators.search import SearchObserver
 
 
 @nb.njit(cache=True)

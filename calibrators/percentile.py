@@ -4,7 +4,7 @@ Results are approximate to one histogram bin (at most twice span / MAX_BINS)."""
 
 from __future__ import annotations
 
-from calibrators.histogram import HistogramObserver
+from qtool.calibrators.histogram import HistogramObserver
 
 DEFAULT_PERCENTILE = 99.99
 

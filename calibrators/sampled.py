@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
-
-from calibrators.base import Observer
+from qtool.calibrators.base import Observer
 
 GAMMA = 0.01
 K = 5

@@ -9,9 +9,10 @@ Ties keep the coarser grid, and for one exponent the centred zero point of the m
 
 from __future__ import annotations
 
-from calibrators.base import NO_BOUND
-from calibrators.histogram import HistogramObserver
-from qtool.qparams import E_MAX, choose_qparams, qrange
+from qtool.calibrators.base import NO_BOUND
+from qtool.calibrators.histogram import HistogramObserver
+
+from qtool.numerics.qparams import E_MAX, choose_qparams, qrange
 
 OCTAVES = 16
 

@@ -3,7 +3,7 @@
 Writes into DIR: qgru.h / qgru.c (the runtime, copied verbatim), NAME_params.h / NAME_params.c
 (the tables: declared in the header, defined once), NAME.h / NAME.c (the model: prefix quantize,
 integer core, suffix dequantize; streaming and whole-sequence APIs; the cell is
-c_runtime/qgru_cell.c.in in the integer types exporters/c_bounds.py proves enough). Reads the
+c_runtime/qgru_cell.c.in in the integer types qtool/numerics/interval.py proves enough). Reads the
 quantized model only; never recomputes numerics.
 """
 
@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from qtool.exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h
+from qtool.exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, model_types
 
-from exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h
-from exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, model_types
+from qtool.core.model import DIRECTIONS
+from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
-from qtool.model import DIRECTIONS
-from qtool.passes import folded_biases, report, run_passes
-from qtool.qmodel import QuantModel
-from qtool.rescale import CHANNEL_ROWS
+from qtool.numerics.passes import folded_biases, report, run_passes
+from qtool.numerics.rescale import CHANNEL_ROWS
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Footprint:
     macs_per_step: int = 0
     int8_weight_bytes: int = 0  # the bare int8 weight bytes (W and R at 1 byte each)
     offset_saves: int = 0      # compensation table bytes that compensation="offset" would drop
-    passes: dict = field(default_factory=dict)  # what qtool.passes removed, and the partition
+    passes: dict = field(default_factory=dict)  # what qtool.numerics.passes removed, and the partition
 
     @property
     def flash_bytes(self) -> int:
@@ -88,7 +88,7 @@ def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "tabl
     """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
     stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
     and h - zp_h instead (no tables; see NAME_params.h). `fully_integral`: refuse a core with a
-    floating-point operation (in the program after qtool.passes, and in the C written)."""
+    floating-point operation (in the program after qtool.numerics.passes, and in the C written)."""
     if compensation not in COMPENSATION:
         raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
     prefix = c_name(name)
@@ -114,7 +114,7 @@ def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "tabl
     (out_dir / f"{prefix}.h").write_text(model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes))
     (out_dir / f"{prefix}.c").write_text(model_c(qm, prefix, ty))
     if fully_integral:
-        from exporters.c_integral import check_core
+        from qtool.exporters.c_integral import check_core
 
         check_core(out_dir, ["qgru.h", "qgru.c", f"{prefix}.h", f"{prefix}.c", f"{prefix}_params.c"],
                    {f"{prefix}_quantize_input", f"{prefix}_dequantize_output"})

@@ -9,13 +9,13 @@ from pathlib import Path
 from string import Template
 
 import numpy as np
+from qtool.exporters.c_types import ModelTypes
 
-from exporters.c_types import ModelTypes
 from qtool import __version__
-from qtool.model import DIRECTIONS
-from qtool.qmodel import QuantModel
-from qtool.qparams import qrange
-from qtool.tensors import TENSORS
+from qtool.core.model import DIRECTIONS
+from qtool.core.qmodel import QuantModel
+from qtool.core.tensors import TENSORS
+from qtool.numerics.qparams import qrange
 
 RUNTIME = Path(__file__).parent / "c_runtime"
 C_KEYWORDS = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double",

@@ -1,5 +1,5 @@
 """The C types of one exported model: the storage of activations, weights, biases and tables,
-and the integer width of every statement of the cell (the bounds of exporters/c_bounds.py)."""
+and the integer width of every statement of the cell (the bounds of qtool/numerics/interval.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporters.c_bounds import model_bits
+from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
-from qtool.passes import folded_biases
-from qtool.qmodel import QuantModel
-from qtool.rescale import CHANNEL_ROWS
+from qtool.numerics.interval import model_bits
+from qtool.numerics.passes import folded_biases
+from qtool.numerics.rescale import CHANNEL_ROWS
 
 INT_TYPES = (("int8_t", 8), ("int16_t", 16), ("int32_t", 32), ("int64_t", 64))
 SIZES = {t: bits // 8 for t, bits in INT_TYPES}

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from qtool.exporters.c_source import c_array
+from qtool.exporters.c_types import act_type
 
-from exporters.c_source import c_array
-from exporters.c_types import act_type
-from qtool.engine_cpu import run_int
-from qtool.qmodel import QuantModel
+from qtool.core.qmodel import QuantModel
+from qtool.engine.cpu import run_int
 
 
 def float_array(name: str, values: np.ndarray, per_line: int = 8) -> str:

@@ -13,15 +13,15 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from qtool.exporters import c_target
+from qtool.exporters.c_export import sources
+from qtool.exporters.c_target import HOST, TARGETS, check_tools, cross_compile
+from qtool.exporters.c_types import act_type
 
-from exporters import c_target
-from exporters.c_export import sources
-from exporters.c_target import HOST, TARGETS, check_tools, cross_compile
-from exporters.c_types import act_type
-from qtool.engine_cpu import run_int
+from qtool.core.qmodel import QuantModel
+from qtool.engine.cpu import run_int
 from qtool.errors import QtoolError
-from qtool.qmodel import QuantModel
-from qtool.qparams import dequantize
+from qtool.numerics.qparams import dequantize
 
 # the flags an embedded reviewer builds with: the export must be clean under every one of them
 WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wsign-conversion", "-Wshadow", "-Wcast-align",

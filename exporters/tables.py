@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from qtool import __version__
-from qtool.model import DIRECTIONS
-from qtool.qmodel import QuantModel
-from qtool.rescale import CHANNEL_ROWS, PARAMS
-from qtool.tensors import TENSORS
+from qtool.core.model import DIRECTIONS
+from qtool.core.qmodel import QuantModel
+from qtool.core.tensors import TENSORS
+from qtool.numerics.rescale import CHANNEL_ROWS, PARAMS
 
 
 def parameter_tables(qm: QuantModel) -> dict:
@@ -44,7 +44,7 @@ def json_bytes(qm: QuantModel) -> bytes:
 
 def write_h5(qm: QuantModel, path: Path) -> None:
     """The tables as HDF5, written atomically."""
-    from qtool.fileio import write_h5 as write_h5_file
+    from qtool.io.files import write_h5 as write_h5_file
 
     tables = parameter_tables(qm)
 

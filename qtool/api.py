@@ -18,8 +18,6 @@ Every user error raises qtool.errors.QtoolError with a one-line message.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -28,26 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.dist import world
+from qtool.core.model import GruModel
+from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
-from qtool.fileio import SequenceData, claim_output, open_sequences
-from qtool.model import GruModel
-from qtool.qmodel import QuantModel
+from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
+from qtool.parallel import world
 
 Progress = Callable[[int, int], None]  # progress(done, total)
 DataLike = str | os.PathLike | np.ndarray | SequenceData
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def now_utc() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
 def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False) -> SequenceData:
@@ -72,9 +58,9 @@ def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None
                check: bool = True) -> GruModel:
     """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste).
     An imported model is checked against its source framework where that is installed (`check`)."""
+    from qtool.core.model import load_model as load_h5_model
+    from qtool.core.model import open_h5
     from qtool.importers import import_model
-    from qtool.model import load_model as load_h5_model
-    from qtool.model import open_h5
 
     path = Path(path)
     model = None
@@ -111,8 +97,8 @@ def load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: s
 
 
 def load(path: str | os.PathLike) -> QuantModel:
-    """A quantized model file, validated (qtool.validate): safe for every engine and exporter."""
-    from qtool.qmodel import load_qmodel
+    """A quantized model file, validated (qtool.numerics.validate): safe for every engine and exporter."""
+    from qtool.io.qmodel_file import load_qmodel
 
     path = Path(path)
     _refuse_unquantized(path)
@@ -124,9 +110,9 @@ def _refuse_unquantized(path: Path) -> None:
     what to run (load_qmodel's errors cover everything else)."""
     import h5py
 
+    from qtool.core.model import open_h5
+    from qtool.core.qmodel import is_qmodel
     from qtool.importers import detect_format
-    from qtool.model import open_h5
-    from qtool.qmodel import is_qmodel
 
     if not path.is_file():
         return
@@ -154,7 +140,7 @@ def _write_once(write: Callable[[], None]) -> None:
     if comm is None:
         write()
     else:
-        from qtool.dist.agree import on_root
+        from qtool.parallel.agree import on_root
 
         on_root(comm, write)
 
@@ -163,8 +149,8 @@ def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
          confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
     """Write a quantized model file atomically (validated first; see fileio.claim_output for when
     an existing file may be replaced)."""
-    from qtool.fileio import write_h5
-    from qtool.qmodel import write_qmodel
+    from qtool.io.files import write_h5
+    from qtool.io.qmodel_file import write_qmodel
 
     def write() -> None:
         write_h5(claim_output(path, force, inputs, confirm), lambda f: write_qmodel(f, qm))
@@ -176,8 +162,8 @@ def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
 def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
                confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
     """Write a float model file (format qtool-gru) atomically."""
-    from qtool.fileio import write_h5
-    from qtool.model import write_model
+    from qtool.core.model import write_model
+    from qtool.io.files import write_h5
 
     def write() -> None:
         write_h5(claim_output(path, force, inputs, confirm), lambda f: write_model(f, model))
@@ -187,7 +173,7 @@ def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
 
 
 def _bits_config(bits: str | dict) -> tuple[str, dict]:
-    from qtool.tensors import TensorConfig, load_bits
+    from qtool.core.tensors import TensorConfig, load_bits
 
     if isinstance(bits, dict):
         if not all(isinstance(v, TensorConfig) for v in bits.values()):
@@ -212,7 +198,7 @@ def _provenance(model: GruModel, data: SequenceData | None, n: int, label: str, 
 def file_ranges(path: str | os.PathLike, model: GruModel):
     """The ranges a quantized or QAT-trained model file holds (ONNX QDQ, torch.ao fake-quant, a
     QuantGRU checkpoint) for `model`, imported from it; None for a float model file."""
-    from qtool.importers.ranges import read_imported
+    from qtool.importers import read_imported
 
     return read_imported(Path(path), model)
 
@@ -233,10 +219,10 @@ class Calibration:
     ranges: object = None
     snap: str = "up"
     ranges_used: list = field(default_factory=list)
-    auto: object = None  # method auto: (its quantized model, qtool.auto_method.AutoChoice)
+    auto: object = None  # method auto: (its quantized model, qtool.calibration.auto.AutoChoice)
 
     def quant_model(self, k: int = 0) -> QuantModel:
-        from qtool.calibration import build_quant_model
+        from qtool.calibration.observe import build_quant_model
 
         if self.auto is not None:
             return self.auto[0]
@@ -247,7 +233,7 @@ class Calibration:
         info = _provenance(self.model, self.data, self.samples, self.label, self.config, method)
         if self.ranges is None:
             return build_quant_model(self.model, self.observers[k], self.config, info, self.plans[k])
-        from qtool.importers.ranges import build_from_file
+        from qtool.calibration.from_file import build_from_file
 
         qm, self.ranges_used = build_from_file(self.ranges, self.model, self.config, info, self.snap,
                                                self.observers[k], self.plans[k])
@@ -262,10 +248,10 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     """One float pass over the calibration data feeding the observers of every method asked for.
     A model file that holds ranges (`file_ranges`; looked up when `model` is a path) keeps them,
     and `data` may then be None when the file holds every range. `methods=("auto",)`: per tensor
-    the method with the least held-out error (qtool.auto_method); beside a file's own ranges,
+    the method with the least held-out error (qtool.calibration.auto); beside a file's own ranges,
     minmax fills in the rest."""
-    from calibrators import METHODS
-    from qtool.calibration import MethodPlan, collect_many
+    from qtool.calibration.observe import MethodPlan, collect_many
+    from qtool.calibrators import METHODS
 
     if "auto" in methods and len(methods) > 1:
         raise QtoolError("--compare takes single methods (auto chooses among them itself)")
@@ -298,7 +284,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     tick = (lambda done: progress(done, n)) if progress else None
     comm = world()
     if auto:  # not distributed: under mpiexec every rank runs it over all the data, rank 0 writes
-        from qtool.auto_method import calibrate_auto
+        from qtool.calibration.auto import calibrate_auto
 
         info = _provenance(model, data, n, label, config, "auto")
         qm, choice = calibrate_auto(model, data, n, config, method_weights, percentile, batch_size, tick, info)
@@ -306,7 +292,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     if comm is None:
         obs = collect_many(model, data, plans, batch_size, n, progress=tick)
     else:  # under mpiexec: each rank observes its chunks; every rank gets the merged observers
-        from qtool.dist.calibrate import collect_many as collect_ranks
+        from qtool.parallel.calibrate import collect_many as collect_ranks
 
         obs = collect_ranks(comm, model, data, plans, batch_size, n, progress=tick)
     return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
@@ -342,7 +328,7 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
 
     from qtool.advisor.advise import THRESHOLD_DB
     from qtool.advisor.advise import advise as run_advise
-    from qtool.fileio import write_bytes
+    from qtool.io.files import write_bytes
 
     if target_snr is not None and not math.isfinite(target_snr):
         raise QtoolError(f"--target-snr must be a finite number of dB, got {target_snr}")
@@ -447,14 +433,14 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
     they are. `mode`: "integer", "fakequant" (the float GRU with every tensor rounded onto its
     grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file;
     `outputs=True` returns them in the result (`y_float`, `y_quant`, `y_int`, `[N, T, out]`)."""
-    from qtool.fakequant_sim import MODES
+    from qtool.simulation.fakequant import MODES
 
     if mode not in MODES:
         raise QtoolError(f"unknown --mode '{mode}' (use one of {', '.join(MODES)})")
     import time
 
-    from qtool.engine_cuda import select_backend
-    from qtool.simulation import simulate as run_simulation
+    from qtool.engine.backend import select_backend
+    from qtool.simulation.run import simulate as run_simulation
 
     runner, label, reason = select_backend(backend)
     qm_path = None
@@ -474,7 +460,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
     comm = world()
     kept = _Outputs(n, data.shape[1], qm.model.output_size) if outputs else None
     if comm is not None:  # under mpiexec: each rank simulates its chunks, rank 0 writes `save`
-        from qtool.dist.simulate import simulate as simulate_ranks
+        from qtool.parallel.simulate import simulate as simulate_ranks
 
         if outputs:
             raise QtoolError("outputs=True is not available under mpiexec (each rank holds its own "
@@ -484,7 +470,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
         report = (lambda start, *o: progress(start + len(o[0]), n)) if progress else None
         sim = run_simulation(qm, data, batch_size, per_tensor, n, _keeping(kept, report), runner, mode)
     else:
-        from qtool.results import write_results
+        from qtool.io.results import write_results
 
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
@@ -538,13 +524,13 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
     files of the same names that qtool wrote; other files in the directory are left alone.
     `test_vectors`: float inputs `[V, T, C]` for a self-checking test main. `fully_integral`:
     refuse an export whose integer core would hold a floating-point operation. The footprint
-    carries what the compiler passes (qtool.passes) removed."""
+    carries what the compiler passes (qtool.numerics.passes) removed."""
     import tempfile
 
-    from exporters.c_export import RUNTIME, c_name
-    from exporters.c_export import export_c as write_c
-    from exporters.c_vectors import write_test_vectors
-    from qtool.fileio import write_files
+    from qtool.exporters.c_export import RUNTIME, c_name
+    from qtool.exporters.c_export import export_c as write_c
+    from qtool.exporters.c_vectors import write_test_vectors
+    from qtool.io.files import write_files
 
     qm_path = None
     if not isinstance(qm, QuantModel):
@@ -567,7 +553,7 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
 
 def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
     """The prefix of the export in `export_dir`: `name`, else the only one there, else the model's."""
-    from exporters.c_export import c_name
+    from qtool.exporters.c_export import c_name
 
     if not export_dir.is_dir():
         raise QtoolError(f"export directory not found: {export_dir}")
@@ -590,8 +576,8 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
     "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
     states and dequantized outputs that differ from the simulator's."""
-    from exporters.c_verify import export_fingerprint
-    from exporters.c_verify import verify as run_verify
+    from qtool.exporters.c_verify import export_fingerprint
+    from qtool.exporters.c_verify import verify as run_verify
 
     if not isinstance(qm, QuantModel):
         qm = load(Path(qm))
@@ -629,10 +615,10 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
     """Simulate as `simulate` does and write one self-contained HTML page of plots (needs the
     `report` extra, plotly): per tensor its float histogram against its grid, the output error
     by time step, float vs integer output traces of the first `sequences` sequences."""
-    from qtool.engine_cuda import select_backend
-    from qtool.fileio import write_bytes
-    from qtool.report_data import collect
-    from qtool.report_html import plotly_modules, render
+    from qtool.engine.backend import select_backend
+    from qtool.io.files import write_bytes
+    from qtool.report.data import collect
+    from qtool.report.html import plotly_modules, render
 
     plotly_modules()  # refuse before the work, not after it
     runner, label, _ = select_backend(backend)
@@ -652,3 +638,40 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
     page = render(qm, rd, Path(data.name).name, units).encode()
     write_bytes(out, page)
     return ReportResult(out, rd.results["output"], rd.results["per_step_snr_db"], n, len(page), label)
+
+
+PRESETS = ("int8", "w8a16", "int16")  # what precompile compiles for (qtool/install/precompile.py)
+
+
+def _precompile_model(layers: int, dirs: int, seed: int):
+    from qtool.core.model import GruCell, GruModel
+
+    rng = np.random.default_rng(seed)
+    C, H = 4, 8
+    cells = [[GruCell(rng.normal(0, 0.5, (3 * H, C if l == 0 else H * dirs)), rng.normal(0, 0.5, (3 * H, H)),
+                      rng.normal(0, 0.3, 3 * H), rng.normal(0, 0.3, 3 * H)) for _ in range(dirs)]
+             for l in range(layers)]
+    return GruModel(cells, name=f"precompile-{layers}x{dirs}")
+
+
+def precompile(presets: tuple[str, ...] = PRESETS, say: Callable[[str], None] = lambda s: None) -> float:
+    """Compile the CPU kernels into numba's cache (qtool/install/precompile.py says why): run
+    calibrate (auto, every method) and simulate (integer and fake-quant) once per preset on a
+    stacked and a bidirectional random GRU, and with every preset the advisor's table; returns
+    the seconds it took."""
+    import time
+
+    presets = tuple(dict.fromkeys(presets))  # `--preset int8 --preset int8`: once
+    t0 = time.perf_counter()
+    x = np.random.default_rng(0).normal(0, 1, (16, 6, 4)).astype(np.float32)
+    for preset in presets:
+        t = time.perf_counter()
+        for layers, dirs in ((2, 1), (1, 2)):
+            qm = calibrate(_precompile_model(layers, dirs, seed=layers), x, bits=preset, method="auto")
+            simulate(qm, x, backend="cpu", mode="both")
+        say(f"{preset}: {time.perf_counter() - t:.1f} s")
+    if set(presets) == set(PRESETS):  # the advisor's noise model and observers; a search's mixed
+        t = time.perf_counter()      # 8/16-bit candidates (W int8 with R int16, ...) compile when met
+        advise(_precompile_model(2, 1, seed=2), x, x)
+        say(f"advise: {time.perf_counter() - t:.1f} s")
+    return time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """One exception type for every error a user can act on; the CLI prints it as one line. Also
 the signals that stop qtool cleanly: kept here, where the CLI's start-up can read them without
-importing numpy (as qtool.fileio would)."""
+importing numpy (as qtool.io.files would)."""
 
 import signal
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 import qtool
-from qtool.engine_cpu import run_int
-from qtool.float_gru import run_float
-from qtool.metrics import Distance
-from qtool.qparams import dequantize
+from qtool.engine.cpu import run_int
+from qtool.engine.metrics import Distance
+from qtool.numerics.float_gru import run_float
+from qtool.numerics.qparams import dequantize
 
 HERE = Path(__file__).parent
 

@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 from qtool import api
-from qtool.engine_cpu import run_int
+from qtool.engine.cpu import run_int
+from qtool.io.qmodel_file import load_qmodel
+from qtool.numerics.qparams import dequantize
 from qtool.qat import QuantGRU
 from qtool.qat.module import gru_model
-from qtool.qmodel import load_qmodel
-from qtool.qparams import dequantize
 
 HERE = Path(__file__).parent
 METHODS = ("minmax", "percentile", "mse", "kl", "auto")

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from qtool import api
+from qtool.io.qmodel_file import load_qmodel
 from qtool.qat import QuantGRU
 from qtool.qat.module import gru_model
-from qtool.qmodel import load_qmodel
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("qat_demo", HERE / "qat_demo.py")

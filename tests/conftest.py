@@ -20,7 +20,7 @@ def has(module: str) -> bool:
 
 
 def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
-    from qtool.model import GruCell, GruModel
+    from qtool.core.model import GruCell, GruModel
 
     rng = np.random.RandomState(seed)
     cells = []
@@ -32,8 +32,8 @@ def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
 
 
 def calibrated(model, x_calib, preset="int8", method="minmax", config=None):
-    from qtool.calibration import build_quant_model, new_observers, observe_batch
-    from qtool.tensors import preset_config
+    from qtool.calibration.observe import build_quant_model, new_observers, observe_batch
+    from qtool.core.tensors import preset_config
 
     obs = new_observers(model, method)
     observe_batch(model, x_calib, obs)
@@ -43,7 +43,7 @@ def calibrated(model, x_calib, preset="int8", method="minmax", config=None):
 @pytest.fixture
 def cli(capsys):
     """Run the qtool CLI in-process: returns (exit code, stdout, stderr)."""
-    from qtool.cli import main
+    from qtool.cli.app import main
 
     def run(*args):
         try:

@@ -4,10 +4,9 @@ quantized model per method as OUT_DIR/METHOD.h5 (rank 0 writes)."""
 
 import sys
 
-import calibrators
-import qtool
+from qtool.calibrators import METHODS
 
-METHODS = tuple(calibrators.METHODS)
+import qtool
 
 if __name__ == "__main__":
     model, data, out, batch = sys.argv[1:5]

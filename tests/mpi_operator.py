@@ -1,5 +1,5 @@
 """Run under `mpiexec -n R python tests/mpi_operator.py`: the strict test of
-qtool.dist.allgather_dequant_matmul that seed 001 asks for. Every rank holds a different A_i
+qtool.parallel.allgather_dequant_matmul that seed 001 asks for. Every rank holds a different A_i
 (drawn from a seed of its own), and every rank computes the single-process reference from all
 ranks' inputs (regenerated from their seeds) with numpy's int64 matmul: C must equal it exactly,
 D bit for bit. Each case runs on MPI_COMM_WORLD, on halves of it and on COMM_SELF, so one
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from qtool.dist import allgather_dequant_matmul, prepare
+from qtool.parallel import allgather_dequant_matmul, prepare
 
 
 def extremes(x: np.ndarray, rng) -> np.ndarray:

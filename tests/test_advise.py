@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import random_model
 
-from qtool.model import open_h5, write_model
+from qtool.core.model import open_h5, write_model
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def target_run(files):
     """One search: the target sits 6 dB above what all-int8 measures (int8 misses it)."""
-    from qtool.cli import main
+    from qtool.cli.app import main
 
     def run(*args):
         try:

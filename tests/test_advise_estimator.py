@@ -5,14 +5,14 @@ import math
 
 import numpy as np
 import pytest
+from qtool.calibrators.sampled import SampledStatsObserver
 
-from calibrators.sampled import SampledStatsObserver
-from qtool.advisor import seed
+from qtool.advisor import pzero
 from qtool.advisor.noise import gaussian_grid_error
-from qtool.calibration import model_config
+from qtool.calibration.observe import model_config
+from qtool.core.tensors import TensorConfig, bits_toml, load_bits, preset_config
 from qtool.errors import QtoolError
-from qtool.qparams import choose_qparams, dequantize, grid_range, quantize
-from qtool.tensors import TensorConfig, bits_toml, load_bits, preset_config
+from qtool.numerics.qparams import choose_qparams, dequantize, grid_range, quantize
 
 
 def test_all_values_give_the_seed_formulas_exactly():
@@ -72,16 +72,16 @@ def test_multi_negative_sampling_avoids_the_outliers():
 
 
 def test_seed_prediction_formulas():
-    from calibrators.sampled import BulkStats
+    from qtool.calibrators.sampled import BulkStats
 
     s = BulkStats(mu=0.1, sigma=0.5, M=4.0, lo=-4.0, hi=3.0, mean=0.1, mean_square=0.26, n_sample=10, n=100)
     d8 = 2 * 4.0 / 255
-    assert seed.delta(4.0, 8) == pytest.approx(d8)
-    assert seed.p_zero(s, 8) == pytest.approx(math.erf(d8 / (2 * math.sqrt(2) * 0.5)))
+    assert pzero.delta(4.0, 8) == pytest.approx(d8)
+    assert pzero.p_zero(s, 8) == pytest.approx(math.erf(d8 / (2 * math.sqrt(2) * 0.5)))
     p1, p2 = 0.01, 0.02
-    assert seed.snr_db(p1, p2) == pytest.approx(-20 * math.log10(p1 + p2 - p1 * p2))
-    assert seed.snr_db(p1) == pytest.approx(40.0)
-    one = seed.one_minus(BulkStats(0.3, 0.1, 0.9, 0.05, 0.9, 0.3, 0.1, 10, 100))
+    assert pzero.snr_db(p1, p2) == pytest.approx(-20 * math.log10(p1 + p2 - p1 * p2))
+    assert pzero.snr_db(p1) == pytest.approx(40.0)
+    one = pzero.one_minus(BulkStats(0.3, 0.1, 0.9, 0.05, 0.9, 0.3, 0.1, 10, 100))
     assert (one.mu, one.lo, one.hi, one.M) == pytest.approx((0.7, 0.1, 0.95, 0.95))
     assert one.mean_square == pytest.approx(1 - 0.6 + 0.1)
 

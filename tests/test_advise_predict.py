@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from conftest import random_model
 
-from qtool.advisor import THRESHOLD_DB, seed
+from qtool.advisor import THRESHOLD_DB, pzero
 from qtool.advisor.configs import all_units, bits_config, unit_of
 from qtool.advisor.predict import Predictor
 from qtool.advisor.search import SINGLE
 from qtool.advisor.stats import model_stats, new_estimators
-from qtool.auto_method import AutoCalibrator
-from qtool.fileio import open_sequences
-from qtool.simulation import simulate, tensor_key
-from qtool.tensors import BitsConfig, preset_config
+from qtool.calibration.auto import AutoCalibrator
+from qtool.core.tensors import BitsConfig, preset_config
+from qtool.io.files import open_sequences
+from qtool.simulation.run import simulate, tensor_key
 
 # Bounds from the experiment (docs/advisor.md) with a margin: the grid-aware prediction's
 # correlation with the measurement and its median absolute error, per tensor.
@@ -88,11 +88,11 @@ def test_the_seed_rule_at_T_agrees_with_the_measurement(measured):
     units = frozenset(all_units(model))
     agree = []
     for l in range(model.num_layers):
-        for name in (*seed.PRODUCTS, *SINGLE):
-            operands = [seed.OPERAND_BITS.get(n, n) for n in seed.PRODUCTS.get(name, (name,))]
+        for name in (*pzero.PRODUCTS, *SINGLE):
+            operands = [pzero.OPERAND_BITS.get(n, n) for n in pzero.PRODUCTS.get(name, (name,))]
             qm = ac.build(bits_config(model, units - {unit_of(l, n) for n in operands}), measured["int8_plan"], {})
             res = simulate(qm, measured["test"], 256, True).results()
             for d, st in enumerate(measured["stats"][l]):
-                p = seed.tensor_snr_db(st, dict.fromkeys([*st, "one_minus_z"], 8), name)
+                p = pzero.tensor_snr_db(st, dict.fromkeys([*st, "one_minus_z"], 8), name)
                 agree.append((p > THRESHOLD_DB) == (res["tensors"][tensor_key(l, d, name)]["snr_db"] >= 20.0))
     assert np.mean(agree) >= MIN_RULE_AGREEMENT

@@ -61,9 +61,9 @@ def test_simulate_hands_back_the_outputs_without_a_file(tmp_path):
     import h5py
     from reference_int_gru import cell_forward
 
-    from qtool.engine_cpu import quantize_input
-    from qtool.float_gru import run_float
-    from qtool.qparams import dequantize
+    from qtool.engine.layout import quantize_input
+    from qtool.numerics.float_gru import run_float
+    from qtool.numerics.qparams import dequantize
 
     model = random_model(C=5, H=4, seed=3)
     rng = np.random.default_rng(11)

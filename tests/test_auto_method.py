@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from conftest import SAMPLES, has, random_model
 
-from qtool.auto_method import AUTO_METHODS, AutoCalibrator, fold_bounds
-from qtool.calibration import build_quant_model, collect, model_config
-from qtool.fileio import open_sequences
-from qtool.float_gru import run_float
-from qtool.qparams import dequantize, quantize
-from qtool.simulation import simulate
-from qtool.tensors import BitsConfig, preset_config
+from qtool.calibration.auto import AUTO_METHODS, AutoCalibrator, fold_bounds
+from qtool.calibration.observe import build_quant_model, collect, model_config
+from qtool.core.tensors import BitsConfig, preset_config
+from qtool.io.files import open_sequences
+from qtool.numerics.float_gru import run_float
+from qtool.numerics.qparams import dequantize, quantize
+from qtool.simulation.run import simulate
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_calibrate_defaults_to_auto_and_is_no_worse_than_any_single_method(cli, 
 
 
 def test_one_sequence_title_says_sequence(tmp_path, cli):
-    from qtool.model import open_h5, write_model
+    from qtool.core.model import open_h5, write_model
 
     np.save(tmp_path / "one.npy", np.random.default_rng(0).normal(size=(1, 6, 3)).astype(np.float32))
     with open_h5(tmp_path / "m.h5", "w") as f:

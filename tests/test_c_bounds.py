@@ -9,9 +9,9 @@ import pytest
 from conftest import calibrated, random_model
 from test_integer_gru import mixed_config
 
-from exporters.c_bounds import Iv, Statement, cell_statements, clamp, gemm_span, rshift_round
-from qtool.engine_cpu import run_int
-from qtool.intops import rshift_round as int_rshift_round
+from qtool.engine.cpu import run_int
+from qtool.numerics.interval import Iv, Statement, cell_statements, clamp, gemm_span, rshift_round
+from qtool.numerics.intops import rshift_round as int_rshift_round
 
 
 @pytest.mark.parametrize("n", range(-4, 7))

@@ -6,12 +6,12 @@ import shutil
 import subprocess
 
 import pytest
+from qtool.exporters import c_target
+from qtool.exporters.c_export import export_c, sources
+from qtool.exporters.c_vectors import write_test_vectors
+from qtool.exporters.c_verify import CFLAGS, VERIFY_MAIN, verify
 from test_export_c import model_and_data
 
-from exporters import c_target
-from exporters.c_export import export_c, sources
-from exporters.c_vectors import write_test_vectors
-from exporters.c_verify import CFLAGS, VERIFY_MAIN, verify
 from qtool.errors import QtoolError
 
 needs_qemu = pytest.mark.skipif(bool(c_target.missing_tools()),

@@ -1,5 +1,5 @@
 """A qtool installed by root and run by another user: numba cannot write the package's
-`__pycache__`, so it neither reads the kernels the wheel ships there; qtool.cache_seed copies
+`__pycache__`, so it neither reads the kernels the wheel ships there; qtool.install.cache_seed copies
 them into the user's numba cache, where numba's own user-wide locator then finds them."""
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qtool import cache_seed
+from qtool.install import cache_seed
 
 SOURCE = textwrap.dedent("""
     from numba import njit

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 from conftest import calibrated, random_model
+from qtool.calibrators import EmaObserver, MinMaxObserver
 
-from calibrators import EmaObserver, MinMaxObserver
-from qtool.calibration import GATES, new_observers, observe_batch, saturation_bound
+from qtool.calibration.observe import GATES, new_observers, observe_batch, saturation_bound
+from qtool.core.model import open_h5
+from qtool.core.tensors import load_bits
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
-from qtool.model import open_h5
-from qtool.qmodel import load_qmodel, write_qmodel
-from qtool.tensors import load_bits
+from qtool.io.qmodel_file import load_qmodel, write_qmodel
+from qtool.numerics.float_gru import run_float
 
 
 def test_minmax_merge_is_exact_and_order_free():
@@ -69,8 +69,8 @@ def test_tensor_ranges_are_the_float_tensors_ranges():
 def test_saturation_bound_is_free(preset):
     """Beyond the bound every input already gives the output integer of f(+-inf), so clipping the
     pre-activation grid there changes no output; inside it, the cut costs nothing either."""
-    from qtool.lut import exact_outputs
-    from qtool.qparams import quantize
+    from qtool.numerics.lut import exact_outputs
+    from qtool.numerics.qparams import quantize
 
     model = random_model(C=4, H=6, seed=3, scale=1.5)
     x = np.random.RandomState(3).randn(8, 10, 4).astype(np.float32) * 2
@@ -98,7 +98,7 @@ def test_weights_per_channel_and_compensation():
     assert np.all(np.abs(cq.qW).max(axis=1) >= 64)  # every row uses the top bit: finest scale
     deq = cq.qW * np.ldexp(1.0, -np.asarray(cq.spec["W"].exp2_inv))[:, None]
     assert np.all(np.abs(deq - W) <= np.ldexp(0.5, -np.asarray(cq.spec["W"].exp2_inv))[:, None])
-    from qtool.rescale import CHANNEL_ROWS
+    from qtool.numerics.rescale import CHANNEL_ROWS
 
     want = cq.spec["x"].zp * cq.qW.sum(axis=1)  # W_sum_mul_x_zp = Z_x * sum_k q_W[c, k]
     assert np.array_equal(cq.CH[CHANNEL_ROWS.index("W_sum_mul_x_zp")], want)
@@ -160,8 +160,8 @@ def test_observers_from_other_processes_merge_like_one_pass(method):
     observers; the parameters equal those of one pass over everything."""
     import multiprocessing
 
-    from qtool.calibration import build_quant_model, merge_observers
-    from qtool.tensors import preset_config
+    from qtool.calibration.observe import build_quant_model, merge_observers
+    from qtool.core.tensors import preset_config
 
     model = random_model(C=3, H=5, layers=2, dirs=2, seed=5)
     x = np.random.RandomState(5).randn(12, 6, 3).astype(np.float32)

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from qtool.calibrators import PercentileObserver, make_observer
+from qtool.calibrators.histogram import MAX_BINS, Histogram
 
-from calibrators import PercentileObserver, make_observer
-from calibrators.histogram import MAX_BINS, Histogram
-from qtool.qparams import choose_qparams
+from qtool.numerics.qparams import choose_qparams
 
 
 def parts():
@@ -49,7 +49,7 @@ def test_constant_tensors_get_a_grid_that_holds_them(value):
     """A tensor with one value (a saturated gate, a constant feature) has no span: its bins are
     still finite and the grid each method chooses holds the value (or refuses it in one line)."""
     from qtool.errors import QtoolError
-    from qtool.qparams import dequantize, quantize
+    from qtool.numerics.qparams import dequantize, quantize
 
     for method in ("percentile", "mse", "kl"):
         o = make_observer(method, "x")
@@ -107,8 +107,9 @@ def test_mse_finds_the_best_power_of_two_grid(kind, bits, sym):
     """Against brute force on the raw samples: quantize, dequantize, average the squared error
     for every exponent near the choice and every zero point; the choice is the best up to the
     histogram's resolution (uniform density inside a bin)."""
-    from calibrators import MseObserver
-    from qtool.qparams import dequantize, qrange, quantize
+    from qtool.calibrators import MseObserver
+
+    from qtool.numerics.qparams import dequantize, qrange, quantize
 
     v = samples(kind)
     o = MseObserver()
@@ -128,7 +129,7 @@ def test_mse_finds_the_best_power_of_two_grid(kind, bits, sym):
 
 
 def test_mse_search_scores_what_the_bin_by_bin_sum_scores():
-    from calibrators.mse import MseObserver, grid_error
+    from qtool.calibrators.mse import MseObserver, grid_error
 
     o = MseObserver()
     o.observe(samples("skew")[None])
@@ -180,7 +181,7 @@ def tvm_kl_threshold(arr, num_bins=8001, num_quantized_bins=255):
 def test_kl_lands_next_to_tvms_threshold(kind):
     """TVM's continuous optimum T, snapped to a power of two, lies between the two neighbouring
     grids; qtool's choice must be one of them."""
-    from calibrators import KlObserver
+    from qtool.calibrators import KlObserver
 
     v = samples(kind, n=60000)
     o = KlObserver()
@@ -192,7 +193,7 @@ def test_kl_lands_next_to_tvms_threshold(kind):
 
 
 def test_kl_and_mse_merge_like_one_pass():
-    from calibrators import KlObserver, MseObserver
+    from qtool.calibrators import KlObserver, MseObserver
 
     v = samples("outliers")
     for cls in (KlObserver, MseObserver):
@@ -210,7 +211,7 @@ def test_kl_ignores_exact_zeros(sym):
     """Exact zeros sit on a level of every grid: they add no evidence for any, so a share of them
     (zero-padded steps, silent frames, zero pixels) must not move kl's choice. Observed in two
     batches, so the count of zeros also goes through a merge."""
-    from calibrators import KlObserver
+    from qtool.calibrators import KlObserver
 
     v = samples("laplace", n=40000)
     with_zeros = np.concatenate([v, np.zeros(30000)])
@@ -230,9 +231,9 @@ def test_kl_keeps_a_sparse_inputs_gemm_output():
     [-1.84, 1.92]) and the output collapsed (-2.8 dB against 17.9 dB with min/max)."""
     from conftest import calibrated, random_model
 
-    from qtool.engine_cpu import run_int
-    from qtool.float_gru import run_float
-    from qtool.qparams import dequantize
+    from qtool.engine.cpu import run_int
+    from qtool.numerics.float_gru import run_float
+    from qtool.numerics.qparams import dequantize
 
     def sparse(n, seed):
         rng = np.random.RandomState(seed)
@@ -261,7 +262,7 @@ def test_kl_does_not_collapse_on_a_relu_fed_input():
     with the data on one or two of its levels (the rest clipped into them), where P ~ Q and
     KL ~ 0: it picked [0, 2^-8] for data reaching 16 (a GRU reading it fell to -0.4 dB output SNR
     against 22 dB with min/max)."""
-    from calibrators import KlObserver
+    from qtool.calibrators import KlObserver
 
     rng = np.random.default_rng(0)
     n, T, C = 384, 50, 32

@@ -15,7 +15,7 @@ MODEL = SAMPLES / "digits_gru.safetensors"
 
 @pytest.fixture(scope="module")
 def qmodel(tmp_path_factory):
-    from qtool.cli import main
+    from qtool.cli.app import main
 
     d = tmp_path_factory.mktemp("q")
     with pytest.raises(SystemExit) as e:
@@ -146,7 +146,7 @@ def test_no_prompt_without_terminal_and_no_clobber(cli, qmodel, tmp_path):
 def test_prompts_at_a_terminal(qmodel, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from qtool import cli as cli_mod
+    from qtool.cli import app as cli_mod
 
     monkeypatch.setattr(cli_mod, "interactive", lambda: True)
     runner = CliRunner()
@@ -198,7 +198,7 @@ def test_weight_methods_and_per_tensor_methods(cli, tmp_path):
     for name, args in (("mm", ()), ("w", ("--method-weights", "mse")), ("cfg", ("--bits", cfg))):
         code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / f"{name}.h5", *args)
         assert code == 0, err
-        from qtool.qmodel import load_qmodel
+        from qtool.io.qmodel_file import load_qmodel
 
         specs[name] = load_qmodel(tmp_path / f"{name}.h5")
     for l in range(2):

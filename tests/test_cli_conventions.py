@@ -29,7 +29,7 @@ def test_the_cli_starts_without_numpy():
     import subprocess
     import sys
 
-    code = "import sys, qtool.cli; sys.exit('numpy' in sys.modules)"
+    code = "import sys, qtool.cli.app; sys.exit('numpy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from conftest import calibrated, random_model
 from rich.console import Console
 
-from qtool.report import both_table
+from qtool.cli.tables import both_table
 
 
 def _render(table) -> str:
@@ -34,7 +34,7 @@ def test_both_table_keeps_tensor_names_whole_at_80_columns():
 
 def test_a_loaded_model_saves_again_and_inspect_lists_its_fingerprint_once(tmp_path):
     import qtool
-    from qtool.report import provenance_table
+    from qtool.cli.tables import provenance_table
 
     qm = calibrated(random_model(C=3, H=4), np.random.RandomState(1).randn(4, 5, 3))
     qtool.save(qm, tmp_path / "q.h5")
@@ -79,7 +79,7 @@ def test_saved_results_record_the_simulation_mode(cli, tmp_path):
 def test_advise_table_fits_80_columns_and_verbose_adds_the_statistics():
     from types import SimpleNamespace
 
-    from qtool.advisor.report import tensor_table
+    from qtool.cli.advise_tables import tensor_table
 
     row = {"layer": 1, "direction": "bwd", "mu": -0.0123, "sigma": 0.456, "M": 12.5, "p_zero_8": 1e-3,
            "p_zero_16": 1e-7, "predicted_seed_db": 31.25, "predicted_grid_db": 30.5, "measured_snr_db": 29.75,

@@ -11,8 +11,9 @@ import pytest
 from conftest import SAMPLES, calibrated, has, random_model
 from test_integer_gru import mixed_config
 
-from qtool.engine_cpu import run_int
-from qtool.engine_cuda import run_model_cuda, select_backend
+from qtool.engine.backend import select_backend
+from qtool.engine.cpu import run_int
+from qtool.engine.cuda import run_model_cuda
 
 
 @pytest.mark.parametrize("preset", ["int8", "w8a16", "int16", "mixed"])
@@ -68,7 +69,7 @@ def test_cuda_without_gpu_is_a_clear_error(tmp_path):
     res = subprocess.run([sys.executable, "-m", "qtool.cli", "simulate", str(tmp_path / "q.h5"),
                           str(SAMPLES / "test.npy"), "--backend", "cuda"],
                          capture_output=True, text=True, env=env)
-    from qtool.engine_cuda import cuda_usable
+    from qtool.engine.cuda import cuda_usable
 
     if cuda_usable()[0]:
         pytest.skip("a GPU is present")

@@ -1,4 +1,4 @@
-"""Distributed runs (qtool.dist): `mpiexec -n R qtool calibrate/simulate` give files identical to
+"""Distributed runs (qtool.parallel): `mpiexec -n R qtool calibrate/simulate` give files identical to
 one process's, errors on any rank end every rank with one line, and the seed's AllGather +
 int8 matmul + dequantize operator is exact on 1, 2 and 3 ranks with a different A on every
 rank. The MPI runs launch mpiexec (from the `mpi` extra); without it they are skipped."""
@@ -14,16 +14,15 @@ import numpy as np
 import pytest
 from conftest import has, random_model
 from h5compare import h5_contents
-
-import calibrators
+from qtool.calibrators import METHODS as CALIBRATION_METHODS
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                          os.environ.get("PATH", "")]))
 needs_mpi = pytest.mark.skipif(not (has("mpi4py") and MPIEXEC),
                                reason="MPI runs need mpi4py and mpiexec: pip install 'qtool[mpi]'")
-CLI = ("-c", "from qtool.cli import main; main()")
-METHODS = tuple(calibrators.METHODS)  # every calibration method
+CLI = ("-c", "from qtool.cli.app import main; main()")
+METHODS = tuple(CALIBRATION_METHODS)  # every calibration method
 
 
 def mpi_env() -> dict[str, str]:
@@ -51,7 +50,7 @@ def assert_same_file(a: Path, b: Path) -> None:
 def files(tmp_path_factory):
     """A stacked bidirectional GRU; calibration data whose scale grows from chunk to chunk (so
     the histograms re-bin as they go); test data."""
-    from qtool.model import open_h5, write_model
+    from qtool.core.model import open_h5, write_model
 
     d = tmp_path_factory.mktemp("dist")
     with open_h5(d / "m.h5", "w") as f:
@@ -76,7 +75,7 @@ def qmodel(files):
 
 def test_no_mpi_without_mpiexec(monkeypatch, files, cli):
     """Outside mpiexec nothing of MPI is imported and the commands run as one process."""
-    import qtool.dist as dist
+    import qtool.parallel as dist
 
     for var in (*dist.SIZE_VARS, "QTOOL_MPI"):
         monkeypatch.delenv(var, raising=False)
@@ -87,7 +86,7 @@ def test_no_mpi_without_mpiexec(monkeypatch, files, cli):
 
 
 def test_mpiexec_without_mpi4py_is_one_clear_line(monkeypatch, files, cli):
-    import qtool.dist as dist
+    import qtool.parallel as dist
 
     monkeypatch.setenv("PMI_SIZE", "4")
     monkeypatch.delenv("QTOOL_MPI", raising=False)
@@ -103,9 +102,10 @@ def test_mpiexec_without_mpi4py_is_one_clear_line(monkeypatch, files, cli):
 def test_histogram_merge_lands_on_one_process_width():
     """Two chunks whose naive merge picks a coarser histogram than one pass does: the logged
     merge replays one pass's widths and equals it exactly."""
-    from calibrators.kl import KlObserver
-    from calibrators.percentile import PercentileObserver
-    from qtool.dist.calibrate import Logged, merge_logged
+    from qtool.calibrators.kl import KlObserver
+    from qtool.calibrators.percentile import PercentileObserver
+
+    from qtool.parallel.calibrate import Logged, merge_logged
 
     chunks = [np.array([0.5, 100.0], np.float32), np.array([100.0, 8190.4], np.float32)]
     for cls in (KlObserver, PercentileObserver):
@@ -131,8 +131,9 @@ def test_histogram_merge_lands_on_one_process_width():
 def test_logged_merge_equals_one_pass(method):
     """Chunks dealt round-robin to 3 'ranks' and merged equal one pass over them in order,
     field for field (ema too: its recurrence is replayed in chunk order)."""
-    from calibrators import make_observer
-    from qtool.dist.calibrate import Logged, merge_logged
+    from qtool.calibrators import make_observer
+
+    from qtool.parallel.calibrate import Logged, merge_logged
 
     rng = np.random.RandomState(7)
     chunks = [(rng.randn(9, 4, 3) * 1.5**k + k).astype(np.float32) for k in range(8)]
@@ -160,8 +161,8 @@ def test_chunk_partials_fold_to_one_pass(files, qmodel, mode):
     """Per-chunk partial statistics, folded in chunk order whatever order they arrive in, give
     one pass's results exactly (the fake-quant side's distances and agreement too)."""
     from qtool import api
-    from qtool.simfold import chunk_stats, fold_in_chunk_order
-    from qtool.simulation import Simulation
+    from qtool.simulation.fold import chunk_stats, fold_in_chunk_order
+    from qtool.simulation.run import Simulation
 
     qm = api.load(qmodel)
     x = np.load(files / "test.npy")
@@ -178,7 +179,7 @@ def test_chunk_partials_fold_to_one_pass(files, qmodel, mode):
 def test_commands_that_are_not_distributed_are_refused(monkeypatch):
     """Under mpiexec a command that would run whole on every rank (each writing the same files)
     stops with one line; calibrate, simulate and the read-only ones run."""
-    import qtool.dist as dist
+    import qtool.parallel as dist
     from qtool.errors import QtoolError
 
     monkeypatch.setattr(dist, "_world", [object()])
@@ -268,7 +269,7 @@ def test_float16_rounding_equals_numpy():
     """The CPU epilogue's float32 -> float16 rounding (on the bits: numba has no float16) equals
     numpy's astype on every exponent, both signs, every tie pattern, subnormals, overflow,
     inf and NaN."""
-    from qtool.dist.half import halves
+    from qtool.parallel.half import halves
 
     exps = np.arange(256, dtype=np.uint32) << 23
     ties = np.arange(1024, dtype=np.uint32) << 13  # every float16 significand, exactly at a tie and beside it

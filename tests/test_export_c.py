@@ -9,13 +9,13 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import calibrated, random_model
+from qtool.exporters.c_export import c_name, export_c, sources
+from qtool.exporters.c_types import model_types
+from qtool.exporters.c_vectors import write_test_vectors
+from qtool.exporters.c_verify import CFLAGS, compile_c, verify
 from test_integer_gru import mixed_config
 
-from exporters.c_export import c_name, export_c, sources
-from exporters.c_types import model_types
-from exporters.c_vectors import write_test_vectors
-from exporters.c_verify import CFLAGS, compile_c, verify
-from qtool.engine_cpu import run_int
+from qtool.engine.cpu import run_int
 from qtool.errors import QtoolError
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -164,7 +164,7 @@ def test_cli_export_verify_and_tables(cli, tmp_path):
     assert code == 0, err
     assert cli("export", "json", q, "-o", tmp_path / "p.json")[0] == 0
     tables = json.loads((tmp_path / "p.json").read_text())
-    from qtool.qmodel import load_qmodel
+    from qtool.io.qmodel_file import load_qmodel
 
     cq = load_qmodel(q).cells[1][0]
     cell = tables["cells"][1]

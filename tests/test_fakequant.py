@@ -1,4 +1,4 @@
-"""The fake-quant GRU (qtool.fakequant) against independent references: its grid math against
+"""The fake-quant GRU (qtool.numerics.fakequant) against independent references: its grid math against
 qparams.quantize / intops.rshift_round, its "integer" rounding against the integer engine on every
 tensor, and `qtool simulate --mode fakequant|both` on every preset."""
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from conftest import SAMPLES, calibrated, has, random_model
 
-from qtool.engine_cpu import run_int
-from qtool.fakequant import qdq, run_fakequant, snap, to_int
-from qtool.intops import rshift_round
-from qtool.qparams import dequantize, quantize
-from qtool.simulation import int_tensors
-from qtool.tensors import TensorConfig, preset_config
+from qtool.core.tensors import TensorConfig, preset_config
+from qtool.engine.cpu import run_int
+from qtool.numerics.fakequant import qdq, run_fakequant, snap, to_int
+from qtool.numerics.intops import rshift_round
+from qtool.numerics.qparams import dequantize, quantize
+from qtool.simulation.run import int_tensors
 
 
 def test_qdq_is_quantize_then_dequantize():
@@ -74,14 +74,14 @@ def test_tensor_rounding_differs_only_where_sums_round_per_term():
     differs = {n for n in ("z_pre", "r_pre", "g_pre", "h")
                if not np.array_equal(to_int(ftr[0][0][n][0], spec[n]), ints[n][0])}
     assert differs  # the per-term rounding shows
-    P = dict(zip(__import__("qtool.rescale", fromlist=["PARAMS"]).PARAMS, qm.cells[0][0].P))
+    P = dict(zip(__import__("qtool.numerics.rescale", fromlist=["PARAMS"]).PARAMS, qm.cells[0][0].P))
     if P["sh_Wx_z_pre"] <= 0 and P["sh_Rh_z_pre"] <= 0:
         assert "z_pre" not in differs
 
 
 @pytest.fixture(scope="module")
 def sample_qmodels(tmp_path_factory):
-    from qtool.cli import main
+    from qtool.cli.app import main
 
     d = tmp_path_factory.mktemp("fq")
     for preset in ("int8", "w8a16", "int16"):
@@ -118,14 +118,14 @@ def test_simulate_mode_fakequant_and_bad_mode(cli, sample_qmodels, tmp_path):
     assert code == 0, err
     res = json.loads(out)
     assert res["mode"] == "fakequant" and "agreement" not in res and res["output"]["count"] == 30 * 8 * 64
-    from qtool.tensors import NAMES
+    from qtool.core.tensors import NAMES
 
     assert set(res["tensors"]) == {f"layer{l}.fwd.{name}" for l in range(2) for name in NAMES}  # activations too
     import h5py
 
     with h5py.File(tmp_path / "r.h5") as f:
         yq, yi = f["quant/y"][()], f["quant/y_int"][()]
-    from qtool.qmodel import load_qmodel
+    from qtool.io.qmodel_file import load_qmodel
 
     s = load_qmodel(sample_qmodels / "int8.h5").cells[-1][0].spec["h"]
     assert np.array_equal(dequantize(yi, s.exp2_inv, s.zp).astype(np.float32), yq)  # on the grid

@@ -1,10 +1,10 @@
-"""The float reference's own exp and floor (qtool.float_cell): written out because numba.cuda has
+"""The float reference's own exp and floor (qtool.engine.float_cell): written out because numba.cuda has
 neither the C library's expf nor np.floor on the device."""
 
 import numpy as np
 from numba import njit
 
-from qtool.float_cell import exp32, floor32
+from qtool.engine.float_cell import exp32, floor32
 
 
 @njit(cache=False)

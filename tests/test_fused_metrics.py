@@ -1,5 +1,5 @@
 """The fused engine's distances (accumulated inside its loops, no traces) against the reduction of
-full traces: numpy's float GRU (qtool.float_gru) traced per tensor and step, the integer engine's
+full traces: numpy's float GRU (qtool.numerics.float_gru) traced per tensor and step, the integer engine's
 traces, and metrics.Distance.add over whole arrays, as `qtool simulate` computed them before."""
 
 import numpy as np
@@ -7,12 +7,13 @@ import pytest
 from conftest import calibrated, random_model
 from test_integer_gru import mixed_config
 
-from qtool.engine_cpu import run_int, run_model
-from qtool.engine_cuda import run_model_cuda
-from qtool.float_gru import run_float
-from qtool.metrics import Distance, count_clipped
-from qtool.qparams import dequantize
-from qtool.simulation import Simulation, int_tensors, tensor_key
+from qtool.engine.cpu import run_int, run_model
+from qtool.engine.layout import EVERY_TENSOR
+from qtool.engine.cuda import run_model_cuda
+from qtool.engine.metrics import Distance, count_clipped
+from qtool.numerics.float_gru import run_float
+from qtool.numerics.qparams import dequantize
+from qtool.simulation.run import Simulation, int_tensors, tensor_key
 
 
 def traced_distances(qm, x):
@@ -86,17 +87,17 @@ def test_fused_distances_equal_traced_reductions(preset, layers, dirs, engine):
 @pytest.mark.parametrize("workers", [2, 3])
 def test_statistics_do_not_depend_on_threads(monkeypatch, workers):
     """Blocks of sequences keep their own statistics, summed in block order: the same bits from
-    one thread as from several (what lets qtool.dist fold ranks of one thread each)."""
-    import qtool.engine_cpu as engine
+    one thread as from several (what lets qtool.parallel fold ranks of one thread each)."""
+    import qtool.engine.cpu as engine
 
     model = random_model(C=5, H=6, layers=2, dirs=2, seed=8)
     rng = np.random.RandomState(9)
     qm = calibrated(model, rng.randn(12, 7, 5).astype(np.float32), "int8")
     x = rng.randn(11, 7, 5).astype(np.float32) * 1.4  # 3 blocks of 4 sequences, the last short
     monkeypatch.setattr(engine, "threads", lambda: 1)
-    one = run_model(qm, x, engine.TENSORS)
+    one = run_model(qm, x, EVERY_TENSOR)
     monkeypatch.setattr(engine, "threads", lambda: workers)
     assert len(engine.slices(len(x), engine.threads())) > 1
-    many = run_model(qm, x, engine.TENSORS)
+    many = run_model(qm, x, EVERY_TENSOR)
     assert np.array_equal(one.step_stats, many.step_stats)
     assert all(np.array_equal(a, b) for ra, rb in zip(one.stats, many.stats) for a, b in zip(ra, rb))

@@ -102,7 +102,7 @@ def test_the_reported_corruptions_are_refused_by_name(cli, qmodel, tmp_path, iss
 def test_sh_old_contrib_h_of_200_is_refused(cli, qmodel, tmp_path):
     import h5py
 
-    from qtool.rescale import PARAMS
+    from qtool.numerics.rescale import PARAMS
 
     bad = tmp_path / "bad.h5"
     shutil.copyfile(qmodel, bad)

@@ -5,8 +5,8 @@ import pytest
 from conftest import GOLDEN, has
 
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
 from qtool.importers import import_model
+from qtool.numerics.float_gru import run_float
 
 CASES = ["single", "stacked", "bidir"]
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import has
 
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
 from qtool.importers import import_model
+from qtool.numerics.float_gru import run_float
 
 pytestmark = pytest.mark.skipif(not (has("keras") and has("torch")), reason="keras (torch backend) not installed")
 

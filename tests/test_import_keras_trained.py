@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
 from qtool.importers import import_model
+from qtool.numerics.float_gru import run_float
 
 FORMATS = ["m.keras", "m.h5"]
 

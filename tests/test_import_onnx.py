@@ -6,8 +6,8 @@ import pytest
 from conftest import has
 
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
 from qtool.importers import import_model
+from qtool.numerics.float_gru import run_float
 
 pytest.importorskip("onnx")  # before the parameters below, which build ONNX tensors, are collected
 needs_ort = pytest.mark.skipif(not has("onnxruntime"), reason="onnxruntime not installed")

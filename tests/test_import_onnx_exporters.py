@@ -14,8 +14,8 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from qtool.float_gru import run_float  # noqa: E402
 from qtool.importers import import_model, import_note, read_stacks  # noqa: E402
+from qtool.numerics.float_gru import run_float  # noqa: E402
 
 C, H, T, N = 3, 4, 5, 2
 EXTERNAL = 1  # TensorProto.EXTERNAL

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import has
 
-from qtool.qparams import dequantize
+from qtool.numerics.qparams import dequantize
 
 GOLDEN = "tests/golden/qkeras_gru.keras"
 
@@ -29,9 +29,9 @@ def model():
 
 @pytest.mark.parametrize("path", [GOLDEN, GOLDEN.replace(".keras", ".h5")])
 def test_weights_and_grids_are_qkeras_own(path, golden):
-    from qtool.importers import import_model
-    from qtool.importers.ranges import fixed_spec, read_imported
-    from qtool.tensors import preset_config
+    from qtool.calibration.from_file import fixed_spec
+    from qtool.core.tensors import preset_config
+    from qtool.importers import import_model, read_imported
 
     model = import_model(path, check=has("qkeras"))
     assert model.num_layers == 2
@@ -78,8 +78,8 @@ def _qkeras_forward(model, spec, x):
 
 
 def test_forward_is_qkeras_and_the_integer_gru_follows(model, golden, tmp_path, cli):
-    from qtool.engine_cpu import run_int
-    from qtool.qmodel import load_qmodel
+    from qtool.engine.cpu import run_int
+    from qtool.io.qmodel_file import load_qmodel
 
     np.save(tmp_path / "calib.npy", np.random.RandomState(1).randn(64, 9, 3).astype(np.float32))
     code, out, err = cli("calibrate", GOLDEN, "-o", tmp_path / "none.h5")
@@ -106,7 +106,7 @@ def test_quantized_bits_port_is_qkeras():
     from keras.saving import serialize_keras_object
     from qkeras import quantized_bits
 
-    from qtool.importers.qkeras import quantize, quantizer_config
+    from qtool.importers.keras.quantizers import quantize, quantizer_config
 
     rng = np.random.RandomState(0)
     kinds = [dict(bits=8, integer=0, alpha="auto_po2"), dict(bits=4, integer=0, alpha="auto_po2"),
@@ -169,8 +169,7 @@ def test_bidirectional_qgru_is_checked_against_qkeras(tmp_path):
 
     import keras
 
-    from qtool.importers import import_model
-    from qtool.importers.ranges import read_imported
+    from qtool.importers import import_model, read_imported
 
     sys.path.insert(0, "tests/golden")
     from make_qkeras import qgru

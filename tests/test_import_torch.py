@@ -9,8 +9,8 @@ import pytest
 from conftest import has
 
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
 from qtool.importers import import_model
+from qtool.numerics.float_gru import run_float
 
 needs_torch = pytest.mark.skipif(not has("torch"), reason="torch not installed")
 
@@ -115,7 +115,7 @@ def test_no_bias_and_legacy_serialization_match_nn_gru(tmp_path):
 @needs_torch
 def test_the_check_refuses_a_misread_file(tmp_path, monkeypatch):
     """Were the gate blocks not reordered, nn.GRU would disagree and the import be refused."""
-    import qtool.importers.torch_sd as torch_sd
+    import qtool.importers.torch.state_dict as torch_sd
 
     path = save(tmp_path, state_dict())
     monkeypatch.setattr(torch_sd, "rzn_to_zrg", lambda a: a)
@@ -128,7 +128,7 @@ def test_check_without_the_framework_says_so(tmp_path, monkeypatch):
     pytest.importorskip("safetensors")
     from safetensors.numpy import save_file
 
-    import qtool.importers.check_torch as check_torch
+    import qtool.importers.torch.check as check_torch
 
     rng = np.random.RandomState(0)
     save_file({"weight_ih_l0": rng.randn(6, 3).astype(np.float32), "weight_hh_l0": rng.randn(6, 2).astype(np.float32)},

@@ -6,10 +6,11 @@ import pytest
 from conftest import calibrated, random_model
 from reference_int_gru import cell_forward
 
-from qtool.engine_cpu import gemm_apply, gemm_dtype, gemm_plan, run_cell, run_int, split_halves
-from qtool.intops import clamp, lut_eval, rescale, rshift_round
-from qtool.simd import HAS_VNNI
-from qtool.tensors import TensorConfig, preset_config
+from qtool.core.tensors import TensorConfig, preset_config
+from qtool.engine.cpu import gemm_apply, gemm_plan, run_cell, run_int, split_halves
+from qtool.engine.layout import gemm_dtype
+from qtool.engine.simd import HAS_VNNI
+from qtool.numerics.intops import clamp, lut_eval, rescale, rshift_round
 
 
 def test_rshift_round_is_half_up_on_both_signs():
@@ -71,7 +72,7 @@ def test_split_halves():
 
 @pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX-512 VNNI")
 def test_engine_same_integers_with_and_without_vnni(monkeypatch):
-    import qtool.engine_cpu as engine
+    import qtool.engine.cpu as engine
 
     model = random_model(C=70, H=20, layers=2, dirs=2, seed=5)
     rng = np.random.RandomState(5)
@@ -105,7 +106,7 @@ def test_engine_equals_rational_reference(preset):
     cfg = mixed_config() if preset == "mixed" else None
     qm = calibrated(model, x_cal, preset if preset != "mixed" else "int8", config=cfg)
     cq = qm.cells[0][0]
-    from qtool.engine_cpu import quantize_input
+    from qtool.engine.layout import quantize_input
 
     qx = quantize_input(qm, x_test).transpose(1, 0, 2)  # [T, N, C]
     got = run_cell(cq, np.ascontiguousarray(qx))
@@ -122,7 +123,7 @@ def test_stacked_bidirectional_chain_integers():
     x = rng.randn(2, 5, 4).astype(np.float32)
     traces = []
     y = run_int(qm, x, traces)
-    from qtool.engine_cpu import quantize_input
+    from qtool.engine.layout import quantize_input
 
     seq = quantize_input(qm, x).transpose(1, 0, 2).tolist()
     for cells in qm.cells:

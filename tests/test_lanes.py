@@ -1,5 +1,5 @@
-"""The CPU engine's cell in int32 lanes (qtool.lanes) gives the integers of its int64 lanes, and
-is chosen only where the static bound proves that every value fits int32 (qtool.lane_bounds)."""
+"""The CPU engine's cell in int32 lanes (qtool.numerics.lanes) gives the integers of its int64 lanes, and
+is chosen only where the static bound proves that every value fits int32 (qtool.numerics.lane_bounds)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conftest import calibrated, random_model
 
-import qtool.engine_cpu as engine
-from qtool.engine_cpu import plan_model, run_int
-from qtool.tensors import TensorConfig, preset_config
+import qtool.engine.cpu as engine
+from qtool.core.tensors import TensorConfig, preset_config
+from qtool.engine.cpu import plan_model, run_int
 
 
 def config(h_bits: int, z_bits: int):

@@ -1,5 +1,5 @@
 """An installed qtool (`pip install .`, not editable) carries its CPU kernels compiled for the
-machine that built it (setup.py runs qtool/precompile.py): the README's commands compile nothing."""
+machine that built it (setup.py runs qtool/install/precompile.py): the README's commands compile nothing."""
 
 import json
 import os

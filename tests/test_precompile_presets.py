@@ -1,15 +1,15 @@
 """`qtool precompile --preset P` repeated: each preset is compiled once, and the advisor's
 kernels (compiled with every preset) only when every preset was asked for."""
 
-import qtool
-from qtool.precompile import PRESETS, precompile
+from qtool import api
+from qtool.install.precompile import PRESETS, precompile
 
 
 def _calls(monkeypatch) -> list:
     calls = []
-    monkeypatch.setattr(qtool, "calibrate", lambda model, x, bits, method: calls.append(("calibrate", bits)))
-    monkeypatch.setattr(qtool, "simulate", lambda qm, x, backend, mode: None)
-    monkeypatch.setattr(qtool, "advise", lambda *a: calls.append(("advise", None)))
+    monkeypatch.setattr(api, "calibrate", lambda model, x, bits, method: calls.append(("calibrate", bits)))
+    monkeypatch.setattr(api, "simulate", lambda qm, x, backend, mode: None)
+    monkeypatch.setattr(api, "advise", lambda *a: calls.append(("advise", None)))
     return calls
 
 

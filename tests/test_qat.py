@@ -23,8 +23,8 @@ def torch():
 
 def _agreement(module, x, qm):
     """Share of output integers identical between the module and the engine, largest difference."""
-    from qtool.engine_cpu import run_int
-    from qtool.fakequant import to_int
+    from qtool.engine.cpu import run_int
+    from qtool.numerics.fakequant import to_int
 
     xm = x.to(next(module.parameters()).dtype)  # the same float32 values, in the module's dtype
     y, _ = module(xm if module.batch_first else xm.transpose(0, 1))
@@ -134,8 +134,8 @@ def test_qat_round_trip(torch, cli, tmp_path):
     learn through every quantizer) -> to_qtool -> simulate -> export c -> verify; the module and
     the written file give the same integers on sequences used neither for calibration nor for
     fine-tuning."""
+    from qtool.io.qmodel_file import load_qmodel
     from qtool.qat import QuantGRU
-    from qtool.qmodel import load_qmodel
 
     torch.manual_seed(2)
     gru = torch.nn.GRU(6, 10, num_layers=2, bidirectional=True, batch_first=True)

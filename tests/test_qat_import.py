@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import has
 
-from qtool.qparams import choose_qparams, dequantize, grid_range
+from qtool.numerics.qparams import choose_qparams, dequantize, grid_range
 
 needs_torch = pytest.mark.skipif(not has("torch"), reason="needs PyTorch")
 
@@ -61,9 +61,9 @@ def _gru_input_quantizer(path, index: int):
 
 def test_qdq_onnx_imports_weights_and_ranges(qdq_onnx, cli):
     d, gru = qdq_onnx
-    from qtool.importers import import_model
-    from qtool.importers.ranges import fixed_spec, read_imported
-    from qtool.tensors import preset_config
+    from qtool.calibration.from_file import fixed_spec
+    from qtool.core.tensors import preset_config
+    from qtool.importers import import_model, read_imported
 
     model = import_model(d / "q.onnx")  # the float importer folds DequantizeLinear on constants
     assert model.num_layers == 2 and model.bidirectional
@@ -103,7 +103,7 @@ def test_qdq_calibrate_keeps_the_file_ranges_and_fills_in_the_rest(qdq_onnx, cli
     assert "ONNX QDQ" in res["method"] and "minmax" in res["method"]
     assert {r["tensor"] for r in res["imported"]} == {"W", "R", "x", "h"}
     assert any("initial_h" in n for n in res["notes"]) and any("32-bit bias" in n for n in res["notes"])
-    from qtool.qmodel import load_qmodel
+    from qtool.io.qmodel_file import load_qmodel
 
     qm = load_qmodel(d / "q.h5")
     x_row = next(r for r in res["imported"] if r["tensor"] == "x")
@@ -133,9 +133,9 @@ def test_qdq_per_channel_axis(qdq_onnx, tmp_path):
         inits[name].CopyFrom(numpy_helper.from_array(arr, name))
     dq.attribute.append(helper.make_attribute("axis", 1))
     onnx.save(m, str(tmp_path / "pc.onnx"))
-    from qtool.importers import import_model
-    from qtool.importers.ranges import fixed_spec, read_imported
-    from qtool.tensors import preset_config
+    from qtool.calibration.from_file import fixed_spec
+    from qtool.core.tensors import preset_config
+    from qtool.importers import import_model, read_imported
 
     model = import_model(tmp_path / "pc.onnx")
     imported = read_imported(tmp_path / "pc.onnx", model)
@@ -189,9 +189,9 @@ def _torch_ao_checkpoint(path, scale_x=0.04, disabled=True):
 
 @needs_torch
 def test_torch_ao_checkpoint_imports_with_snapping(tmp_path, cli):
-    from qtool.importers import import_model
-    from qtool.importers.ranges import fixed_spec, read_imported
-    from qtool.tensors import preset_config
+    from qtool.calibration.from_file import fixed_spec
+    from qtool.core.tensors import preset_config
+    from qtool.importers import import_model, read_imported
 
     gru = _torch_ao_checkpoint(tmp_path / "ao.pt")
     model = import_model(tmp_path / "ao.pt")
@@ -225,7 +225,7 @@ def test_torch_ao_checkpoint_imports_with_snapping(tmp_path, cli):
     code, out, err = cli("calibrate", tmp_path / "ao.pt", tmp_path / "calib.npy", "-o", tmp_path / "q.h5",
                          "--snap", "nearest", "--json")
     assert code == 0, err
-    from qtool.qmodel import load_qmodel
+    from qtool.io.qmodel_file import load_qmodel
 
     qm = load_qmodel(tmp_path / "q.h5")
     assert qm.cells[0][0].spec["x"].exp2_inv == 5 and qm.cells[1][0].spec["h"].exp2_inv == 7
@@ -239,8 +239,8 @@ def test_qtool_qat_checkpoint_needs_no_data(tmp_path, cli):
     """QuantGRU.state_dict() saved with torch.save: every grid is in it, exactly."""
     import torch
 
+    from qtool.io.qmodel_file import load_qmodel
     from qtool.qat import QuantGRU
-    from qtool.qmodel import load_qmodel
 
     torch.manual_seed(3)
     gru = torch.nn.GRU(4, 5, num_layers=2, bidirectional=True, batch_first=True)
@@ -264,8 +264,7 @@ def test_fake_quant_of_a_top_level_gru_beside_another(tmp_path):
     importer names the top one 'root', and its quantizers must be found under no prefix."""
     import torch
 
-    from qtool.importers import import_model
-    from qtool.importers.ranges import read_imported
+    from qtool.importers import import_model, read_imported
 
     gru = _torch_ao_checkpoint(tmp_path / "ao.pt")
     state = {**gru.state_dict(), **{f"enc.{k}": v for k, v in torch.nn.GRU(3, 4).state_dict().items()}}

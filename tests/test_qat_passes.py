@@ -1,4 +1,4 @@
-"""The compiler passes (qtool.passes) as named steps on the realized program, their use by the C
+"""The compiler passes (qtool.numerics.passes) as named steps on the realized program, their use by the C
 export, and the fully-integral check on the program and on the C written."""
 
 import json
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from conftest import calibrated, random_model
 
+from qtool.core.tensors import TensorConfig, preset_config
 from qtool.errors import QtoolError
-from qtool.intops import rshift_round
-from qtool.passes import realize, report, run_passes
-from qtool.rescale import CHANNEL_ROWS
-from qtool.tensors import TensorConfig, preset_config
+from qtool.numerics.intops import rshift_round
+from qtool.numerics.passes import realize, report, run_passes
+from qtool.numerics.rescale import CHANNEL_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_each_pass_removes_what_it_names(qm):
 
 
 def test_folded_biases_are_the_cells_bias_terms(qm):
-    from qtool.passes import folded_biases
+    from qtool.numerics.passes import folded_biases
 
     cq = qm.cells[0][1]
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
@@ -79,8 +79,8 @@ def test_a_broken_tie_between_layers_is_refused(qm):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="the C export is checked with the C runtime")
 def test_export_uses_the_passes_and_checks_the_c_core(qm, tmp_path, monkeypatch):
-    from exporters import c_export
-    from exporters.c_integral import function_bodies
+    from qtool.exporters import c_export
+    from qtool.exporters.c_integral import function_bodies
 
     fp = c_export.export_c(qm, tmp_path, "m")
     assert fp.passes == report(run_passes(qm))
@@ -102,8 +102,8 @@ def test_export_uses_the_passes_and_checks_the_c_core(qm, tmp_path, monkeypatch)
 
 
 def test_cli_export_reports_the_passes(cli, qm, tmp_path):
-    from qtool.model import open_h5
-    from qtool.qmodel import write_qmodel
+    from qtool.core.model import open_h5
+    from qtool.io.qmodel_file import write_qmodel
 
     with open_h5(tmp_path / "q.h5", "w") as f:
         write_qmodel(f, qm)

@@ -26,8 +26,8 @@ def test_int8_calibration_loses_a_point_and_qat_wins_it_back(demo):
     import torch
 
     from qtool import api
+    from qtool.io.qmodel_file import load_qmodel
     from qtool.qat.module import gru_model
-    from qtool.qmodel import load_qmodel
 
     torch.set_num_threads(1)
     x_tr, _, x_te, y_te = demo.sum100()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from qtool.qparams import choose_qparams, dequantize, qrange, quantize
+from qtool.numerics.qparams import choose_qparams, dequantize, qrange, quantize
 
 
 @pytest.mark.parametrize("lo,hi,bits,sym,want", [

@@ -33,7 +33,7 @@ def case(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(case):
-    from qtool.report_data import collect
+    from qtool.report.data import collect
 
     qm, test, *_ = case
     return collect(qm, qtool.as_data(test), len(test), keep=3, batch_size=16)  # three chunks
@@ -51,8 +51,8 @@ def test_histograms_and_clipping_from_the_float_values(case, data):
     """Every activation's histogram holds exactly the float values of the run, and its clipped
     share is the share of values that the rounding rule q = floor(x 2^e + 1/2) + zp puts
     outside [qmin, qmax]."""
-    from qtool.float_gru import run_float
-    from qtool.rescale import qrange
+    from qtool.numerics.float_gru import run_float
+    from qtool.numerics.rescale import qrange
 
     qm, test, *_ = case
     traces = []
@@ -98,9 +98,9 @@ def test_weights_in_levels(case, data):
 
 
 def test_traces_are_the_engines(case, data):
-    from qtool.engine_cpu import run_int
-    from qtool.float_gru import run_float
-    from qtool.qparams import dequantize
+    from qtool.engine.cpu import run_int
+    from qtool.numerics.float_gru import run_float
+    from qtool.numerics.qparams import dequantize
 
     qm, test, *_ = case
     s = qm.cells[-1][0].spec["h"]
@@ -118,7 +118,7 @@ def test_traces_are_the_engines(case, data):
 @pytest.fixture(scope="module")
 def page(case, tmp_path_factory):
     """The report as the command line writes it."""
-    from qtool.cli import main
+    from qtool.cli.app import main
 
     _, _, q_path, test_path, tmp = case
     out = tmp / "report.html"
@@ -130,7 +130,7 @@ def page(case, tmp_path_factory):
 
 
 def test_page_is_one_offline_file(case, data, page):
-    from qtool.fileio import HEAD_BYTES, TEXT_MARK
+    from qtool.io.files import HEAD_BYTES, TEXT_MARK
 
     qm, *_ = case
     text = page.read_text()
@@ -162,14 +162,14 @@ def test_cli_writes_once_and_refuses_what_it_did_not_write(case, page, cli):
 
 
 def test_failure_leaves_nothing(case, cli, monkeypatch, tmp_path):
-    import qtool.report_html
+    import qtool.report.html
 
     _, _, q_path, test_path, _ = case
 
     def broken(*a, **k):
         raise RuntimeError("drawing failed")
 
-    monkeypatch.setattr(qtool.report_html, "render", broken)
+    monkeypatch.setattr(qtool.report.html, "render", broken)
     code, _, err = cli("report", q_path, test_path, "-o", tmp_path / "r.html", "--limit", "2", "--backend", "cpu")
     assert code == 1 and "drawing failed" in err and list(tmp_path.iterdir()) == []
 

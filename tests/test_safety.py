@@ -136,7 +136,7 @@ def test_verify_names_a_stale_export(cli, qmodel, tmp_path):
 
 @pytest.mark.parametrize("x", [1e18, 1e30, float(np.finfo(np.float32).max), 8e16])
 def test_quantize_saturates_instead_of_wrapping(x):
-    from qtool.qparams import quantize
+    from qtool.numerics.qparams import quantize
 
     for bits, zp in ((8, -65), (16, 100)):
         q = quantize(np.array([-x, x, -x], np.float64), 7, zp, bits)
@@ -147,8 +147,8 @@ def test_quantize_saturates_instead_of_wrapping(x):
 
 
 def test_huge_inputs_equal_inputs_clipped_to_the_grid(qmodel):
-    from qtool.engine_cpu import run_int
-    from qtool.qparams import grid_range
+    from qtool.engine.cpu import run_int
+    from qtool.numerics.qparams import grid_range
 
     qm = __import__("qtool").load(qmodel)
     rng = np.random.default_rng(1)
@@ -230,7 +230,7 @@ def test_a_signal_inside_llvmlite_is_asked_again_after_it():
     """A signal that lands in llvmlite's ctypes callbacks (numba compiling or reading its cache)
     must not raise there: ctypes swallows the exception and LLVM crashes on its half-built state
     (a segfault under mpiexec). The handler returns and the signal comes again once outside."""
-    from qtool import cli
+    from qtool.cli import app as cli
 
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGINT, cli._on_signal)

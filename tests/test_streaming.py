@@ -13,7 +13,7 @@ N, T, C = 12288, 64, 64  # 192 MiB of float32
 ALLOWED_GROWTH = 48 << 20  # the file is 4x this
 
 RUN = """import resource, sys
-from qtool.cli import main
+from qtool.cli.app import main
 try:
     main(sys.argv[1:])
 finally:
@@ -47,7 +47,7 @@ def peak_rss(model, data, out):
 
 @pytest.mark.parametrize("suffix", [".npy", ".h5"])
 def test_calibration_memory_does_not_grow_with_the_file(tmp_path, suffix):
-    from qtool.model import open_h5, write_model
+    from qtool.core.model import open_h5, write_model
 
     model = tmp_path / "m.h5"
     with open_h5(model, "w") as f:
@@ -62,7 +62,7 @@ def test_calibration_memory_does_not_grow_with_the_file(tmp_path, suffix):
 
 
 def test_npy_reader_slices_like_numpy(tmp_path):
-    from qtool.fileio import NpyFile, open_sequences
+    from qtool.io.files import NpyFile, open_sequences
 
     a = np.random.RandomState(1).randn(5, 7, 3).astype(">f8")  # any byte order and dtype
     np.save(tmp_path / "a.npy", a)

@@ -9,21 +9,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from calibrators import GATE_OUTPUTS
-from calibrators.sampled import GAMMA, K
-from qtool.advisor import seed
+from qtool.advisor import pzero
 from qtool.advisor.configs import HIGH, LOW, Unit, all_units, bits_config, flash_bytes
 from qtool.advisor.predict import Prediction, Predictor
 from qtool.advisor.search import Candidate, Evaluator, Search, seed_rule
 from qtool.advisor.stats import model_stats, new_estimators
-from qtool.auto_method import CHOSEN, AutoCalibrator, AutoChoice
-from qtool.calibration import model_config
+from qtool.calibration.auto import CHOSEN, AutoCalibrator, AutoChoice
+from qtool.calibration.observe import model_config
+from qtool.calibrators import GATE_OUTPUTS
+from qtool.calibrators.sampled import GAMMA, K
+from qtool.core.model import DIRECTIONS, GruModel
+from qtool.core.qmodel import QuantModel
+from qtool.core.tensors import TENSORS, TensorConfig, bits_toml
 from qtool.errors import QtoolError
-from qtool.fileio import SequenceData
-from qtool.model import DIRECTIONS, GruModel
-from qtool.qmodel import QuantModel
-from qtool.simulation import simulate, tensor_key
-from qtool.tensors import TENSORS, TensorConfig, bits_toml
+from qtool.io.files import SequenceData
+from qtool.simulation.run import simulate, tensor_key
 
 # The seed's threshold T (dB) on its predicted int8 SNR, chosen by the experiment in
 # docs/advisor.md (benchmarks/advise_threshold.py).
@@ -89,7 +89,7 @@ def tensor_rows(stats, pred: Prediction, measured: dict, qm: QuantModel, choice:
                 method = None if td.kind != "activation" else plan.method(name)
                 rows.append({
                     "layer": l, "direction": DIRECTIONS[d], "tensor": name, "mu": s.mu, "sigma": s.sigma,
-                    "M": s.M, "p_zero_8": seed.p_zero(s, LOW), "p_zero_16": seed.p_zero(s, HIGH),
+                    "M": s.M, "p_zero_8": pzero.p_zero(s, LOW), "p_zero_16": pzero.p_zero(s, HIGH),
                     "predicted_seed_db": pred.seed_db.get((l, d, name)),
                     "predicted_grid_db": pred.grid_db.get((l, d, name)),
                     "measured_snr_db": m, "bits": cq.spec[name].bits,

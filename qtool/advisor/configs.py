@@ -8,11 +8,11 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from exporters.c_export import export_c
-from qtool.lut import GATES
-from qtool.model import GruModel
-from qtool.qmodel import CellQuant, QuantModel
-from qtool.tensors import BY_NAME, NAMES, BitsConfig, TensorConfig, preset_config
+from qtool.core.model import GruModel
+from qtool.core.qmodel import CellQuant, QuantModel
+from qtool.core.tensors import BY_NAME, NAMES, BitsConfig, TensorConfig, preset_config
+from qtool.exporters.c_export import export_c
+from qtool.numerics.lut import GATES
 
 Unit = tuple[int, str]
 UNIT_NAMES = tuple(n for n in NAMES if BY_NAME[n].kind != "bias")

@@ -31,12 +31,12 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-from calibrators.base import Observer
-from calibrators.histogram import HistogramObserver
-from calibrators.mse import grid_error
-from calibrators.sampled import BulkStats
-from qtool.qmodel import CellQuant
-from qtool.qparams import dequantize, grid_range, qrange
+from qtool.calibrators.base import Observer
+from qtool.calibrators.histogram import HistogramObserver
+from qtool.calibrators.mse import grid_error
+from qtool.calibrators.sampled import BulkStats
+from qtool.core.qmodel import CellQuant
+from qtool.numerics.qparams import dequantize, grid_range, qrange
 
 GATES = ("z", "r", "g")
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(48)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qtool.advisor import seed
+from qtool.advisor import pzero
 from qtool.advisor.noise import WeightTerms, grid_error_of, predict_cell, snr_db
 from qtool.advisor.stats import Stats
-from qtool.calibration import Observers
-from qtool.model import GruModel
-from qtool.qmodel import CellQuant
-from qtool.tensors import NAMES
+from qtool.calibration.observe import Observers
+from qtool.core.model import GruModel
+from qtool.core.qmodel import CellQuant
+from qtool.core.tensors import NAMES
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Prediction:
 def seed_cell(stats: dict, spec: dict) -> dict[str, float]:
     """The seed's SNR of every tensor of one cell at the cell's bits."""
     bits = {n: t.bits for n, t in spec.items()}
-    return {n: seed.tensor_snr_db(stats, bits, n) for n in NAMES if n in stats}
+    return {n: pzero.tensor_snr_db(stats, bits, n) for n in NAMES if n in stats}
 
 
 class Predictor:

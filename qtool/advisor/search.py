@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from qtool.advisor import seed
+from qtool.advisor import pzero
 from qtool.advisor.configs import (
     HIGH,
     LOW,
@@ -34,11 +34,11 @@ from qtool.advisor.configs import (
 )
 from qtool.advisor.predict import Predictor
 from qtool.advisor.stats import Stats
-from qtool.auto_method import AutoCalibrator, AutoChoice
+from qtool.calibration.auto import AutoCalibrator, AutoChoice
+from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
-from qtool.fileio import SequenceData
-from qtool.qmodel import QuantModel
-from qtool.simulation import Simulation, float_output
+from qtool.io.files import SequenceData
+from qtool.simulation.run import Simulation, float_output
 
 FLOAT_CACHE = 256 << 20  # keep the float outputs of the evaluation data up to this size
 # Tensors that are no operand of a product: the seed's one-vector rule decides them.
@@ -99,11 +99,11 @@ def seed_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
     out: set[Unit] = set()
     for l, row in enumerate(stats):
         for st in row:
-            for operands in seed.PRODUCTS.values():
-                p = [seed.p_zero(seed.operand_stats(st, n), LOW) for n in operands]
-                if seed.snr_db(*p) <= threshold_db:
-                    out.update(unit_of(l, seed.OPERAND_BITS.get(n, n)) for n in operands)
-            out.update(unit_of(l, n) for n in SINGLE if seed.snr_db(seed.p_zero(st[n], LOW)) <= threshold_db)
+            for operands in pzero.PRODUCTS.values():
+                p = [pzero.p_zero(pzero.operand_stats(st, n), LOW) for n in operands]
+                if pzero.snr_db(*p) <= threshold_db:
+                    out.update(unit_of(l, pzero.OPERAND_BITS.get(n, n)) for n in operands)
+            out.update(unit_of(l, n) for n in SINGLE if pzero.snr_db(pzero.p_zero(st[n], LOW)) <= threshold_db)
     return frozenset(u for u in out if u is not None)
 
 

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from calibrators.sampled import GAMMA, BulkStats, K, SampledStatsObserver, observer_seed
-from qtool.calibration import Observers
-from qtool.float_gru import TRACED
-from qtool.model import GruModel
+from qtool.calibration.observe import Observers
+from qtool.calibrators.sampled import GAMMA, BulkStats, K, SampledStatsObserver, observer_seed
+from qtool.core.model import GruModel
+from qtool.numerics.float_gru import TRACED
 
 Stats = list[list[dict[str, BulkStats]]]  # stats[l][d][tensor]
 

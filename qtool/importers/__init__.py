@@ -8,38 +8,16 @@ framework is installed, checks the model against it (`qtool.importers.crosscheck
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from qtool.core.model import GruModel
 from qtool.errors import QtoolError
-from qtool.model import GruCell, GruModel
+from qtool.importers.stack import Stack, chained, natural_key
+
+__all__ = ["FORMATS", "Stack", "chained", "detect_format", "import_model", "import_note", "natural_key",
+           "not_fed_by_input", "read_imported", "read_stacks"]
 
 FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
-
-
-@dataclass
-class Stack:
-    """One importable GRU: its cells `layers[l][d]` and, where the source is a framework, a function
-    that runs the framework's own GRU on batch-first `x [N, T, C]` (raises ImportError when the
-    framework is not installed).
-
-    What the file holds besides it, so that nothing is converted partly without a word:
-    `took` names the file's layers or nodes that make this GRU; `left_out` the computing layers,
-    nodes or tensor groups it does not take (`"name (Op)"`; inference no-ops and layout ops are
-    not listed); `input_from` is None when the GRU reads the model's own input (through layout
-    ops only), else the `"name (Op)"` whose output it reads, so that data for the file is not
-    data for the GRU."""
-
-    layers: list[list[GruCell]]
-    framework: str | None = None
-    run_source: Callable[[np.ndarray], np.ndarray] | None = None
-    took: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
-    input_from: str | None = None
-    notes: list[str] = field(default_factory=list)  # what the import assumed, said by `import`
 
 
 def detect_format(path: Path) -> str:
@@ -58,19 +36,15 @@ def detect_format(path: Path) -> str:
                      f"({', '.join(FORMATS)})")
 
 
-def natural_key(s: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
-
-
 def read_stacks(path: Path, fmt: str) -> dict[str, Stack]:
     if fmt in ("torch", "safetensors"):
-        from qtool.importers.torch_sd import read_torch
+        from qtool.importers.torch.state_dict import read_torch
         return read_torch(path, fmt)
     if fmt == "keras":
-        from qtool.importers.keras import read_keras
+        from qtool.importers.keras.reader import read_keras
         return read_keras(path)
     if fmt == "onnx":
-        from qtool.importers.onnx_gru import read_onnx
+        from qtool.importers.onnx.gru import read_onnx
         return read_onnx(path)
     if fmt == "haste":
         from qtool.importers.haste import read_haste
@@ -113,12 +87,6 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     return model
 
 
-def chained(layers: list) -> bool:
-    """Whether single layers `[[fwd(, bwd)], ...]` chain by size (each takes the one before's output)."""
-    return all(layers[l][0].W.shape[1] == layers[l - 1][0].R.shape[1] * len(layers[l - 1])
-               and len(layers[l]) == len(layers[l - 1]) for l in range(1, len(layers)))
-
-
 def import_note(model: GruModel) -> str | None:
     """One line on what an import took from a framework file, what it left out and what it
     assumed; None when the file holds nothing but the GRU and nothing was assumed."""
@@ -142,3 +110,33 @@ def not_fed_by_input(model: GruModel, path: Path) -> str | None:
             "so the model's input data are not what the GRU sees; qtool quantizes the GRU alone: run "
             f"the layers before it on your data and calibrate the GRU on their outputs (qtool import "
             f"{path.name} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")
+
+
+def read_imported(path, model: GruModel, fmt: str | None = None):
+    """The quantizers a model file holds for the GRU `model` was imported from (None: a float
+    file). ONNX QDQ, PyTorch fake-quant state, qtool QAT checkpoints and QKeras QGRUs; a
+    qtool.importers.ranges.Imported."""
+    path = Path(path)
+    if path.suffix.lower() in (".h5", ".hdf5"):
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                if str(f.attrs.get("format", "")).startswith("qtool-"):
+                    return None  # qtool's own float model file holds no quantizers
+        except OSError:
+            pass
+    fmt = fmt or detect_format(path)
+    if fmt == "onnx":
+        from qtool.importers.onnx.qdq import read_qdq
+
+        return read_qdq(path, model)
+    if fmt in ("torch", "safetensors"):
+        from qtool.importers.torch.fakequant import read_fake_quant
+
+        return read_fake_quant(path, fmt, model)
+    if fmt == "keras":
+        from qtool.importers.keras.qkeras import read_qkeras
+
+        return read_qkeras(path, model)
+    return None

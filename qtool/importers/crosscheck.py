@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
+from qtool.core.model import GruModel
 from qtool.errors import QtoolError
-from qtool.float_gru import run_float
-from qtool.importers.validate import quiet, reason
-from qtool.model import GruModel
+from qtool.importers.checks import quiet, reason
+from qtool.numerics.float_gru import run_float
 
 SEQUENCES, STEPS = 3, 8
 # float32 GEMMs of different libraries round differently; a misread file differs by 1e-1..1

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.core.model import GruCell
 from qtool.errors import QtoolError
-from qtool.importers import Stack, chained, natural_key
-from qtool.importers.validate import (
+from qtool.importers.checks import (
     as_float32,
     check_archive,
     check_float_dtype,
@@ -23,7 +23,7 @@ from qtool.importers.validate import (
     hidden_from_recurrent,
     reason,
 )
-from qtool.model import GruCell
+from qtool.importers.stack import Stack, chained, natural_key
 
 PARTS = ("kernel", "recurrent_kernel", "bias", "recurrent_bias")
 # haste's LayerNormGRU adds these per layer: a different cell, refused rather than half-read

@@ -1,4 +1,4 @@
-"""QuantGRU: a drop-in `nn.GRU` whose forward pass is qtool's quantized GRU (qtool.fakequant on
+"""QuantGRU: a drop-in `nn.GRU` whose forward pass is qtool's quantized GRU (qtool.numerics.fakequant on
 the torch backend), trainable, and writable as a quantized model file.
 
 State (docs/qat.md, "Checkpoints"): the float weights under nn.GRU's own names (`weight_ih_l0`,
@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from qtool.calibration import GATES
+from qtool.calibration.observe import GATES
+from qtool.core.model import GruCell, GruModel
+from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.errors import QtoolError
-from qtool.fakequant import ACTIVATIONS, ROUNDINGS, CellFQ, run_layers
-from qtool.lut import build_lut
-from qtool.model import GruCell, GruModel
+from qtool.numerics.fakequant import ACTIVATIONS, ROUNDINGS, CellFQ, run_layers
+from qtool.numerics.lut import build_lut
+from qtool.numerics.qparams import choose_qparams, qrange
 from qtool.qat.ops import TorchGrid, TorchOps, ste_round
-from qtool.qmodel import QuantModel, TensorQ
-from qtool.qparams import choose_qparams, qrange
 
 WEIGHTS = (("W", "weight_ih"), ("R", "weight_hh"), ("bx", "bias_ih"), ("br", "bias_hh"))
 SHARED = ("x", "h")  # one quantizer per layer, not per direction
@@ -146,9 +146,9 @@ class QuantGRU(nn.Module):
         """Wrap a trained `nn.GRU`; its initial grids come from qtool's calibration on `calib`
         (float `[N, T, C]`, batch-first, a tensor or an array), `bits` a preset or a bits file as
         `qtool calibrate --bits` takes, `method` as `--method`."""
-        from qtool.calibration import MethodPlan, build_quant_model, collect
-        from qtool.fileio import SequenceData
-        from qtool.tensors import load_bits
+        from qtool.calibration.observe import MethodPlan, build_quant_model, collect
+        from qtool.core.tensors import load_bits
+        from qtool.io.files import SequenceData
 
         if not isinstance(gru, nn.GRU):
             raise QtoolError(f"from_float needs a torch.nn.GRU, got {type(gru).__name__}")
@@ -239,7 +239,7 @@ class QuantGRU(nn.Module):
     def to_quant_model(self) -> QuantModel:
         """The quantized model this module computes: its grids, the integer weights quantized on
         them, the tables and shifts from `rescale.derive` (via calibration.cell_from_spec)."""
-        from qtool.calibration import cell_from_spec
+        from qtool.calibration.observe import cell_from_spec
 
         model = self.float_model()
         cells = []
@@ -257,9 +257,9 @@ class QuantGRU(nn.Module):
 
     def to_qtool(self, path: str | Path) -> QuantModel:
         """Write the quantized model file (for simulate, export c, verify); returns the model."""
-        from qtool.fileio import atomic_path
-        from qtool.model import open_h5
-        from qtool.qmodel import write_qmodel
+        from qtool.core.model import open_h5
+        from qtool.io.files import atomic_path
+        from qtool.io.qmodel_file import write_qmodel
 
         qm = self.to_quant_model()
         with atomic_path(path) as tmp, open_h5(tmp, "w") as f:
@@ -270,7 +270,7 @@ class QuantGRU(nn.Module):
 def _layers(module: nn.Module) -> list[list[GruCell]]:
     """The float layers of a module holding nn.GRU's own parameters (`weight_ih_l0`, ...) as its
     direct parameters, through the PyTorch importer's gate reordering and shape checks."""
-    from qtool.importers.torch_sd import gru_layers
+    from qtool.importers.torch.state_dict import gru_layers
 
     state = {n: p.detach().cpu().float().numpy() for n, p in module.named_parameters(recurse=False)}
     return gru_layers(state, type(module).__name__)

@@ -1,4 +1,4 @@
-"""The torch backend of qtool.fakequant: the same grid math (`fakequant.qdq`) with straight-through
+"""The torch backend of qtool.numerics.fakequant: the same grid math (`fakequant.qdq`) with straight-through
 gradients for the values and learned-step-size gradients for the grids.
 
 A grid's exp2_inv and zero point are float parameters rounded in the forward pass (half up, as
@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from qtool.fakequant import qdq, snap
-from qtool.qparams import qrange
+from qtool.numerics.fakequant import qdq, snap
+from qtool.numerics.qparams import qrange
 
 
 def ste_round(p: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,5 @@
+"""`python -m qtool.cli`."""
+
+from qtool.cli.app import main
+
+main()

@@ -1,0 +1,731 @@
+"""The qtool command line: it parses arguments, calls the Python API (qtool.api) and prints the
+results as rich tables or JSON. Every user error is one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from qtool import __version__
+from qtool.errors import STOP_SIGNALS, QtoolError, ignore_stop_signals
+from qtool.parallel import check_command, command_scope, stop_every_rank
+from qtool.parallel.agree import RankStopped
+
+app = typer.Typer(
+    help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and "
+         "DSPs.\n\nThe pipeline: import -> calibrate -> simulate -> export c -> verify. Start with "
+         "'qtool calibrate MODEL DATA -o q.h5' and 'qtool simulate q.h5 TEST'.",
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+out = Console()
+err = Console(stderr=True)
+
+
+def _flags_without_type_labels() -> None:
+    """typer's rich help labels every option with its type, flags too (`--force -f <bool>`); a
+    flag takes no value, so show none (click's own convention)."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is not None and not getattr(shown, "qtool_flags", False):
+        def display(self, ctx):
+            return None if getattr(self, "is_flag", False) else shown(self, ctx)
+        display.qtool_flags = True
+        TyperOption.display_type_rich = display
+
+
+_flags_without_type_labels()
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
+    and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+RESIGNAL_S = 0.05
+
+
+def _on_signal(signum, frame):
+    if _inside_llvmlite(frame):
+        # An exception raised in llvmlite's ctypes callbacks (numba compiling or loading its
+        # cache) is swallowed and leaves LLVM half-built, which crashes: ask again shortly.
+        timer = threading.Timer(RESIGNAL_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    ignore_stop_signals()
+    raise Interrupted(signum)
+
+
+def _inside_llvmlite(frame) -> bool:
+    while frame is not None:
+        if f"{os.sep}llvmlite{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def interactive() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def confirm_at_terminal():
+    """A yes/no question at a terminal; in scripts no question is asked (None)."""
+    return (lambda question: typer.confirm(question, default=False)) if interactive() else None
+
+
+def need(value, what: str, option: str):
+    """A required value: asked for at a terminal, an error in scripts."""
+    if value is not None:
+        return value
+    if interactive():
+        return typer.prompt(what)
+    raise QtoolError(f"missing {option} ({what})")
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=err,
+                    transient=True, disable=not err.is_terminal)
+
+
+class Bar:
+    """A progress bar whose `update(done, total)` fits the API's progress callbacks."""
+
+    def __init__(self, description: str, total: int):
+        self.bar = progress_bar()
+        self.task = self.bar.add_task(description, total=total, rate="")
+        self.t0 = time.perf_counter()
+
+    def __enter__(self) -> Bar:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.update(self.task, completed=done, total=total, rate=f"{rate:.0f} seq/s")
+
+
+def _clean(v):
+    """JSON without NaN or Infinity: non-finite numbers become null."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        return _clean(v.item()) if getattr(v, "ndim", 0) == 0 else _clean(v.tolist())
+    if isinstance(v, Path):
+        return str(v)
+    return v
+
+
+def emit_json(obj) -> None:
+    print(json.dumps(_clean(obj), allow_nan=False))
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"qtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def root(ctx: typer.Context,
+         version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print qtool's version and exit.")] = False):
+    check_command(ctx.invoked_subcommand)  # under mpiexec: calibrate and simulate only
+    if ctx.invoked_subcommand is None:
+        out.print(ctx.get_help())
+        raise typer.Exit()
+
+
+NameOpt = Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several (a Keras layer, an ONNX node, a PyTorch module prefix).")]
+NoCheckOpt = Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import of a framework file.")]
+ModelArg = Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A qtool model file or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")]
+QModelArg = Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="A quantized model from 'qtool calibrate'.")]
+DataOpt = Annotated[str | None, typer.Option("--dataset", metavar="NAME", help="Array/dataset name inside .npz/.h5 data.")]
+TimeFirst = Annotated[bool, typer.Option("--time-first", help="Data is [T, N, C] instead of [N, T, C].")]
+Force = Annotated[bool, typer.Option("--force", "-f", help="Replace an existing output that qtool wrote (files qtool did not write are never replaced).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON for scripts.")]
+LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N sequences.", min=1)]
+
+
+@app.command("import")
+def import_cmd(
+    src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
+    force: Force = False,
+):
+    """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
+    from qtool import api
+    from qtool.importers import import_note
+    from qtool.importers.crosscheck import describe
+    from qtool.io.files import claim_output
+
+    src = Path(need(src, "model file to import", "MODEL"))
+    output = Path(need(output, "output model file (.h5)", "--output"))
+    claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
+    model = api.load_model(src, fmt, name, check=not no_check)
+    api.save_model(model, output, True, inputs=[src])
+    dirs = "bidirectional" if model.bidirectional else "unidirectional"
+    out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
+              f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
+    out.print(describe(model.extra.get("check")), highlight=False)
+    note = import_note(model)
+    if note:
+        out.print(escape(note), highlight=False)
+
+
+NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)
+
+
+def note_what_was_left_out(model) -> None:
+    """A framework file given to calibrate or advise: say what the GRU leaves out of it."""
+    from qtool.importers import import_note
+
+    note = import_note(model)
+    if note:
+        NOTES.append(note)
+
+
+def say_if_compiling() -> None:
+    """One line on stderr when the engine's kernel is not compiled yet (the first run after an
+    install), which would otherwise sit silent for several seconds."""
+    from qtool.engine.cpu import needs_compile
+
+    if needs_compile():
+        err.print("first run: compiling the simulator's kernels (cached for later runs)")
+
+
+@app.command()
+def calibrate(
+    model_path: ModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
+    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
+    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights W and R, per output channel.")] = "minmax",
+    percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
+    compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="With --compare: held-out sequences to score each method on.")] = None,
+    bits: Annotated[str, typer.Option(metavar="PRESET|FILE", help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
+    limit: LimitOpt = None,
+    snap: Annotated[str, typer.Option(metavar="up|nearest", help="For quantized or QAT-trained models (ONNX QDQ, PyTorch fake-quant, QAT checkpoints): a file scale that is not a power of two goes 'up' to the finest power-of-two grid that does not clip its range, or to the 'nearest' power of two.")] = "up",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every tensor's quantization and the activation tables.")] = False,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Observe every tensor of the GRU on calibration data and write the quantized model.
+
+    A quantized or QAT-trained model (ONNX QDQ, PyTorch fake-quant, a QuantGRU checkpoint) keeps
+    the ranges its file holds; DATA calibrates the rest (without DATA the file must hold them all)."""
+    from qtool import api
+    from qtool.cli.tables import auto_lines, calibration_summary, lut_table, ranges_table, spec_rows, spec_table
+
+    model_path = Path(need(model_path, "model file", "MODEL"))
+    model = api.load_model_for_data(model_path, name=name, check=not no_check)
+    note_what_was_left_out(model)
+    ranges = api.file_ranges(model_path, model)
+    if ranges is None or compare is not None or data_path is not None:
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
+    methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
+    if compare is not None and eval_path is None:
+        raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
+    if compare is None and eval_path is not None:
+        raise QtoolError("--eval goes with --compare")
+    if output is None and compare is None:
+        output = Path(need(output, "output quantized model file (.h5)", "--output"))
+    inputs = [model_path, data_path, eval_path]
+    confirm = confirm_at_terminal()
+    if output is not None:  # refuse before the work, not after it
+        from qtool.io.files import claim_output
+
+        claim_output(output, force, inputs, confirm)
+        force = True
+    t0 = time.perf_counter()
+    if eval_path is not None:
+        if eval_path.resolve() == data_path.resolve():
+            err.print("warning: --eval is the calibration data; the scores are not on held-out data")
+        with Bar("calibrating and scoring", 1) as bar:
+            res = api.compare(model, data_path, eval_path, methods, bits=bits, method_weights=method_weights,
+                              percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                              time_first=time_first, progress=bar.update)
+        best = res.models[res.best]
+        if output is not None:
+            api.save(best, output, force, inputs=inputs)
+        if as_json:
+            emit_json({"methods": res.rows, "best": res.rows[res.best]["method"],
+                       "output": str(output) if output else None})
+            return
+        from qtool.cli.tables import compare_table
+
+        info = best.info
+        out.print(compare_table(res.rows, res.best, f"{model.name}: {info['bits']}, calibrated on "
+                                f"{info['samples']} sequences of {info['data_file']}, scored on {eval_path.name}"))
+        if output is not None:
+            out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
+        return
+    if method == "auto":  # auto simulates its candidates with the integer engine
+        say_if_compiling()
+    with Bar("calibrating", 1) as bar:
+        cal = api.observe(model, data_path, bits=bits, methods=[method], method_weights=method_weights,
+                          percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                          time_first=time_first, ranges=ranges, snap=snap, progress=bar.update)
+        qm = cal.quant_model(0)
+    api.save(qm, output, force, inputs=inputs)
+    elapsed = time.perf_counter() - t0
+    imported = {} if ranges is None else {"imported": cal.ranges_used, "notes": ranges.notes}
+    auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
+    if as_json:
+        emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
+                   "tensors": spec_rows(qm), **imported, **auto})
+        return
+    title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
+             + (f" over {qm.info['samples']} sequence{'s' * (qm.info['samples'] != 1)}" if qm.info["samples"] else ""))
+    if verbose:
+        out.print(spec_table(qm, title))
+        out.print(lut_table(qm))
+    else:
+        out.print(calibration_summary(qm, title))
+    if ranges is not None:
+        out.print(ranges_table(cal.ranges_used, f"ranges from the {ranges.kind} file (every other tensor: "
+                               + (f"calibrated on {data_path.name})" if data_path else "none)")))
+        for note in ranges.notes:
+            out.print(f"note: {escape(note)}", highlight=False)
+    for line in auto_lines(auto["auto"], per_layer=verbose) if auto else []:
+        out.print(escape(line), highlight=False, soft_wrap=True)
+    out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}" + ("" if verbose else "  (--verbose: every tensor)"))
+
+
+@app.command()
+def advise(
+    model_path: ModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
+    target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB.")] = None,
+    max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE'.")] = None,
+    threshold: Annotated[float | None, typer.Option(metavar="DB", help="The seed's threshold T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
+    gamma: Annotated[float, typer.Option(metavar="RATE", help="The estimator's sampling rate.")] = 0.01,
+    repeats: Annotated[int, typer.Option(metavar="K", help="The estimator's independent samples; the least-variance one is kept.")] = 5,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
+    limit: LimitOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the seed's own SNR prediction.")] = False,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Predict every tensor's quantization SNR (the seed's precision estimator) and choose int8 or
+    int16 per tensor; with --eval, prove the choice by simulation: the least flash reaching
+    --target-snr, or the best SNR within --max-flash. -o writes a bits file for
+    'qtool calibrate --bits FILE', which rebuilds the very same model."""
+    from qtool import api
+    from qtool.cli.advise_tables import search_line, summary_line, tensor_table
+
+    model_path = Path(need(model_path, "model file", "MODEL"))
+    data_path = Path(need(data_path, "calibration data file", "CALIB"))
+    model = api.load_model_for_data(model_path, name=name, check=not no_check)
+    note_what_was_left_out(model)
+    with progress_bar() as bar:
+        tasks: dict = {}
+
+        def tick(stage: str, done: int, total: int | None) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total, rate="")
+            bar.update(tasks[stage], completed=done, rate="")
+        adv = api.advise(model, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
+                         threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
+                         limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
+                         confirm=confirm_at_terminal(), progress=tick)
+    if as_json:
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "tensors": adv.rows})
+        return
+    out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
+    out.print(summary_line(adv), highlight=False)
+    out.print(search_line(adv), highlight=False)
+    if output is not None:
+        out.print(f"bits file -> {escape(str(output))} (qtool calibrate MODEL CALIB --bits "
+                  f"{escape(str(output))} rebuilds this model)", highlight=False)
+
+
+@app.command()
+def simulate(
+    qmodel_path: QModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write float/y, quant/y and quant/y_int to this .h5 file.")] = None,
+    per_tensor: Annotated[bool, typer.Option(help="Measure every tensor, not just the output.")] = True,
+    tensors: Annotated[str, typer.Option(metavar="summary|all", help="Which tensors to print: a summary (each layer's h and the worst few) or all of them. --json always has all.")] = "summary",
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
+    limit: LimitOpt = None,
+    backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    mode: Annotated[str, typer.Option(metavar="integer|fakequant|both", help="integer: the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Run the integer GRU and the float GRU on the same data and report how far apart they are."""
+    from qtool import api
+    from qtool.cli.tables import both_table, distance_table
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    data_path = Path(need(data_path, "test data file", "DATA"))
+    if tensors not in ("summary", "all"):
+        raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
+    if save is not None:
+        from qtool.io.files import claim_output
+
+        claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
+    if backend != "cuda" and mode != "fakequant":
+        say_if_compiling()
+    with Bar("simulating", 1) as bar:
+        res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
+                           limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,
+                           mode=mode, progress=bar.update)
+    if as_json:
+        emit_json(res.to_dict())
+        return
+    where = f"on {res.samples} sequences of {data_path.name}"
+    if mode == "both":
+        out.print(both_table(res.to_dict(), f"integer and fake-quant vs float {where}"))
+    else:
+        out.print(distance_table(res.to_dict(), f"{mode} vs float {where}", everything=tensors == "all"))
+    if mode != "integer":
+        from qtool.simulation.fakequant import EXPLANATION
+
+        out.print(EXPLANATION, highlight=False)
+    snr = res.per_step_snr_db
+
+    def db(v):
+        return "exact" if v is None else f"{v:.2f} dB"
+    out.print(f"output SNR by time step: first {db(snr[0])}, middle {db(snr[len(snr) // 2])}, last {db(snr[-1])}")
+    out.print(f"backend: {res.backend} ({res.backend_reason}); {res.seconds:.2f} s")
+    if save:
+        out.print(f"saved outputs -> {escape(str(save))}")
+
+
+@app.command()
+def report(
+    qmodel_path: QModelArg = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server).")] = None,
+    sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
+    units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
+    limit: LimitOpt = None,
+    backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Draw what the quantization did, as one HTML page: every tensor's float histogram against its
+    grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]")."""
+    from qtool import api
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    data_path = Path(need(data_path, "test data file", "DATA"))
+    output = Path(need(output, "output HTML file", "--output"))
+    with Bar("simulating", 1) as bar:
+        res = api.html_report(qmodel_path, data_path, output, limit=limit, sequences=sequences, units=units,
+                              backend=backend, batch_size=batch_size, force=force, confirm=confirm_at_terminal(),
+                              dataset=dataset, time_first=time_first, progress=bar.update)
+    if as_json:
+        emit_json({"output": str(res.path), "bytes": res.size, "samples": res.samples, "backend": res.backend,
+                   "metrics": res.output, "per_step_snr_db": res.per_step_snr_db})
+        return
+    m = res.output
+    snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+    out.print(f"output SNR {snr}, cosine {m['cosine']:.6f} on {res.samples} sequences; "
+              f"report ({res.size / 2**20:.1f} MiB) -> {escape(str(res.path))}")
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A quantized or float qtool model file, or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")] = None,
+    name: NameOpt = None,
+    no_check: NoCheckOpt = False,
+    as_json: JsonOpt = False,
+):
+    """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables."""
+    import h5py
+
+    from qtool import api
+    from qtool.cli.tables import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
+    from qtool.core.model import open_h5
+    from qtool.core.qmodel import is_qmodel
+    from qtool.importers import import_note
+
+    path = Path(need(path, "model file", "FILE"))
+    quantized = False
+    if path.is_file() and h5py.is_hdf5(path):  # else an importable file, or load_model's error
+        with open_h5(path) as f:
+            quantized = is_qmodel(f)
+    qm = api.load(path) if quantized else None
+    model = qm.model if qm else api.load_model(path, name=name, check=not no_check)
+    summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
+               "bidirectional": model.bidirectional, "input_size": model.input_size,
+               "hidden_size": model.hidden_size, "quantized": quantized, **model.extra.get("import", {})}
+    if as_json:
+        emit_json({**summary, "shapes": layer_rows(model),
+                   **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {})})
+        return
+    out.print(shapes_table(model, f"{model.name} ({model.source})"))
+    if import_note(model):
+        out.print(escape(import_note(model)), highlight=False)
+    if qm is not None:
+        out.print(provenance_table(qm))
+        out.print(spec_table(qm, "quantization"))
+        out.print(lut_table(qm))
+
+
+export_app = typer.Typer(help="Write a quantized GRU for a target: C sources, or parameter tables.",
+                         no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("c")
+def export_c_cmd(
+    qmodel_path: QModelArg = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="DIR", help="Directory to write the C sources into (created if needed; other files in it are left alone).")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="Prefix of every C identifier and file (default: the model's name).")] = None,
+    test_vectors: Annotated[bool, typer.Option("--test-vectors", help="Also write test vectors and a main() that checks them.")] = False,
+    data_path: Annotated[Path | None, typer.Option("--data", metavar="DATA", help="Take the test vectors' inputs from this data file (else random in the calibrated input range).")] = None,
+    vectors: Annotated[int, typer.Option(metavar="N", help="Number of test sequences.", min=1)] = 4,
+    compensation: Annotated[str, typer.Option(metavar="table|offset",
+        help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
+             "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
+             "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
+             "less flash. Both give the same integers.")] = "table",
+    fully_integral: Annotated[bool, typer.Option("--fully-integral/--no-fully-integral", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written.")] = True,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    force: Force = False,
+    as_json: JsonOpt = False,
+):
+    """Write C99 headers with the integer parameters and a portable integer-only GRU."""
+    import numpy as np
+
+    from qtool import api
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    output = Path(need(output, "output directory", "--output"))
+    qm = api.load(qmodel_path)
+    x = None
+    if test_vectors:
+        if data_path is not None:
+            data = api.as_data(data_path, dataset, time_first)
+            data.check_features(qm.model.input_size)
+            x = data.chunk(0, min(vectors, data.num_sequences))
+        else:
+            s = qm.cells[0][0].spec["x"]
+            x = np.random.default_rng(0).uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
+    res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=x, force=force,
+                       confirm=confirm_at_terminal(), fully_integral=fully_integral)
+    fp = res.footprint
+    base = fp.int8_weight_bytes + fp.table_bytes
+    summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
+               "fingerprint": res.fingerprint, "compensation": compensation, "flash_bytes": fp.flash_bytes,
+               "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
+               "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
+               "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
+    if as_json:
+        emit_json(summary)
+        return
+    from qtool.cli.tables import footprint_table, passes_table
+
+    out.print(passes_table(fp.passes, f"{res.name}: compiler passes"))
+    out.print(footprint_table(summary, f"{res.name}: footprint"))
+    out.print(f"{fp.macs_per_step:,} multiply-accumulates per time step; flash is "
+              f"{100 * (summary['flash_vs_int8_weights_and_tables'] - 1):.1f}% above the bare int8 weights "
+              f"plus tables ({base:,} bytes)")
+    if fp.offset_saves:
+        lean = fp.flash_bytes - fp.offset_saves
+        out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
+                  f"({100 * (lean / base - 1):.1f}% above), same integers")
+    replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
+    out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
+
+
+def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:
+    from qtool import api
+    from qtool.exporters.tables import json_bytes, write_h5
+    from qtool.io.files import claim_output, write_bytes
+
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
+    qm = api.load(qmodel_path)
+    output = claim_output(Path(need(output, f"output {kind} file", "--output")), force, [qmodel_path],
+                          confirm_at_terminal())
+    if kind == "JSON":
+        write_bytes(output, json_bytes(qm))
+    else:
+        write_h5(qm, output)
+    out.print(f"parameter tables -> {escape(str(output))}")
+
+
+@export_app.command("json")
+def export_json_cmd(
+    qmodel_path: QModelArg = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The JSON file to write.")] = None,
+    force: Force = False,
+):
+    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON."""
+    _export_tables(qmodel_path, output, force, "JSON")
+
+
+@export_app.command("h5")
+def export_h5_cmd(
+    qmodel_path: QModelArg = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HDF5 file to write.")] = None,
+    force: Force = False,
+):
+    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5."""
+    _export_tables(qmodel_path, output, force, "HDF5")
+
+
+@app.command()
+def verify(
+    qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="The quantized model that was exported.")] = None,
+    export_dir: Annotated[Path | None, typer.Argument(metavar="DIR", show_default=False, help="The directory 'qtool export c' wrote.")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Sequences to run: .npy, .npz or .h5.")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="The --name given to 'qtool export c' (default: the only export in DIR).")] = None,
+    dataset: DataOpt = None,
+    time_first: TimeFirst = False,
+    limit: LimitOpt = None,
+    target: Annotated[str, typer.Option(metavar="TARGET",
+        help="Where to run: 'host' ($CC), or 'cortex-m4' / 'cortex-m33' / 'cortex-m55': "
+             "arm-none-eabi-gcc with picolibc, run on an emulated MPS2/MPS3 board under "
+             "qemu-system-arm.")] = "host",
+    as_json: JsonOpt = False,
+):
+    """Compile the exported C for the host ($CC, default cc) or an emulated Cortex-M, run it, and
+    check every output and final-state integer against the simulator's."""
+    from qtool import api
+
+    qm = api.load(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    export_dir = Path(need(export_dir, "exported C directory", "DIR"))
+    data_path = Path(need(data_path, "data file", "DATA"))
+    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                     target=target)
+    bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
+    if as_json:
+        emit_json(res)
+    else:
+        out.print(f"{res['target']}: {res['sequences']} sequences x {res['time_steps']} steps: "
+                  f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
+                  f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
+                  f"{res['dequantized_mismatches']} in the dequantized outputs")
+        out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not bad
+                  else "[red]FAIL[/]: the C code differs from the simulator")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
+def precompile(
+    preset: Annotated[list[str] | None, typer.Option("--preset", metavar="PRESET", help="Compile for this preset only (repeatable); default: int8, w8a16 and int16.")] = None,
+):
+    """Compile the CPU kernels now, into numba's cache, so that no later command waits for them.
+
+    `pip install .` does this already; run it after an editable install or a numba upgrade. The
+    cache holds code for this machine's CPU: elsewhere the kernels compile again on first use."""
+    from qtool.install.precompile import PRESETS
+    from qtool.install.precompile import precompile as run
+
+    presets = tuple(preset or PRESETS)
+    for p in presets:
+        if p not in PRESETS:
+            raise QtoolError(f"unknown preset '{p}' (use one of {', '.join(PRESETS)})")
+    with err.status("compiling the CPU kernels (numba)"):
+        seconds = run(presets, say=lambda line: err.print(f"  {line}"))
+    out.print(f"kernels ready ({seconds:.1f} s)")
+
+
+@app.command()
+def version():
+    """Print qtool's version."""
+    out.print(f"qtool {__version__}")
+
+
+def _one_line(text) -> str:
+    """A message as one line, with rich markup escaped (brackets are common in shapes)."""
+    return escape(" ".join(str(text).split()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
+    SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+    NOTES.clear()  # in-process callers (tests) run several commands
+    if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
+        warnings.simplefilter("ignore")
+    try:
+        with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
+            code = app(args=argv, prog_name="qtool", standalone_mode=False)
+            for note in NOTES:
+                err.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+            NOTES.clear()
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err.print("interrupted")
+        sys.exit(130)
+    except typer.TyperException as e:  # usage errors: typer's own message, on one line
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        err.print(f"[red]error:[/] {_one_line(e.format_message())}{hint}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except QtoolError as e:
+        err.print(f"[red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (Interrupted, KeyboardInterrupt, RankStopped) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        where = f" on rank {e.rank}" if isinstance(e, RankStopped) else ""
+        err.print(f"interrupted ({signal.Signals(signum).name}{where}); no output was left half written")
+        stop_every_rank(128 + signum)  # under mpiexec a rank blocked in a collective would wait on
+    except Exception as e:  # anything else is a bug, but still one line unless debugging
+        if os.environ.get("QTOOL_DEBUG"):
+            raise
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {_one_line(e)} (please report it; set "
+                  "QTOOL_DEBUG=1 for a traceback)", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)  # typer returns the code of a typer.Exit
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The canonical float GRU: weights in the seed's layout, gate blocks z | r | g, and its HDF5 file.
+
+File layout (format "qtool-gru", version 1), documented in docs/file-formats.md:
+
+    /                attrs: format, version, input_size, hidden_size, num_layers, bidirectional,
+                            name, source
+    /layer{l}/{fwd,bwd}/W   [3H, C_l]   input weights
+                        R   [3H, H]     recurrent weights
+                        bx  [3H]        input bias
+                        br  [3H]        recurrent bias
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+from qtool.errors import QtoolError
+
+FORMAT = "qtool-gru"
+VERSION = 1
+DIRECTIONS = ("fwd", "bwd")
+
+
+def tensor_key(l: int, d: int, name: str) -> str:
+    """How results and reports name one tensor of one layer and direction: `layer0.fwd.h`."""
+    return f"layer{l}.{DIRECTIONS[d]}.{name}"
+
+
+@dataclass
+class GruCell:
+    """One direction of one layer: W [3H, C], R [3H, H], bx [3H], br [3H], gates z | r | g."""
+
+    W: np.ndarray
+    R: np.ndarray
+    bx: np.ndarray
+    br: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.W, self.R = (np.ascontiguousarray(a, np.float32) for a in (self.W, self.R))
+        self.bx, self.br = (np.ascontiguousarray(a, np.float32).reshape(-1) for a in (self.bx, self.br))
+        three_h = self.R.shape[0]
+        if three_h % 3 or self.R.shape != (three_h, three_h // 3):
+            raise QtoolError(f"recurrent weights must be [3H, H], got {self.R.shape}")
+        if self.W.ndim != 2 or self.W.shape[0] != three_h:
+            raise QtoolError(f"input weights must be [3H, C] with 3H={three_h}, got {self.W.shape}")
+        if self.bx.shape != (three_h,) or self.br.shape != (three_h,):
+            raise QtoolError(f"biases must have 3H={three_h} entries, got {self.bx.shape}, {self.br.shape}")
+        for name in ("W", "R", "bx", "br"):
+            if not np.all(np.isfinite(getattr(self, name))):
+                raise QtoolError(f"weights '{name}' contain NaN or Inf")
+
+
+@dataclass
+class GruModel:
+    """A (possibly stacked, possibly bidirectional) GRU: `layers[l][d]` is a GruCell."""
+
+    layers: list[list[GruCell]]
+    name: str = "gru"
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise QtoolError("model has no layers")
+        dirs = len(self.layers[0])
+        for l, cells in enumerate(self.layers):
+            if len(cells) != dirs:
+                raise QtoolError(f"layer {l} has {len(cells)} directions, layer 0 has {dirs}; "
+                                 "stacks that mix directions are not supported")
+            H = cells[0].R.shape[1]
+            want_c = self.input_size if l == 0 else self.layers[l - 1][0].R.shape[1] * dirs
+            for c in cells:
+                if c.R.shape[1] != H:
+                    raise QtoolError(f"layer {l}: directions have different hidden sizes")
+                if c.W.shape[1] != want_c:
+                    raise QtoolError(f"layer {l}: input size {c.W.shape[1]}, expected {want_c}")
+
+    @property
+    def input_size(self) -> int:
+        return self.layers[0][0].W.shape[1]
+
+    @property
+    def hidden_size(self) -> int:
+        """The last layer's hidden size (layers of a stack may differ)."""
+        return self.layers[-1][0].R.shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_directions(self) -> int:
+        return len(self.layers[0])
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.num_directions == 2
+
+    @property
+    def output_size(self) -> int:
+        return self.hidden_size * self.num_directions
+
+
+def write_model(f: h5py.File, model: GruModel) -> None:
+    """Write the float model into an open HDF5 file (root attributes and layer groups)."""
+    f.attrs.update(
+        format=FORMAT,
+        version=VERSION,
+        input_size=model.input_size,
+        hidden_size=model.hidden_size,
+        num_layers=model.num_layers,
+        bidirectional=model.bidirectional,
+        name=model.name,
+        source=model.source,
+    )
+    for l, cells in enumerate(model.layers):
+        for d, cell in enumerate(cells):
+            g = f.create_group(f"layer{l}/{DIRECTIONS[d]}")
+            for name in ("W", "R", "bx", "br"):
+                g.create_dataset(name, data=getattr(cell, name))
+
+
+MAX_LAYERS = 64
+MAX_WIDTH = 65536          # hidden or input units of one layer
+MAX_ELEMENTS = 1 << 27     # values in one weight array (512 MiB as float32)
+
+
+def h5_attr(obj, name: str, kind: type, where: str):
+    """An attribute of the expected kind (int, bool or str), or one clear error."""
+    if name not in obj.attrs:
+        raise QtoolError(f"{where}: attribute '{name}' is missing")
+    v = obj.attrs[name]
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    if kind is str:
+        if not isinstance(v, str):
+            raise QtoolError(f"{where}: attribute '{name}' must be a string")
+        return v
+    v = v.item() if isinstance(v, np.generic) else v
+    ok = isinstance(v, bool) if kind is bool else isinstance(v, int) and not isinstance(v, bool)
+    if not ok:
+        raise QtoolError(f"{where}: attribute '{name}' must be {'a boolean' if kind is bool else 'an integer'}, "
+                         f"got {v!r:.40}")
+    return v
+
+
+def h5_dataset(g, name: str, shape: tuple | None, kinds: str, where: str) -> np.ndarray:
+    """Read a dataset after checking (from its metadata, before any allocation) that it exists,
+    has the expected shape (None: any of at most MAX_ELEMENTS values) and a dtype kind in `kinds`
+    ('f' float, 'i' signed/unsigned integer, 'b' boolean)."""
+    import h5py
+
+    obj = g.get(name)
+    if not isinstance(obj, h5py.Dataset):
+        raise QtoolError(f"{where}/{name} is missing")
+    if shape is not None and obj.shape != tuple(shape):
+        raise QtoolError(f"{where}/{name} has shape {obj.shape}, expected {tuple(shape)}")
+    if obj.size > MAX_ELEMENTS:
+        raise QtoolError(f"{where}/{name} holds {obj.size} values, more than qtool accepts ({MAX_ELEMENTS})")
+    kind = obj.dtype.kind
+    if kind not in kinds.replace("i", "iu"):
+        names = {"f": "floating point", "i": "integer", "b": "boolean"}
+        raise QtoolError(f"{where}/{name} has dtype {obj.dtype}, expected "
+                         f"{' or '.join(names[k] for k in kinds)}")
+    try:
+        return obj[()]
+    except (OSError, ValueError) as e:
+        raise QtoolError(f"{where}/{name} cannot be read ({str(e).split(',')[0]})") from None
+
+
+def read_model(f: h5py.File, formats: tuple = (FORMAT,)) -> GruModel:
+    """Read the float model from an open HDF5 file written by `write_model` (a quantized model
+    file holds one too), checking every attribute and shape before reading any array."""
+    where = str(f.filename)
+    fmt = f.attrs.get("format")
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode(errors="replace")
+    if fmt not in formats:
+        raise QtoolError(f"{where}: not a qtool model file (run 'qtool import' first)")
+    version = h5_attr(f, "version", int, where)
+    if version > VERSION or version < 1:
+        raise QtoolError(f"{where}: model format version {version} is not one this qtool reads (1..{VERSION})")
+    num_layers = h5_attr(f, "num_layers", int, where)
+    if not 1 <= num_layers <= MAX_LAYERS:
+        raise QtoolError(f"{where}: num_layers {num_layers} is outside 1..{MAX_LAYERS}")
+    dirs = 2 if h5_attr(f, "bidirectional", bool, where) else 1
+    sizes = {k: h5_attr(f, k, int, where) for k in ("input_size", "hidden_size")}
+    for k, v in sizes.items():
+        if not 1 <= v <= MAX_WIDTH:
+            raise QtoolError(f"{where}: {k} {v} is outside 1..{MAX_WIDTH}")
+    layers = []
+    width = sizes["input_size"]
+    for l in range(num_layers):
+        cells = []
+        for d in range(dirs):
+            g_where = f"{where}: layer{l}/{DIRECTIONS[d]}"
+            g = f.get(f"layer{l}/{DIRECTIONS[d]}")
+            if g is None:
+                raise QtoolError(f"{g_where} is missing")
+            R_shape = getattr(g.get("R"), "shape", None)
+            if R_shape is None or len(R_shape) != 2 or not 1 <= R_shape[1] <= MAX_WIDTH:
+                raise QtoolError(f"{g_where}/R must be [3H, H] with H in 1..{MAX_WIDTH}, got {R_shape}")
+            H = R_shape[1]
+            arrays = [h5_dataset(g, n, shp, "f", g_where) for n, shp in
+                      (("W", (3 * H, width)), ("R", (3 * H, H)), ("bx", (3 * H,)), ("br", (3 * H,)))]
+            cells.append(GruCell(*arrays))
+        layers.append(cells)
+        width = cells[0].R.shape[1] * dirs
+    model = GruModel(layers, name=h5_attr(f, "name", str, where), source=h5_attr(f, "source", str, where))
+    if model.hidden_size != sizes["hidden_size"]:
+        raise QtoolError(f"{where}: hidden_size attribute {sizes['hidden_size']} does not match the "
+                         f"weights ({model.hidden_size})")
+    return model
+
+
+def open_h5(path, mode: str = "r") -> h5py.File:
+    """Open an HDF5 file, turning h5py's low-level errors into one clear line."""
+    try:
+        return h5py.File(path, mode)
+    except FileNotFoundError:
+        raise QtoolError(f"file not found: {path}") from None
+    except OSError as e:
+        raise QtoolError(f"{path}: not a readable HDF5 file ({str(e).split(',')[0]})") from None
+
+
+def load_model(path) -> GruModel:
+    with open_h5(path) as f:
+        return read_model(f)

@@ -1,0 +1,221 @@
+"""The seed's tensor table: every tensor of the quantized GRU, its class, and its defaults.
+
+This is the one list of tensors; calibration, simulation, reports and export iterate over it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from qtool.errors import QtoolError
+
+# the calibration methods a bits file may name (qtool.calibrators.METHODS holds one observer for each)
+METHOD_NAMES = ("minmax", "ema", "percentile", "mse", "kl")
+
+# The integer cell's derived parameters (qtool.numerics.rescale.derive computes them): scalars in
+# one int64 vector P in this order, per-channel values in the rows CH of CHANNEL_ROWS.
+PARAMS = (
+    # zero points
+    "zp_x", "zp_h", "zp_Wx", "zp_Rh", "zp_z_pre", "zp_r_pre", "zp_g_pre", "zp_z_out", "zp_r_out",
+    "zp_g_out", "zp_Rh_add_br", "zp_rRh", "zp_old_contrib", "zp_new_contrib",
+    # shifts: sh_<from>_<to>
+    "sh_Wx_z_pre", "sh_Rh_z_pre", "sh_Wx_r_pre", "sh_Rh_r_pre", "sh_Rh_Rh_add_br", "sh_rRh",
+    "sh_Wx_g_pre", "sh_rRh_g_pre", "sh_old_contrib", "sh_new_contrib", "sh_old_contrib_h",
+    "sh_new_contrib_h",
+    # the constant 1 in z_out's quantization, for (1 - z)
+    "q_1_in_z_scale",
+    # saturation bounds of every computed tensor
+    "lo_Wx", "hi_Wx", "lo_Rh", "hi_Rh", "lo_z_pre", "hi_z_pre", "lo_r_pre", "hi_r_pre",
+    "lo_g_pre", "hi_g_pre", "lo_z_out", "hi_z_out", "lo_r_out", "hi_r_out", "lo_g_out", "hi_g_out",
+    "lo_Rh_add_br", "hi_Rh_add_br", "lo_rRh", "hi_rRh", "lo_old_contrib", "hi_old_contrib",
+    "lo_new_contrib", "hi_new_contrib", "lo_h", "hi_h",
+    # LUT interpolation shifts (0: directly indexed table)
+    "lut_shift_z", "lut_shift_r", "lut_shift_g",
+)
+CHANNEL_ROWS = ("sh_W", "W_sum_mul_x_zp", "sh_R", "R_sum_mul_h_zp", "qbx", "qbr", "sh_bx", "sh_br")
+
+
+@dataclass(frozen=True)
+class TensorDef:
+    name: str
+    kind: str  # "activation", "weight" or "bias"
+    symmetric: bool
+    per_channel: bool
+    note: str
+
+
+TENSORS = (
+    TensorDef("x", "activation", False, False, "input, EMA range over time steps"),
+    TensorDef("h", "activation", False, False, "hidden state, EMA range over time steps"),
+    TensorDef("W", "weight", True, True, "input weights [3H, C]"),
+    TensorDef("R", "weight", True, True, "recurrent weights [3H, H]"),
+    TensorDef("bx", "bias", True, True, "input bias [3H]"),
+    TensorDef("br", "bias", True, True, "recurrent bias [3H]"),
+    TensorDef("Wx", "activation", False, False, "GEMM output W x"),
+    TensorDef("Rh", "activation", False, False, "GEMM output R h"),
+    TensorDef("z_pre", "activation", False, False, "update gate pre-activation"),
+    TensorDef("r_pre", "activation", False, False, "reset gate pre-activation"),
+    TensorDef("g_pre", "activation", False, False, "candidate gate pre-activation"),
+    TensorDef("z_out", "activation", False, False, "sigmoid output; (1 - z) reuses its params"),
+    TensorDef("r_out", "activation", False, False, "sigmoid output"),
+    TensorDef("g_out", "activation", True, False, "tanh output"),
+    TensorDef("Rh_add_br", "activation", False, False, "Rh_g + br_g"),
+    TensorDef("rRh", "activation", False, False, "r * Rh_add_br"),
+    TensorDef("old_contrib", "activation", False, False, "z * h_old"),
+    TensorDef("new_contrib", "activation", False, False, "(1 - z) * g"),
+)
+BY_NAME = {t.name: t for t in TENSORS}
+NAMES = tuple(t.name for t in TENSORS)
+# Tensors the integer cell computes at every step (recorded for per-tensor reports).
+CELL_OUTPUTS = ("Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out", "Rh_add_br", "rRh",
+                "old_contrib", "new_contrib", "h")
+
+# bits per tensor class: (weight, bias, activation)
+PRESETS = {"int8": (8, 32, 8), "w8a16": (8, 32, 16), "int16": (16, 32, 16)}
+BITS_LIMITS = {"weight": (2, 16), "activation": (2, 16), "bias": (8, 32)}
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    bits: int
+    symmetric: bool
+    method: str | None = None  # calibration method for this tensor; None: the command's choice
+
+
+def preset_config(preset: str) -> dict[str, TensorConfig]:
+    if preset not in PRESETS:
+        raise QtoolError(f"unknown bits preset '{preset}' (use one of {', '.join(PRESETS)})")
+    w, b, a = PRESETS[preset]
+    bits = {"weight": w, "bias": b, "activation": a}
+    return {t.name: TensorConfig(bits[t.kind], t.symmetric) for t in TENSORS}
+
+
+def _read_config_file(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise QtoolError(f"cannot read bits config {path}: {e.strerror}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            return tomllib.loads(text)
+        return json.loads(text)
+    except ValueError as e:
+        raise QtoolError(f"{path}: not valid {path.suffix[1:].upper() or 'JSON'} ({e})") from None
+
+
+class BitsConfig(dict):
+    """name -> TensorConfig for every layer, and per-layer overrides `layers[l][name]` (a bits
+    file's `[layers.L.NAME]` tables). A plain dict is a config without overrides."""
+
+    def __init__(self, base: dict[str, TensorConfig], layers: dict[int, dict[str, TensorConfig]] | None = None):
+        super().__init__(base)
+        self.layers = layers or {}
+
+
+def layer_config(config: dict[str, TensorConfig], layer: int) -> dict[str, TensorConfig]:
+    """The config of one layer: the per-layer overrides over the all-layer entries."""
+    out = dict(config)
+    out.update(getattr(config, "layers", {}).get(layer, {}))
+    return out
+
+
+def _entry(path: Path, where: str, name: str, entry, base: TensorConfig) -> TensorConfig:
+    """One tensor's table of a bits file over `base`, validated."""
+    if not isinstance(entry, dict) or set(entry) - {"bits", "symmetric", "method"}:
+        raise QtoolError(f"{path}: {where} '{name}' needs a table with 'bits', 'symmetric' and/or 'method'")
+    t = BY_NAME[name]
+    bits = entry.get("bits", base.bits)
+    lo, hi = BITS_LIMITS[t.kind]
+    if not isinstance(bits, int) or not lo <= bits <= hi:
+        raise QtoolError(f"{path}: bits of '{name}' must be an integer in [{lo}, {hi}]")
+    sym = entry.get("symmetric", base.symmetric)
+    if t.kind != "activation" and not sym:
+        raise QtoolError(f"{path}: '{name}' must stay symmetric (zero-point compensation "
+                         "assumes symmetric weights and biases)")
+    method = entry.get("method", base.method)
+    if method is not None and method not in METHOD_NAMES:
+        raise QtoolError(f"{path}: method of '{name}' must be one of {', '.join(METHOD_NAMES)}")
+    if method is not None and t.kind == "bias":
+        raise QtoolError(f"{path}: '{name}' is a 32-bit bias; it keeps its min/max range")
+    return TensorConfig(bits, bool(sym), method)
+
+
+def _tables(path: Path, raw, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{path}: '{where}' must be a table/object")
+    for name in raw:
+        if name not in BY_NAME:
+            raise QtoolError(f"{path}: unknown tensor '{name}' in {where} (known: {', '.join(NAMES)})")
+    return raw
+
+
+def _layer_overrides(path: Path, raw, config: dict[str, TensorConfig]) -> dict[int, dict[str, TensorConfig]]:
+    layers = {}
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{path}: 'layers' must be a table of layer numbers")
+    for key, tensors in raw.items():
+        if not str(key).isdigit():
+            raise QtoolError(f"{path}: layers.{key}: layer numbers are integers from 0")
+        l = int(key)
+        if l > 0 and "x" in (tensors or {}):
+            raise QtoolError(f"{path}: layers.{l}.x: the input of layer {l} is the h of layer {l - 1} "
+                             f"(set layers.{l - 1}.h)")
+        layers[l] = {name: _entry(path, f"layers.{l}", name, entry, config[name])
+                     for name, entry in _tables(path, tensors or {}, f"layers.{l}").items()}
+    return layers
+
+
+def load_bits(spec: str) -> tuple[str, BitsConfig]:
+    """`spec` is a preset name or a JSON/TOML file: {"preset": "int8", "tensors": {"g_pre":
+    {"bits": 16}, "h": {"bits": 16, "symmetric": false, "method": "mse"}}, "layers": {"1": {"R":
+    {"bits": 16}}}}. `layers` overrides single layers (TOML: `[layers.1.R]`). Returns (label,
+    config)."""
+    if spec in PRESETS:
+        return spec, BitsConfig(preset_config(spec))
+    path = Path(spec)
+    if not path.is_file():
+        raise QtoolError(f"--bits '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
+    raw = _read_config_file(path)
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{path}: the config must be a table/object")
+    unknown = set(raw) - {"preset", "tensors", "layers"}
+    if unknown:
+        raise QtoolError(f"{path}: unknown keys {sorted(unknown)} (allowed: preset, tensors, layers)")
+    config = preset_config(raw.get("preset", "int8"))
+    for name, entry in _tables(path, raw.get("tensors") or {}, "tensors").items():
+        config[name] = _entry(path, "tensor", name, entry, config[name])
+    return path.name, BitsConfig(config, _layer_overrides(path, raw.get("layers") or {}, config))
+
+
+def bits_toml(preset: str, per_layer: list[dict[str, TensorConfig]], comment: str = "") -> str:
+    """A bits file (TOML, read by `load_bits`) for per-layer configs `per_layer[l]`: entries that
+    all layers share under [tensors.NAME], the others under [layers.L.NAME]; only what differs
+    from the preset is written. The x of layers l > 0 is the h of layer l - 1 and is left out."""
+    base = preset_config(preset)
+
+    def table(header: str, c: TensorConfig) -> str:
+        lines = [f"[{header}]", f"bits = {c.bits}"]
+        if c.symmetric != BY_NAME[header.rsplit(".", 1)[1]].symmetric:
+            lines.append(f"symmetric = {str(c.symmetric).lower()}")
+        if c.method:
+            lines.append(f'method = "{c.method}"')
+        return "\n".join(lines)
+
+    out = [f"# {line}" for line in comment.splitlines()] + [f'preset = "{preset}"']
+    by_layer: dict[int, list[str]] = {}
+    for name in NAMES:
+        layers = [l for l in range(len(per_layer)) if name != "x" or l == 0]
+        values = [per_layer[l][name] for l in layers]
+        if all(v == values[0] for v in values):
+            if values[0] != base[name]:
+                out.append(table(f"tensors.{name}", values[0]))
+            continue
+        for l in layers:
+            if per_layer[l][name] != base[name]:
+                by_layer.setdefault(l, []).append(table(f"layers.{l}.{name}", per_layer[l][name]))
+    out += [t for l in sorted(by_layer) for t in by_layer[l]]
+    return "\n\n".join(out) + "\n"

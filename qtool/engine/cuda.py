@@ -1,0 +1,277 @@
+"""The integer GRU on the GPU, with the float reference and the distance statistics: numba.cuda
+kernels built from the same scalar functions as the CPU engine (qtool.numerics.intops for the integers,
+qtool.engine.float_cell for the float32 reference, qtool.engine.metrics for the statistics; compiled as
+device functions), so the two engines cannot drift apart.
+
+- `wx_kernel`: Wx for all time steps at once, with zero-point compensation and the rescale fused
+  into the epilogue (one thread per output element); `fwx_kernel` the float W x;
+- `step_kernel`: one launch per time step; a block holds one sequence's h (integer and float) in
+  shared memory, each thread computes its hidden unit's three R h sums and both cells, and adds
+  every tensor's distance terms to its own slot of a statistics array (no atomics); the output's
+  per-step terms are summed in the block and added to the step's row atomically;
+- `reduce_kernel`: the per-thread slots summed on the device; a few numbers per layer direction
+  and chunk come back to the host.
+
+Integer GEMM sums use the exact arithmetic type chosen by `engine_cpu.gemm_dtype` (float32 where
+a static bound proves it exact). Device buffers are allocated once per direction and batch;
+nothing is copied per time step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import config, cuda
+
+from qtool.engine.float_cell import float_cell
+from qtool.engine.layout import (
+    H_TENSOR,
+    INTS,
+    MEASURED,
+    N_STATS,
+    N_TRACE,
+    ROWS,
+    ModelRun,
+    gemm_dtype,
+    measured_grids,
+    quantize_input,
+)
+from qtool.engine.metrics import STAT_MAX, clipped, dequantized
+from qtool.errors import QtoolError
+from qtool.numerics.intops import gru_cell, rescale
+from qtool.numerics.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
+
+MAX_SHARED_H = 2048  # hidden units one block keeps in shared memory
+THREADS = 128
+REDUCE_THREADS = 8 if config.ENABLE_CUDASIM else 128  # the simulator runs every thread in Python
+N_MEASURED = len(MEASURED)
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """(usable, why) for a real GPU; the numba CUDA simulator counts as not usable for `auto`."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return False, "the numba CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM=1)"
+    try:
+        if not cuda.is_available():
+            return False, "no CUDA driver or GPU found"
+        cuda.detect()
+    except Exception as e:  # the driver raises several types
+        return False, f"CUDA is not usable ({str(e).splitlines()[0]})"
+    name = cuda.get_current_device().name
+    return True, name.decode() if isinstance(name, bytes) else str(name)
+
+
+@cuda.jit
+def wx_kernel(qx, qW, P, CH, out):
+    """q_Wx[m, c] = rescale(sum_k qW[c, k] qx[m, k] - W_sum_mul_x_zp[c]): the fused epilogue."""
+    m, c = cuda.grid(2)
+    M, K = qx.shape
+    if m < M and c < qW.shape[0]:
+        s = qW[c, 0] * 0
+        for k in range(K):
+            s += qW[c, k] * qx[m, k]
+        out[m, c] = rescale(np.int64(s) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c], P[ZP_WX],
+                            P[LO_WX], P[HI_WX])
+
+
+@cuda.jit
+def fwx_kernel(x, W, out):
+    """The float reference's W x for all steps, float32 sums."""
+    m, c = cuda.grid(2)
+    if m < x.shape[0] and c < W.shape[0]:
+        s = np.float32(0.0)
+        for k in range(x.shape[1]):
+            s += W[c, k] * x[m, k]
+        out[m, c] = s
+
+
+@cuda.jit(device=True)
+def rh_sums(R, h, j, H, zero):
+    """Unit j's three gate rows of R h, (R[j] h, R[j + H] h, R[j + 2H] h), summed from `zero`."""
+    s_z = zero
+    s_r = zero
+    s_g = zero
+    for k in range(H):
+        v = h[k]
+        s_z += R[j, k] * v
+        s_r += R[j + H, k] * v
+        s_g += R[j + 2 * H, k] * v
+    return s_z, s_r, s_g
+
+
+@cuda.jit(device=True)
+def add_terms(slot, q, f, grid):
+    """Add one value's distance terms to a statistics row `slot` (STATS columns)."""
+    qd = dequantized(q, grid[0], grid[1])
+    r = np.float64(f)
+    e = qd - r
+    slot[0] += r * r
+    slot[1] += e * e
+    slot[2] += qd * r
+    slot[3] += qd * qd
+    slot[4] = max(slot[4], abs(e))
+    slot[5] += 1.0
+    slot[6] += clipped(r, grid[2], grid[3])
+
+
+@cuda.jit
+def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx, br, out_q, out_f,
+                col, h_i, h_f, level, grids, acc, step_stats, trace):
+    """Step s of the run, at time index t: block (unit tile, sequence n); h_old of sequence n in
+    shared memory (integers exactly as float64, and the float reference's float32)."""
+    n = cuda.blockIdx.y
+    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    tid = cuda.threadIdx.x
+    H = qR.shape[1]
+    hs = cuda.shared.array(MAX_SHARED_H, np.float64)
+    fs = cuda.shared.array(MAX_SHARED_H, np.float32)
+    part = cuda.shared.array((THREADS, N_STATS), np.float64)
+    for k in range(tid, H, cuda.blockDim.x):
+        hs[k] = h_i[s % 2, n, k]
+        fs[k] = h_f[s % 2, n, k]
+    for c in range(N_STATS):
+        part[tid, c] = 0.0
+    cuda.syncthreads()
+    if j < H:
+        jr = j + H
+        jg = j + 2 * H
+        s_z, s_r, s_g = rh_sums(qR, hs, j, H, qR[j, 0] * 0)
+        wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, jg]
+        res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(s_z), np.int64(s_r),
+                       np.int64(s_g), np.int64(hs[j]), j, jr, jg, P, CH, lut_z, lut_r, lut_g)
+        q_h = res[N_TRACE - 1]
+        out_q[n, t, col + j] = q_h
+        h_i[(s + 1) % 2, n, j] = q_h
+        if trace.shape[0]:
+            trace[n, t, 0, j] = wz
+            trace[n, t, 1, j] = wr
+            trace[n, t, 2, j] = wg
+            for k in range(N_TRACE):
+                trace[n, t, 3 + k, j] = res[k]
+        if level:
+            f_z, f_r, f_g = rh_sums(fR, fs, j, H, np.float32(0.0))
+            fx_z, fx_r, fx_g = f_Wx[n, t, j], f_Wx[n, t, jr], f_Wx[n, t, jg]
+            fres = float_cell(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
+                              br[jr], br[jg])
+            f_h = fres[N_TRACE - 1]
+            out_f[n, t, col + j] = f_h
+            h_f[(s + 1) % 2, n, j] = f_h
+            add_terms(part[tid], q_h, f_h, grids[H_TENSOR])  # the step's terms, on a zeroed row
+            add_terms(acc[n, j, H_TENSOR], q_h, f_h, grids[H_TENSOR])
+            if level == 2:
+                for g in range(3):
+                    add_terms(acc[n, j, 1], (wz, wr, wg)[g], (fx_z, fx_r, fx_g)[g], grids[1])
+                for k in range(N_TRACE - 1):  # Rh's three gate rows, then one row per tensor
+                    add_terms(acc[n, j, 2 if k < 3 else k], res[k], fres[k], grids[2 if k < 3 else k])
+    if level == 2:
+        for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
+            add_terms(acc[n, j, 0], qx[n, t, k], xf[n, t, k], grids[0])  # j: this thread's slot
+    if level:
+        cuda.syncthreads()
+        if tid == 0:
+            for c in range(N_STATS):
+                v = part[0, c]
+                for i in range(1, cuda.blockDim.x):
+                    v = max(v, part[i, c]) if c == STAT_MAX else v + part[i, c]
+                if c == STAT_MAX:
+                    cuda.atomic.max(step_stats, (t, c), v)
+                else:
+                    cuda.atomic.add(step_stats, (t, c), v)
+
+
+@cuda.jit
+def reduce_kernel(acc, out):
+    """out[tensor, stat] = the sum (or max) of every thread slot acc[n, j, tensor, stat]:
+    block (tensor, stat), a strided sum per thread, then a tree in shared memory."""
+    tensor, stat = cuda.blockIdx.x, cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    buf = cuda.shared.array(REDUCE_THREADS, np.float64)
+    N, J = acc.shape[0], acc.shape[1]
+    v = 0.0
+    for i in range(tid, N * J, cuda.blockDim.x):
+        w = acc[i // J, i % J, tensor, stat]
+        v = max(v, w) if stat == STAT_MAX else v + w
+    buf[tid] = v
+    cuda.syncthreads()
+    width = cuda.blockDim.x // 2
+    while width > 0:
+        if tid < width:
+            buf[tid] = max(buf[tid], buf[tid + width]) if stat == STAT_MAX else buf[tid] + buf[tid + width]
+        cuda.syncthreads()
+        width //= 2
+    if tid == 0:
+        out[tensor, stat] = buf[0]
+
+
+def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, trace):
+    """One layer direction over all steps; returns its statistics [MEASURED, STATS] (or None)."""
+    N, T, C = d_qx.shape
+    H = cq.hidden_size
+    if H > MAX_SHARED_H:
+        raise QtoolError(f"the CUDA engine supports hidden sizes up to {MAX_SHARED_H}, got {H}")
+    dt_W = gemm_dtype(cq.qW, cq.spec["x"].bits)
+    dt_R = gemm_dtype(cq.qR, cq.spec["h"].bits)
+    if dt_R is np.int64 or dt_W is np.int64:
+        raise QtoolError("a GEMM of this model can exceed 2^53; the CUDA engine cannot prove it exact "
+                         "(use --backend cpu)")
+    d_P, d_CH = cuda.to_device(cq.P), cuda.to_device(cq.CH)
+    d_luts = [cuda.to_device(cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
+    d_Wx = cuda.device_array((N * T, 3 * H), np.int32)
+    grid = (math.ceil(N * T / 16), math.ceil(3 * H / 16))
+    # the sums in float64 or int64 (int32 inputs times the weights' type): exact below 2^53
+    wx_kernel[grid, (16, 16)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, d_Wx)
+    d_fWx = cuda.device_array((N * T, 3 * H) if level else (1, 3 * H), np.float32)
+    if level:
+        fwx_kernel[grid, (16, 16)](d_xf.reshape(N * T, C), cuda.to_device(cell.W), d_fWx)
+    h_i = np.zeros((2, N, H), np.float64)  # integers, exact in float64
+    h_i[0] = cq.P[ZP_H]  # h0 = 0 exactly
+    d_hi, d_hf = cuda.to_device(h_i), cuda.to_device(np.zeros((2, N, H), np.float32))
+    threads = min(THREADS, 32 * math.ceil(max(H, C if level == 2 else 1) / 32))
+    blocks = (math.ceil(H / threads), N)
+    width = blocks[0] * threads
+    d_acc = cuda.to_device(np.zeros((N, width, N_MEASURED, N_STATS) if level else (1, 1, 1, N_STATS)))
+    args = (d_qx, d_xf, d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else
+            d_fWx.reshape(1, 1, 3 * H), cuda.to_device(cq.qR.astype(dt_R)), cuda.to_device(cell.R), d_P,
+            d_CH, *d_luts, cuda.to_device(cell.bx), cuda.to_device(cell.br), d_out_q, d_out_f, col,
+            d_hi, d_hf, level, cuda.to_device(measured_grids(cq)), d_acc, d_step, trace)
+    for s in range(T):  # launches queue on the stream; nothing is copied per step
+        step_kernel[blocks, threads](T - 1 - s if rev else s, s, *args)
+    if not level:
+        return None
+    d_st = cuda.device_array((N_MEASURED, N_STATS), np.float64)
+    reduce_kernel[(N_MEASURED, N_STATS), REDUCE_THREADS](d_acc, d_st)
+    return d_st.copy_to_host()
+
+
+def run_model_cuda(qm, x: np.ndarray, level: int = INTS, plans=None, traces: list | None = None) -> ModelRun:
+    """Same contract as engine_cpu.run_model, on the GPU."""
+    x = np.ascontiguousarray(x, np.float32)
+    N, T, _ = x.shape
+    d_qx = cuda.to_device(np.ascontiguousarray(quantize_input(qm, x)))
+    d_xf = cuda.to_device(x) if level else cuda.device_array((1, 1, 1), np.float32)
+    d_step = cuda.to_device(np.zeros((T, N_STATS)))
+    stats, outputs = [], []
+    for l, cells in enumerate(qm.cells):
+        H = cells[0].hidden_size
+        D = len(cells)
+        d_out_q = cuda.device_array((N, T, H * D), np.int32)
+        d_out_f = cuda.device_array((N, T, H * D) if level else (1, 1, 1), np.float32)
+        last = l == len(qm.cells) - 1
+        row, tr_row = [], []
+        for d, cq in enumerate(cells):
+            d_tr = cuda.device_array((N, T, ROWS, H) if traces is not None else (0, 0, ROWS, H), np.int32)
+            step = d_step if last else cuda.to_device(np.zeros((T, N_STATS)))
+            row.append(_direction(cq, qm.model.layers[l][d], d_qx, d_xf, d == 1, d_out_q, d_out_f,
+                                  d * H, level, step, d_tr))
+            tr_row.append(d_tr)
+        if traces is not None:
+            traces.append([t.copy_to_host() for t in tr_row])
+        stats.append(row)
+        outputs.append(d_out_q.copy_to_host())
+        d_qx, d_xf = d_out_q, d_out_f
+    step_stats = d_step.copy_to_host()
+    return ModelRun(outputs[-1], d_xf.copy_to_host() if level else None, stats if level else None,
+                    step_stats if level else None, outputs)

@@ -1,0 +1,147 @@
+"""ONNX `GRU` nodes with `linear_before_reset=1`: W [dirs, 3H, C], R [dirs, 3H, H],
+B [dirs, 6H] (Wb then Rb), gates z | r | h (the canonical order). Needs the optional `onnx` package.
+
+Every attribute and input of a GRU node is either supported or refused: activations other than
+Sigmoid/Tanh, clip, direction 'reverse', sequence_lens and a non-zero initial_h change the math.
+Weights may be initializers (inline or in external data beside the model) or computed from them
+(torch.onnx's default exporter concatenates slices of the PyTorch tensors): constant subgraphs are
+evaluated (onnx_fold.py). Several GRU nodes form one stack when each reads the one before's output
+through ops that concatenate its directions (onnx_graph.py); each is also available by its node name.
+Each Stack says which nodes it took and what else computes in the file (onnx_scope.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.importers.checks import expect_shape, hidden_from_recurrent, reason
+from qtool.importers.onnx.graph import Graph, attr
+from qtool.importers.onnx.scope import Scope
+from qtool.importers.stack import Stack
+
+# output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta only
+# parameterise activations other than Sigmoid and Tanh, which are refused
+ATTRIBUTES = {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size",
+              "layout", "linear_before_reset", "output_sequence"}
+
+
+def _check_attributes(node, where: str) -> int:
+    """Refuse every attribute qtool does not compute; returns the number of directions."""
+    unknown = sorted({a.name for a in node.attribute} - ATTRIBUTES)
+    if unknown:
+        raise QtoolError(f"{where} has attribute(s) {', '.join(unknown)} that qtool does not know")
+    if attr(node, "linear_before_reset", 0) != 1:
+        raise QtoolError(f"{where} has linear_before_reset=0; only linear_before_reset=1 (the "
+                         "haste/PyTorch formulation) is supported")
+    direction = attr(node, "direction", "forward")
+    if direction not in ("forward", "bidirectional"):
+        raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional are supported")
+    dirs = 2 if direction == "bidirectional" else 1
+    acts = attr(node, "activations", None)
+    if acts is not None and [str(a).lower() for a in acts] != ["sigmoid", "tanh"] * dirs:
+        raise QtoolError(f"{where} has activations {acts}; qtool's GRU computes Sigmoid, Tanh per direction")
+    if attr(node, "clip", None) is not None:
+        raise QtoolError(f"{where} clips its pre-activations (clip={attr(node, 'clip', None)}); not supported")
+    if attr(node, "layout", 0) != 0:  # ONNX Runtime does not run layout=1 either
+        raise QtoolError(f"{where} has layout={attr(node, 'layout', 0)}; only layout=0 (time-first) "
+                         "is supported")
+    return dirs
+
+
+def _check_inputs(graph: Graph, node, where: str) -> list[str]:
+    """Refuse the inputs that change the math; returns notes on what is assumed."""
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    if inputs[4]:
+        raise QtoolError(f"{where} takes sequence_lens ('{inputs[4]}'); qtool runs every sequence over "
+                         "all its time steps (export without sequence lengths)")
+    # zeros (a zero constant, ConstantOfShape 0 of any shape, and values moved from them), or values of
+    # graph inputs (torch.onnx.export's h0, whole or sliced per layer): qtool assumes a state input is
+    # zero at the start of each sequence, as docs/importing.md says
+    origin = graph.state_origin(inputs[5]) if inputs[5] else set()
+    if origin is None:
+        raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', which is not zero; qtool's GRU "
+                         "starts every sequence from h = 0")
+    if not origin:
+        return []
+    inputs = ", ".join(f"'{i}'" for i in sorted(origin))
+    return [f"GRU node '{node.name}' starts from the graph input {inputs}, taken as zero at the start of "
+            "every sequence"]
+
+
+def _cells(graph: Graph, node, dirs: int, where: str) -> list:
+    from qtool.core.model import GruCell
+
+    names = list(node.input[1:4]) + [""] * (4 - len(node.input))
+    for n in names[:2]:
+        if n not in graph.constant:
+            raise QtoolError(f"{where}: weight '{n}' is not a constant (nor computed from constants only)")
+    W, R = (graph.weight(where, n) for n in names[:2])
+    if R.ndim != 3 or R.shape[0] != dirs:
+        raise QtoolError(f"{where}: tensor '{names[1]}' has shape {R.shape}, expected [{dirs}, 3H, H]")
+    H = hidden_from_recurrent(where, names[1], R[0])
+    if attr(node, "hidden_size", H) != H:
+        raise QtoolError(f"{where} has hidden_size={attr(node, 'hidden_size', H)} but its weights "
+                         f"'{names[1]}' have H={H}")
+    if W.ndim != 3 or W.shape[:2] != (dirs, 3 * H):
+        raise QtoolError(f"{where}: tensor '{names[0]}' has shape {W.shape}, expected [{dirs}, {3 * H}, C]")
+    if names[2] and names[2] not in graph.constant:
+        raise QtoolError(f"{where}: bias '{names[2]}' is not a constant (nor computed from constants only)")
+    B = (expect_shape(where, names[2], graph.weight(where, names[2]), (dirs, 6 * H))
+         if names[2]
+         else np.zeros((dirs, 6 * H), np.float32))
+    return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:]) for d in range(dirs)]
+
+
+def read_onnx(path: Path) -> dict[str, Stack]:
+    try:
+        import onnx
+    except ImportError:
+        raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
+    try:  # external data is read by qtool itself, each tensor checked first (onnx_external.py)
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf decode errors have several types
+        raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+    try:
+        return _read_graph(path, model)
+    except QtoolError:
+        raise
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError) as e:  # a malformed graph
+        raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
+
+
+def _opset(model) -> int:
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
+
+
+def _read_graph(path: Path, model) -> dict[str, Stack]:
+    from qtool.importers.onnx.check import run_onnx
+
+    graph = Graph(model.graph, str(path), Path(path).parent, _opset(model), model)
+    graph.fold_dequantized(model.graph, str(path))
+    grus = [n for n in graph.nodes if n.op_type == "GRU"]  # the Graph's node objects: Scope knows them by id
+    names = {id(n): n.name or f"GRU_{i}" for i, n in enumerate(grus)}
+    scope = Scope(graph, names)
+    stacks, chain = {}, []
+    for node in grus:
+        name = names[id(node)]
+        where = f"{path}: GRU node '{name}'"
+        if name in stacks:
+            raise QtoolError(f"{where}: two GRU nodes have this name; give them unique names")
+        dirs = _check_attributes(node, where)
+        notes = _check_inputs(graph, node, where)
+        cells = _cells(graph, node, dirs, where)
+        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, graph, [node]), took=[name],
+                             left_out=scope.left_out([node]), input_from=scope.input_from(node), notes=notes)
+        chain.append((node, cells))
+    if len(chain) > 1 and all(graph.feeds_next(a, b, len(ca), ca[0].R.shape[1])
+                              for (a, ca), (b, _) in zip(chain, chain[1:])):
+        nodes = [n for n, _ in chain]
+        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, graph, nodes),
+                           took=[names[id(n)] for n in nodes], left_out=scope.left_out(nodes),
+                           input_from=scope.input_from(nodes[0]),
+                           notes=[note for n in nodes for note in stacks[names[id(n)]].notes])
+    return stacks

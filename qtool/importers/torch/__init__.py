@@ -1,0 +1,1 @@
+"""PyTorch state dicts (`.pt`/`.pth`, `.safetensors`), fake-quant state, and the check against `nn.GRU`."""

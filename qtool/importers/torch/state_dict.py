@@ -1,0 +1,224 @@
+"""PyTorch `nn.GRU` state_dicts from `.pt`/`.pth` (weights_only) and `.safetensors`.
+
+PyTorch stores gates r | z | n; the canonical order is z | r | g, so blocks are reordered. Only
+the tensors named like nn.GRU's parameters are read, each checked for size and dtype first.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from qtool.core.model import GruCell
+from qtool.errors import QtoolError
+from qtool.importers.checks import (
+    as_float32,
+    check_archive,
+    check_size,
+    expect_shape,
+    hidden_from_recurrent,
+    quiet,
+    reason,
+)
+from qtool.importers.stack import Stack
+
+KEY = re.compile(r"^(?P<prefix>.*?)(?P<kind>weight_ih|weight_hh|bias_ih|bias_hh|weight_hr)_l(?P<layer>\d+)"
+                 r"(?P<rev>_reverse)?$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SAFETENSORS_FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
+
+
+ROOT = "root"  # the name of a GRU at the top of a state dict that also holds others
+
+
+def key_prefix(name: str) -> str:
+    """The state-dict key prefix of the GRU imported as `name` (read_torch's names)."""
+    return "" if name in ("", ROOT) else f"{name}."
+
+
+def rzn_to_zrg(a: np.ndarray) -> np.ndarray:
+    r, z, n = np.split(a, 3, axis=0)
+    return np.concatenate([z, r, n], axis=0)
+
+
+def _flatten(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_tensors(path: Path, fmt: str, keep=None, skipped: list | None = None) -> dict:
+    """The tensors of a state dict whose keys `keep` accepts (default: the GRU weights), as
+    numpy arrays, each checked for size first; only the GRU weights must be floating point.
+    The keys of the tensors not read are appended to `skipped`."""
+    skipped = [] if skipped is None else skipped
+    return _load_safetensors(path, keep, skipped) if fmt == "safetensors" else _load_pt(path, keep, skipped)
+
+
+def _is_gru_key(k: str) -> bool:
+    return KEY.match(k) is not None
+
+
+def _load_safetensors(path: Path, keep, skipped: list) -> dict:
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise QtoolError("reading .safetensors needs the 'safetensors' package "
+                         "(pip install safetensors)") from None
+    out = {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for k in f.keys():
+                if not (keep or _is_gru_key)(k):
+                    skipped.append(k)  # other tensors of the file are never read
+                    continue
+                sl = f.get_slice(k)
+                check_size(str(path), k, sl.get_shape())
+                if _is_gru_key(k) and sl.get_dtype() not in SAFETENSORS_FLOATS:
+                    raise QtoolError(f"{path}: tensor '{k}' has dtype {sl.get_dtype()}; GRU weights must "
+                                     "be real floating point (F16, F32 or F64)")
+                out[k] = f.get_tensor(k)
+    except QtoolError:
+        raise
+    except Exception as e:  # the library raises several types for corrupt files
+        raise QtoolError(f"{path}: not a readable safetensors file ({reason(e)})") from None
+    return out
+
+
+def _torch_error(path: Path, e: Exception) -> QtoolError:
+    """torch's unpickling errors are long and coloured: say in one line what the file holds."""
+    msg = ANSI.sub("", str(e))
+    save = "save the weights instead: torch.save(model.state_dict(), 'model.pt')"
+    if "TorchScript" in msg:  # loading one runs its code; its state dict holds the same weights
+        return QtoolError(f"{path}: a TorchScript archive (torch.jit.save), which holds code; qtool reads "
+                          f"weights only: torch.save(torch.jit.load('{path.name}').state_dict(), 'model.pt') "
+                          "and import that")
+    glob = re.search(r"GLOBAL ([\w.]+)", msg)
+    if glob:
+        return QtoolError(f"{path}: holds pickled Python objects ({glob[1]}), not only tensors; loading them "
+                          f"would run code from the file, which qtool does not do; {save}")
+    detail = re.search(r"WeightsUnpickler error:\s*(.+)", msg)
+    if detail:
+        return QtoolError(f"{path}: a pickle that PyTorch's weights-only loader refuses "
+                          f"({detail[1].strip()[:100]}), not a torch.save'd state_dict; {save}")
+    lines = msg.strip().splitlines()
+    return QtoolError(f"{path}: cannot load as a weights-only PyTorch file "
+                      f"({lines[0][:200] if lines else type(e).__name__})")
+
+
+def _load_pt(path: Path, keep, skipped: list) -> dict:
+    try:
+        import torch
+    except ImportError:
+        raise QtoolError("reading .pt/.pth files needs PyTorch (pip install torch==2.13.0, the CPU "
+                         "build); or export the state_dict to .safetensors") from None
+    mmap = zipfile.is_zipfile(path)  # torch's zip format: tensors are mapped, only the GRU's are read
+    if mmap:
+        try:
+            with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
+                check_archive(path, z, {i.filename for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED})
+        except QtoolError:
+            raise
+        except Exception as e:  # zipfile raises several types for corrupt directories
+            raise QtoolError(f"{path}: not a readable PyTorch file ({reason(e)})") from None
+    try:
+        with quiet():
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # unpickling errors come in many types
+        raise _torch_error(path, e) from None
+    if not isinstance(obj, dict):
+        raise QtoolError(f"{path}: expected a state_dict (a dict of tensors), got {type(obj).__name__}")
+    out = {}
+    for k, v in _flatten(obj).items():
+        if not ((keep or _is_gru_key)(k) and isinstance(v, torch.Tensor)):
+            skipped.append(k)
+            continue
+        check_size(str(path), k, v.shape)
+        if v.layout != torch.strided or v.is_quantized or v.is_complex():
+            raise QtoolError(f"{path}: tensor '{k}' is {v.dtype} ({v.layout}); expected dense real numbers")
+        if _is_gru_key(k) and not v.dtype.is_floating_point:
+            raise QtoolError(f"{path}: tensor '{k}' is {v.dtype}; GRU weights must be real floating point")
+        out[k] = v.detach().to(torch.float32 if v.dtype.is_floating_point else torch.int64).numpy()
+    return out
+
+
+def _layer_cell(parts: dict, l: int, rev: bool, where: str) -> tuple[GruCell, int]:
+    """One direction of one layer from its nn.GRU tensors, every shape checked against H."""
+    sfx = f"_l{l}" + ("_reverse" if rev else "")
+    got = {kind: parts.get((l, rev, kind)) for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+    for kind in ("weight_ih", "weight_hh"):
+        if got[kind] is None:
+            raise QtoolError(f"{where} lacks {kind}{sfx}")
+    if (got["bias_ih"] is None) != (got["bias_hh"] is None):
+        raise QtoolError(f"{where} has only one of bias_ih{sfx} and bias_hh{sfx}")
+    H = hidden_from_recurrent(where, f"weight_hh{sfx}", got["weight_hh"])
+    w_ih = got["weight_ih"]
+    if w_ih.ndim != 2 or w_ih.shape[0] != 3 * H:
+        raise QtoolError(f"{where}: tensor 'weight_ih{sfx}' has shape {tuple(w_ih.shape)}, expected "
+                         f"[{3 * H}, C] (H={H})")
+    b = [np.zeros(3 * H, np.float32) if got[k] is None else expect_shape(where, k + sfx, got[k], (3 * H,))
+         for k in ("bias_ih", "bias_hh")]
+    return GruCell(rzn_to_zrg(w_ih), rzn_to_zrg(got["weight_hh"]), rzn_to_zrg(b[0]), rzn_to_zrg(b[1])), H
+
+
+def gru_layers(state: dict, where: str) -> list:
+    """The layers of one nn.GRU from its state dict (names without the module prefix), as float
+    arrays; gates reordered to z | r | g, every shape checked."""
+    parts = {}
+    for k, a in state.items():
+        m = KEY.match(k)
+        parts[(int(m["layer"]), bool(m["rev"]), m["kind"])] = a
+    if any(k[2] == "weight_hr" for k in parts):
+        raise QtoolError(f"{where} has projection weights (weight_hr): an LSTM with proj_size, not a GRU")
+    bidir = any(k[1] for k in parts)
+    layers, hidden = [], set()
+    for l in range(1 + max(k[0] for k in parts)):
+        cells = []
+        for rev in (False, True) if bidir else (False,):
+            cell, H = _layer_cell(parts, l, rev, where)
+            cells.append(cell)
+            hidden.add(H)
+        layers.append(cells)
+    if len(hidden) > 1:  # nn.GRU has one hidden size: such a file was not written by it
+        raise QtoolError(f"{where}: layers have different hidden sizes {sorted(hidden)}; not an nn.GRU")
+    return layers
+
+
+def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
+    from qtool.importers.torch.check import run_torch
+
+    skipped: list[str] = []
+    tensors = load_tensors(path, fmt, skipped=skipped)
+    groups: dict[str, dict] = {}
+    for key, val in tensors.items():
+        m = KEY.match(key)
+        groups.setdefault(m["prefix"].rstrip("."), {})[key[len(m["prefix"]):]] = val
+    from qtool.importers.torch.slots import SLOT
+
+    others = modules([k for k in skipped if not SLOT.match(k)])  # quantizers are read as ranges
+    out = {}
+    for prefix, state in groups.items():
+        where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
+        name = ROOT if not prefix and len(groups) > 1 else prefix  # "" means "the only GRU"
+        state = {k: as_float32(where, k, v) for k, v in state.items()}
+        rest = [f"{p or ROOT} (GRU)" for p in groups if p != prefix]
+        # a state dict does not say what feeds the GRU: input_from stays unknown (None)
+        out[name] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state),
+                          took=[prefix or ROOT], left_out=rest + others)
+    return out
+
+
+def modules(keys: list[str]) -> list[str]:
+    """The modules a state dict holds besides its GRUs, as `"name (N tensors)"`, in file order."""
+    count: dict[str, int] = {}
+    for k in keys:
+        count[k.rpartition(".")[0] or k] = count.get(k.rpartition(".")[0] or k, 0) + 1
+    return [f"{m} ({n} tensor{'s' * (n != 1)})" for m, n in count.items()]

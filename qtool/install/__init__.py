@@ -1,0 +1,1 @@
+"""Install-time compilation of the CPU kernels and the seeding of a user's numba cache from them."""

@@ -1,0 +1,1 @@
+"""Files: outputs written safely, sequence data read in chunks, simulation results."""

@@ -1,0 +1,451 @@
+"""Output files written safely, and loading of sequence data (.npy, .npz, .h5).
+
+Outputs: a file is written to a temporary name next to its destination and renamed into place
+only when complete, with the permissions a plain write would give it; a full disk, a read-only
+directory or a signal leaves nothing behind. An existing file is replaced only when qtool wrote
+it (and the user said so); an output that is one of the command's inputs is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import hashlib
+import io
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import STOP_SIGNALS, QtoolError
+
+MAX_IN_MEMORY_BYTES = 4 << 30  # an .npz array is read whole: beyond this, ask for .npy / .h5
+MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence
+# A text file qtool wrote says so in its first lines; an HDF5 file in its "format" attribute.
+TEXT_MARK = b"qtool"
+HEAD_BYTES = 4096
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (provenance of models, data and results)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def now_utc() -> str:
+    """This moment in UTC, to the second, ISO 8601."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _ensure_parent(dest: Path) -> Path:
+    parent = dest.parent if str(dest.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, parent, "creating")) from None
+    return parent
+
+
+def _mount_point(path: Path) -> Path:
+    p = path.resolve()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def os_error_message(e: OSError, path: Path, doing: str = "writing") -> str:
+    """One line for an operating-system error on `path` (h5py's errors carry the errno in text)."""
+    text = str(e)
+    code = e.errno
+    if code is None:
+        for c in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+            if os.strerror(c) in text or f"errno = {c}," in text:
+                code = c
+                break
+    if code == errno.ENOSPC:
+        return f"no space left on {_mount_point(path.parent)} {doing} {path}"
+    if code == errno.EDQUOT:
+        return f"disk quota exceeded on {_mount_point(path.parent)} {doing} {path}"
+    if code == errno.EROFS:
+        return f"read-only file system: cannot write {path}"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"permission denied {doing} {path}"
+    if code in (errno.EEXIST, errno.ENOTDIR):  # a file stands where a directory must go
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            return f"cannot write {path}: {blocker} is a file, not a directory"
+    reason = e.strerror or text.split("(")[0].strip() or type(e).__name__
+    return f"cannot write {path}: {reason}"
+
+
+def _default_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def written_by_qtool(path: Path) -> bool:
+    """Whether an existing file is one qtool wrote: a qtool HDF5 file, or a text file that names
+    qtool in its first lines (every text output qtool writes does)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError:
+        return False
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                return str(f.attrs.get("format", "")).startswith("qtool-")
+        except (OSError, ValueError):
+            return False
+    return TEXT_MARK in head
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
+                 confirm: Callable[[str], bool] | None = None) -> Path:
+    """Check that `path` may be written: it is none of `inputs`, not a directory, and if it
+    exists, qtool wrote it and the user agreed (`force`, or `confirm(question)` at a terminal)."""
+    path = Path(path)
+    for i in inputs:
+        if i is not None and (_same_file(path, Path(i)) or path.resolve() == Path(i).resolve()):
+            raise QtoolError(f"output {path} is also an input of this command; choose another name")
+    if path.is_dir():
+        raise QtoolError(f"output path is a directory: {path}")
+    probe_writable(path)
+    if path.exists() or path.is_symlink():
+        if not written_by_qtool(path):
+            raise QtoolError(f"{path} exists and was not written by qtool; it is left alone "
+                             "(remove it yourself or choose another output)")
+        if not force:
+            if confirm is None:
+                raise QtoolError(f"{path} exists; use --force to overwrite it")
+            if not confirm(f"{path} exists. Overwrite?"):
+                raise QtoolError(f"{path} exists and was not overwritten")
+    return path
+
+
+def probe_writable(path: Path) -> None:
+    """Refuse now, not after minutes of work, an output whose folder cannot take a file: create
+    and remove a temporary in the nearest existing folder (a read-only mount, no permission, a
+    file where a folder must go). Nothing is created that stays."""
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise QtoolError(f"cannot write {path}: {existing} is a file, not a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=existing)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, path)) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds.
+
+    A failure anywhere (an error, a full disk, a signal) leaves neither a partial file nor the
+    temporary behind. The file gets the mode a plain write would give it.
+    """
+    dest = Path(dest)
+    parent = _ensure_parent(dest)
+    if dest.is_dir():
+        raise QtoolError(f"output path is a directory: {dest}")
+    # signals wait until the temporary is in the `finally`'s care: one between its creation
+    # and the `try` would leave it behind
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        raise QtoolError(os_error_message(e, dest)) from None
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        try:
+            yield tmp_path
+            mode = dest.stat().st_mode & 0o7777 if dest.exists() else _default_mode()
+            os.chmod(tmp_path, mode)
+            os.replace(tmp_path, dest)
+        except OSError as e:
+            raise QtoolError(os_error_message(e, dest)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+
+
+def write_bytes(dest: str | os.PathLike, data: bytes) -> None:
+    """Write a whole file atomically."""
+    with atomic_path(dest) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def h5_bytes(fill: Callable) -> bytes:
+    """Build an HDF5 file in memory with `fill(h5py.File)`: writing it to disk is then one plain
+    write, whose errors (a full disk) are clean, unlike HDF5's own I/O."""
+    import h5py
+
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        fill(f)
+    return buf.getvalue()
+
+
+def write_h5(dest: str | os.PathLike, fill: Callable) -> None:
+    """Write an HDF5 file built by `fill(h5py.File)` atomically."""
+    write_bytes(dest, h5_bytes(fill))
+
+
+def check_free_space(dest: Path, nbytes: int) -> None:
+    """Refuse before starting a long write that cannot fit on the disk."""
+    parent = _ensure_parent(dest)
+    free = shutil.disk_usage(parent).free
+    if nbytes > free:
+        raise QtoolError(f"no space left on {_mount_point(parent)} for {dest}: it needs about "
+                         f"{nbytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free")
+
+
+def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool,
+                confirm: Callable[[str], bool] | None = None, inputs: Iterable = ()) -> list[str]:
+    """Write several files into `out_dir` (created if needed), replacing only files of these
+    names that qtool wrote; every other file in the directory is left as it is. All files are
+    staged as temporaries first and renamed into place together. Returns the replaced names."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise QtoolError(f"output path exists and is not a directory: {out_dir}")
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, out_dir, "creating")) from None
+    try:
+        return _write_into(out_dir, files, force, confirm, inputs)
+    except BaseException:  # a refusal, a full disk, a signal: no folder of ours stays behind either
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only empty folders go: what another process put there stays
+        raise
+
+
+def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable) -> list[str]:
+    targets = {name: out_dir / name for name in files}
+    for p in targets.values():
+        for i in inputs:
+            if i is not None and _same_file(p, Path(i)):
+                raise QtoolError(f"output {p} is also an input of this command")
+    foreign = [n for n, p in targets.items() if (p.exists() or p.is_symlink()) and not written_by_qtool(p)]
+    if foreign:
+        raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left "
+                         "alone (move them or choose another directory or --name)")
+    existing = [n for n, p in targets.items() if p.exists()]
+    if existing and not force and not (confirm and confirm(
+            f"{out_dir}: replace {', '.join(existing)}? (other files stay as they are)")):
+        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}; use --force to replace them")
+    with contextlib.ExitStack() as stack:  # renames every file into place as it unwinds
+        for name, data in files.items():
+            tmp = stack.enter_context(atomic_path(targets[name]))
+            with open(tmp, "wb") as f:
+                f.write(data)
+    return existing
+
+
+def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
+    if dataset is not None:
+        if dataset not in names:
+            raise QtoolError(f"{path}: no array '{dataset}' (has: {', '.join(names) or 'none'})")
+        return dataset
+    if len(names) == 1:
+        return names[0]
+    if "x" in names:
+        return "x"
+    raise QtoolError(f"{path}: holds several arrays ({', '.join(names)}); choose one with --dataset")
+
+
+def _check_npz_member(path: Path, name: str) -> None:
+    """Before numpy allocates an array from a .npz member, check that its header's size is what
+    the member holds and that it fits in memory (an archive can claim any size)."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(f"{name}.npy")
+        with z.open(info) as f:
+            major, _ = npy.read_magic(f)
+            shape, _, dtype = (npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0)(f)
+            header = f.tell() if f.seekable() else 128
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need > info.file_size - header + 64 or need < info.file_size - header - 4096:
+        raise QtoolError(f"{path}: array '{name}' claims {need} bytes but its entry holds "
+                         f"{info.file_size}; the file is corrupt")
+    if need > MAX_IN_MEMORY_BYTES:
+        raise QtoolError(f"{path}: array '{name}' is {need / 2**30:.1f} GiB; .npz arrays are read whole, "
+                         "so save data this large as .npy or .h5 (both are streamed)")
+
+
+def _h5_datasets(f) -> list[str]:
+    import h5py
+
+    names: list[str] = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    return names
+
+
+class NpyFile:
+    """A C-order .npy file read with plain file reads, a slice at a time. Unlike a memory map, the
+    pages read do not stay in the process's resident set, so memory stays bounded by the chunk
+    however large the file. Supports `a[i:j]` and `a[:, i:j]`."""
+
+    def __init__(self, path: Path):
+        from numpy.lib import format as npy
+
+        with open(path, "rb") as f:
+            major, _ = npy.read_magic(f)
+            read_header = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
+            self.shape, self.fortran, self.dtype = read_header(f)
+            self.offset = f.tell()
+        self.path = path
+        need = self.offset + int(np.prod(self.shape)) * self.dtype.itemsize
+        if path.stat().st_size < need:
+            raise ValueError(f"file is truncated ({path.stat().st_size} of {need} bytes)")
+
+    def _read(self, f, first: int, count: int) -> np.ndarray:
+        f.seek(self.offset + first * self.dtype.itemsize)
+        return np.fromfile(f, self.dtype, count)
+
+    def __getitem__(self, key) -> np.ndarray:
+        rows = int(np.prod(self.shape[1:]))
+        with open(self.path, "rb") as f:
+            if isinstance(key, slice):  # a[i:j]: one contiguous block
+                i, j, _ = key.indices(self.shape[0])
+                return self._read(f, i * rows, max(j - i, 0) * rows).reshape((max(j - i, 0), *self.shape[1:]))
+            _, sl = key  # a[:, i:j]: one block per leading index
+            i, j, _ = sl.indices(self.shape[1])
+            inner = int(np.prod(self.shape[2:]))
+            parts = []
+            for t in range(self.shape[0]):
+                parts.append(self._read(f, (t * self.shape[1] + i) * inner, max(j - i, 0) * inner))
+            return np.stack(parts).reshape((self.shape[0], max(j - i, 0), *self.shape[2:]))
+
+
+def open_sequences(
+    path: str | os.PathLike, dataset: str | None = None, time_first: bool = False
+) -> np.ndarray | object:
+    """Open a sequence data file lazily: a .npy read by slices, an h5py dataset or an array.
+
+    The returned object supports `.shape` and slicing along the first axis; call `read_chunk`
+    to get validated float32 batches `[n, T, C]`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QtoolError(f"data file not found: {path}")
+    if path.stat().st_size == 0:
+        raise QtoolError(f"data file is empty: {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            arr = NpyFile(path)
+            if arr.fortran or arr.dtype.hasobject:  # rare layouts: numpy's own (mapped) reader
+                arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                name = _pick_npz(z.files, dataset, path)
+                _check_npz_member(path, name)
+                arr = z[name]  # reads only the array asked for
+        elif suffix in (".h5", ".hdf5"):
+            import h5py
+
+            f = h5py.File(path, "r")
+            names = _h5_datasets(f)
+            if dataset is None:
+                if len(names) != 1:
+                    raise QtoolError(
+                        f"{path}: holds {len(names)} datasets ({', '.join(names[:6])}); "
+                        "choose one with --dataset"
+                    )
+                dataset = names[0]
+            if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
+                raise QtoolError(f"{path}: no dataset '{dataset}' (has: {', '.join(names)})")
+            arr = f[dataset]
+        else:
+            raise QtoolError(f"{path}: unknown data format '{suffix}' (use .npy, .npz or .h5)")
+    except QtoolError:
+        raise
+    except (OSError, ValueError) as e:
+        raise QtoolError(f"{path}: cannot read data file ({e})") from None
+    return SequenceData(arr, time_first, str(path))
+
+
+def check_array(arr, name: str) -> None:
+    """Sequence data must be a non-empty numeric 3-D array."""
+    if len(arr.shape) != 3:
+        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with --time-first), "
+                         f"got shape {tuple(arr.shape)}")
+    if min(arr.shape) == 0:
+        raise QtoolError(f"{name}: data has an empty dimension, shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "fiu":
+        raise QtoolError(f"{name}: data must be numeric, got dtype {arr.dtype}")
+
+
+class SequenceData:
+    """A lazily read `[N, T, C]` view of a data file, read in chunks of sequences."""
+
+    def __init__(self, arr, time_first: bool, name: str):
+        check_array(arr, name)
+        self.arr = arr
+        self.time_first = time_first
+        self.name = name
+        shape = tuple(int(n) for n in arr.shape)
+        self.shape = (shape[1], shape[0], shape[2]) if time_first else shape
+        if self.shape[1] * self.shape[2] > MAX_SEQUENCE_VALUES:
+            raise QtoolError(f"{name}: one sequence holds {self.shape[1]} x {self.shape[2]} values, more "
+                             f"than qtool accepts ({MAX_SEQUENCE_VALUES}); check the layout (--time-first?)")
+
+    @property
+    def num_sequences(self) -> int:
+        return self.shape[0]
+
+    def check_features(self, input_size: int) -> None:
+        if self.shape[2] != input_size:
+            raise QtoolError(
+                f"{self.name}: feature size {self.shape[2]} does not match the model's input size "
+                f"{input_size} (data shape {self.shape} read as [N, T, C])"
+            )
+
+    def chunk(self, start: int, stop: int) -> np.ndarray:
+        """Sequences [start, stop) as float32 `[n, T, C]`, refusing NaN and Inf."""
+        part = self.arr[:, start:stop] if self.time_first else self.arr[start:stop]
+        x = np.asarray(part, dtype=np.float32)
+        if self.time_first:
+            x = x.transpose(1, 0, 2)
+        if not np.all(np.isfinite(x)):
+            bad = int(np.argmax(~np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)))
+            raise QtoolError(f"{self.name}: sequence {start + bad} contains NaN or Inf")
+        return np.ascontiguousarray(x)
+
+    def chunks(self, size: int, limit: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        n = self.num_sequences if limit is None else min(limit, self.num_sequences)
+        for start in range(0, n, size):
+            yield start, self.chunk(start, min(start + size, n))

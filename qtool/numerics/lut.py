@@ -1,0 +1,58 @@
+"""Sigmoid and tanh as integer tables, from one quantized domain to another.
+
+Inputs up to LUT_INDEX_BITS wide get the exact table, directly indexed (256 entries for int8).
+Wider inputs get knots every 2^shift inputs, shift = bits_in - LUT_INDEX_BITS, evaluated by
+linear interpolation in integers (`intops.lut_eval`); its max error against the exact table is
+measured over every input and stored with the model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from qtool.numerics.intops import lut_eval
+from qtool.numerics.qparams import qrange, round_half_up
+
+LUT_INDEX_BITS = 10  # 1025 knots for int16 inputs: 2 KiB per int16 table
+# (table, function, input tensor, output tensor) of the three gates
+GATES = (("lut_z", "sigmoid", "z_pre", "z_out"), ("lut_r", "sigmoid", "r_pre", "r_out"),
+         ("lut_g", "tanh", "g_pre", "g_out"))
+
+
+def sigmoid(v):
+    with np.errstate(over="ignore"):  # exp(-v) overflows to inf for v << 0: sigmoid is 0 there
+        return 1.0 / (1.0 + np.exp(-v))
+
+
+FUNCS = {"sigmoid": sigmoid, "tanh": np.tanh}
+
+
+def exact_outputs(func: str, q_in: np.ndarray, e_in: int, zp_in: int,
+                  bits_out: int, e_out: int, zp_out: int) -> np.ndarray:
+    """The correctly rounded, saturated output integer for each input integer."""
+    x = np.ldexp(np.asarray(q_in, np.float64) - zp_in, -e_in)
+    qmin, qmax = qrange(bits_out)
+    return np.clip(round_half_up(np.ldexp(FUNCS[func](x), e_out)) + zp_out, qmin, qmax).astype(np.int64)
+
+
+def build_lut(func: str, bits_in: int, e_in: int, zp_in: int,
+              bits_out: int, e_out: int, zp_out: int) -> tuple[np.ndarray, int, float]:
+    """Return (table, shift, max_error_lsb) mapping q_in - qmin_in to q_out."""
+    shift = max(0, bits_in - LUT_INDEX_BITS)
+    qmin_in, _ = qrange(bits_in)
+    knots = qmin_in + (np.arange((1 << (bits_in - shift)) + 1, dtype=np.int64) << shift)
+    table = exact_outputs(func, knots, e_in, zp_in, bits_out, e_out, zp_out)
+    q_all = np.arange(qmin_in, qmin_in + (1 << bits_in), dtype=np.int64)
+    exact = exact_outputs(func, q_all, e_in, zp_in, bits_out, e_out, zp_out)
+    approx = _eval_all(table, shift, q_all - qmin_in)
+    return table, shift, float(np.abs(approx - exact).max())
+
+
+@njit(cache=True)
+def _eval_all(table, shift, u):
+    """`lut_eval` at every input: the error is measured on the function the engines run."""
+    out = np.empty(u.size, np.int64)
+    for k in range(u.size):
+        out[k] = lut_eval(table, u[k], shift)
+    return out

@@ -1,0 +1,96 @@
+"""Every shift and constant of the integer GRU, derived from the spec in this one place (the
+seed's `setRescaleParam`). Engines and exporters only read what `derive` returns.
+
+A ratio of scales S_a * S_b / S_c = 2^-(e_a + e_b - e_c) becomes a rounding right shift by
+`e_a + e_b - e_c` (a left shift when negative).
+
+Scalars go into one int64 vector `P` (names in PARAMS, indices as constants below); per-channel
+values into `CH [len(CHANNEL_ROWS), 3H]`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qtool.core.tensors import CHANNEL_ROWS, PARAMS
+from qtool.errors import QtoolError
+from qtool.numerics.qparams import qrange, round_half_up
+
+# unpacked so that numba and CUDA see plain integer constants
+(ZP_X, ZP_H, ZP_WX, ZP_RH, ZP_Z_PRE, ZP_R_PRE, ZP_G_PRE, ZP_Z_OUT, ZP_R_OUT,
+ ZP_G_OUT, ZP_RH_ADD_BR, ZP_RRH, ZP_OLD_CONTRIB, ZP_NEW_CONTRIB,
+ SH_WX_Z_PRE, SH_RH_Z_PRE, SH_WX_R_PRE, SH_RH_R_PRE, SH_RH_RH_ADD_BR, SH_RRH,
+ SH_WX_G_PRE, SH_RRH_G_PRE, SH_OLD_CONTRIB, SH_NEW_CONTRIB, SH_OLD_CONTRIB_H,
+ SH_NEW_CONTRIB_H,
+ Q_1_IN_Z_SCALE,
+ LO_WX, HI_WX, LO_RH, HI_RH, LO_Z_PRE, HI_Z_PRE, LO_R_PRE, HI_R_PRE,
+ LO_G_PRE, HI_G_PRE, LO_Z_OUT, HI_Z_OUT, LO_R_OUT, HI_R_OUT, LO_G_OUT, HI_G_OUT,
+ LO_RH_ADD_BR, HI_RH_ADD_BR, LO_RRH, HI_RRH, LO_OLD_CONTRIB, HI_OLD_CONTRIB,
+ LO_NEW_CONTRIB, HI_NEW_CONTRIB, LO_H, HI_H,
+ LUT_SHIFT_Z, LUT_SHIFT_R, LUT_SHIFT_G) = range(len(PARAMS))
+
+(CH_SH_W, CH_W_SUM_MUL_X_ZP, CH_SH_R, CH_R_SUM_MUL_H_ZP, CH_QBX, CH_QBR, CH_SH_BX,
+ CH_SH_BR) = range(len(CHANNEL_ROWS))
+
+SATURATED = ("Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out", "Rh_add_br",
+             "rRh", "old_contrib", "new_contrib", "h")
+MAX_RIGHT, MAX_LEFT = 62, 24  # right shifts beyond 62 or left beyond 24 mean broken ranges
+
+
+def sum_mul_zp(q_w: np.ndarray, zp: int) -> np.ndarray:
+    """Zero-point compensation: sum_k q_w[c, k] (q_in[k] - zp) = (q_w @ q_in)[c] - zp * sum_k q_w[c, k]."""
+    return zp * np.asarray(q_w, np.int64).sum(axis=1)
+
+
+def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.ndarray,
+           lut_shifts: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Build (P, CH) for one layer direction from its spec (name -> TensorQ) and integer weights."""
+    e = {n: spec[n].exp2_inv for n in spec}
+    zp = {n: spec[n].zp for n in spec}
+    H = qR.shape[1]
+    p = {f"zp_{n}": zp[n] for n in ("x", "h", "Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out",
+                                    "r_out", "g_out", "Rh_add_br", "rRh", "old_contrib",
+                                    "new_contrib")}
+    p.update(
+        sh_Wx_z_pre=e["Wx"] - e["z_pre"], sh_Rh_z_pre=e["Rh"] - e["z_pre"],
+        sh_Wx_r_pre=e["Wx"] - e["r_pre"], sh_Rh_r_pre=e["Rh"] - e["r_pre"],
+        sh_Rh_Rh_add_br=e["Rh"] - e["Rh_add_br"],
+        sh_rRh=e["r_out"] + e["Rh_add_br"] - e["rRh"],
+        sh_Wx_g_pre=e["Wx"] - e["g_pre"], sh_rRh_g_pre=e["rRh"] - e["g_pre"],
+        sh_old_contrib=e["z_out"] + e["h"] - e["old_contrib"],
+        sh_new_contrib=e["z_out"] + e["g_out"] - e["new_contrib"],
+        sh_old_contrib_h=e["old_contrib"] - e["h"], sh_new_contrib_h=e["new_contrib"] - e["h"],
+        # q_1 = round(1.0 * 2^exp2_inv_z_out) + zp_z_out
+        q_1_in_z_scale=int(round_half_up(np.ldexp(1.0, e["z_out"]))) + zp["z_out"],
+        lut_shift_z=lut_shifts[0], lut_shift_r=lut_shifts[1], lut_shift_g=lut_shifts[2],
+    )
+    for n in SATURATED:
+        p[f"lo_{n}"], p[f"hi_{n}"] = qrange(spec[n].bits)
+    P = np.array([p[name] for name in PARAMS], np.int64)
+
+    gate = np.repeat(np.arange(3), H)  # 0: z, 1: r, 2: g block of the 3H axis
+    bx_target = np.array([e["z_pre"], e["r_pre"], e["g_pre"]])[gate]
+    br_target = np.array([e["z_pre"], e["r_pre"], e["Rh_add_br"]])[gate]
+    rows = {
+        "sh_W": spec["W"].exp2_inv + e["x"] - e["Wx"],
+        "W_sum_mul_x_zp": sum_mul_zp(qW, zp["x"]),
+        "sh_R": spec["R"].exp2_inv + e["h"] - e["Rh"],
+        "R_sum_mul_h_zp": sum_mul_zp(qR, zp["h"]),
+        "qbx": qbx, "qbr": qbr,
+        "sh_bx": spec["bx"].exp2_inv - bx_target,
+        "sh_br": spec["br"].exp2_inv - br_target,
+    }
+    CH = np.stack([np.asarray(rows[r], np.int64) for r in CHANNEL_ROWS])
+    _check_shifts(P, CH)
+    return P, CH
+
+
+def _check_shifts(P: np.ndarray, CH: np.ndarray) -> None:
+    shifts = [(n, int(P[i])) for i, n in enumerate(PARAMS) if n.startswith("sh_")]
+    for r in ("sh_W", "sh_R", "sh_bx", "sh_br"):
+        row = CH[CHANNEL_ROWS.index(r)]
+        shifts += [(r, int(row.min())), (r, int(row.max()))]
+    for name, s in shifts:
+        if s > MAX_RIGHT or s < -MAX_LEFT:
+            raise QtoolError(f"shift {name} = {s} is out of range; the calibrated ranges are "
+                             "inconsistent (check the calibration data)")

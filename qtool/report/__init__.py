@@ -1,0 +1,1 @@
+"""The offline HTML report: its data and its page."""

@@ -1,0 +1,1 @@
+"""Simulation: the integer GRU beside the float one over data in chunks, and the distances between them."""
