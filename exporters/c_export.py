@@ -1,17 +1,19 @@
 """`qtool export c`: C99 headers with the integer parameters and a portable integer GRU.
 
-Writes into DIR: qgru.h / qgru.c (the runtime, copied verbatim), NAME_params.h / NAME_params.c
-(the tables: declared in the header, defined once), NAME.h / NAME.c (the model: prefix quantize,
-integer core, suffix dequantize; streaming and whole-sequence APIs; the cell is
-c_runtime/qgru_cell.c.in in the integer types qtool/numerics/interval.py proves enough). Reads the
-quantized model only; never recomputes numerics.
+`render_c` gives the files by name: qgru.h / qgru.c (the runtime, as stored), NAME_params.h /
+NAME_params.c (the tables: declared in the header, defined once), NAME.h / NAME.c (the model:
+prefix quantize, integer core, suffix dequantize; streaming and whole-sequence APIs; the cell is
+c_runtime/qgru_cell.c.in in the integer types qtool/numerics/interval.py proves enough), with the
+footprint, which `footprint` alone computes from the quantized model (what the advisor counts).
+Neither writes a file: qtool.api.export_c writes the rendered files (`export_c` here is a plain
+writer for tests and scripts). Reads the quantized model only; never recomputes numerics.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from qtool.exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h
@@ -41,9 +43,14 @@ class Footprint:
         return self.weight_bytes + self.bias_bytes + self.table_bytes + self.other_bytes
 
 
-def _cell_tables(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes,
-                 fp: Footprint) -> tuple[list[tuple[str, str]], str]:
-    """The tables of one cell (declaration, definition) and its cell_t initializer."""
+class _Cell(NamedTuple):
+    p: str            # the prefix of its tables' names
+    tables: list      # (C type, name, values) of every table, in the order defined
+    init: str         # its cell_t initializer
+
+
+def _cell(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes) -> _Cell:
+    """The tables of one cell and its cell_t initializer."""
     cq = qm.cells[l][d]
     offset = ty.offsets[l][d]
     p = f"{prefix}_l{l}_{DIRECTIONS[d]}"
@@ -58,67 +65,110 @@ def _cell_tables(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes,
         table = not offset and rows[r].any()
         if table:
             tables.append((t, r, rows[r]))
-            fp.offset_saves += rows[r].size * SIZES[t]
         comps.append(f"{p}_{r}" if table and t == "int32_t" else "NULL")
         if ty.comp64[k]:
             comps.append(f"{p}_{r}" if table and t == "int64_t" else "NULL")
     tables += [("int32_t", "P", cq.P)] + [(ty.lut_t, k, cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
-    out = []
-    for t, name, v in tables:
-        out.append(c_table(t, f"{p}_{name}", v))
-        nbytes = np.size(v) * SIZES[t]
-        if name in ("qW", "qR"):
-            fp.weight_bytes += nbytes
-        elif name.startswith("b_"):
-            fp.bias_bytes += nbytes
-        elif name.startswith("lut_"):
-            fp.table_bytes += nbytes
-        else:
-            fp.other_bytes += nbytes
-    fp.int8_weight_bytes += cq.qW.size + cq.qR.size
     H, C = cq.qR.shape[1], cq.qW.shape[1]
-    fp.macs_per_step += 3 * H * (C + H)
     init = (f"    {{{C}, {H}, {int(offset)}, {p}_qW, {p}_qR, {p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, "
             f"{p}_sh_R, {', '.join(comps)}, {p}_P, {p}_lut_z, {p}_lut_r, {p}_lut_g}}")
-    return out, init
+    return _Cell(p, tables, init)
 
 
-def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table",
-             fully_integral: bool = True) -> Footprint:
-    """Write the C sources for `qm` into `out_dir` (which must exist). `compensation`: "table"
-    stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds the GEMMs x - zp_x
-    and h - zp_h instead (no tables; see NAME_params.h). `fully_integral`: refuse a core with a
-    floating-point operation (in the program after qtool.numerics.passes, and in the C written)."""
-    if compensation not in COMPENSATION:
-        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
-    prefix = c_name(name)
-    ty = model_types(qm, compensation)
-    fp = Footprint(passes=report(run_passes(qm, fully_integral)))
-    tables, inits = [], []
-    for l, cells in enumerate(qm.cells):
-        for d in range(len(cells)):
-            t, i = _cell_tables(qm, l, d, prefix, ty, fp)
-            tables += t
-            inits.append(i)
-    hidden = [cells[0].hidden_size for cells in qm.cells]
+def _cells(qm: QuantModel, prefix: str, ty: ModelTypes) -> list[_Cell]:
+    return [_cell(qm, l, d, prefix, ty) for l, cells in enumerate(qm.cells) for d in range(len(cells))]
+
+
+def _count(qm: QuantModel, ty: ModelTypes, cells: list[_Cell], passes: dict) -> Footprint:
+    """The footprint of the tables `cells` hold (bytes by kind), the streaming RAM and the MACs."""
+    fp = Footprint(passes=passes)
+    for cq, cell in zip([cq for row in qm.cells for cq in row], cells):
+        for t, name, v in cell.tables:
+            nbytes = np.size(v) * SIZES[t]
+            if name in ("qW", "qR"):
+                fp.weight_bytes += nbytes
+            elif name.startswith("b_"):
+                fp.bias_bytes += nbytes
+            elif name.startswith("lut_"):
+                fp.table_bytes += nbytes
+            else:
+                fp.other_bytes += nbytes
+            if name in ("W_sum_mul_x_zp", "R_sum_mul_h_zp"):
+                fp.offset_saves += nbytes
+        fp.int8_weight_bytes += cq.qW.size + cq.qR.size
+        H, C = cq.qR.shape[1], cq.qW.shape[1]
+        fp.macs_per_step += 3 * H * (C + H)
+    hidden = [row[0].hidden_size for row in qm.cells]
     state = sum(h * qm.model.num_directions for h in hidden)
     fp.ram_bytes = (state + max(hidden)) * SIZES[ty.q_t]
+    return fp
+
+
+def _types(qm: QuantModel, compensation: str) -> ModelTypes:
+    if compensation not in COMPENSATION:
+        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
+    return model_types(qm, compensation)
+
+
+def footprint(qm: QuantModel, compensation: str = "table", fully_integral: bool = True) -> Footprint:
+    """The footprint of `qm`'s C export (what `render_c` reports), computed without rendering."""
+    ty = _types(qm, compensation)
+    return _count(qm, ty, _cells(qm, "m", ty), report(run_passes(qm, fully_integral)))
+
+
+@dataclass
+class CExport:
+    """A rendered C export: its files by name (the runtime's as bytes, the generated ones as
+    text) and its footprint."""
+
+    prefix: str
+    files: dict[str, bytes | str]
+    footprint: Footprint
+
+    def encoded(self) -> dict[str, bytes]:
+        """The files as the bytes to write, by name in sorted order."""
+        return {n: f if isinstance(f, bytes) else f.encode() for n, f in sorted(self.files.items())}
+
+
+def render_c(qm: QuantModel, name: str, compensation: str = "table", fully_integral: bool = True) -> CExport:
+    """The C sources for `qm`, their identifiers and files prefixed with c_name(`name`).
+    `compensation`: "table" stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds
+    the GEMMs x - zp_x and h - zp_h instead (no tables; see NAME_params.h). `fully_integral`:
+    refuse a core with a floating-point operation (in the program after qtool.numerics.passes,
+    and in the C rendered)."""
+    prefix = c_name(name)
+    ty = _types(qm, compensation)
+    passes = report(run_passes(qm, fully_integral))
+    cells = _cells(qm, prefix, ty)
+    fp = _count(qm, ty, cells, passes)
+    tables = [c_table(t, f"{cell.p}_{n}", v) for cell in cells for t, n, v in cell.tables]
+    inits = [cell.init for cell in cells]
     params_c = (f"/* {prefix}: integer GRU parameters, generated by qtool. Do not edit. */\n"
                 f'#include "{prefix}_params.h"\n\n' + "\n".join(d for _, d in tables)
                 + f"\nconst {prefix}_cell_t {prefix}_cells[{len(inits)}] QGRU_SECTION = {{\n"
                 + ",\n".join(inits) + "\n};\n")
-    for f in ("qgru.h", "qgru.c"):
-        shutil.copyfile(RUNTIME / f, out_dir / f)
-    (out_dir / f"{prefix}_params.h").write_text(params_h(qm, prefix, ty, [d for d, _ in tables]))
-    (out_dir / f"{prefix}_params.c").write_text(params_c)
-    (out_dir / f"{prefix}.h").write_text(model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes))
-    (out_dir / f"{prefix}.c").write_text(model_c(qm, prefix, ty))
+    files: dict[str, bytes | str] = {f: (RUNTIME / f).read_bytes() for f in ("qgru.h", "qgru.c")}
+    files[f"{prefix}_params.h"] = params_h(qm, prefix, ty, [d for d, _ in tables])
+    files[f"{prefix}_params.c"] = params_c
+    files[f"{prefix}.h"] = model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes)
+    files[f"{prefix}.c"] = model_c(qm, prefix, ty)
     if fully_integral:
         from qtool.exporters.c_integral import check_core
 
-        check_core(out_dir, ["qgru.h", "qgru.c", f"{prefix}.h", f"{prefix}.c", f"{prefix}_params.c"],
+        core = ["qgru.h", "qgru.c", f"{prefix}.h", f"{prefix}.c", f"{prefix}_params.c"]
+        check_core({n: files[n].decode() if isinstance(files[n], bytes) else files[n] for n in core},
                    {f"{prefix}_quantize_input", f"{prefix}_dequantize_output"})
-    return fp
+    return CExport(prefix, files, fp)
+
+
+def export_c(qm: QuantModel, out_dir: Path, name: str, compensation: str = "table",
+             fully_integral: bool = True) -> Footprint:
+    """`render_c`, its files written plainly into `out_dir` (which must exist), for tests and
+    scripts; qtool.api.export_c writes them atomically and leaves foreign files alone."""
+    c = render_c(qm, name, compensation, fully_integral)
+    for n, data in c.encoded().items():
+        (Path(out_dir) / n).write_bytes(data)
+    return c.footprint
 
 
 def sources(out_dir: Path, prefix: str) -> list[Path]:

@@ -6,7 +6,6 @@ Only the prefix (`NAME_quantize_input`) and the suffix (`NAME_dequantize_output`
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from qtool.errors import QtoolError
 
@@ -29,10 +28,11 @@ def function_bodies(text: str) -> dict[str, str]:
     return out
 
 
-def check_core(directory: Path, files: list[str], outside: set[str]) -> None:
-    """Refuse floating point in any function of `files` but those named in `outside`."""
-    for name in files:
-        for func, body in function_bodies((directory / name).read_text()).items():
+def check_core(files: dict[str, str], outside: set[str]) -> None:
+    """Refuse floating point in any function of `files` (C text by file name) but those named in
+    `outside`."""
+    for name, text in files.items():
+        for func, body in function_bodies(text).items():
             if func in outside:
                 continue
             m = _FLOAT.search(body)

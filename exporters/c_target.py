@@ -64,7 +64,7 @@ def picolibc_specs() -> bool:
 def check_tools(t: Target) -> None:
     missing = missing_tools()
     if missing:
-        raise QtoolError(f"--target {t.name} needs {', '.join(missing)}: on Debian or Ubuntu, "
+        raise QtoolError(f"`target` {t.name} needs {', '.join(missing)}: on Debian or Ubuntu, "
                          f"apt-get install {PACKAGES}")
 
 

@@ -1,6 +1,7 @@
 """`qtool verify`: compile the exported C with the host compiler (or cross-compile it for a
-Cortex-M and run it under QEMU), run it on data, and compare every output integer of every time
-step, and every final state, with the simulator's."""
+Cortex-M and run it under QEMU), run it on data (`run_c`), and compare every output integer of
+every time step, and every final state, with the simulator's (`compare`: the caller, qtool.api,
+runs the simulator and hands its integers over; exporters do not run the engine)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,6 @@ from qtool.exporters.c_target import HOST, TARGETS, check_tools, cross_compile
 from qtool.exporters.c_types import act_type
 
 from qtool.core.qmodel import QuantModel
-from qtool.engine.cpu import run_int
 from qtool.errors import QtoolError
 from qtool.numerics.qparams import dequantize
 
@@ -144,10 +145,22 @@ def _run_main(export_dir: Path, prefix: str, tmp: Path, N: int, T: int, target: 
         raise QtoolError(f"{where} failed (exit {res.returncode})")
 
 
-def verify(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray, target: str = HOST,
-           timeout: float = 600.0) -> dict:
+@dataclass
+class COutputs:
+    """What the compiled C computed on `sequences` inputs of `time_steps` steps on `target`."""
+
+    target: str
+    sequences: int
+    time_steps: int
+    y: np.ndarray    # output integers [N, T, output_size]
+    h: np.ndarray    # final states, every layer's and direction's, in order [N, state size]
+    y_float: np.ndarray  # the dequantized outputs (float32) [N, T, output_size]
+
+
+def run_c(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray, target: str = HOST,
+          timeout: float = 600.0) -> COutputs:
     """Compile and run the C code on float `x [N, T, C]`, on the host or an emulated Cortex-M
-    (`target`); compare every output and final-state integer with the simulator's."""
+    (`target`); what it computed."""
     if target != HOST:
         check_tools(c_target.target(target))
     _check_export(export_dir, prefix)
@@ -161,14 +174,21 @@ def verify(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray, target:
         y_c = np.fromfile(tmp / "y.bin", q_t).reshape(N, T, out_w)
         h_c = np.fromfile(tmp / "h.bin", q_t).reshape(N, -1)
         yf_c = np.fromfile(tmp / "yf.bin", np.float32).reshape(N, T, out_w)
-    finals: list = []
-    y_sim = run_int(qm, x, finals=finals)
-    h_sim = np.concatenate(finals, axis=1)
+    return COutputs(target, N, T, y_c, h_c, yf_c)
+
+
+def compare(qm: QuantModel, c: COutputs, y_sim: np.ndarray, h_sim: np.ndarray) -> dict:
+    """Count the integers where the C's outputs `c` differ from the simulator's: its output
+    integers `y_sim [N, T, output_size]` and final states `h_sim [N, state size]` (each layer's
+    and direction's, in order), and the dequantized outputs."""
+    if np.shape(y_sim) != c.y.shape or np.shape(h_sim) != c.h.shape:
+        raise ValueError(f"the simulator's outputs {np.shape(y_sim)} and states {np.shape(h_sim)} do "
+                         f"not match the C's {c.y.shape} and {c.h.shape}")
     s = qm.cells[-1][0].spec["h"]
     yf_sim = dequantize(y_sim, s.exp2_inv, s.zp).astype(np.float32)
     return {
-        "target": target, "sequences": N, "time_steps": T,
-        "output_values": int(y_sim.size), "output_mismatches": int(np.count_nonzero(y_c != y_sim)),
-        "state_values": int(h_sim.size), "state_mismatches": int(np.count_nonzero(h_c != h_sim)),
-        "dequantized_mismatches": int(np.count_nonzero(yf_c != yf_sim)),
+        "target": c.target, "sequences": c.sequences, "time_steps": c.time_steps,
+        "output_values": int(y_sim.size), "output_mismatches": int(np.count_nonzero(c.y != y_sim)),
+        "state_values": int(h_sim.size), "state_mismatches": int(np.count_nonzero(c.h != h_sim)),
+        "dequantized_mismatches": int(np.count_nonzero(c.y_float != yf_sim)),
     }

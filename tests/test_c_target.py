@@ -8,9 +8,8 @@ import subprocess
 import pytest
 from qtool.exporters import c_target
 from qtool.exporters.c_export import export_c, sources
-from qtool.exporters.c_vectors import write_test_vectors
-from qtool.exporters.c_verify import CFLAGS, VERIFY_MAIN, verify
-from test_export_c import model_and_data
+from qtool.exporters.c_verify import CFLAGS, VERIFY_MAIN
+from test_export_c import model_and_data, verify, write_test_vectors
 
 from qtool.errors import QtoolError
 
@@ -80,7 +79,7 @@ def test_missing_toolchain_is_one_clear_error(tmp_path, monkeypatch):
     qm, x = model_and_data(1, 1, 24, "int8")
     export_c(qm, tmp_path, "m")
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    with pytest.raises(QtoolError, match=r"--target cortex-m4 needs arm-none-eabi-gcc, "
+    with pytest.raises(QtoolError, match=r"`target` cortex-m4 needs arm-none-eabi-gcc, "
                                          r"qemu-system-arm: .*apt-get install gcc-arm-none-eabi "
                                          r"picolibc-arm-none-eabi qemu-system-arm"):
         verify(qm, tmp_path, "m", x, target="cortex-m4")

@@ -9,10 +9,10 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import calibrated, random_model
-from qtool.exporters.c_export import c_name, export_c, sources
+from qtool.exporters.c_export import c_name, export_c, footprint, render_c, sources
 from qtool.exporters.c_types import model_types
-from qtool.exporters.c_vectors import write_test_vectors
-from qtool.exporters.c_verify import CFLAGS, compile_c, verify
+from qtool.exporters.c_vectors import render_test_vectors
+from qtool.exporters.c_verify import CFLAGS, compare, compile_c, run_c
 from test_integer_gru import mixed_config
 
 from qtool.engine.cpu import run_int
@@ -28,6 +28,23 @@ def model_and_data(layers, dirs, seed, preset, C=5, H=6):
     qm = calibrated(model, rng.randn(12, 9, C).astype(np.float32),
                     "int8" if preset == "mixed" else preset, config=cfg)
     return qm, rng.randn(5, 11, C).astype(np.float32) * 1.2  # held out, some beyond the range
+
+
+def simulated(qm, x):
+    finals = []
+    y = run_int(qm, x, finals=finals)
+    return y, np.concatenate(finals, axis=1)
+
+
+def verify(qm, export_dir, prefix, x, target="host", timeout=600.0) -> dict:
+    """The export in `export_dir` run on `x` and compared with the simulator, as qtool.api.verify
+    does (the exporter runs the C, the caller the simulator)."""
+    return compare(qm, run_c(qm, export_dir, prefix, x, target, timeout), *simulated(qm, x))
+
+
+def write_test_vectors(qm, out_dir, prefix, x) -> None:
+    for name, text in render_test_vectors(qm, prefix, x, run_int(qm, x)).items():
+        (out_dir / name).write_text(text)
 
 
 @pytest.mark.parametrize("compensation", ["table", "offset"])
@@ -320,3 +337,53 @@ def test_no_signed_overflow_on_extreme_inputs(tmp_path, preset, monkeypatch):
     monkeypatch.setenv("CC", "gcc -fsanitize=signed-integer-overflow,shift -fno-sanitize-recover=all")
     res = verify(qm, tmp_path, "m", x)
     assert res["output_mismatches"] == res["state_mismatches"] == 0
+
+
+@pytest.mark.parametrize("preset", ["int8", "int16", "mixed"])
+@pytest.mark.parametrize("compensation", ["table", "offset"])
+def test_render_writes_nothing_and_footprint_is_computed(tmp_path, monkeypatch, preset, compensation):
+    """render_c and footprint touch no file system (the advisor counts flash for every candidate);
+    footprint alone gives render_c's numbers; the plain writer writes exactly the rendered bytes."""
+    import builtins
+    import tempfile
+
+    qm, _ = model_and_data(2, 2, 16, preset)
+    export_c(qm, tmp_path, "m", compensation)
+    real_open = builtins.open
+
+    def read_only(file, mode="r", *args, **kwargs):
+        assert not set(mode) & set("wax+"), f"opened {file} with mode {mode}"
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", read_only)
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: pytest.fail("a temporary directory"))
+    c = render_c(qm, "m", compensation)
+    fp = footprint(qm, compensation)
+    monkeypatch.undo()
+    assert fp == c.footprint and fp.flash_bytes > 0
+    files = c.encoded()
+    assert list(files) == sorted(files) == sorted(p.name for p in tmp_path.iterdir())
+    assert all((tmp_path / n).read_bytes() == data for n, data in files.items())
+
+
+def test_api_export_writes_the_rendered_files_once(tmp_path):
+    import qtool
+
+    qm, x = model_and_data(1, 2, 17, "w8a16")
+    res = qtool.export_c(qm, tmp_path / "c", name="m", test_vectors=x[:2])
+    want = render_c(qm, "m").encoded()
+    want.update({n: t.encode() for n, t in render_test_vectors(qm, "m", x[:2], run_int(qm, x[:2])).items()})
+    assert res.files == sorted(want) == sorted(p.name for p in (tmp_path / "c").iterdir())
+    assert all((tmp_path / "c" / n).read_bytes() == data for n, data in want.items())
+    assert res.footprint == footprint(qm) and res.name == "m" and res.replaced == []
+    ver = qtool.verify(qm, tmp_path / "c", x)
+    assert ver.mismatches == 0 and ver.name == "m" and ver.output_values == 5 * 11 * 12
+    assert ver.to_dict() == {**verify(qm, tmp_path / "c", "m", x), "name": "m"}
+    assert list(ver.to_dict()) == ["target", "sequences", "time_steps", "output_values", "output_mismatches",
+                                   "state_values", "state_mismatches", "dequantized_mismatches", "name"]
+
+
+def test_c_name_is_idempotent():
+    for name in ["a" * 47 + "_b", "7" * 60, "x" * 100, "int", "__a__", "my-model v2", "-" * 5]:
+        assert c_name(c_name(name)) == c_name(name) and len(c_name(name)) <= 48
+        assert not c_name(name).endswith("_")

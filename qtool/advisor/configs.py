@@ -1,17 +1,15 @@
-"""The space the advisor searches: per layer, each tensor of the seed's table (biases stay
+"""The space the advisor searches: per layer, each tensor of the tensor table (biases stay
 32-bit) is int8 or int16. A configuration is the set of (layer, tensor) units promoted to 16
 bits; its flash is what `qtool export c` counts for it."""
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 from qtool.core.model import GruModel
 from qtool.core.qmodel import CellQuant, QuantModel
 from qtool.core.tensors import BY_NAME, NAMES, BitsConfig, TensorConfig, preset_config
-from qtool.exporters.c_export import export_c
+from qtool.exporters.c_export import footprint
 from qtool.numerics.lut import GATES
 
 Unit = tuple[int, str]
@@ -41,9 +39,8 @@ def bits_config(model: GruModel, promoted: frozenset[Unit]) -> BitsConfig:
 
 def flash_bytes(qm: QuantModel) -> int:
     """Flash of the exported C (weights, biases, tables, shifts, compensation, parameters), as
-    `qtool export c` counts it with its default options."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return export_c(qm, Path(tmp), "m").flash_bytes
+    `qtool export c` counts it with its default options; computed, nothing rendered or written."""
+    return footprint(qm).flash_bytes
 
 
 def mixed_cells(low: QuantModel, high: QuantModel, promoted: frozenset[Unit],
