@@ -8,8 +8,8 @@ from conftest import calibrated, random_model
 from test_integer_gru import mixed_config
 
 from qtool.engine.cpu import run_int, run_model
-from qtool.engine.layout import EVERY_TENSOR
 from qtool.engine.cuda import run_model_cuda
+from qtool.engine.layout import EVERY_TENSOR
 from qtool.engine.metrics import Distance, count_clipped
 from qtool.numerics.float_gru import run_float
 from qtool.numerics.qparams import dequantize

@@ -1,4 +1,4 @@
-"""Decision and search: the seed's rule per tensor, and the least flash that reaches a measured
+"""Decision and search: the threshold rule per tensor, and the least flash that reaches a measured
 output SNR (or the best measured SNR within a flash budget).
 
 Predictions order the candidates, simulation confirms them:
@@ -36,13 +36,14 @@ from qtool.advisor.predict import Predictor
 from qtool.advisor.stats import Stats
 from qtool.calibration.auto import AutoCalibrator, AutoChoice
 from qtool.core.qmodel import QuantModel
+from qtool.core.tensors import ACTIVATIONS
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
 from qtool.simulation.run import Simulation, float_output
 
 FLOAT_CACHE = 256 << 20  # keep the float outputs of the evaluation data up to this size
-# Tensors that are no operand of a product: the seed's one-vector rule decides them.
-SINGLE = ("Wx", "Rh", "z_pre", "r_pre", "g_pre", "rRh", "old_contrib", "new_contrib")
+# Tensors that are no operand of a product: the threshold rule's one-vector form decides them.
+SINGLE = tuple(n for n in ACTIVATIONS if not any(n in ops for ops in pzero.PRODUCTS.values()))
 
 
 @dataclass
@@ -93,9 +94,10 @@ class Evaluator:
         return flash_bytes(qm)
 
 
-def seed_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
-    """The seed's decision: a product whose predicted int8 SNR is at most T dB gets both its
-    operands at 16 bits; every other tensor whose one-vector SNR at 8 bits is at most T too."""
+def threshold_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
+    """The threshold rule (docs/advisor.md): a product whose predicted int8 SNR is at most T dB
+    gets both its operands at 16 bits; every other tensor whose one-vector SNR at 8 bits is at
+    most T too."""
     out: set[Unit] = set()
     for l, row in enumerate(stats):
         for st in row:
@@ -210,7 +212,7 @@ class Search:
         """The best measured SNR with flash at most `budget`: the order's longest prefix that
         fits, the order filled greedily with every unit that still fits, and the presets."""
         if budget < self.low.flash:
-            raise QtoolError(f"--max-flash {budget:,} bytes is below the all-int8 flash "
+            raise QtoolError(f"`max_flash` {budget:,} bytes is below the all-int8 flash "
                              f"({self.low.flash:,} bytes), the least any configuration needs")
         prefix, fill, spent, blocked = [], [], self.low.flash, False
         for u in self.order:

@@ -1,4 +1,5 @@
-"""The seed's tensor table: every tensor of the quantized GRU, its class, and its defaults.
+"""The tensor table (docs/numerics.md, "Tensor table"): every tensor of the quantized GRU, its
+class, and its defaults.
 
 This is the one list of tensors; calibration, simulation, reports and export iterate over it.
 """
@@ -68,9 +69,20 @@ TENSORS = (
 )
 BY_NAME = {t.name: t for t in TENSORS}
 NAMES = tuple(t.name for t in TENSORS)
+# The activations in table order: what the float GRU records per time step (float_gru.TRACED).
+ACTIVATIONS = tuple(t.name for t in TENSORS if t.kind == "activation")
+# The one written order of the cell's tensors: the integer cell's outputs in the order
+# qtool.numerics.intops.gru_cell returns them, Rh as its three gate blocks. Pinned by
+# tests/test_fakequant.py (the engines' traces, named by this order, equal the fake-quant cell's
+# tensors, which it names itself) and checked against TENSORS by tests/test_tensor_order.py.
+CELL_TRACE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
+              "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
+# the tensor of each CELL_TRACE output (Rh_z, Rh_r, Rh_g: Rh's gate blocks)
+TRACE_TENSOR = tuple(n if n in BY_NAME else n.rsplit("_", 1)[0] for n in CELL_TRACE)
 # Tensors the integer cell computes at every step (recorded for per-tensor reports).
-CELL_OUTPUTS = ("Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out", "Rh_add_br", "rRh",
-                "old_contrib", "new_contrib", "h")
+CELL_OUTPUTS = tuple(dict.fromkeys(TRACE_TENSOR))
+# Every tensor the integer GRU computes (and saturates): Wx, the W x GEMM's epilogue, then the cell's.
+COMPUTED = ("Wx", *CELL_OUTPUTS)
 
 # bits per tensor class: (weight, bias, activation)
 PRESETS = {"int8": (8, 32, 8), "w8a16": (8, 32, 16), "int16": (16, 32, 16)}
@@ -178,7 +190,7 @@ def load_bits(spec: str) -> tuple[str, BitsConfig]:
         return spec, BitsConfig(preset_config(spec))
     path = Path(spec)
     if not path.is_file():
-        raise QtoolError(f"--bits '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
+        raise QtoolError(f"`bits` '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
     raw = _read_config_file(path)
     if not isinstance(raw, dict):
         raise QtoolError(f"{path}: the config must be a table/object")

@@ -37,5 +37,5 @@ def select_backend(backend: str):
     if backend == "cuda":
         if usable or config.ENABLE_CUDASIM:  # the simulator runs the real kernels, slowly
             return run_model_cuda, "cuda", why if usable else "numba CUDA simulator"
-        raise QtoolError(f"--backend cuda: no usable GPU: {why}")
+        raise QtoolError(f"`backend` cuda: no usable GPU: {why}")
     return (run_model_cuda, "cuda", why) if usable else (run_model, "cpu", why)

@@ -36,12 +36,13 @@ from qtool.engine.layout import (
     N_TRACE,
     ROW_TENSOR,
     ROWS,
+    X_TENSOR,
     ModelRun,
     gemm_bound,
     measured_grids,
     quantize_input,
 )
-from qtool.engine.metrics import STAT_MAX, STATS, add_row
+from qtool.engine.metrics import STAT_MAX_ABS, STATS, add_row
 from qtool.engine.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded, prefer_wide_vectors
 from qtool.numerics.intops import gru_cell, rescale
 from qtool.numerics.lane_bounds import cell_lane_type, fold_bias_shifts
@@ -236,8 +237,8 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
 
 @register_jitable
 def _wx(accx, i, c, half, P, CH):
-    """Seed Step 1's rescale, the W x GEMM's epilogue: q_Wx[c] = S_W[c] S_x / S_Wx (sum -
-    W_sum_mul_x_zp[c]) + Z_Wx, saturated."""
+    """Step 1's rescale (docs/numerics.md, "Integer cell"), the W x GEMM's epilogue:
+    q_Wx[c] = S_W[c] S_x / S_Wx (sum - W_sum_mul_x_zp[c]) + Z_Wx, saturated."""
     return rescale(_gemm_sum(accx, i, c, half) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c],
                    P[ZP_WX], P[LO_WX], P[HI_WX])
 
@@ -293,7 +294,7 @@ def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp
     tmp[:] = 0.0
     add_row(ib[i, h], 0, fb[i, h], grids[H_TENSOR], tmp)
     for c in range(N_STATS):
-        if c == STAT_MAX:
+        if c == STAT_MAX_ABS:
             stats[H_TENSOR, c] = max(stats[H_TENSOR, c], tmp[c])
             step_row[c] = max(step_row[c], tmp[c])
         else:
@@ -301,7 +302,7 @@ def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp
             step_row[c] += tmp[c]
     if level < EVERY_TENSOR:
         return
-    add_row(x_q, 0, x_f, grids[0], stats[0])
+    add_row(x_q, 0, x_f, grids[X_TENSOR], stats[X_TENSOR])
     for r in range(h):
         tr = row_tensor[r]
         add_row(ib[i, r], 0, fb[i, r], grids[tr], stats[tr])
@@ -362,7 +363,7 @@ def fold_blocks(parts: np.ndarray) -> np.ndarray:
     statistics do not depend on how many threads computed its blocks (so that a process, and
     ranks of one thread each, give the same bits; qtool.parallel)."""
     out = parts.sum(axis=0)
-    out[:, STAT_MAX] = parts[:, :, STAT_MAX].max(axis=0, initial=0.0)
+    out[:, STAT_MAX_ABS] = parts[:, :, STAT_MAX_ABS].max(axis=0, initial=0.0)
     return out
 
 

@@ -31,13 +31,30 @@ from qtool.engine.layout import (
     MEASURED,
     N_STATS,
     N_TRACE,
+    ROW_TENSOR,
     ROWS,
+    WX_TENSOR,
+    X_TENSOR,
     ModelRun,
     gemm_dtype,
     measured_grids,
     quantize_input,
 )
-from qtool.engine.metrics import STAT_MAX, clipped, dequantized
+from qtool.engine.metrics import (
+    GRID_HI_CLIP,
+    GRID_LO_CLIP,
+    GRID_SCALE,
+    GRID_ZP,
+    STAT_COUNT,
+    STAT_DOT,
+    STAT_ERR2,
+    STAT_MAX_ABS,
+    STAT_Q2,
+    STAT_REF2,
+    STAT_SATURATED,
+    clipped,
+    dequantized,
+)
 from qtool.errors import QtoolError
 from qtool.numerics.intops import gru_cell, rescale
 from qtool.numerics.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
@@ -105,16 +122,16 @@ def rh_sums(R, h, j, H, zero):
 @cuda.jit(device=True)
 def add_terms(slot, q, f, grid):
     """Add one value's distance terms to a statistics row `slot` (STATS columns)."""
-    qd = dequantized(q, grid[0], grid[1])
+    qd = dequantized(q, grid[GRID_ZP], grid[GRID_SCALE])
     r = np.float64(f)
     e = qd - r
-    slot[0] += r * r
-    slot[1] += e * e
-    slot[2] += qd * r
-    slot[3] += qd * qd
-    slot[4] = max(slot[4], abs(e))
-    slot[5] += 1.0
-    slot[6] += clipped(r, grid[2], grid[3])
+    slot[STAT_REF2] += r * r
+    slot[STAT_ERR2] += e * e
+    slot[STAT_DOT] += qd * r
+    slot[STAT_Q2] += qd * qd
+    slot[STAT_MAX_ABS] = max(slot[STAT_MAX_ABS], abs(e))
+    slot[STAT_COUNT] += 1.0
+    slot[STAT_SATURATED] += clipped(r, grid[GRID_LO_CLIP], grid[GRID_HI_CLIP])
 
 
 @cuda.jit
@@ -163,20 +180,21 @@ def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx
             add_terms(acc[n, j, H_TENSOR], q_h, f_h, grids[H_TENSOR])
             if level == 2:
                 for g in range(3):
-                    add_terms(acc[n, j, 1], (wz, wr, wg)[g], (fx_z, fx_r, fx_g)[g], grids[1])
+                    add_terms(acc[n, j, WX_TENSOR], (wz, wr, wg)[g], (fx_z, fx_r, fx_g)[g], grids[WX_TENSOR])
                 for k in range(N_TRACE - 1):  # Rh's three gate rows, then one row per tensor
-                    add_terms(acc[n, j, 2 if k < 3 else k], res[k], fres[k], grids[2 if k < 3 else k])
+                    tr = ROW_TENSOR[3 + k]
+                    add_terms(acc[n, j, tr], res[k], fres[k], grids[tr])
     if level == 2:
         for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
-            add_terms(acc[n, j, 0], qx[n, t, k], xf[n, t, k], grids[0])  # j: this thread's slot
+            add_terms(acc[n, j, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])  # j: this thread's slot
     if level:
         cuda.syncthreads()
         if tid == 0:
             for c in range(N_STATS):
                 v = part[0, c]
                 for i in range(1, cuda.blockDim.x):
-                    v = max(v, part[i, c]) if c == STAT_MAX else v + part[i, c]
-                if c == STAT_MAX:
+                    v = max(v, part[i, c]) if c == STAT_MAX_ABS else v + part[i, c]
+                if c == STAT_MAX_ABS:
                     cuda.atomic.max(step_stats, (t, c), v)
                 else:
                     cuda.atomic.add(step_stats, (t, c), v)
@@ -193,13 +211,13 @@ def reduce_kernel(acc, out):
     v = 0.0
     for i in range(tid, N * J, cuda.blockDim.x):
         w = acc[i // J, i % J, tensor, stat]
-        v = max(v, w) if stat == STAT_MAX else v + w
+        v = max(v, w) if stat == STAT_MAX_ABS else v + w
     buf[tid] = v
     cuda.syncthreads()
     width = cuda.blockDim.x // 2
     while width > 0:
         if tid < width:
-            buf[tid] = max(buf[tid], buf[tid + width]) if stat == STAT_MAX else buf[tid] + buf[tid + width]
+            buf[tid] = max(buf[tid], buf[tid + width]) if stat == STAT_MAX_ABS else buf[tid] + buf[tid + width]
         cuda.syncthreads()
         width //= 2
     if tid == 0:
@@ -216,7 +234,7 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     dt_R = gemm_dtype(cq.qR, cq.spec["h"].bits)
     if dt_R is np.int64 or dt_W is np.int64:
         raise QtoolError("a GEMM of this model can exceed 2^53; the CUDA engine cannot prove it exact "
-                         "(use --backend cpu)")
+                         "(use `backend` cpu)")
     d_P, d_CH = cuda.to_device(cq.P), cuda.to_device(cq.CH)
     d_luts = [cuda.to_device(cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
     d_Wx = cuda.device_array((N * T, 3 * H), np.int32)

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from qtool.core.qmodel import CellQuant, QuantModel
+from qtool.core.tensors import CELL_TRACE, COMPUTED, TRACE_TENSOR
 from qtool.engine.metrics import STATS, grid_row
 from qtool.numerics.qparams import quantize
 
-N_TRACE = 14  # gru_cell's outputs: Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, ..., h
+N_TRACE = len(CELL_TRACE)  # gru_cell's outputs
 
 
 # rows of the per-step buffers: Wx (3 gate rows), then gru_cell's outputs
@@ -21,14 +22,13 @@ ROWS = 3 + N_TRACE
 
 # the tensors of one layer direction whose distances the engine measures, in order; row r of
 # the buffers belongs to tensor ROW_TENSOR[r]
-MEASURED = ("x", "Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out", "Rh_add_br",
-            "rRh", "old_contrib", "new_contrib", "h")
+MEASURED = ("x", *COMPUTED)
 
 
-ROW_TENSOR = np.array([1, 1, 1, 2, 2, 2, *range(3, len(MEASURED))], np.int64)
+ROW_TENSOR = np.array([MEASURED.index(n) for n in ("Wx",) * 3 + TRACE_TENSOR], np.int64)
 
 
-H_TENSOR = len(MEASURED) - 1
+X_TENSOR, WX_TENSOR, H_TENSOR = (MEASURED.index(n) for n in ("x", "Wx", "h"))
 
 
 N_STATS = len(STATS)

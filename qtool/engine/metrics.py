@@ -10,13 +10,14 @@ from numba.extending import register_jitable
 
 from qtool.engine.simd import f64_bits, f64_from_bits
 
-# the columns of a statistics row, as the engines accumulate them (STAT_MAX is a maximum,
-# the others sums)
+# the columns of a statistics row, as the engines accumulate them (named as Distance's fields;
+# STAT_MAX_ABS is a maximum, the others sums), and their indexes STAT_<NAME>
 STATS = ("ref2", "err2", "dot", "q2", "max_abs", "count", "saturated")
-STAT_MAX = STATS.index("max_abs")
+STAT_REF2, STAT_ERR2, STAT_DOT, STAT_Q2, STAT_MAX_ABS, STAT_COUNT, STAT_SATURATED = range(len(STATS))
 # a tensor's grid as the engines read it: zero point, scale 2^-exp2_inv, and the reference
 # values below LO_CLIP or from HI_CLIP up that the grid clips (see count_clipped)
 GRID = ("zp", "scale", "lo_clip", "hi_clip")
+GRID_ZP, GRID_SCALE, GRID_LO_CLIP, GRID_HI_CLIP = range(len(GRID))
 
 
 class Distance:
@@ -45,18 +46,18 @@ class Distance:
         """The distance of rows of engine statistics (columns STATS), added in order."""
         out = cls()
         for row in rows:
-            out.ref2 += float(row[0])
-            out.err2 += float(row[1])
-            out.dot += float(row[2])
-            out.q2 += float(row[3])
-            out.max_abs = max(out.max_abs, float(row[4]))
-            out.count += int(row[5])
-            out.saturated += int(row[6])
+            out.ref2 += float(row[STAT_REF2])
+            out.err2 += float(row[STAT_ERR2])
+            out.dot += float(row[STAT_DOT])
+            out.q2 += float(row[STAT_Q2])
+            out.max_abs = max(out.max_abs, float(row[STAT_MAX_ABS]))
+            out.count += int(row[STAT_COUNT])
+            out.saturated += int(row[STAT_SATURATED])
         return out
 
     def merge(self, other: Distance) -> Distance:
         out = Distance()
-        for k in ("ref2", "err2", "dot", "q2", "count", "saturated"):
+        for k in (c for c in STATS if c != "max_abs"):  # the sums
             setattr(out, k, getattr(self, k) + getattr(other, k))
         out.max_abs = max(self.max_abs, other.max_abs)
         return out
@@ -118,9 +119,9 @@ def add_row(q, shift, f, grid, st):
     fastmath lets the compiler keep several partial sums (a different order of float64
     additions, nothing else); the values themselves are exact float64 products.
     """
-    offset, scale, lo, hi = shift + grid[0], grid[1], grid[2], grid[3]
+    offset, scale, lo, hi = shift + grid[GRID_ZP], grid[GRID_SCALE], grid[GRID_LO_CLIP], grid[GRID_HI_CLIP]
     ref2 = err2 = dot = q2 = 0.0
-    mx = f64_bits(st[4])  # |errors| >= 0: their maximum as an integer maximum of bit patterns
+    mx = f64_bits(st[STAT_MAX_ABS])  # |errors| >= 0: their maximum as an integer maximum of bit patterns
     n_clipped = 0
     for k in range(f.shape[0]):
         qd = dequantized(q[k], offset, scale)
@@ -132,13 +133,13 @@ def add_row(q, shift, f, grid, st):
         q2 += qd * qd
         mx = max(mx, f64_bits(abs(e)))
         n_clipped += clipped(r, lo, hi)
-    st[0] += ref2
-    st[1] += err2
-    st[2] += dot
-    st[3] += q2
-    st[4] = f64_from_bits(mx)
-    st[5] += f.shape[0]
-    st[6] += n_clipped
+    st[STAT_REF2] += ref2
+    st[STAT_ERR2] += err2
+    st[STAT_DOT] += dot
+    st[STAT_Q2] += q2
+    st[STAT_MAX_ABS] = f64_from_bits(mx)
+    st[STAT_COUNT] += f.shape[0]
+    st[STAT_SATURATED] += n_clipped
 
 
 def count_clipped(ref: np.ndarray, exp2_inv, zp: int, bits: int) -> int:

@@ -1,4 +1,4 @@
-"""The fake-quant GRU: the float GRU with every tensor of the seed's table rounded onto its grid
+"""The fake-quant GRU: the float GRU with every tensor of the tensor table rounded onto its grid
 (TVM's simulated quantization), written once over an array backend. numpy runs it here for
 `qtool simulate --mode fakequant`; torch runs the very same functions in `qtool.qat` for training.
 
@@ -138,7 +138,7 @@ def gate(ops, func: str, v, g_in: Grid, g_out: Grid, lut):
 
 
 def cell_step(ops, c: CellFQ, Wx, h, rounding: str) -> dict:
-    """One time step of the seed's formulas on fake-quantized values; returns every tensor."""
+    """One time step of the spec's formulas on fake-quantized values; returns every tensor."""
     g = c.grids
     H = h.shape[-1]
     lut = {name: (c.luts[name] if rounding == "integer" else None) for name in LUT_NAMES}
@@ -167,7 +167,7 @@ def cell_step(ops, c: CellFQ, Wx, h, rounding: str) -> dict:
 def run_direction(ops, c: CellFQ, x, rounding: str, trace: dict | None = None):
     """One direction over time-first `x [T, N, C]` (on x's grid); returns `h [T, N, H]`. With
     `trace`, every tensor is stored in it as a list over time steps."""
-    Wx = ops.qdq(x @ c.W.T, c.grids["Wx"])  # all time steps at once, as the seed's Step 1
+    Wx = ops.qdq(x @ c.W.T, c.grids["Wx"])  # all time steps at once, as the spec's Step 1
     h = ops.zeros(x.shape[1], c.R.shape[1], x)
     hs = []
     if trace is not None:
@@ -221,7 +221,7 @@ def run_fakequant(qm: QuantModel, x: np.ndarray, traces: list | None = None,
                   rounding: str = "tensor") -> np.ndarray:
     """The fake-quant GRU on batch-first float `x [N, T, C]` in float64; returns `y [N, T, H * D]`
     on the output grid. `traces[l][d]` receives every tensor `[T, N, width]`, named as in the
-    seed's table, like `float_gru.run_float`'s traces."""
+    tensor table (docs/numerics.md), like `float_gru.run_float`'s traces."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}")
     cells = [[numpy_cell(cq) for cq in layer] for layer in qm.cells]

@@ -1,5 +1,5 @@
-"""The float GRU, haste formulation (seed 000), in numpy: the reference every integer result is
-measured against.
+"""The float GRU, haste formulation (docs/numerics.md, "Float GRU"), in numpy: the reference
+every integer result is measured against.
 
     z = sigmoid(Wx_z + Rh_z + bx_z + br_z)
     r = sigmoid(Wx_r + Rh_r + bx_r + br_r)
@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.model import GruCell, GruModel
+from qtool.core.tensors import ACTIVATIONS
 
-# Tensors that the float run can record per time step, named as in the seed's table.
-TRACED = (
-    "x", "h", "Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
-    "Rh_add_br", "rRh", "old_contrib", "new_contrib",
-)
+# Tensors that the float run can record per time step, named as in the tensor table
+# (docs/numerics.md).
+TRACED = ACTIVATIONS
 
 
 def sigmoid(v: np.ndarray) -> np.ndarray:
@@ -33,7 +32,7 @@ def run_direction(cell: GruCell, x: np.ndarray, trace: dict | None = None) -> np
     """
     T, N, _ = x.shape
     H = cell.R.shape[1]
-    Wx = x @ cell.W.T  # all time steps at once, as the seed's Step 1
+    Wx = x @ cell.W.T  # all time steps at once, as the spec's Step 1
     bx_z, bx_r, bx_g = np.split(cell.bx, 3)
     br_z, br_r, br_g = np.split(cell.br, 3)
     h = np.zeros((N, H), np.float32)

@@ -1,8 +1,8 @@
 """Static bounds of every intermediate integer of the exported cell, and the C type each needs.
 
-The exported C computes each statement of `qtool/numerics/intops.py` (one tensor of the seed's formulas:
-Wx, Rh, z_pre, ..., h) in `int32_t` when every value it can produce fits, and in `int64_t`
-otherwise. The proof is interval arithmetic over the quantized model: each input of a
+The exported C computes each statement of `qtool/numerics/intops.py` (one tensor of the
+formulas of docs/numerics.md: Wx, Rh, z_pre, ..., h) in `int32_t` when every value it can
+produce fits, and in `int64_t` otherwise. The proof is interval arithmetic over the quantized model: each input of a
 statement ranges over what its producer can emit (a storage range, a table's values, the result
 interval of an earlier statement), and every operation maps intervals exactly:
 
@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qtool.core.tensors import COMPUTED
 from qtool.errors import QtoolError
+from qtool.numerics.lut import GATES
 from qtool.numerics.passes import folded_biases
 from qtool.numerics.qparams import qrange
 from qtool.numerics.rescale import CHANNEL_ROWS, PARAMS
@@ -34,9 +36,9 @@ from qtool.numerics.rescale import CHANNEL_ROWS, PARAMS
 I32 = (-(2**31), 2**31 - 1)
 I64 = (-(2**63), 2**63 - 1)
 
-# the statements of the cell, in the order of intops.gru_cell (Wx first: the engine's GEMM epilogue)
-STATEMENTS = ("Wx", "Rh", "z_pre", "r_pre", "Rh_add_br", "rRh", "g_pre", "old_contrib",
-              "one_minus_z", "new_contrib", "h", "lut")
+# the statements of the cell (the C cell's integer widths): every computed tensor but the gate
+# outputs, which are table lookups (one statement "lut" for the three), and (1 - z) on z_out's grid
+STATEMENTS = (*(n for n in COMPUTED if n not in {out for *_, out in GATES}), "one_minus_z", "lut")
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ def lut_eval(table, u, shift):
 @register_jitable
 def gru_cell(q_Wx_z, q_Wx_r, q_Wx_g, acc_Rh_z, acc_Rh_r, acc_Rh_g, q_h_old, jz, jr, jg,
              P, CH, lut_z, lut_r, lut_g):
-    """One hidden unit at one time step: z, r, g and h_new from the seed's integer formulas.
+    """One hidden unit at one time step: z, r, g and h_new from the spec's integer formulas
+    (docs/numerics.md, "Integer cell").
 
     q_Wx_*: Wx already rescaled to (S_Wx, Z_Wx); acc_Rh_*: the raw integer GEMM R @ q_h;
     jz, jr, jg: the unit's channel in each gate block. Returns every intermediate tensor.

@@ -1,5 +1,6 @@
 """The compiler passes that turn the fake-quant GRU into the integer program, as named steps over
-an explicit program (seed 002 steps 3-4, TVM's partition_conversions, seed 004).
+an explicit program (fake-quant folding, redundant dequantize/quantize removal and TVM's
+partition_conversions: docs/qat.md).
 
 `realize(qm)` writes the program as simulated quantization leaves it: the input quantized, every
 constant behind a fake-quant, the bias terms shifted at every step, a dequantize/quantize pair

@@ -1,5 +1,5 @@
-"""Every shift and constant of the integer GRU, derived from the spec in this one place (the
-seed's `setRescaleParam`). Engines and exporters only read what `derive` returns.
+"""Every shift and constant of the integer GRU, derived from the spec in this one place
+(docs/numerics.md, "Derived parameters"). Engines and exporters only read what `derive` returns.
 
 A ratio of scales S_a * S_b / S_c = 2^-(e_a + e_b - e_c) becomes a rounding right shift by
 `e_a + e_b - e_c` (a left shift when negative).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qtool.core.tensors import CHANNEL_ROWS, PARAMS
+from qtool.core.tensors import ACTIVATIONS, CHANNEL_ROWS, COMPUTED, PARAMS
 from qtool.errors import QtoolError
 from qtool.numerics.qparams import qrange, round_half_up
 
@@ -32,8 +32,6 @@ from qtool.numerics.qparams import qrange, round_half_up
 (CH_SH_W, CH_W_SUM_MUL_X_ZP, CH_SH_R, CH_R_SUM_MUL_H_ZP, CH_QBX, CH_QBR, CH_SH_BX,
  CH_SH_BR) = range(len(CHANNEL_ROWS))
 
-SATURATED = ("Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out", "Rh_add_br",
-             "rRh", "old_contrib", "new_contrib", "h")
 MAX_RIGHT, MAX_LEFT = 62, 24  # right shifts beyond 62 or left beyond 24 mean broken ranges
 
 
@@ -48,9 +46,7 @@ def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.
     e = {n: spec[n].exp2_inv for n in spec}
     zp = {n: spec[n].zp for n in spec}
     H = qR.shape[1]
-    p = {f"zp_{n}": zp[n] for n in ("x", "h", "Wx", "Rh", "z_pre", "r_pre", "g_pre", "z_out",
-                                    "r_out", "g_out", "Rh_add_br", "rRh", "old_contrib",
-                                    "new_contrib")}
+    p = {f"zp_{n}": zp[n] for n in ACTIVATIONS}
     p.update(
         sh_Wx_z_pre=e["Wx"] - e["z_pre"], sh_Rh_z_pre=e["Rh"] - e["z_pre"],
         sh_Wx_r_pre=e["Wx"] - e["r_pre"], sh_Rh_r_pre=e["Rh"] - e["r_pre"],
@@ -64,7 +60,7 @@ def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.
         q_1_in_z_scale=int(round_half_up(np.ldexp(1.0, e["z_out"]))) + zp["z_out"],
         lut_shift_z=lut_shifts[0], lut_shift_r=lut_shifts[1], lut_shift_g=lut_shifts[2],
     )
-    for n in SATURATED:
+    for n in COMPUTED:  # every computed tensor saturates to its bits
         p[f"lo_{n}"], p[f"hi_{n}"] = qrange(spec[n].bits)
     P = np.array([p[name] for name in PARAMS], np.int64)
 

@@ -9,9 +9,9 @@ import numpy as np
 
 from qtool.core.model import DIRECTIONS, tensor_key
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import NAMES
+from qtool.core.tensors import CELL_OUTPUTS, NAMES, TRACE_TENSOR
 from qtool.engine.cpu import plan_model, run_model, time_first_traces
-from qtool.engine.layout import EVERY_TENSOR, INTS, MEASURED, OUTPUT
+from qtool.engine.layout import EVERY_TENSOR, H_TENSOR, INTS, MEASURED, OUTPUT
 from qtool.engine.metrics import Distance, count_clipped, finite_or_none
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
@@ -20,18 +20,15 @@ from qtool.numerics.qparams import dequantize
 from qtool.simulation.fakequant import MODES, FakeQuantSide
 from qtool.simulation.fold import merge_stat
 
-# row k of the engine's cell trace holds this tensor (Rh comes as three gate blocks)
-CELL_TRACE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
-              "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
-
 
 def int_tensors(trace: dict) -> dict[str, np.ndarray]:
-    """Integer tensors of one direction, `[T, N, width]`, named as in the seed's table."""
-    cell = trace["cell"]
-    out = {"x": trace["x"], "Wx": trace["Wx"],
-           "Rh": np.concatenate([cell[:, :, k] for k in range(3)], axis=2)}
-    for k, name in enumerate(CELL_TRACE[3:], start=3):
-        out[name] = cell[:, :, k]
+    """Integer tensors of one direction, `[T, N, width]`, named as in the tensor table
+    (docs/numerics.md)."""
+    cell = trace["cell"]  # row k: CELL_TRACE[k] (Rh as its three gate blocks)
+    out = {"x": trace["x"], "Wx": trace["Wx"]}
+    for name in CELL_OUTPUTS:
+        rows = [cell[:, :, k] for k, t in enumerate(TRACE_TENSOR) if t == name]
+        out[name] = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=2)
     return out
 
 
@@ -158,7 +155,7 @@ def float_output(qm: QuantModel, x: np.ndarray, runner=run_model) -> np.ndarray:
 def chunk_partial(run, per_tensor: bool, per_step: bool = True) -> dict:
     """One chunk's distances from an engine's statistics `run` (engine_cpu.ModelRun), as the
     partial of the Simulation's fields (qtool.simulation.fold.STATS)."""
-    return {"output": Distance.of_stats(st[-1] for st in run.stats[-1]),  # every direction's h, last layer
+    return {"output": Distance.of_stats(st[H_TENSOR] for st in run.stats[-1]),  # every direction's h, last layer
             "steps": [Distance.of_stats([row]) for row in run.step_stats] if per_step else [],
             "tensors": {tensor_key(l, d, name): Distance.of_stats([st[k]])
                         for l, row in enumerate(run.stats) for d, st in enumerate(row)
