@@ -1,11 +1,11 @@
-"""The advisor's experiment: predicted against measured per-tensor SNR, and the seed's threshold T.
+"""The advisor's experiment: predicted against measured per-tensor SNR, and the threshold rule's T.
 
 On the bundled sample and the five GRUs of advise_models.py, each calibrated (method auto) to
-int8 and to int16: the seed's prediction and the grid-aware prediction of every tensor against
-the SNR `qtool simulate` measures on the held-out test data. Then the seed's rule: each of its
+int8 and to int16: the P_zero prediction and the grid-aware prediction of every tensor against
+the SNR `qtool simulate` measures on the held-out test data. Then the threshold rule: each of its
 decisions (a product, or a tensor outside products) is measured alone, its operands (or the
 tensor) at int8 and everything else at int16, and its predicted int8 SNR set against the SNR
-of the product's output (or the tensor); "safe" is at least REQUIRED dB (the seed's "signal
+of the product's output (or the tensor); "safe" is at least REQUIRED dB ("signal
 energy 100x the noise"), and T is where the rule agrees most often with the measurement.
 
     python benchmarks/advise_threshold.py [--json out.json]      # needs torch for the models
@@ -39,12 +39,13 @@ from qtool.core.tensors import BitsConfig, preset_config  # noqa: E402
 from qtool.io.files import open_sequences  # noqa: E402
 from qtool.simulation.run import simulate, tensor_key  # noqa: E402
 
-REQUIRED = 20.0   # dB: the seed's "safe" (signal energy 100x the noise)
+REQUIRED = 20.0   # dB: "safe" (signal energy 100x the noise)
 
 
 def measure_model(model: GruModel, calib, test, seed_value: int = 0) -> dict:
-    """Per-tensor rows (bits, key, seed, grid, measured) of the int8 and int16 presets, and the
-    seed rule's decisions, each measured alone: its operands (or tensor) at int8, the rest int16."""
+    """Per-tensor rows (bits, key, seed: the P_zero prediction, grid, measured) of the int8 and
+    int16 presets, and the threshold rule's decisions, each measured alone: its operands (or
+    tensor) at int8, the rest int16."""
     ac = AutoCalibrator(model, calib, calib.num_sequences, extra=[lambda: new_estimators(model, seed_value)])
     stats = model_stats(model, ac.extra_sets[0], seed_value)
     pr = Predictor(model, stats, calib.shape[1], ac.all_views.hist)
@@ -60,9 +61,9 @@ def measure_model(model: GruModel, calib, test, seed_value: int = 0) -> dict:
             if name in ("bx", "br") or m is None or not math.isfinite(m):
                 continue  # 32-bit biases; inputs that the grid holds exactly measure inf
             rows.append({"bits": 8 if preset == "int8" else 16, "tensor": name, "key": tensor_key(l, d, name),
-                         "seed_db": pred.seed_db[(l, d, name)], "grid_db": g, "measured_db": m})
+                         "pzero_db": pred.pzero_db[(l, d, name)], "grid_db": g, "measured_db": m})
         rows.append({"bits": 8 if preset == "int8" else 16, "tensor": "output", "key": "output",
-                     "seed_db": None, "grid_db": pred.output_db, "measured_db": res["output"]["snr_db"]})
+                     "pzero_db": None, "grid_db": pred.output_db, "measured_db": res["output"]["snr_db"]})
     units = frozenset(all_units(model))
     for l in range(model.num_layers):
         for name in (*pzero.PRODUCTS, *SINGLE):
@@ -91,7 +92,7 @@ def compare(rows: list[dict], bits: int | None = None) -> dict:
 
 
 def choose_threshold(decisions: list[dict]) -> dict:
-    """The T (0.5 dB steps) at which the seed's rule agrees most often with the measurement:
+    """The T (0.5 dB steps) at which the threshold rule agrees most often with the measurement:
     int8 (predicted above T) where the decision measures at least REQUIRED dB alone, int16
     where it does not; with the share of int8 decisions that are safe (precision) and the
     share of the safe ones kept at int8 (recall)."""

@@ -1,6 +1,6 @@
 """The advisor's cost and results.
 
-1. Speed: `advise` without a target (the seed's rule) against one `calibrate` (method auto,
+1. Speed: `advise` without a target (the threshold rule) against one `calibrate` (method auto,
    writing the model file) on the same data, in-process, repeated; the ratio per run.
 2. Search: for each model and target, `advise --target-snr X --eval TEST` (time, simulations,
    chosen flash), then the bits file re-run independently through `calibrate --bits` and

@@ -1,4 +1,4 @@
-"""Distributed speed: the seed's pipelined AllGather + int8 matmul + dequantize against
+"""Distributed speed: the pipelined AllGather + int8 matmul + dequantize against
 gather-then-GEMM, and `mpiexec -n R qtool calibrate --method kl` against one process.
 A benchmark, not a test; needs the `mpi` extra.
 

@@ -21,8 +21,8 @@ GATE_OUTPUTS = ("z_out", "r_out", "g_out")
 
 
 def make_observer(method: str, tensor: str, percentile: float = DEFAULT_PERCENTILE) -> Observer:
-    """An observer for one tensor. The seed's EMA applies to x and h; the gate outputs always use
-    min/max; everything else uses the chosen method."""
+    """An observer for one tensor. The EMA (docs/calibration.md) applies to x and h; the gate
+    outputs always use min/max; everything else uses the chosen method."""
     if method not in METHODS:
         from qtool.errors import QtoolError
 

@@ -1,4 +1,5 @@
-"""The seed's dynamic range: per time step, `min = 0.9 * min_old + 0.1 * min_cur` (same for max).
+"""The EMA dynamic range (docs/calibration.md): per time step,
+`min = 0.9 * min_old + 0.1 * min_cur` (same for max).
 
 The EMA runs over the time steps of each batch in order and carries on into the next batch.
 Merging two observers averages their states weighted by the steps each saw: exact for the

@@ -1,5 +1,5 @@
-"""KL: the entropy method of MXNet/TensorRT as TVM's `kl_divergence` calibration does it (seed
-004), restricted to power-of-two grids.
+"""KL: the entropy method of MXNet/TensorRT as TVM's `kl_divergence` calibration does it,
+restricted to power-of-two grids.
 
 For a candidate grid, P is the observed histogram inside the grid with the clipped mass added to
 its end bins; Q spreads each quantization level's count evenly over that level's non-empty bins

@@ -1,4 +1,4 @@
-"""The precision-speculation estimator (seed 003): the absmax M of all values, and the bulk
+"""The precision-speculation estimator (docs/advisor.md): the absmax M of all values, and the bulk
 distribution N(mu, sigma) from K independent samples at rate gamma, keeping the sample with the
 smallest variance ("multi negative sampling": a sample that missed every outlier has the least
 variance, so no outlier criterion is needed).
@@ -10,7 +10,7 @@ trials) at a cost of gamma * K random numbers per value. Gaps carry over from on
 next, so a stream of batches is sampled like one long array. The random numbers are splitmix64,
 seeded per observer: the same seed, data and batches give the same statistics.
 
-Statistics are the seed's sums (N, X = sum x, X2 = sum x^2) per sample, plus the exact
+Statistics are the estimator's sums (N, X = sum x, X2 = sum x^2) per sample, plus the exact
 min/max and the sums over all values; merging adds sums and takes extremes, so observers of
 other batches, files or processes combine into K samples of the union.
 """
@@ -140,8 +140,8 @@ class SampledStatsObserver(Observer):
         return self.full[0] == 0
 
     def stats(self) -> BulkStats:
-        """mu = X / N, sigma = sqrt(X2 / N - mu^2) of the sample with the least variance (seed
-        003); M = max |x| over all values."""
+        """mu = X / N, sigma = sqrt(X2 / N - mu^2) of the sample with the least variance
+        (docs/advisor.md); M = max |x| over all values."""
         if self.empty:
             return BulkStats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
         lo, hi = self.range()

@@ -1,13 +1,14 @@
 """qtool: integer-only GRUs for microcontrollers and DSPs, calibrated and simulated bit-exactly.
 
 The pipeline as Python functions (qtool.api; imported on first use so that `import qtool` stays
-cheap): load_model, calibrate, advise, compare, simulate, save, load, export_c, verify, html_report.
+cheap): load_model, calibrate, advise, compare, simulate, save, load, inspect, export_c,
+export_tables, verify, html_report, precompile.
 """
 
 __version__ = "0.1.0"
 
-API = ("advise", "as_data", "calibrate", "compare", "export_c", "html_report", "load", "load_model",
-       "load_model_for_data", "observe", "save", "save_model", "simulate", "verify")
+API = ("advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",
+       "load_model", "load_model_for_data", "observe", "precompile", "save", "save_model", "simulate", "verify")
 __all__ = ["__version__", *API]
 
 

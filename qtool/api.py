@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.core.model import GruModel
+from qtool.core.model import DIRECTIONS, GruModel  # noqa: F401 (DIRECTIONS, PARAMS, TENSORS: for the CLI's tables)
 from qtool.core.qmodel import QuantModel
+from qtool.core.tensors import PARAMS, TENSORS  # noqa: F401
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
 from qtool.parallel import world
@@ -50,7 +51,7 @@ def count(data: SequenceData, limit: int | None) -> int:
     if limit is None:
         return data.num_sequences
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-        raise QtoolError(f"--limit must be a positive number of sequences, got {limit}")
+        raise QtoolError(f"`limit` must be a positive number of sequences, got {limit}")
     return min(int(limit), data.num_sequences)
 
 
@@ -96,6 +97,90 @@ def load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: s
     return model
 
 
+def import_lines(model: GruModel) -> list[str]:
+    """What `import` says of a model it read: the check against the framework, and what the file
+    holds besides the GRU (qtool.importers.import_note)."""
+    from qtool.importers import import_note
+    from qtool.importers.crosscheck import describe
+
+    note = import_note(model)
+    return [describe(model.extra.get("check")), *([f"note: {note}"] if note else [])]
+
+
+def import_note(model: GruModel) -> str | None:
+    """One line on what an import of a framework file took, left out and assumed; None if nothing."""
+    from qtool.importers import import_note as note
+
+    return note(model)
+
+
+def needs_compile() -> bool:
+    """Whether the CPU engine's kernels are not in numba's cache yet (the first run compiles them)."""
+    from qtool.engine.cpu import needs_compile as missing
+
+    return missing()
+
+
+@dataclass
+class Inspection:
+    """What a file holds: its float model, and its quantization when it is a quantized model."""
+
+    model: GruModel
+    qm: QuantModel | None
+
+    @property
+    def quantized(self) -> bool:
+        return self.qm is not None
+
+
+def inspect(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> Inspection:
+    """A quantized or float qtool model file, or any importable file (imported, checked)."""
+    import h5py
+
+    from qtool.core.model import open_h5
+    from qtool.core.qmodel import is_qmodel
+
+    path = Path(path)
+    quantized = False
+    if path.is_file() and h5py.is_hdf5(path):  # else an importable file, or load_model's error
+        with open_h5(path) as f:
+            quantized = is_qmodel(f)
+    if quantized:
+        qm = load(path)
+        return Inspection(qm.model, qm)
+    return Inspection(load_model(path, name=name, check=check), None)
+
+
+def export_tables(qm: QuantModel | str | os.PathLike, output: str | os.PathLike, kind: str = "json", *,
+                  force: bool = False, confirm: Callable[[str], bool] | None = None) -> Path:
+    """Every integer parameter and table as JSON (`kind="json"`) or HDF5 (`"h5"`) for other
+    toolchains (docs/file-formats.md); written atomically."""
+    from qtool.exporters.tables import json_bytes, write_h5
+    from qtool.io.files import write_bytes
+
+    if kind not in ("json", "h5"):
+        raise QtoolError(f"`kind` must be json or h5, got '{kind}'")
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    output = claim_output(output, force, [qm_path], confirm)
+    if kind == "json":
+        write_bytes(output, json_bytes(qm))
+    else:
+        write_h5(qm, output)
+    return output
+
+
+def mode_explanation(mode: str) -> str | None:
+    """What a fake-quant simulation measures, for `mode` "fakequant" or "both"; None for "integer"."""
+    if mode == "integer":
+        return None
+    from qtool.simulation.fakequant import EXPLANATION
+
+    return EXPLANATION
+
+
 def load(path: str | os.PathLike) -> QuantModel:
     """A quantized model file, validated (qtool.numerics.validate): safe for every engine and exporter."""
     from qtool.io.qmodel_file import load_qmodel
@@ -131,7 +216,7 @@ def _refuse_unquantized(path: Path) -> None:
                     "onnx": "an ONNX model", "haste": "haste weights"}[detect_format(path)]
     if kind:
         raise QtoolError(f"{path}: {kind}, not a quantized model; quantize it first: qtool calibrate "
-                         f"{path.name} CALIB_DATA -o q.h5")
+                         f"{path} CALIB_DATA -o q.h5")
 
 
 def _write_once(write: Callable[[], None]) -> None:
@@ -254,18 +339,18 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     from qtool.calibrators import METHODS
 
     if "auto" in methods and len(methods) > 1:
-        raise QtoolError("--compare takes single methods (auto chooses among them itself)")
+        raise QtoolError("`methods` takes single methods (auto chooses among them itself)")
     for m in [*(m for m in methods if m != "auto"), method_weights]:
         if m not in METHODS:
             raise QtoolError(f"unknown method '{m}' (use auto or one of {', '.join(METHODS)})")
     if not methods or len(set(methods)) != len(methods):
-        raise QtoolError("--compare needs distinct methods, e.g. minmax,percentile,mse,kl")
+        raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
     if batch_size < 1:
-        raise QtoolError("--batch-size must be at least 1")
+        raise QtoolError("`batch_size` must be at least 1")
     if not 50.0 < percentile <= 100.0:
-        raise QtoolError("--percentile must be in (50, 100]")
+        raise QtoolError("`percentile` must be in (50, 100]")
     if snap not in ("up", "nearest"):
-        raise QtoolError(f"--snap must be up or nearest, got '{snap}'")
+        raise QtoolError(f"`snap` must be up or nearest, got '{snap}'")
     label, config = _bits_config(bits)
     if not isinstance(model, GruModel):
         path = Path(model)
@@ -320,7 +405,7 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
            confirm: Callable[[str], bool] | None = None,
            progress: Callable[[str, int, int | None], None] | None = None):
     """The precision advisor (docs/advisor.md): every tensor's predicted SNR at 8 and 16 bits and
-    the seed's int8/int16 rule at `threshold` dB; with held-out `test` data, the least flash whose
+    the int8/int16 threshold rule (docs/advisor.md) at `threshold` dB; with held-out `test` data, the least flash whose
     measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
     a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
     `progress(stage, done, total or None)`."""
@@ -331,13 +416,13 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
     from qtool.io.files import write_bytes
 
     if target_snr is not None and not math.isfinite(target_snr):
-        raise QtoolError(f"--target-snr must be a finite number of dB, got {target_snr}")
+        raise QtoolError(f"`target_snr` must be a finite number of dB, got {target_snr}")
     if max_flash is not None and (isinstance(max_flash, bool) or max_flash < 1):
-        raise QtoolError(f"--max-flash must be a positive number of bytes, got {max_flash}")
+        raise QtoolError(f"`max_flash` must be a positive number of bytes, got {max_flash}")
     if threshold is not None and not math.isfinite(threshold):
-        raise QtoolError(f"--threshold must be a finite number of dB, got {threshold}")
+        raise QtoolError(f"`threshold` must be a finite number of dB, got {threshold}")
     if batch_size < 1:
-        raise QtoolError("--batch-size must be at least 1")
+        raise QtoolError("`batch_size` must be at least 1")
     if not isinstance(model, GruModel):
         model = load_model_for_data(Path(model))
     model_path = model.extra.get("path")
@@ -436,7 +521,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
     from qtool.simulation.fakequant import MODES
 
     if mode not in MODES:
-        raise QtoolError(f"unknown --mode '{mode}' (use one of {', '.join(MODES)})")
+        raise QtoolError(f"unknown `mode` '{mode}' (use one of {', '.join(MODES)})")
     import time
 
     from qtool.engine.backend import select_backend
@@ -448,7 +533,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
         qm_path = Path(qm)
         qm = load(qm_path)
     if batch_size < 1:
-        raise QtoolError("--batch-size must be at least 1")
+        raise QtoolError("`batch_size` must be at least 1")
     data_in = data
     data = as_data(data, dataset, time_first)
     data.check_features(qm.model.input_size)
@@ -517,6 +602,16 @@ class ExportResult:
     fingerprint: str
 
 
+def _simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The simulator's output integers `[N, T, output_size]` for float `x [N, T, C]` and its final
+    states `[N, state size]` (every layer's and direction's, in order): what an export must equal."""
+    from qtool.engine.cpu import run_int
+
+    finals: list = []
+    y = run_int(qm, x, finals=finals)
+    return y, np.concatenate(finals, axis=1)
+
+
 def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
              compensation: str = "table", test_vectors: np.ndarray | None = None, force: bool = False,
              confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
@@ -525,11 +620,8 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
     `test_vectors`: float inputs `[V, T, C]` for a self-checking test main. `fully_integral`:
     refuse an export whose integer core would hold a floating-point operation. The footprint
     carries what the compiler passes (qtool.numerics.passes) removed."""
-    import tempfile
-
-    from qtool.exporters.c_export import RUNTIME, c_name
-    from qtool.exporters.c_export import export_c as write_c
-    from qtool.exporters.c_vectors import write_test_vectors
+    from qtool.exporters.c_export import RUNTIME, c_name, render_c
+    from qtool.exporters.c_vectors import render_test_vectors
     from qtool.io.files import write_files
 
     qm_path = None
@@ -539,16 +631,16 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
     prefix = c_name(name or qm.model.name)
     runtime = {p.stem for p in RUNTIME.iterdir()}
     if prefix in runtime:
-        raise QtoolError(f"--name {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; "
+        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; "
                          "choose another name")
-    with tempfile.TemporaryDirectory(prefix="qtool-export-") as tmp:
-        tmp = Path(tmp)
-        fp = write_c(qm, tmp, prefix, compensation, fully_integral)
-        if test_vectors is not None:
-            write_test_vectors(qm, tmp, prefix, test_vectors)
-        files = {p.name: p.read_bytes() for p in sorted(tmp.iterdir())}
+    rendered = render_c(qm, prefix, compensation, fully_integral)
+    if test_vectors is not None:
+        y, _ = _simulated(qm, test_vectors)
+        rendered.files.update(render_test_vectors(qm, prefix, test_vectors, y))
+    files = rendered.encoded()
     replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
-    return ExportResult(Path(out_dir), prefix, list(files), replaced, fp, compensation, qm.fingerprint())
+    return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, compensation,
+                        qm.fingerprint())
 
 
 def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
@@ -567,17 +659,41 @@ def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
     default = c_name(qm.model.name)
     if default in prefixes:
         return default
-    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}); choose one with --name")
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}); choose one with `name`")
+
+
+@dataclass
+class VerifyResult:
+    """What `verify` compared on `target`: how many output integers, final-state integers and
+    dequantized outputs of the export `name` differ from the simulator's."""
+
+    target: str
+    sequences: int
+    time_steps: int
+    output_values: int
+    output_mismatches: int
+    state_values: int
+    state_mismatches: int
+    dequantized_mismatches: int
+    name: str
+
+    @property
+    def mismatches(self) -> int:
+        """Every mismatch: 0 when the C computes exactly what the simulator computes."""
+        return self.output_mismatches + self.state_mismatches + self.dequantized_mismatches
+
+    def to_dict(self) -> dict:
+        """The fields as a dict, in order (`qtool verify --json`)."""
+        return dict(vars(self))
 
 
 def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
            name: str | None = None, limit: int | None = None, dataset: str | None = None,
-           time_first: bool = False, target: str = "host") -> dict:
+           time_first: bool = False, target: str = "host") -> VerifyResult:
     """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
     "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
     states and dequantized outputs that differ from the simulator's."""
-    from qtool.exporters.c_verify import export_fingerprint
-    from qtool.exporters.c_verify import verify as run_verify
+    from qtool.exporters.c_verify import compare, export_fingerprint, run_c
 
     if not isinstance(qm, QuantModel):
         qm = load(Path(qm))
@@ -590,9 +706,9 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     data = as_data(data, dataset, time_first)
     data.check_features(qm.model.input_size)
     n = count(data, limit)
-    res = run_verify(qm, export_dir, prefix, data.chunk(0, n), target)
-    res["name"] = prefix
-    return res
+    x = data.chunk(0, n)
+    c = run_c(qm, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
+    return VerifyResult(**compare(qm, c, *_simulated(qm, x)), name=prefix)
 
 
 @dataclass
@@ -626,7 +742,7 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
     if not isinstance(qm, QuantModel):
         qm_path = Path(qm)
         qm = load(qm_path)
-    for value, option in ((batch_size, "--batch-size"), (sequences, "--sequences"), (units, "--units")):
+    for value, option in ((batch_size, "`batch_size`"), (sequences, "`sequences`"), (units, "`units`")):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise QtoolError(f"{option} must be at least 1, got {value}")
     data_in = data

@@ -1,7 +1,7 @@
 """Run under `mpiexec -n R python tests/mpi_operator.py`: the strict test of
-qtool.parallel.allgather_dequant_matmul that seed 001 asks for. Every rank holds a different A_i
-(drawn from a seed of its own), and every rank computes the single-process reference from all
-ranks' inputs (regenerated from their seeds) with numpy's int64 matmul: C must equal it exactly,
+qtool.parallel.allgather_dequant_matmul (docs/distributed.md). Every rank holds a different A_i
+(drawn from a random seed of its own), and every rank computes the single-process reference from
+all ranks' inputs (regenerated from their seeds) with numpy's int64 matmul: C must equal it exactly,
 D bit for bit. Each case runs on MPI_COMM_WORLD, on halves of it and on COMM_SELF, so one
 launch of R processes covers R, about R / 2 and 1 ranks. Prints one line per rank; exits 1 on
 any rank when any check failed on any rank."""

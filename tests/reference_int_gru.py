@@ -1,7 +1,7 @@
-"""An independent, slow reference of the seed's integer GRU for tests.
+"""An independent, slow reference of the specified integer GRU (docs/numerics.md) for tests.
 
 It reads only each tensor's (bits, exp2_inv, zp) and the integer weights, and evaluates every
-formula of seed 000 with exact rationals: q_y = round(S_x / S_y * (q_x - Z_x)) + Z_y, where
+formula of the specification with exact rationals: q_y = round(S_x / S_y * (q_x - Z_x)) + Z_y, where
 round(v) = floor(v + 1/2), clamped to the target's bits. It shares no code with qtool's engines
 (not rescale.derive, not intops), so agreement checks the shift derivation and the kernels.
 """

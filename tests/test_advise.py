@@ -79,7 +79,7 @@ def test_the_search_spends_no_more_flash_than_a_preset(target_run):
 def test_report_rows_and_json(target_run):
     _, res = target_run
     rows = res["tensors"]
-    assert len(rows) == 2 * 18  # every tensor of the seed's table, per layer
+    assert len(rows) == 2 * 18  # every tensor of the tensor table, per layer
     keys = {"layer", "direction", "tensor", "mu", "sigma", "M", "p_zero_8", "p_zero_16", "predicted_seed_db",
             "predicted_grid_db", "measured_snr_db", "bits", "method"}
     assert all(keys <= set(r) for r in rows)

@@ -1,5 +1,5 @@
-"""The seed's estimator (sampled mean/std, absmax), its prediction formulas, the grid-aware error
-of a Gaussian on a grid, and the per-layer bits file the advisor writes."""
+"""The precision estimator (sampled mean/std, absmax), its P_zero prediction formulas, the
+grid-aware error of a Gaussian on a grid, and the per-layer bits file the advisor writes."""
 
 import math
 

@@ -1,6 +1,6 @@
 """Predictions held against `qtool simulate`'s measurements on GRUs that took no part in choosing
 the threshold T (docs/advisor.md): the grid-aware prediction per tensor and at the output, and
-the seed's rule at T."""
+the threshold rule at T."""
 
 import math
 
@@ -81,7 +81,7 @@ def test_grid_aware_prediction_tracks_the_measurement(measured):
     assert np.median(np.abs(p - m)) < MAX_MEDIAN_ERROR_DB
 
 
-def test_the_seed_rule_at_T_agrees_with_the_measurement(measured):
+def test_the_threshold_rule_at_T_agrees_with_the_measurement(measured):
     """Each of the rule's decisions measured alone, as in the experiment: its operands (or the
     tensor) at int8, everything else at int16; int8 is safe at 20 dB or more."""
     model, ac = measured["model"], measured["ac"]

@@ -30,7 +30,7 @@ def test_pipeline_on_arrays_equals_the_cli(cli, tmp_path):
     exp = qtool.export_c(qm, tmp_path / "c", name="m")
     assert {"m.c", "m.h", "m_params.h", "qgru.c", "qgru.h"} <= set(exp.files)
     ver = qtool.verify(qm, tmp_path / "c", test)
-    assert ver["output_mismatches"] == ver["state_mismatches"] == 0 and ver["name"] == "m"
+    assert ver.output_mismatches == ver.state_mismatches == 0 and ver.name == "m"
 
 
 @pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
@@ -81,3 +81,23 @@ def test_simulate_hands_back_the_outputs_without_a_file(tmp_path):
         for key, got in (("float/y", res.y_float), ("quant/y", res.y_quant), ("quant/y_int", res.y_int)):
             assert np.array_equal(f[key][()], got), key
     assert qtool.simulate(qm, test, backend="cpu").y_int is None  # only when asked for
+
+
+def test_api_errors_name_parameters_and_the_cli_names_flags(cli, tmp_path):
+    """One convention: the API's messages name its parameters in backticks, and the command line
+    maps each to its flag in one place (qtool.cli.app.FLAGS)."""
+    from qtool.cli.app import as_flags
+
+    model = random_model()
+    x = np.zeros((4, 3, 5), np.float32)
+    with pytest.raises(QtoolError, match="`batch_size` must be at least 1"):
+        qtool.calibrate(model, x, batch_size=0)
+    with pytest.raises(QtoolError, match="`methods` takes single methods"):
+        qtool.observe(model, x, methods=("auto", "mse"))
+    assert as_flags("`batch_size` must be; use `force`; `test` and `methods`; (`check=False`); `fmt`") == \
+        "--batch-size must be; use --force; --eval and --compare; (--no-check); --format"
+    np.save(tmp_path / "x.npy", x)
+    qtool.save_model(model, tmp_path / "m.h5")
+    code, _, err = cli("calibrate", tmp_path / "m.h5", tmp_path / "x.npy", "-o", tmp_path / "q.h5",
+                       "--percentile", "20", "--method", "percentile")
+    assert code == 2 and "--percentile must be in (50, 100]" in err and "`" not in err

@@ -24,6 +24,15 @@ def files(tmp_path_factory):
              **{f"fc.{k}": v for k, v in fc.state_dict().items()}}
     torch.save(state, d / "seq2seq.pt")
     torch.jit.save(torch.jit.script(enc), d / "scripted.pt")
+
+    class LinearGruLinear(torch.nn.Module):  # what a user's model.state_dict() holds, in definition order
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(4, 4)
+            self.gru = torch.nn.GRU(4, 8, batch_first=True)
+            self.out = torch.nn.Linear(8, 2)
+
+    torch.save(LinearGruLinear().state_dict(), d / "lgl.pt")
     rng = np.random.default_rng(0)
     np.save(d / "calib.npy", rng.standard_normal((24, 6, 4)).astype(np.float32))
     np.save(d / "test.npy", rng.standard_normal((8, 6, 4)).astype(np.float32))
@@ -39,7 +48,7 @@ def test_calibrate_picks_a_gru_by_name_and_says_what_it_left_out(cli, files):
     code, out, err = cli("calibrate", d / "seq2seq.pt", d / "calib.npy", "-o", d / "q.h5", "--method", "minmax",
                          "--name", "enc", "--force")
     assert code == 0, err
-    assert "left out, not quantized: dec (GRU), fc (2 tensors)" in err.replace("\n", " ")
+    assert "left out, not quantized: dec (GRU), fc (2 tensors)" in " ".join(err.split())
     import qtool
 
     qm = qtool.load(d / "q.h5")
@@ -48,8 +57,10 @@ def test_calibrate_picks_a_gru_by_name_and_says_what_it_left_out(cli, files):
         want = enc(torch.from_numpy(x))[0].numpy()
     res = qtool.simulate(qm, x, outputs=True, backend="cpu")
     assert np.allclose(res.y_float, want, atol=1e-5)  # the encoder, not the decoder, was taken
+    # the decoder is stored after the encoder: data for the file are not taken as data for it
     code, out, err = cli("advise", d / "seq2seq.pt", d / "calib.npy", "--name", "dec", "--no-check", "--limit", "8")
-    assert code == 2 and "feature size 4 does not match the model's input size 8" in err, err
+    assert code == 2 and "the GRU (dec) is fed by enc (GRU), stored before it" in err, err
+    assert f"qtool import {d / 'seq2seq.pt'} -o gru.h5" in err and err.count("\n") == 1
 
 
 def test_no_check_skips_the_framework(cli, files):
@@ -91,6 +102,17 @@ def test_load_model_for_data_refuses_a_gru_fed_by_another_layer(tmp_path, files)
     assert not_fed_by_input(model, d / "seq2seq.pt") is None
     model.extra["import"]["input_from"] = "dense (Dense)"
     msg = not_fed_by_input(model, tmp_path / "m.keras")
-    assert "reads the output of dense (Dense), not the model's input" in msg and "qtool import m.keras" in msg
-    with pytest.raises(QtoolError, match="choose one with --name"):
+    assert "is fed by dense (Dense), not by the model's input" in msg and f"qtool import {tmp_path / 'm.keras'}" in msg
+    with pytest.raises(QtoolError, match="choose one with `name`"):
         qtool.load_model_for_data(d / "seq2seq.pt", check=False)
+
+
+def test_a_state_dict_with_a_layer_stored_before_its_gru_is_not_calibrated_on_the_model_input(cli, files):
+    d, _ = files
+    code, _, err = cli("calibrate", d / "lgl.pt", d / "calib.npy", "-o", d / "lgl_q.h5")
+    assert code == 2 and "the GRU (gru) is fed by inp (2 tensors), stored before it" in err and err.count("\n") == 1
+    assert not (d / "lgl_q.h5").exists()
+    code, out, err = cli("import", d / "lgl.pt", "-o", d / "lgl.h5", "--force")  # the remedy's first step
+    assert code == 0 and "left out, not quantized: inp (2 tensors), out (2 tensors)" in " ".join(out.split()), err
+    code, _, err = cli("calibrate", d / "lgl.h5", d / "calib.npy", "-o", d / "lgl_q.h5", "--method", "minmax")
+    assert code == 0, err

@@ -96,4 +96,4 @@ def test_advise_table_fits_80_columns_and_verbose_adds_the_statistics():
         assert any(f"│ 1.bwd │ {r['tensor']} " in line and "30.5" in line and "29.8" in line and "percentile" in line
                    for line in lines), r["tensor"]
     wide = tensor_table(advice, "t", verbose=True)
-    assert [c.header for c in wide.columns][2:8] == ["mu", "sigma", "M", "P0 @8", "P0 @16", "seed SNR"]
+    assert [c.header for c in wide.columns][2:8] == ["mu", "sigma", "M", "P0 @8", "P0 @16", "P0 SNR"]

@@ -1,5 +1,5 @@
 """Distributed runs (qtool.parallel): `mpiexec -n R qtool calibrate/simulate` give files identical to
-one process's, errors on any rank end every rank with one line, and the seed's AllGather +
+one process's, errors on any rank end every rank with one line, and the AllGather +
 int8 matmul + dequantize operator is exact on 1, 2 and 3 ranks with a different A on every
 rank. The MPI runs launch mpiexec (from the `mpi` extra); without it they are skipped."""
 
@@ -195,10 +195,11 @@ def test_commands_that_are_not_distributed_are_refused(monkeypatch):
 @needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_operator_strict(ranks):
-    """Seed 001's operator on R ranks, R / 2 ranks and 1 rank, every rank with its own A_i and
-    its own b: int32 exact and float16 bit-identical to the single-process reference (uneven
-    rows, a rank with none, chunks that do not divide them, K not a multiple of 64, -128 and
-    127, permuted rows, the CUDA backend under the simulator, a bad argument on one rank)."""
+    """The AllGather + int8 matmul + dequantize operator on R ranks, R / 2 ranks and 1 rank,
+    every rank with its own A_i and its own b: int32 exact and float16 bit-identical to the
+    single-process reference (uneven rows, a rank with none, chunks that do not divide them, K
+    not a multiple of 64, -128 and 127, permuted rows, the CUDA backend under the simulator, a
+    bad argument on one rank)."""
     p = mpirun(ranks, HERE / "mpi_operator.py")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count(", 0 in all") == ranks

@@ -107,7 +107,7 @@ def test_several_grus_need_a_name(tmp_path):
     sd = load_file(str(GOLDEN / "torch_single.safetensors"))
     both = {f"enc.{k}": v for k, v in sd.items()} | {f"dec.{k}": v for k, v in sd.items()}
     save_file(both, str(tmp_path / "two.safetensors"))
-    with pytest.raises(QtoolError, match="several GRUs.*--name"):
+    with pytest.raises(QtoolError, match="several GRUs.*`name`"):
         import_model(tmp_path / "two.safetensors")
     assert import_model(tmp_path / "two.safetensors", name="dec").name == "dec"
 
@@ -136,7 +136,7 @@ def test_import_command_pickled_module_is_one_line(cli, tmp_path):
 
 def test_unknown_format_and_lstm_refused(tmp_path):
     (tmp_path / "m.bin").write_bytes(b"xx")
-    with pytest.raises(QtoolError, match="--format"):
+    with pytest.raises(QtoolError, match="`fmt`"):
         import_model(tmp_path / "m.bin")
     pytest.importorskip("safetensors")
     from safetensors.numpy import save_file

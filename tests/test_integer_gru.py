@@ -1,5 +1,5 @@
 """The integer engine against exact integer expectations: the primitives by hand, and whole runs
-against the independent rational reference of the seed's formulas (tests/reference_int_gru.py)."""
+against the independent rational reference of the spec's formulas (tests/reference_int_gru.py)."""
 
 import numpy as np
 import pytest

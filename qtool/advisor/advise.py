@@ -1,6 +1,6 @@
-"""`qtool advise`: the seed's estimator and predictions for every tensor, the seed's int8/int16
-rule, and (with held-out data) the search for the least flash that reaches a measured output
-SNR or the best SNR within a flash budget. The result is a bits file for `qtool calibrate`."""
+"""`qtool advise` (docs/advisor.md): the precision estimator and predictions for every tensor,
+the int8/int16 threshold rule, and (with held-out data) the search for the least flash that
+reaches a measured output SNR or the best SNR within a flash budget. The result is a bits file for `qtool calibrate`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from qtool.advisor import pzero
 from qtool.advisor.configs import HIGH, LOW, Unit, all_units, bits_config, flash_bytes
 from qtool.advisor.predict import Prediction, Predictor
-from qtool.advisor.search import Candidate, Evaluator, Search, seed_rule
+from qtool.advisor.search import Candidate, Evaluator, Search, threshold_rule
 from qtool.advisor.stats import model_stats, new_estimators
 from qtool.calibration.auto import CHOSEN, AutoCalibrator, AutoChoice
 from qtool.calibration.observe import model_config
@@ -25,7 +25,7 @@ from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
 from qtool.simulation.run import simulate, tensor_key
 
-# The seed's threshold T (dB) on its predicted int8 SNR, chosen by the experiment in
+# The threshold rule's T (dB) on the P_zero prediction's int8 SNR, chosen by the experiment in
 # docs/advisor.md (benchmarks/advise_threshold.py).
 THRESHOLD_DB = 18.5
 
@@ -90,7 +90,7 @@ def tensor_rows(stats, pred: Prediction, measured: dict, qm: QuantModel, choice:
                 rows.append({
                     "layer": l, "direction": DIRECTIONS[d], "tensor": name, "mu": s.mu, "sigma": s.sigma,
                     "M": s.M, "p_zero_8": pzero.p_zero(s, LOW), "p_zero_16": pzero.p_zero(s, HIGH),
-                    "predicted_seed_db": pred.seed_db.get((l, d, name)),
+                    "predicted_seed_db": pred.pzero_db.get((l, d, name)),
                     "predicted_grid_db": pred.grid_db.get((l, d, name)),
                     "measured_snr_db": m, "bits": cq.spec[name].bits,
                     "method": method if name not in GATE_OUTPUTS else "minmax"})
@@ -104,11 +104,11 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
            progress: Progress | None = None, info: dict | None = None) -> Advice:
     """Estimate, predict, decide (and search, with `eval_data` and a target or a budget)."""
     if target_db is not None and eval_data is None:
-        raise QtoolError("--target-snr needs --eval TEST: held-out sequences to measure the output SNR on")
+        raise QtoolError("`target_snr` needs `test`: held-out sequences to measure the output SNR on")
     if max_flash is not None and eval_data is None:
-        raise QtoolError("--max-flash needs --eval TEST: held-out sequences to measure the output SNR on")
+        raise QtoolError("`max_flash` needs `test`: held-out sequences to measure the output SNR on")
     if not 0.0 < gamma <= 1.0 or repeats < 1:
-        raise QtoolError("--gamma must be in (0, 1] and --repeats at least 1")
+        raise QtoolError("`gamma` must be in (0, 1] and `repeats` at least 1")
     if eval_data is not None:
         eval_data.check_features(model.input_size)
     t0 = time.perf_counter()
@@ -127,11 +127,11 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
         chosen = search.for_target(target_db) if target_db is not None else search.within(max_flash)
         if target_db is not None and max_flash is not None and chosen.flash > max_flash:
             raise QtoolError(f"reaching {target_db:g} dB needs {chosen.flash:,} bytes of flash, above "
-                             f"--max-flash {max_flash:,}")
+                             f"`max_flash` {max_flash:,}")
         presets = measured_presets(int8=search.low, w8a16=search.w8a16, int16=search.high)
     else:
         mode = "rule"
-        promoted = seed_rule(stats, threshold_db)
+        promoted = threshold_rule(stats, threshold_db)
         if eval_data is not None:
             chosen = ev(promoted)
             presets = measured_presets(int8=ev(frozenset()), int16=ev(frozenset(all_units(model))))
@@ -146,7 +146,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
                 q = ac.build(cfg, choice.plan if k == "int8" else ac.fixed_plan(cfg, "minmax"), {})
                 presets[k] = {"flash_bytes": flash_bytes(q), "predicted_snr_db": predictor.grid(q.cells)[1]}
     measured: dict = {"tensors": {}}
-    measured_on = "nothing (no --eval: predictions only)"
+    measured_on = "nothing (no `test`: predictions only)"
     if eval_data is not None:
         tick("measuring", 0, None)
         measured = simulate(chosen.qm, eval_data).results()

@@ -2,7 +2,7 @@
 through the cell and over the time steps.
 
 Each tensor's own error is that of its grid (step `2^-exp2_inv`, zero point, clipping range) on
-the seed's picture of its distribution, a bulk N(mu, sigma) within the observed range and
+the estimator's picture of its distribution, a bulk N(mu, sigma) within the observed range and
 outliers at the absmax M carrying the energy the bulk does not explain:
 - a tensor quantized directly (x, the LUT outputs) gets the exact error of the Gaussian on the
   grid: each level's cell, and the clipped tails, integrated in closed form;

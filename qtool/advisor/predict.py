@@ -1,4 +1,4 @@
-"""Both predictions for a whole quantized model: the seed's per tensor, and the grid-aware one
+"""Both predictions for a whole quantized model: the P_zero one per tensor, and the grid-aware one
 per tensor and at the output."""
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from qtool.core.tensors import NAMES
 
 @dataclass
 class Prediction:
-    """Predicted SNR (dB) per tensor key (l, d, name): the seed's and the grid-aware one; and
-    the grid-aware prediction of the model's output."""
+    """Predicted SNR (dB) per tensor key (l, d, name): the P_zero one (`pzero_db`) and the
+    grid-aware one; and the grid-aware prediction of the model's output."""
 
-    seed_db: dict[tuple[int, int, str], float]
+    pzero_db: dict[tuple[int, int, str], float]
     grid_db: dict[tuple[int, int, str], float]
     output_db: float
 
 
-def seed_cell(stats: dict, spec: dict) -> dict[str, float]:
-    """The seed's SNR of every tensor of one cell at the cell's bits."""
+def pzero_cell(stats: dict, spec: dict) -> dict[str, float]:
+    """The P_zero prediction's SNR of every tensor of one cell at the cell's bits."""
     bits = {n: t.bits for n, t in spec.items()}
     return {n: pzero.tensor_snr_db(stats, bits, n) for n in NAMES if n in stats}
 
@@ -87,6 +87,6 @@ class Predictor:
 
     def predict(self, cells: list[list[CellQuant]]) -> Prediction:
         grid, out = self.grid(cells)
-        seed_db = {(l, d, n): v for l, row in enumerate(cells) for d, cq in enumerate(row)
-                   for n, v in seed_cell(self.stats[l][d], cq.spec).items()}
-        return Prediction(seed_db, grid, out)
+        pzero_db = {(l, d, n): v for l, row in enumerate(cells) for d, cq in enumerate(row)
+                   for n, v in pzero_cell(self.stats[l][d], cq.spec).items()}
+        return Prediction(pzero_db, grid, out)

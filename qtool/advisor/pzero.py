@@ -1,4 +1,4 @@
-"""The seed's prediction (seed 003, "precision speculation"), exactly as written.
+"""The P_zero prediction ("precision speculation", docs/advisor.md), exactly as specified there.
 
 The quantization step follows the outliers, the bulk N(mu, sigma) decides the damage:
 
@@ -8,7 +8,7 @@ The quantization step follows the outliers, the bulk N(mu, sigma) decides the da
 
 A zeroed element contributes nothing, so P_zero is taken as the relative error of a vector; a
 tensor that is no operand of a product gets the one-vector form `-20 log10(P_zero)` (P2 = 0).
-The seed centres the bulk at 0 (its P_zero is P(|x| < Delta / 2) for N(0, sigma)); so does this.
+As specified, P_zero centres the bulk at 0 (P(|x| < Delta / 2) for N(0, sigma)); so does this.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def operand_stats(stats: dict[str, BulkStats], name: str) -> BulkStats:
 
 
 def tensor_snr_db(stats: dict[str, BulkStats], bits: dict[str, int], name: str) -> float:
-    """The seed's predicted SNR of one tensor of a cell: the product formula for the outputs
+    """The P_zero prediction's SNR of one tensor of a cell: the product formula for the outputs
     of products, the one-vector formula for every other tensor."""
     if name in PRODUCTS:
         a, b = PRODUCTS[name]

@@ -1,5 +1,6 @@
-"""The seed's estimator on every tensor of the seed's table: observers for the traced tensors
-(fed by calibration's float pass) and the same estimator run once over the weights."""
+"""The precision estimator (docs/advisor.md) on every tensor of the tensor table: observers for
+the traced tensors (fed by calibration's float pass) and the same estimator run once over the
+weights."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def new_estimators(model: GruModel, seed: int = 0, gamma: float = GAMMA, k: int 
 
 
 def model_stats(model: GruModel, obs: Observers, seed: int = 0, gamma: float = GAMMA, k: int = K) -> Stats:
-    """The estimates of every tensor of the seed's table: the traced ones from `obs`, the
+    """The estimates of every tensor of the tensor table: the traced ones from `obs`, the
     weights and biases from one pass over their values. The backward direction reads the same
     inputs as the forward one."""
     out: Stats = []

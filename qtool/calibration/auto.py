@@ -2,7 +2,7 @@
 
 The calibration sequences are split into FOLDS contiguous folds. One float pass observes every
 tensor of every fold into a histogram, the statistics that minmax, percentile, mse and kl all
-read (ema, the seed's sequential EMA, has no exact merge and is not a candidate). Each fold in
+read (ema, the sequential per-step EMA, has no exact merge and is not a candidate). Each fold in
 turn is held out and the other folds, merged exactly, fit the grids (k-fold cross-validation:
 every sequence is held out once). Then, for a bits config:
 

@@ -1,7 +1,6 @@
 """A quantized or QAT-trained model file's quantizers (qtool.importers.ranges), turned into qtool's
-spec: the seed 002 steps
-"recognise the fake-quant nodes" and "extract their parameters" end here, in the same TensorQ the
-calibration produces.
+spec: the compiler steps "recognise the fake-quant nodes" and "extract their parameters"
+(docs/qat.md) end here, in the same TensorQ the calibration produces.
 
 A file's quantizer gives a learned range, the interval its grid covers, `[(qmin - zp) s, (qmax -
 zp) s]`. qtool's grid for it (docs/qat.md, "Importing"):
@@ -73,7 +72,7 @@ def fixed_spec(imported: Imported, model: GruModel, config: dict[str, TensorConf
     """The imported tensors as qtool's spec per cell (ties applied: x of layer l > 0 and the
     backward h come from the same range), and one report row per imported range."""
     if snap not in SNAPS:
-        raise QtoolError(f"unknown --snap '{snap}' (use one of {', '.join(SNAPS)})")
+        raise QtoolError(f"unknown `snap` '{snap}' (use one of {', '.join(SNAPS)})")
     fixed: list[list[dict[str, TensorQ]]] = [[{} for _ in layer] for layer in model.layers]
     rows = []
     for (l, d, name), r in sorted(imported.ranges.items()):

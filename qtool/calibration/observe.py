@@ -1,4 +1,4 @@
-"""Calibration: run the float GRU over data, observe every tensor of the seed's table, and turn
+"""Calibration: run the float GRU over data, observe every tensor of the tensor table, and turn
 the observations into a QuantModel (scales, zero points, integer weights, tables, shifts).
 
 Ties that keep the integer program free of extra requantization:

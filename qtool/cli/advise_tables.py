@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from qtool.advisor.advise import Advice
+if TYPE_CHECKING:
+    from qtool.advisor.advise import Advice
 
 
 def _db(v: float | None) -> str:
@@ -17,9 +19,9 @@ def _db(v: float | None) -> str:
 
 def tensor_table(advice: Advice, title: str, verbose: bool = False) -> Table:
     """Per tensor: the SNR predicted on its grid, the measured one and the bits chosen (fits 80
-    columns); `verbose` adds the estimator's statistics and the seed's own prediction."""
+    columns); `verbose` adds the estimator's statistics and the P_zero prediction."""
     t = Table(title=title)
-    stats = ("mu", "sigma", "M", "P0 @8", "P0 @16", "seed SNR") if verbose else ()
+    stats = ("mu", "sigma", "M", "P0 @8", "P0 @16", "P0 SNR") if verbose else ()
     cols = ("layer", "tensor", *stats, "predicted", "measured", "bits", "method")
     for c in cols:
         t.add_column(c, justify="left" if c in ("layer", "tensor", "method") else "right",
@@ -51,6 +53,6 @@ def search_line(advice: Advice) -> str:
     elif advice.mode == "budget":
         what = f"budget {advice.max_flash:,} bytes"
     else:
-        what = f"the seed's rule, T = {advice.threshold_db:g} dB"
+        what = f"the threshold rule, T = {advice.threshold_db:g} dB"
     return (f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s; "
             f"methods: {advice.chosen.qm.info.get('method')}")

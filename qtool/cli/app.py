@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -184,22 +185,17 @@ def import_cmd(
 ):
     """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
     from qtool import api
-    from qtool.importers import import_note
-    from qtool.importers.crosscheck import describe
-    from qtool.io.files import claim_output
 
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
-    claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
+    api.claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
     model = api.load_model(src, fmt, name, check=not no_check)
     api.save_model(model, output, True, inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
-    out.print(describe(model.extra.get("check")), highlight=False)
-    note = import_note(model)
-    if note:
-        out.print(escape(note), highlight=False)
+    for line in api.import_lines(model):
+        out.print(escape(as_flags(line)), highlight=False)
 
 
 NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)
@@ -207,9 +203,9 @@ NOTES: list[str] = []  # said on stderr when the command succeeds (an error stay
 
 def note_what_was_left_out(model) -> None:
     """A framework file given to calibrate or advise: say what the GRU leaves out of it."""
-    from qtool.importers import import_note
+    from qtool import api
 
-    note = import_note(model)
+    note = api.import_note(model)
     if note:
         NOTES.append(note)
 
@@ -217,9 +213,9 @@ def note_what_was_left_out(model) -> None:
 def say_if_compiling() -> None:
     """One line on stderr when the engine's kernel is not compiled yet (the first run after an
     install), which would otherwise sit silent for several seconds."""
-    from qtool.engine.cpu import needs_compile
+    from qtool import api
 
-    if needs_compile():
+    if api.needs_compile():
         err.print("first run: compiling the simulator's kernels (cached for later runs)")
 
 
@@ -228,7 +224,7 @@ def calibrate(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
-    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the seed's per-step EMA on x and h), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
+    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence).")] = "auto",
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights W and R, per output channel.")] = "minmax",
     percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
@@ -268,9 +264,7 @@ def calibrate(
     inputs = [model_path, data_path, eval_path]
     confirm = confirm_at_terminal()
     if output is not None:  # refuse before the work, not after it
-        from qtool.io.files import claim_output
-
-        claim_output(output, force, inputs, confirm)
+        api.claim_output(output, force, inputs, confirm)
         force = True
     t0 = time.perf_counter()
     if eval_path is not None:
@@ -335,7 +329,7 @@ def advise(
     target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB.")] = None,
     max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE'.")] = None,
-    threshold: Annotated[float | None, typer.Option(metavar="DB", help="The seed's threshold T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
+    threshold: Annotated[float | None, typer.Option(metavar="DB", help="The threshold rule's T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
     gamma: Annotated[float, typer.Option(metavar="RATE", help="The estimator's sampling rate.")] = 0.01,
     repeats: Annotated[int, typer.Option(metavar="K", help="The estimator's independent samples; the least-variance one is kept.")] = 5,
@@ -343,13 +337,13 @@ def advise(
     time_first: TimeFirst = False,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
     limit: LimitOpt = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the seed's own SNR prediction.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the P_zero SNR prediction.")] = False,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Predict every tensor's quantization SNR (the seed's precision estimator) and choose int8 or
+    """Predict every tensor's quantization SNR (the precision estimator, docs/advisor.md) and choose int8 or
     int16 per tensor; with --eval, prove the choice by simulation: the least flash reaching
     --target-snr, or the best SNR within --max-flash. -o writes a bits file for
     'qtool calibrate --bits FILE', which rebuilds the very same model."""
@@ -375,8 +369,8 @@ def advise(
         emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "tensors": adv.rows})
         return
     out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
-    out.print(summary_line(adv), highlight=False)
-    out.print(search_line(adv), highlight=False)
+    out.print(as_flags(summary_line(adv)), highlight=False)
+    out.print(as_flags(search_line(adv)), highlight=False)
     if output is not None:
         out.print(f"bits file -> {escape(str(output))} (qtool calibrate MODEL CALIB --bits "
                   f"{escape(str(output))} rebuilds this model)", highlight=False)
@@ -407,9 +401,7 @@ def simulate(
     if tensors not in ("summary", "all"):
         raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
     if save is not None:
-        from qtool.io.files import claim_output
-
-        claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
+        api.claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
     if backend != "cuda" and mode != "fakequant":
         say_if_compiling()
     with Bar("simulating", 1) as bar:
@@ -424,10 +416,8 @@ def simulate(
         out.print(both_table(res.to_dict(), f"integer and fake-quant vs float {where}"))
     else:
         out.print(distance_table(res.to_dict(), f"{mode} vs float {where}", everything=tensors == "all"))
-    if mode != "integer":
-        from qtool.simulation.fakequant import EXPLANATION
-
-        out.print(EXPLANATION, highlight=False)
+    if api.mode_explanation(mode):
+        out.print(api.mode_explanation(mode), highlight=False)
     snr = res.per_step_snr_db
 
     def db(v):
@@ -482,31 +472,22 @@ def inspect(
     as_json: JsonOpt = False,
 ):
     """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables."""
-    import h5py
-
     from qtool import api
     from qtool.cli.tables import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
-    from qtool.core.model import open_h5
-    from qtool.core.qmodel import is_qmodel
-    from qtool.importers import import_note
 
     path = Path(need(path, "model file", "FILE"))
-    quantized = False
-    if path.is_file() and h5py.is_hdf5(path):  # else an importable file, or load_model's error
-        with open_h5(path) as f:
-            quantized = is_qmodel(f)
-    qm = api.load(path) if quantized else None
-    model = qm.model if qm else api.load_model(path, name=name, check=not no_check)
+    found = api.inspect(path, name=name, check=not no_check)
+    model, qm = found.model, found.qm
     summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
                "bidirectional": model.bidirectional, "input_size": model.input_size,
-               "hidden_size": model.hidden_size, "quantized": quantized, **model.extra.get("import", {})}
+               "hidden_size": model.hidden_size, "quantized": found.quantized, **model.extra.get("import", {})}
     if as_json:
         emit_json({**summary, "shapes": layer_rows(model),
                    **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {})})
         return
     out.print(shapes_table(model, f"{model.name} ({model.source})"))
-    if import_note(model):
-        out.print(escape(import_note(model)), highlight=False)
+    if api.import_note(model):
+        out.print(f"note: {escape(api.import_note(model))}", highlight=False)
     if qm is not None:
         out.print(provenance_table(qm))
         out.print(spec_table(qm, "quantization"))
@@ -583,17 +564,11 @@ def export_c_cmd(
 
 def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:
     from qtool import api
-    from qtool.exporters.tables import json_bytes, write_h5
-    from qtool.io.files import claim_output, write_bytes
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
-    qm = api.load(qmodel_path)
-    output = claim_output(Path(need(output, f"output {kind} file", "--output")), force, [qmodel_path],
-                          confirm_at_terminal())
-    if kind == "JSON":
-        write_bytes(output, json_bytes(qm))
-    else:
-        write_h5(qm, output)
+    output = Path(need(output, f"output {kind} file", "--output"))
+    output = api.export_tables(qmodel_path, output, "json" if kind == "JSON" else "h5", force=force,
+                               confirm=confirm_at_terminal())
     out.print(f"parameter tables -> {escape(str(output))}")
 
 
@@ -641,14 +616,14 @@ def verify(
     data_path = Path(need(data_path, "data file", "DATA"))
     res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
                      target=target)
-    bad = res["output_mismatches"] + res["state_mismatches"] + res["dequantized_mismatches"]
+    bad = res.mismatches
     if as_json:
-        emit_json(res)
+        emit_json(res.to_dict())
     else:
-        out.print(f"{res['target']}: {res['sequences']} sequences x {res['time_steps']} steps: "
-                  f"{res['output_mismatches']} mismatches in {res['output_values']:,} output integers, "
-                  f"{res['state_mismatches']} in {res['state_values']:,} final-state integers, "
-                  f"{res['dequantized_mismatches']} in the dequantized outputs")
+        out.print(f"{res.target}: {res.sequences} sequences x {res.time_steps} steps: "
+                  f"{res.output_mismatches} mismatches in {res.output_values:,} output integers, "
+                  f"{res.state_mismatches} in {res.state_values:,} final-state integers, "
+                  f"{res.dequantized_mismatches} in the dequantized outputs")
         out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not bad
                   else "[red]FAIL[/]: the C code differs from the simulator")
     if bad:
@@ -663,15 +638,14 @@ def precompile(
 
     `pip install .` does this already; run it after an editable install or a numba upgrade. The
     cache holds code for this machine's CPU: elsewhere the kernels compile again on first use."""
-    from qtool.install.precompile import PRESETS
-    from qtool.install.precompile import precompile as run
+    from qtool import api
 
-    presets = tuple(preset or PRESETS)
+    presets = tuple(preset or api.PRESETS)
     for p in presets:
-        if p not in PRESETS:
-            raise QtoolError(f"unknown preset '{p}' (use one of {', '.join(PRESETS)})")
+        if p not in api.PRESETS:
+            raise QtoolError(f"unknown preset '{p}' (use one of {', '.join(api.PRESETS)})")
     with err.status("compiling the CPU kernels (numba)"):
-        seconds = run(presets, say=lambda line: err.print(f"  {line}"))
+        seconds = api.precompile(presets, say=lambda line: err.print(f"  {line}"))
     out.print(f"kernels ready ({seconds:.1f} s)")
 
 
@@ -679,6 +653,16 @@ def precompile(
 def version():
     """Print qtool's version."""
     out.print(f"qtool {__version__}")
+
+
+# The API's messages name its parameters in backticks (`limit`, `check=False`); the command line
+# shows its flags instead. Every parameter is its flag with dashes, but these:
+FLAGS = {"methods": "--compare", "test": "--eval", "fmt": "--format", "check=False": "--no-check"}
+
+
+def as_flags(text) -> str:
+    """An API message as the command line says it: `batch_size` -> --batch-size."""
+    return re.sub(r"`([a-z_]+(?:=False)?)`", lambda m: FLAGS.get(m[1], "--" + m[1].replace("_", "-")), str(text))
 
 
 def _one_line(text) -> str:
@@ -698,7 +682,7 @@ def main(argv: list[str] | None = None) -> None:
         with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
             code = app(args=argv, prog_name="qtool", standalone_mode=False)
             for note in NOTES:
-                err.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+                err.print(f"note: {escape(as_flags(note))}", highlight=False)  # wrapped at word boundaries
             NOTES.clear()
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -711,7 +695,7 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"[red]error:[/] {_one_line(e.format_message())}{hint}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except QtoolError as e:
-        err.print(f"[red]error:[/] {_one_line(e)}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {_one_line(as_flags(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (Interrupted, KeyboardInterrupt, RankStopped) as e:
         signum = getattr(e, "signum", signal.SIGINT)

@@ -7,10 +7,7 @@ import math
 import numpy as np
 from rich.table import Table
 
-from qtool.core.model import DIRECTIONS
-from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import TENSORS
-from qtool.numerics.rescale import PARAMS
+from qtool.api import DIRECTIONS, PARAMS, TENSORS, QuantModel
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:

@@ -1,4 +1,5 @@
-"""The canonical float GRU: weights in the seed's layout, gate blocks z | r | g, and its HDF5 file.
+"""The canonical float GRU: weights in the layout of docs/numerics.md ("Float GRU"), gate
+blocks z | r | g, and its HDF5 file.
 
 File layout (format "qtool-gru", version 1), documented in docs/file-formats.md:
 

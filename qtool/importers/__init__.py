@@ -32,7 +32,7 @@ def detect_format(path: Path) -> str:
         return "onnx"
     if name.endswith(".npz"):
         return "haste"
-    raise QtoolError(f"{path}: cannot tell the model format from the name; use --format "
+    raise QtoolError(f"{path}: cannot tell the model format from the name; use `fmt` "
                      f"({', '.join(FORMATS)})")
 
 
@@ -74,7 +74,7 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     elif "" in stacks or len(stacks) == 1:  # "" is the whole chained stack when there is one
         key = "" if "" in stacks else next(iter(stacks))
     else:
-        raise QtoolError(f"{path}: holds several GRUs ({', '.join(named)}); choose one with --name")
+        raise QtoolError(f"{path}: holds several GRUs ({', '.join(named)}); choose one with `name`")
     model_name = key.replace("/", "_") or path.stem
     model = GruModel(stacks[key].layers, name=re.sub(r"\W+", "_", model_name).strip("_") or "gru",
                      source=f"{fmt}:{path.name}" + (f":{key}" if key else ""))
@@ -106,10 +106,10 @@ def not_fed_by_input(model: GruModel, path: Path) -> str | None:
     if not info or info["input_from"] is None:
         return None
     took = ", ".join(info["took"]) or model.name
-    return (f"{path}: the GRU ({took}) reads the output of {info['input_from']}, not the model's input, "
+    return (f"{path}: the GRU ({took}) is fed by {info['input_from']}, not by the model's input, "
             "so the model's input data are not what the GRU sees; qtool quantizes the GRU alone: run "
             f"the layers before it on your data and calibrate the GRU on their outputs (qtool import "
-            f"{path.name} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")
+            f"{path} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")
 
 
 def read_imported(path, model: GruModel, fmt: str | None = None):

@@ -53,7 +53,7 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
 def describe(check: dict | None) -> str:
     """One line for the `import` command: what the model was checked against and how closely."""
     if check is None:
-        return "not checked against the source framework (--no-check)"
+        return "not checked against the source framework (`check=False`)"
     if not check["checked"]:
         return f"not checked against the source framework: {check['reason']}"
     return (f"matches {check['framework']} on {check['sequences']} random sequences x {check['steps']} steps: "

@@ -135,7 +135,7 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
                              "(remove it yourself or choose another output)")
         if not force:
             if confirm is None:
-                raise QtoolError(f"{path} exists; use --force to overwrite it")
+                raise QtoolError(f"{path} exists; use `force` to overwrite it")
             if not confirm(f"{path} exists. Overwrite?"):
                 raise QtoolError(f"{path} exists and was not overwritten")
     return path
@@ -258,11 +258,11 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
     foreign = [n for n, p in targets.items() if (p.exists() or p.is_symlink()) and not written_by_qtool(p)]
     if foreign:
         raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left "
-                         "alone (move them or choose another directory or --name)")
+                         "alone (move them or choose another directory or `name`)")
     existing = [n for n, p in targets.items() if p.exists()]
     if existing and not force and not (confirm and confirm(
             f"{out_dir}: replace {', '.join(existing)}? (other files stay as they are)")):
-        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}; use --force to replace them")
+        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}; use `force` to replace them")
     with contextlib.ExitStack() as stack:  # renames every file into place as it unwinds
         for name, data in files.items():
             tmp = stack.enter_context(atomic_path(targets[name]))
@@ -280,7 +280,7 @@ def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
         return names[0]
     if "x" in names:
         return "x"
-    raise QtoolError(f"{path}: holds several arrays ({', '.join(names)}); choose one with --dataset")
+    raise QtoolError(f"{path}: holds several arrays ({', '.join(names)}); choose one with `dataset`")
 
 
 def _check_npz_member(path: Path, name: str) -> None:
@@ -383,7 +383,7 @@ def open_sequences(
                 if len(names) != 1:
                     raise QtoolError(
                         f"{path}: holds {len(names)} datasets ({', '.join(names[:6])}); "
-                        "choose one with --dataset"
+                        "choose one with `dataset`"
                     )
                 dataset = names[0]
             if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
@@ -401,7 +401,7 @@ def open_sequences(
 def check_array(arr, name: str) -> None:
     """Sequence data must be a non-empty numeric 3-D array."""
     if len(arr.shape) != 3:
-        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with --time-first), "
+        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with `time_first`), "
                          f"got shape {tuple(arr.shape)}")
     if min(arr.shape) == 0:
         raise QtoolError(f"{name}: data has an empty dimension, shape {tuple(arr.shape)}")
@@ -421,7 +421,7 @@ class SequenceData:
         self.shape = (shape[1], shape[0], shape[2]) if time_first else shape
         if self.shape[1] * self.shape[2] > MAX_SEQUENCE_VALUES:
             raise QtoolError(f"{name}: one sequence holds {self.shape[1]} x {self.shape[2]} values, more "
-                             f"than qtool accepts ({MAX_SEQUENCE_VALUES}); check the layout (--time-first?)")
+                             f"than qtool accepts ({MAX_SEQUENCE_VALUES}); check the layout (`time_first`?)")
 
     @property
     def num_sequences(self) -> int:

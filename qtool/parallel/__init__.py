@@ -1,4 +1,4 @@
-"""Runs over several processes with MPI (mpi4py), and the seed's AllGather + int8 matmul +
+"""Runs over several processes with MPI (mpi4py), and the AllGather + int8 matmul +
 dequantize operator (docs/distributed.md).
 
 Under `mpiexec -n R qtool calibrate ...` or `... simulate ...` (R > 1) each rank streams its own
@@ -78,8 +78,8 @@ def rank() -> int:
 
 def allgather_dequant_matmul(comm, a, b, token_scale, channel_scale, return_int32: bool = False, *,
                              chunk_rows: int | None = None, backend: str = "cpu"):
-    """The seed's AllGatherDequantMatmul: `A = allgather(a)` in rank order, `C = A @ b` with
-    exact int32 sums, `D = float16(float32(C) * token_scale[m] * channel_scale[n])`, on every
+    """The AllGather + int8 matmul + dequantize operator: `A = allgather(a)` in rank order,
+    `C = A @ b` with exact int32 sums, `D = float16(float32(C) * token_scale[m] * channel_scale[n])`, on every
     rank; the gather of chunk k + 1 runs while the GEMM consumes chunk k. See
     qtool.parallel.matmul.allgather_dequant_matmul."""
     from qtool.parallel.matmul import allgather_dequant_matmul as run

@@ -8,8 +8,9 @@ then merge into exactly the state one process reaches by observing every chunk i
   so far, measured on the aligned grid, fits). So every rank logs its histogram's extent after
   each chunk, the root replays one process's sequence of widths from the logs in chunk order (a
   scratch histogram fed the extents), and re-bins the counts onto that width.
-- ema: the seed's EMA is a recurrence over time steps in data order; every rank logs each
-  chunk's per-step minima and maxima and the root runs the recurrence over them in chunk order.
+- ema: the EMA (docs/calibration.md) is a recurrence over time steps in data order; every rank
+  logs each chunk's per-step minima and maxima and the root runs the recurrence over them in
+  chunk order.
 
 The ranks' states (counts on a common width, logs) merge exactly in any grouping, so they
 reduce in a binomial tree (log2 R steps); the root finishes with the replays.

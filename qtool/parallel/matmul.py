@@ -1,4 +1,5 @@
-"""The seed's AllGatherDequantMatmul (seed 001) on MPI, with a strict contract:
+"""The AllGather + int8 matmul + dequantize operator on MPI (docs/distributed.md), with a strict
+contract:
 
     A = allgather(a)                       # every rank's rows [M_i, K], in rank order
     C = A @ b                              # int8 x int8, exact int32 sums
@@ -7,7 +8,7 @@
 on every rank; `b` and `channel_scale` are the rank's own (a column shard, in tensor
 parallelism), the token scales travel with their rows.
 
-The pipeline is the seed's two-stage workspace: the rows travel in steps of `chunk_rows` rows
+The pipeline is a two-stage workspace: the rows travel in steps of `chunk_rows` rows
 per rank; step k gathers rows [k c, (k + 1) c) of every rank (fewer or none where a rank has
 fewer) into stage k % 2 with a non-blocking MPI_Iallgatherv, and is started before the GEMM of
 step k - 1 runs on the other stage. The GEMM works in row blocks and tests the pending gather
@@ -141,7 +142,7 @@ def allgather_dequant_matmul(comm, a: np.ndarray, b, token_scale: np.ndarray,
 def _pipeline(comm, a, counts, displs, c, gemm, ts_all, acc, d, MPI) -> None:
     """The double-buffered gather + GEMM loop; fills acc and d (rows in global order)."""
     R, me, K = comm.Get_size(), comm.Get_rank(), a.shape[1]
-    stage = np.empty((2, R * c, K), np.int8)  # the seed's WORKSPACE_STAGES * rankSize * commSizeM rows
+    stage = np.empty((2, R * c, K), np.int8)  # 2 stages of R * c rows: every rank's rows of one step
     row = MPI.SIGNED_CHAR.Create_contiguous(K).Commit()  # counts in rows: no 2^31-element limit
 
     def start(k: int):

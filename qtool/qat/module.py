@@ -2,7 +2,7 @@
 the torch backend), trainable, and writable as a quantized model file.
 
 State (docs/qat.md, "Checkpoints"): the float weights under nn.GRU's own names (`weight_ih_l0`,
-..., PyTorch's gate order r | z | n), and one quantizer per tensor of the seed's table,
+..., PyTorch's gate order r | z | n), and one quantizer per tensor of the tensor table,
 `<slot>_fake_quant` with `exp2_inv` (learned, rounded in the forward pass; per output row for
 weights and biases, in PyTorch's row order), `zero_point` (learned for asymmetric tensors, 0
 otherwise), `bits`, `symmetric` and the calibrated `range_lo`/`range_hi`. Slots: `weight_ih_l{k}`,
@@ -38,7 +38,7 @@ def torch_rows(H: int) -> np.ndarray:
 
 
 def slot(name: str, layer: int, direction: int) -> str:
-    """The quantizer's name for a tensor of the seed's table (the checkpoint key's stem)."""
+    """The quantizer's name for a tensor of the tensor table (the checkpoint key's stem)."""
     alias = dict(WEIGHTS).get(name, name)
     if name in SHARED:
         return f"{alias}_l{layer}"
@@ -108,7 +108,7 @@ class TensorQuantizer(nn.Module):
 
 
 class QuantGRU(nn.Module):
-    """An `nn.GRU` that runs qtool's quantized GRU: every tensor of the seed's table on its
+    """An `nn.GRU` that runs qtool's quantized GRU: every tensor of the tensor table on its
     power-of-two grid, rounded as the integer engine rounds ("integer", the default) or once per
     tensor ("tensor", simulated quantization). Build it with `QuantGRU.from_float`."""
 

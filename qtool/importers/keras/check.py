@@ -80,7 +80,7 @@ def _load(keras, path: Path, config: dict):
     why = unloadable(keras, inference_config(config))
     if why:
         raise QtoolError(f"{path}: {why}; Keras cannot build the model without that code, which qtool does "
-                         "not run (--no-check imports the GRU without the check)")
+                         "not run (`check=False` imports the GRU without the check)")
     with tempfile.TemporaryDirectory(prefix="qtool-keras-") as folder:
         copy = write_copy(path, config, Path(folder))
         return keras.saving.load_model(str(copy), compile=False, safe_mode=True)
@@ -99,7 +99,7 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
     big = _oversized(config)
     if big:
         raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values "
-                         "for one weight; not loaded with Keras (--no-check imports the GRU without it)")
+                         "for one weight; not loaded with Keras (`check=False` imports the GRU without it)")
     keras = _import_keras()
     if '"qkeras>' in json.dumps(config):
         import qkeras  # noqa: F401  (registers QKeras' layers and quantizers with Keras)

@@ -3,7 +3,7 @@
 A QGRU runs a Keras GRU (reset_after=True, z | r | g) on `kernel_quantizer(kernel)`,
 `recurrent_quantizer(recurrent_kernel)` and `bias_quantizer(bias)`, and quantizes the state it
 reads each step with `state_quantizer`. The file stores the float weights; the quantizers are
-recomputed here (seed 002: the fake-quant on a constant folds into it), so qtool's float model is
+recomputed here (a fake-quant on a constant folds into it), so qtool's float model is
 the GRU QKeras runs. `quantized_bits` is the only quantizer qtool reads:
 - alpha None or a number a: levels of step a 2^integer / 2^(bits - keep_negative);
 - alpha "auto_po2": a power-of-two scale per output column, found from the weights themselves by

@@ -97,7 +97,7 @@ class Graph:
         self._bytes = 0
 
     def fold_dequantized(self, graph, where: str) -> None:
-        """QDQ files (seed 002: fake-quant on a constant folds into it): DequantizeLinear of an
+        """QDQ files (a fake-quant on a constant folds into it): DequantizeLinear of an
         integer constant becomes the float constant it stands for."""
         from onnx import numpy_helper
 

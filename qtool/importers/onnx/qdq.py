@@ -3,9 +3,9 @@ op_types_to_quantize=["GRU"])` writes them: DequantizeLinear on integer weight i
 tensor, or per channel with `axis`) gives W, R and B; QuantizeLinear -> DequantizeLinear on the
 node's input X and on its output Y give the ranges of x and h.
 
-`dequantized_constants` folds DequantizeLinear on constants into float constants (seed 002: the
-fake-quant on a constant folds into it), which is all the float ONNX importer needs to read a QDQ
-file; `read_qdq` reads the quantizers themselves.
+`dequantized_constants` folds DequantizeLinear on constants into float constants (a
+fake-quant on a constant folds into it: docs/qat.md), which is all the float ONNX importer
+needs to read a QDQ file; `read_qdq` reads the quantizers themselves.
 """
 
 from __future__ import annotations

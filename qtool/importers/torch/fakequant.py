@@ -6,8 +6,8 @@ FakeQuantize, which fails on the GRU's tuple output), so its quantizers live in 
 names. Accepted names, next to the GRU's weights `<P>.weight_ih_l0` (docs/qat.md):
 
 - `<P>.<slot>_fake_quant.<leaf>`, slot = `weight_ih_l{k}`, `weight_hh_l{k}`, `bias_ih_l{k}`,
-  `bias_hh_l{k}` (W, R, bx, br) or `<tensor>_l{k}` for any tensor of the seed's table (`x_l0`,
-  `h_l1`, `z_pre_l0`, ...), with `_reverse` for the backward direction;
+  `bias_hh_l{k}` (W, R, bx, br) or `<tensor>_l{k}` for any tensor of the tensor table
+  (docs/numerics.md; `x_l0`, `h_l1`, `z_pre_l0`, ...), with `_reverse` for the backward direction;
 - `<P>.activation_post_process.<leaf>`: the output FakeQuantize, h of the last layer.
 
 Leaves: a FakeQuantize's `scale` and `zero_point` (per tensor, or per output row in PyTorch's r | z

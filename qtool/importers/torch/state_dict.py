@@ -55,19 +55,19 @@ def _flatten(d, prefix: str = "") -> dict:
     return out
 
 
-def load_tensors(path: Path, fmt: str, keep=None, skipped: list | None = None) -> dict:
+def load_tensors(path: Path, fmt: str, keep=None, order: list | None = None) -> dict:
     """The tensors of a state dict whose keys `keep` accepts (default: the GRU weights), as
     numpy arrays, each checked for size first; only the GRU weights must be floating point.
-    The keys of the tensors not read are appended to `skipped`."""
-    skipped = [] if skipped is None else skipped
-    return _load_safetensors(path, keep, skipped) if fmt == "safetensors" else _load_pt(path, keep, skipped)
+    The key of every tensor of the file, read or not, is appended to `order`, in file order."""
+    order = [] if order is None else order
+    return _load_safetensors(path, keep, order) if fmt == "safetensors" else _load_pt(path, keep, order)
 
 
 def _is_gru_key(k: str) -> bool:
     return KEY.match(k) is not None
 
 
-def _load_safetensors(path: Path, keep, skipped: list) -> dict:
+def _load_safetensors(path: Path, keep, order: list) -> dict:
     try:
         from safetensors import safe_open
     except ImportError:
@@ -77,9 +77,9 @@ def _load_safetensors(path: Path, keep, skipped: list) -> dict:
     try:
         with safe_open(str(path), framework="numpy") as f:
             for k in f.keys():
+                order.append(k)
                 if not (keep or _is_gru_key)(k):
-                    skipped.append(k)  # other tensors of the file are never read
-                    continue
+                    continue  # other tensors of the file are never read
                 sl = f.get_slice(k)
                 check_size(str(path), k, sl.get_shape())
                 if _is_gru_key(k) and sl.get_dtype() not in SAFETENSORS_FLOATS:
@@ -114,7 +114,7 @@ def _torch_error(path: Path, e: Exception) -> QtoolError:
                       f"({lines[0][:200] if lines else type(e).__name__})")
 
 
-def _load_pt(path: Path, keep, skipped: list) -> dict:
+def _load_pt(path: Path, keep, order: list) -> dict:
     try:
         import torch
     except ImportError:
@@ -138,8 +138,8 @@ def _load_pt(path: Path, keep, skipped: list) -> dict:
         raise QtoolError(f"{path}: expected a state_dict (a dict of tensors), got {type(obj).__name__}")
     out = {}
     for k, v in _flatten(obj).items():
+        order.append(k)
         if not ((keep or _is_gru_key)(k) and isinstance(v, torch.Tensor)):
-            skipped.append(k)
             continue
         check_size(str(path), k, v.shape)
         if v.layout != torch.strided or v.is_quantized or v.is_complex():
@@ -195,25 +195,46 @@ def gru_layers(state: dict, where: str) -> list:
 def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
     from qtool.importers.torch.check import run_torch
 
-    skipped: list[str] = []
-    tensors = load_tensors(path, fmt, skipped=skipped)
+    order: list[str] = []
+    tensors = load_tensors(path, fmt, order=order)
     groups: dict[str, dict] = {}
     for key, val in tensors.items():
         m = KEY.match(key)
         groups.setdefault(m["prefix"].rstrip("."), {})[key[len(m["prefix"]):]] = val
     from qtool.importers.torch.slots import SLOT
 
-    others = modules([k for k in skipped if not SLOT.match(k)])  # quantizers are read as ranges
+    others = [k for k in order if k not in tensors and not SLOT.match(k)]  # quantizers are read as ranges
     out = {}
     for prefix, state in groups.items():
         where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
         name = ROOT if not prefix and len(groups) > 1 else prefix  # "" means "the only GRU"
         state = {k: as_float32(where, k, v) for k, v in state.items()}
         rest = [f"{p or ROOT} (GRU)" for p in groups if p != prefix]
-        # a state dict does not say what feeds the GRU: input_from stays unknown (None)
         out[name] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state),
-                          took=[prefix or ROOT], left_out=rest + others)
+                          took=[prefix or ROOT], left_out=rest + modules(others),
+                          input_from=_before(order, tensors, others, prefix))
     return out
+
+
+STORED_BEFORE = (", stored before it (a state dict does not record what feeds a GRU; modules are usually "
+                 "stored in the order they run)")
+
+
+def _before(order: list[str], tensors: dict, others: list[str], prefix: str) -> str | None:
+    """A state dict does not say what feeds its GRU; modules are stored in the order the model
+    defines them, which is usually the order they run in: the module stored last before the
+    GRU's first tensor (another GRU included) is taken as its possible feeder, None when the GRU
+    comes first."""
+    first = next(i for i, k in enumerate(order) if k in tensors and KEY.match(k)["prefix"].rstrip(".") == prefix)
+    earlier = [k for k in order[:first] if k in tensors or k in others]
+    if not earlier:
+        return None
+    k = earlier[-1]
+    m = KEY.match(k) if k in tensors else None
+    if m:
+        return f"{m['prefix'].rstrip('.') or ROOT} (GRU){STORED_BEFORE}"
+    module = k.rpartition(".")[0] or k
+    return f"{modules([o for o in others if (o.rpartition('.')[0] or o) == module])[0]}{STORED_BEFORE}"
 
 
 def modules(keys: list[str]) -> list[str]:

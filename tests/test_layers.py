@@ -1,0 +1,109 @@
+"""The package's structure, held to its design: every import (function-level ones too) points down
+the layers below, there is no import cycle, no folder holds more than 12 modules side by side, and
+the command line reaches the rest only through the API. Read from the sources with `ast`."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# bottom to top: a module imports its own folder and the folders before it (README's Layout)
+LAYERS = ("errors", "core", "numerics", "io", "calibrators", "exporters", "engine", "simulation", "importers",
+          "calibration", "report", "advisor", "parallel", "qat", "api", "install", "cli")
+# what the command line may import besides its own modules (the MPI layer wraps every command)
+CLI_MAY_IMPORT = {"api", "errors", "parallel"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for top, prefix in (("qtool", "qtool"), ("calibrators", "qtool.calibrators"), ("exporters", "qtool.exporters")):
+        for f in (ROOT / top).rglob("*.py"):
+            parts = f.relative_to(ROOT / top).with_suffix("").parts
+            name = ".".join((prefix, *parts))
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+MODULES = modules()
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in ast.walk(node):
+                lines.add(getattr(sub, "lineno", 0))
+    return lines
+
+
+def imports(module: str) -> set[str]:
+    """The qtool modules `module` imports (the package face `qtool` itself left out)."""
+    tree = ast.parse(MODULES[module].read_text())
+    skip = _type_checking_lines(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", 0) in skip:
+            continue
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from qtool.x import y`: the module qtool.x.y when there is one, else qtool.x
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                     for a in node.names]
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != "qtool" and name != module:
+                found.add(name)
+    return found
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def test_every_folder_is_a_known_layer():
+    assert {layer(m) for m in MODULES if m != "qtool"} == set(LAYERS)
+
+
+def test_imports_point_down_the_layers():
+    wrong = [f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
+             if m != "qtool" and LAYERS.index(layer(d)) > LAYERS.index(layer(m))]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(GRAPH[m]):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(path[path.index(d):] + [d]))
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(MODULES):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_folder_holds_more_than_12_modules():
+    for folder in [ROOT / "calibrators", ROOT / "exporters", *(p for p in (ROOT / "qtool").rglob("*") if p.is_dir())]:
+        if folder.name == "__pycache__":
+            continue
+        count = len([f for f in folder.glob("*.py") if f.name != "__init__.py"])
+        assert count <= 12, f"{folder.relative_to(ROOT)} holds {count} modules"
+
+
+def test_the_command_line_goes_through_the_api():
+    wrong = [f"{m} -> {d}" for m, deps in GRAPH.items() if layer(m) == "cli" for d in deps
+             if layer(d) not in CLI_MAY_IMPORT | {"cli"}]
+    assert not wrong, "\n".join(sorted(wrong))
