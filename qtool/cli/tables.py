@@ -191,13 +191,13 @@ def auto_lines(auto: dict, per_layer: bool = True) -> list[str]:
 def calibration_summary(qm: QuantModel, title: str) -> Table:
     """One row per layer direction: the grids of its input and state, and its tables' error."""
     t = Table(title=title)
-    for col in ("layer", "x grid", "h grid", "h range", "LUT max error (LSB)"):
-        t.add_column(col, justify="left" if col == "layer" else "right")
+    for col in ("layer", "x grid", "h grid", "h range", "LUT max error (LSB)"):  # a row fits 80 columns
+        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=col != "LUT max error (LSB)")
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
             x, h = cq.spec["x"], cq.spec["h"]
-            t.add_row(f"{l}.{DIRECTIONS[d]}", f"int{x.bits}, 2^-{x.exp2_inv}, zp {x.zp}",
-                      f"int{h.bits}, 2^-{h.exp2_inv}, zp {h.zp}", f"[{float(h.lo):.4g}, {float(h.hi):.4g}]",
+            t.add_row(f"{l}.{DIRECTIONS[d]}", f"int{x.bits} 2^-{x.exp2_inv} zp {x.zp}",
+                      f"int{h.bits} 2^-{h.exp2_inv} zp {h.zp}", f"[{float(h.lo):.3g}, {float(h.hi):.3g}]",
                       f"{max(cq.lut_error.values()):g}")
     return t
 
