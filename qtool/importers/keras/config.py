@@ -144,16 +144,27 @@ def _gru_dirs(layer: dict, where: str) -> list[Direction] | None:
     return [fwd, _direction(back, True, where) if back is not None else fwd]
 
 
-def _node_inputs(node) -> list[str]:
-    """Names of the layers whose outputs one call of a layer takes (Keras 3 and Keras 2 configs)."""
+def tensor_refs(value) -> list[tuple[str, int]]:
+    """(layer, output index) of `input_layers`/`output_layers`: ["x", 0, 0] or [["x", 0, 0], ...]."""
+    if not isinstance(value, list):
+        return []
+    entries = [value] if value and isinstance(value[0], str) else value
+    return [(e[0], e[2] if len(e) > 2 and isinstance(e[2], int) else 0)
+            for e in entries if isinstance(e, list) and e and isinstance(e[0], str)]
+
+
+def call_refs(node) -> list[tuple[str, int]]:
+    """(layer, output index) of the tensors one call of a layer reads, positional ones first."""
     if isinstance(node, list):  # Keras 2: [[layer_name, node_index, tensor_index, kwargs], ...]
-        return [entry[0] for entry in node if isinstance(entry, list) and entry]
-    found: list[str] = []
+        return tensor_refs([e[:3] for e in node if isinstance(e, list)])
+    found: list[tuple[str, int]] = []
 
     def visit(v) -> None:
         if isinstance(v, dict):
-            if v.get("class_name") == "__keras_tensor__":
-                found.append(v["config"]["keras_history"][0])
+            cfg = v.get("config") if v.get("class_name") == "__keras_tensor__" else None
+            history = cfg.get("keras_history") if isinstance(cfg, dict) else None
+            if isinstance(history, list) and history and isinstance(history[0], str):
+                found.extend(tensor_refs(history))
             else:
                 for w in v.values():
                     visit(w)
@@ -161,8 +172,15 @@ def _node_inputs(node) -> list[str]:
             for w in v:
                 visit(w)
 
-    visit(node)
+    if isinstance(node, dict):
+        visit(node.get("args"))
+        visit(node.get("kwargs"))
     return found
+
+
+def _node_inputs(node) -> list[str]:
+    """Names of the layers whose outputs one call of a layer takes (Keras 3 and Keras 2 configs)."""
+    return [name for name, _ in call_refs(node)]
 
 
 def _masking(config) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qtool.importers.keras.config import IDENTITY, MODELS
+from qtool.importers.keras.config import IDENTITY, MODELS, call_refs, tensor_refs
 
 NO_OPS = ("InputLayer", *IDENTITY, "SpatialDropout2D", "SpatialDropout3D")  # identities at inference
 
@@ -68,40 +68,6 @@ def _name(layer: dict) -> str:
     return str((cfg if isinstance(cfg, dict) else {}).get("name", layer.get("name")))
 
 
-def _refs(value) -> list[tuple[str, int]]:
-    """(layer, output index) of `input_layers`/`output_layers`: ["x", 0, 0] or [["x", 0, 0], ...]."""
-    if not isinstance(value, list):
-        return []
-    entries = [value] if value and isinstance(value[0], str) else value
-    return [(e[0], e[2] if len(e) > 2 and isinstance(e[2], int) else 0)
-            for e in entries if isinstance(e, list) and e and isinstance(e[0], str)]
-
-
-def _call_refs(node) -> list[tuple[str, int]]:
-    """(layer, output index) of the tensors one call of a layer reads, positional ones first."""
-    if isinstance(node, list):  # Keras 2: [[layer_name, node_index, tensor_index, kwargs], ...]
-        return _refs([e[:3] for e in node if isinstance(e, list)])
-    found: list[tuple[str, int]] = []
-
-    def visit(v) -> None:
-        if isinstance(v, dict):
-            cfg = v.get("config") if v.get("class_name") == "__keras_tensor__" else None
-            history = cfg.get("keras_history") if isinstance(cfg, dict) else None
-            if isinstance(history, list) and history and isinstance(history[0], str):
-                found.extend(_refs(history))
-            else:
-                for w in v.values():
-                    visit(w)
-        elif isinstance(v, list):
-            for w in v:
-                visit(w)
-
-    if isinstance(node, dict):
-        visit(node.get("args"))
-        visit(node.get("kwargs"))
-    return found
-
-
 def _model(model: dict, prefix: str, graph: dict[str, Layer]) -> tuple[list[str], list[str]]:
     """Adds the layers of `model` to `graph`; returns the full names of the layers that take its
     inputs and of those that give its outputs (a nested model is looked through)."""
@@ -140,7 +106,7 @@ def _model(model: dict, prefix: str, graph: dict[str, Layer]) -> tuple[list[str]
     for layer in layers:
         nodes = layer.get("inbound_nodes")
         for node in nodes if isinstance(nodes, list) else []:
-            call(_name(layer), [output(n, t) for n, t in _call_refs(node)])
+            call(_name(layer), [output(n, t) for n, t in call_refs(node)])
     ins = cfg.get("input_layers") if isinstance(cfg, dict) else None
     outs = cfg.get("output_layers") if isinstance(cfg, dict) else None
-    return [output(n) for n, _ in _refs(ins)], [output(n, t) for n, t in _refs(outs)]
+    return [output(n) for n, _ in tensor_refs(ins)], [output(n, t) for n, t in tensor_refs(outs)]
