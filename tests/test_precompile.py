@@ -44,8 +44,18 @@ def _run_installed(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_wheel_carries_numba_caches():
-    assert any(f.endswith(".nbi") for f in FILES if "qtool/__pycache__" in f)
-    assert any(f.endswith(".nbc") for f in FILES if "calibrators/__pycache__" in f)
+    assert any(f.endswith(".nbi") for f in FILES if f.startswith("qtool/engine/__pycache__/"))
+    assert any(f.endswith(".nbc") for f in FILES if f.startswith("qtool/calibrators/__pycache__/"))
+
+
+def test_one_package_and_no_generic_top_level_names():
+    """calibrators/ and exporters/ install inside qtool; nothing else lands at the top of site-packages."""
+    tops = {f.split("/")[0] for f in FILES if "/" in f and not f.split("/")[0].endswith((".dist-info", ".egg-info"))}
+    assert tops == {"qtool"} or tops <= {"qtool", ".."}, tops  # ".." : the console script in bin/
+    assert any(f.startswith("qtool/exporters/c_runtime/") and f.endswith(".h") for f in FILES)
+    probe = "import importlib.util as u; print(u.find_spec('calibrators'), u.find_spec('exporters'))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd="/", env=_env(), capture_output=True, text=True)
+    assert out.stdout.split() == ["None", "None"], out.stdout + out.stderr
 
 
 def test_the_readme_commands_compile_nothing_after_install(tmp_path):
