@@ -1,0 +1,52 @@
+"""A whole model as qtool holds it: a graph of typed layers with named edges, one IR that every
+importer (Keras, ONNX, PyTorch through ONNX) writes and every later pass reads.
+
+Edges carry batch-first float tensors: a sequence `[N, T, C]` (shape `(None, C)`: any number of
+steps T, C channels) or, after a layer that takes the last step or pools over the whole
+sequence, a vector `[N, C]` (shape `(C,)`). Importers bring every framework layout (PyTorch's
+`[N, C, T]` convolutions, ONNX's time-first GRUs) to this one, so a layer sees channels last.
+
+A node's `op` names its module in `qtool.layers` (the registry), which defines the op's shapes and
+float semantics and proves a graph well formed (`qtool.layers.check`); `attrs` hold its
+settings, `params` its float32 weights, `source` what the framework called it (`"Dense"`,
+`"Gemm"`, ...). Each op's attributes and params: docs/graph.md, "Ops".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def label(self) -> str:
+        """How messages name it: the framework's name and what the framework called it."""
+        return f"{self.name} ({self.source or self.op})"
+
+
+@dataclass
+class Graph:
+    """`nodes` in an order where every input is computed before it is read; `inputs` maps each
+    graph input edge to its shape; `outputs` names the model's output edges."""
+
+    nodes: list[Node]
+    inputs: dict[str, tuple]
+    outputs: list[str]
+    name: str = "model"
+    source: str = ""
+    shapes: dict[str, tuple] = field(default_factory=dict)  # every edge's shape (qtool.layers.check)
+
+    def consumers(self, edge: str) -> list[Node]:
+        return [n for n in self.nodes if edge in n.inputs]
+

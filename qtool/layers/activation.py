@@ -1,0 +1,93 @@
+"""activation: one elementwise function, `kind`:
+
+    relu          max(x, 0)
+    relu6         min(max(x, 0), 6)
+    leaky_relu    x if x >= 0 else alpha * x   (`alpha` required: Keras' default is 0.3, PyTorch's 0.01)
+    sigmoid       1 / (1 + exp(-x))
+    tanh          tanh(x)
+    hard_sigmoid  clip(alpha * x + beta, 0, 1); alpha 1/6, beta 0.5 by default (Keras 3's
+                  relu6(x + 3) / 6, PyTorch's Hardsigmoid); Keras 2's is alpha 0.2, beta 0.5
+    softplus      log(1 + exp(x))
+    gelu          x * Phi(x) (the exact erf form); `approximate` "tanh" (or true, Keras' flag):
+                  0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
+    linear        x
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qtool.core.graph import Node
+from qtool.layers import attr_float, fail, only, want_inputs
+
+OP = "activation"
+KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "linear")
+ATTRS = {"leaky_relu": ("alpha",), "hard_sigmoid": ("alpha", "beta"), "gelu": ("approximate",)}
+
+
+def _approximate(node: Node) -> bool:
+    v = node.attrs.get("approximate", "none")
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if v in ("none", "tanh"):
+        return v == "tanh"
+    raise fail(node, f"attribute 'approximate' must be \"none\", \"tanh\", true or false, got {v!r:.40}")
+
+
+def _kind(node: Node) -> str:
+    kind = node.attrs.get("kind")
+    if kind not in KINDS:
+        raise fail(node, f"attribute 'kind' must be one of {', '.join(KINDS)}, got {kind!r:.40}")
+    return kind
+
+
+def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
+    kind = _kind(node)
+    only(node, ("kind", *ATTRS.get(kind, ())))
+    want_inputs(node, shapes)
+    if kind == "leaky_relu":
+        attr_float(node, "alpha")
+    elif kind == "hard_sigmoid":
+        attr_float(node, "alpha", 1 / 6), attr_float(node, "beta", 0.5)
+    elif kind == "gelu":
+        _approximate(node)
+    return [shapes[0]]
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of a large |x| only on the side where it shrinks: no overflow warnings, no inf / inf
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(np.float32)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # numpy has no erf; math.erf per element in float64 is exact and the edges are small
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64))
+
+
+def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    x, kind = xs[0], _kind(node)
+    if kind == "relu":
+        y = np.maximum(x, 0)
+    elif kind == "relu6":
+        y = np.clip(x, 0, 6)
+    elif kind == "leaky_relu":
+        y = np.where(x >= 0, x, np.float32(attr_float(node, "alpha")) * x)
+    elif kind == "sigmoid":
+        y = sigmoid(x)
+    elif kind == "tanh":
+        y = np.tanh(x)
+    elif kind == "hard_sigmoid":
+        y = np.clip(np.float32(attr_float(node, "alpha", 1 / 6)) * x + np.float32(attr_float(node, "beta", 0.5)), 0, 1)
+    elif kind == "softplus":
+        y = np.logaddexp(np.float32(0), x)
+    elif kind == "gelu" and _approximate(node):
+        with np.errstate(over="ignore"):  # x^3 overflows to inf for |x| > 1e12: tanh saturates there anyway
+            y = 0.5 * x * (1 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x ** 3)))
+    elif kind == "gelu":
+        y = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+    else:
+        y = x
+    return [np.asarray(y, np.float32)]

@@ -1,0 +1,80 @@
+"""gru: a (possibly stacked, possibly bidirectional) GRU, qtool's float GRU
+(qtool.numerics.float_gru: gates z | r | g, `g = tanh(Wx_g + r * (Rh_g + br_g) + bx_g)`, Keras'
+reset_after=True and PyTorch's formulation), zero initial state.
+
+Attrs: `layers` (default 1), `bidirectional` (default false), `return_sequences` (default true).
+Params `l{k}.{fwd,bwd}.{W,R,bx,br}` for layer k: W [3H, C_k], R [3H, H], bx [3H], br [3H]
+(qtool.core.model's layout); layer k + 1 reads layer k's sequence, [fwd | bwd] channels.
+
+Output: the last layer's sequence `[N, T, H * directions]`, or with return_sequences false its
+final states `[N, H * directions]`: the forward direction after the last step and the backward
+direction after the whole (reversed) sequence, i.e. at step 0 of its output. That is Keras'
+`Bidirectional(GRU(return_sequences=False))` and PyTorch's `cat(h_n[-2], h_n[-1])`. PyTorch's
+`output[:, -1]` differs for the backward direction (its state after one step): that model is a
+gru with return_sequences true followed by last_step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qtool.core.graph import Node
+from qtool.core.model import DIRECTIONS, GruCell, GruModel
+from qtool.layers import attr_bool, attr_int, fail, only, param, want_inputs
+from qtool.numerics.float_gru import run_float
+
+OP = "gru"
+ATTRS = ("layers", "bidirectional", "return_sequences")
+MAX_LAYERS = 64
+
+
+def _attrs(node: Node) -> tuple[int, int, bool]:
+    layers = attr_int(node, "layers", 1, high=MAX_LAYERS)
+    dirs = 2 if attr_bool(node, "bidirectional", False) else 1
+    return layers, dirs, attr_bool(node, "return_sequences", True)
+
+
+def _names(layers: int, dirs: int) -> list[list[str]]:
+    return [[f"l{k}.{DIRECTIONS[d]}." for d in range(dirs)] for k in range(layers)]
+
+
+def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
+    layers, dirs, seqs = _attrs(node)
+    names = _names(layers, dirs)
+    only(node, ATTRS, params=tuple(p + w for cells in names for p in cells for w in ("W", "R", "bx", "br")))
+    want_inputs(node, shapes, seq=True)
+    width = shapes[0][-1]
+    for k, cells in enumerate(names):
+        hidden = None
+        for p in cells:
+            R = param(node, p + "R", (None, None))
+            H = R.shape[1]
+            if R.shape[0] != 3 * H or hidden not in (None, H):
+                raise fail(node, f"param '{p}R' has shape {list(R.shape)}, expected [3H, H]"
+                                 + ("" if hidden is None else f" with H={hidden}"))
+            hidden = H
+            W = param(node, p + "W", (3 * H, None))
+            if W.shape[1] != width:
+                raise fail(node, f"param '{p}W' is {list(W.shape)} but layer {k} reads {width} channels")
+            param(node, p + "bx", (3 * H,)), param(node, p + "br", (3 * H,))
+        width = hidden * dirs
+    return [(None, width) if seqs else (width,)]
+
+
+def model(node: Node) -> GruModel:
+    """The node's GRU as qtool's float model (the layout every GRU pass reads)."""
+    layers, dirs, _ = _attrs(node)
+    return GruModel([[GruCell(*(node.params[p + w] for w in ("W", "R", "bx", "br"))) for p in cells]
+                     for cells in _names(layers, dirs)], name=node.name, source=node.source)
+
+
+def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    gru, (_, _, seqs) = model(node), _attrs(node)
+    y = run_float(gru, xs[0])  # [N, T, H * dirs]; the backward half at step t saw steps T-1..t
+    if seqs:
+        return [y]
+    if y.shape[1] == 0:
+        raise fail(node, "an empty sequence has no final state")
+    H = gru.hidden_size
+    # forward: after the last step; backward: after the whole reversed sequence, which is step 0
+    return [y[:, -1] if gru.num_directions == 1 else np.concatenate([y[:, -1, :H], y[:, 0, H:]], axis=-1)]
