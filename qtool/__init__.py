@@ -8,7 +8,8 @@ export_tables, verify, html_report, precompile.
 __version__ = "0.1.0"
 
 API = ("advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",
-       "load_model", "load_model_for_data", "observe", "precompile", "save", "save_model", "simulate", "verify")
+       "load_graph", "load_model", "load_model_for_data", "observe", "precompile", "save", "save_model", "simulate",
+       "verify")
 __all__ = ["__version__", *API]
 
 

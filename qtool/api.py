@@ -114,6 +114,21 @@ def import_note(model: GruModel) -> str | None:
     return note(model)
 
 
+def load_graph(path: str | os.PathLike, fmt: str | None = None, check: bool = True):
+    """The whole model of a Keras or ONNX file as a graph of layers (docs/graph.md), checked
+    against the framework where it is installed (`check`)."""
+    from qtool.importers import import_graph
+
+    return import_graph(path, fmt, check)
+
+
+def describe_check(check: dict | None) -> str:
+    """One line on what an import was checked against and how closely."""
+    from qtool.importers.crosscheck import describe
+
+    return describe(check)
+
+
 def needs_compile() -> bool:
     """Whether the CPU engine's kernels are not in numba's cache yet (the first run compiles them)."""
     from qtool.engine.cpu import needs_compile as missing

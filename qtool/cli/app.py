@@ -469,6 +469,7 @@ def inspect(
     path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A quantized or float qtool model file, or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")] = None,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
+    graph: Annotated[bool, typer.Option("--graph", help="Show the whole model of a Keras or ONNX file: every layer, its op, what it reads, its output's shape.")] = False,
     as_json: JsonOpt = False,
 ):
     """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables."""
@@ -476,6 +477,9 @@ def inspect(
     from qtool.cli.tables import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
 
     path = Path(need(path, "model file", "FILE"))
+    if graph:
+        _inspect_graph(path, not no_check, as_json)
+        return
     found = api.inspect(path, name=name, check=not no_check)
     model, qm = found.model, found.qm
     summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
@@ -492,6 +496,19 @@ def inspect(
         out.print(provenance_table(qm))
         out.print(spec_table(qm, "quantization"))
         out.print(lut_table(qm))
+
+
+def _inspect_graph(path: Path, check: bool, as_json: bool) -> None:
+    from qtool import api
+    from qtool.cli.tables import graph_rows, graph_table
+
+    g = api.load_graph(path, check=check)
+    if as_json:
+        emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
+                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result})
+        return
+    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layers"))
+    out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
 
 
 export_app = typer.Typer(help="Write a quantized GRU for a target: C sources, or parameter tables.",

@@ -208,6 +208,25 @@ def layer_rows(model) -> list[dict]:
             for l, cells in enumerate(model.layers) for d, c in enumerate(cells)]
 
 
+def graph_rows(graph) -> list[dict]:
+    return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind"), "source": n.source, "inputs": list(n.inputs),
+             "shape": [None if d is None else d for d in graph.shapes[n.outputs[0]]] if n.outputs else []}
+            for n in graph.nodes]
+
+
+def graph_table(graph, title: str) -> Table:
+    """The whole model, a row a layer: its op, what it reads, its output's shape (`T` for any
+    number of steps)."""
+    t = Table(title=title)
+    for col in ("layer", "op", "reads", "output"):  # the framework's class names: --json
+        # an activation shows its kind (relu, sigmoid, ...)
+        t.add_column(col, justify="left", overflow="fold")
+    for r in graph_rows(graph):
+        shape = "[" + ", ".join("T" if d is None else str(d) for d in r["shape"]) + "]"
+        t.add_row(r["layer"], r["kind"] or r["op"], ", ".join(r["inputs"]), shape)
+    return t
+
+
 def shapes_table(model, title: str) -> Table:
     t = Table(title=title)
     for col in ("layer", "W", "R", "bx", "br", "hidden"):

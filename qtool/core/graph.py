@@ -46,6 +46,7 @@ class Graph:
     name: str = "model"
     source: str = ""
     shapes: dict[str, tuple] = field(default_factory=dict)  # every edge's shape (qtool.layers.check)
+    check_result: dict | None = None  # what the import checked against the framework (None: not asked)
 
     def consumers(self, edge: str) -> list[Node]:
         return [n for n in self.nodes if edge in n.inputs]

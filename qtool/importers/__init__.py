@@ -14,8 +14,8 @@ from qtool.core.model import GruModel
 from qtool.errors import QtoolError
 from qtool.importers.stack import Stack, chained, natural_key
 
-__all__ = ["FORMATS", "Stack", "chained", "detect_format", "import_model", "import_note", "natural_key",
-           "not_fed_by_input", "read_imported", "read_stacks"]
+__all__ = ["FORMATS", "Stack", "chained", "detect_format", "import_graph", "import_model", "import_note",
+           "natural_key", "not_fed_by_input", "read_imported", "read_stacks"]
 
 FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
 
@@ -140,3 +140,27 @@ def read_imported(path, model: GruModel, fmt: str | None = None):
 
         return read_qkeras(path, model)
     return None
+
+
+def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
+    """The whole model in a Keras or ONNX file as a qtool.core.graph.Graph (docs/graph.md), proven
+    well formed and, with `check`, equal to the framework's own run (1e-4) where it is installed;
+    `graph.check` says what was checked."""
+    from qtool.layers import check as check_graph
+
+    path = Path(path)
+    if not path.is_file():
+        raise QtoolError(f"model file not found: {path}")
+    fmt = fmt or detect_format(path)
+    if fmt == "keras":
+        from qtool.importers.keras.model_graph import check_keras_graph as framework_check
+        from qtool.importers.keras.model_graph import read_keras_graph as read
+    elif fmt == "onnx":
+        from qtool.importers.onnx.model_graph import check_onnx_graph as framework_check
+        from qtool.importers.onnx.model_graph import read_onnx_graph as read
+    else:
+        raise QtoolError(f"{path}: whole models are read from Keras (.keras, .h5) and ONNX (.onnx) files; "
+                         f"a {fmt} file holds weights only")
+    graph = check_graph(read(path), str(path))
+    graph.check_result = framework_check(path, graph) if check else None
+    return graph

@@ -1,0 +1,50 @@
+"""`qtool inspect FILE --graph`: the whole model of a framework file, a row a layer, checked
+against the framework; a weights-only file says why it has no graph."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SAMPLES
+
+import qtool
+from qtool.layers import run
+
+
+@pytest.fixture(scope="module")
+def keras_file(tmp_path_factory):
+    pytest.importorskip("torch")
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "torch":
+        pytest.skip("keras is not on the torch backend")
+    keras.utils.set_random_seed(5)
+    L = keras.layers
+    m = keras.Sequential([keras.Input((None, 6)), L.Dense(8, activation="relu", name="front"),
+                          L.GRU(12, return_sequences=False, name="gru"), L.Dense(3, activation="softmax", name="head")])
+    path = tmp_path_factory.mktemp("graph") / "kws.keras"
+    m.save(path)
+    return m, path
+
+
+def test_inspect_graph_lists_every_layer_and_the_check(cli, keras_file):
+    m, path = keras_file
+    code, out, err = cli("inspect", path, "--graph")
+    assert code == 0, err
+    for row in ("front", "relu", "gru", "head", "softmax"):
+        assert row in out, row
+    assert "matches Keras" in out
+    code, out, err = cli("inspect", path, "--graph", "--json", "--no-check")
+    doc = json.loads(out)
+    assert [r["op"] for r in doc["layers"]] == ["dense", "activation", "gru", "dense", "softmax"]
+    assert doc["layers"][2]["shape"] == [12] and doc["check"] is None
+    x = np.random.default_rng(2).standard_normal((4, 9, 6)).astype(np.float32)  # held out, another length
+    graph = qtool.load_graph(path, check=False)
+    assert np.abs(run(graph, x)[graph.outputs[0]] - m.predict(x, verbose=0)).max() < 1e-5
+
+
+def test_a_weights_only_file_has_no_graph(cli):
+    code, _, err = cli("inspect", SAMPLES / "digits_gru.safetensors", "--graph")
+    assert code == 2 and "holds weights only" in err and err.count("\n") == 1
