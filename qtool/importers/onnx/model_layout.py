@@ -1,0 +1,216 @@
+"""Where the batch, the time steps and the channels of an ONNX value lie, so that a whole ONNX graph
+imports as qtool's channels-last graph (qtool.core.graph) with its layout-only ops absorbed.
+
+A `Layout` names each axis of an ONNX tensor: "N" (batch), "T" (time steps), "NT" (batch and time
+merged, `[N * T, C]`, as some exporters flatten before a MatMul), "1" (a unit axis: an Unsqueeze,
+a last step kept as `[N, 1, C]`, a direction count of 1), or an int k: the k-th channel factor.
+The qtool edge's channels are the factors' sizes `cdims` flattened row-major in factor order: an
+ONNX GRU's Y `[T, dirs, N, H]` is `("T", 0, "N", 1)` with `cdims (dirs, H)`, qtool's `[fwd | bwd]`
+channels. A Transpose permutes the names; a Reshape is matched block by block on the concrete
+sizes of a probe (the file's declared batch and length, or PROBE_N and PROBE_T where they are
+dynamic), and may merge channel factors only in their order (anything else would permute channels).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from qtool.errors import QtoolError
+
+PROBE_N, PROBE_T = 3, 11  # probe sizes for dynamic batch and time axes (shape subgraphs evaluate on them)
+SPECIAL = ("N", "T", "NT")
+
+
+class LayoutError(QtoolError):
+    """A value's axes do not fit what an op reads (the graph input may be laid out otherwise)."""
+
+
+def _name(a) -> str:
+    return f"C{a}" if isinstance(a, int) else a
+
+
+@dataclass(frozen=True)
+class Layout:
+    axes: tuple  # per ONNX axis: "N", "T", "NT", "1" or a channel factor's index
+    cdims: tuple  # channel factor sizes (the qtool edge's channel order); () is one channel
+    n: int  # the probe's batch size
+    t: int  # the probe's steps of this value (convolutions, pools and pads change it)
+
+    @staticmethod
+    def make(axes, cdims, n: int, t: int) -> Layout:
+        """A layout with its unit channel factors made unit axes, factors renumbered in order."""
+        keep = [k for k, d in enumerate(cdims) if d != 1]
+        index = {k: i for i, k in enumerate(keep)}
+        axes = tuple(index.get(a, "1") if isinstance(a, int) else a for a in axes)
+        return Layout(axes, tuple(cdims[k] for k in keep), n, t)
+
+    @property
+    def seq(self) -> bool:
+        return "T" in self.axes or "NT" in self.axes
+
+    @property
+    def channels(self) -> int:
+        return math.prod(self.cdims)
+
+    def edge_shape(self) -> tuple:
+        """The qtool edge's shape: (None, C) for a sequence, (C,) for a vector."""
+        return (None, self.channels) if self.seq else (self.channels,)
+
+    def describe(self) -> str:
+        return "[" + ", ".join(_name(a) for a in self.axes) + "]"
+
+    def size(self, a) -> int:
+        return {"N": self.n, "T": self.t, "NT": self.n * self.t, "1": 1}[a] if isinstance(a, str) else self.cdims[a]
+
+    def shape(self) -> list[int]:
+        """The probe's concrete shape."""
+        return [self.size(a) for a in self.axes]
+
+    def replace(self, **kw) -> Layout:
+        fields = dict(axes=self.axes, cdims=self.cdims, n=self.n, t=self.t)
+        fields.update(kw)
+        return Layout.make(**fields)
+
+    def holds_channels(self, axis: int) -> bool:
+        """Whether ONNX axis `axis` holds all the channels (one factor, or a unit axis for one channel)."""
+        a = self.axes[axis]
+        return (a == 0 and len(self.cdims) == 1) or (a == "1" and not self.cdims)
+
+    def with_channels(self, axis: int, c: int) -> Layout:
+        """This layout with `c` channels on `axis` (which held all of them)."""
+        return self.replace(axes=self.axes[:axis] + (0,) + self.axes[axis + 1:], cdims=(c,))
+
+    def take(self, axis: int, keep: bool) -> Layout:
+        """This layout with one index taken on `axis` (kept as a unit axis with `keep`); when the axis is a
+        channel factor, that factor goes (the part's channels are the remaining factors)."""
+        f = self.axes[axis]
+        axes = [(a - 1 if isinstance(f, int) and isinstance(a, int) and a > f else a) for a in self.axes]
+        axes[axis:axis + 1] = ["1"] if keep else []
+        cdims = self.cdims[:f] + self.cdims[f + 1:] if isinstance(f, int) else self.cdims
+        return self.replace(axes=tuple(axes), cdims=cdims)
+
+    def transpose(self, perm: list[int]) -> Layout:
+        return self.replace(axes=tuple(self.axes[p] for p in perm))
+
+    def unsqueeze(self, axes: list[int]) -> Layout:
+        rank = len(self.axes) + len(axes)
+        at = sorted(a % rank for a in axes)
+        out = list(self.axes)
+        for a in at:
+            out.insert(a, "1")
+        return self.replace(axes=tuple(out))
+
+    def squeeze(self, axes: list[int], what: str) -> Layout:
+        shape, at = self.shape(), {a % len(self.axes) for a in axes}
+        for a in at:
+            if self.axes[a] in SPECIAL or shape[a] != 1:
+                raise LayoutError(f"{what} squeezes axis {a} of {self.describe()}, which is not a unit axis")
+        return self.replace(axes=tuple(r for k, r in enumerate(self.axes) if k not in at))
+
+    def reshape(self, out: list[int], what: str) -> Layout:
+        """The layout of this value reshaped to the concrete `out` (no 0 or -1 left in it)."""
+        ins = self.shape()
+        if min(out, default=1) < 1:
+            raise LayoutError(f"{what} reshapes {ins} to {list(out)}, an empty or malformed shape")
+        if math.prod(ins) != math.prod(out):
+            raise LayoutError(f"{what} reshapes {ins} to {list(out)}, which does not fit (a size fixed "
+                              "when the file was exported?)")
+        big_in = [k for k, s in enumerate(ins) if s != 1]
+        big_out = [k for k, s in enumerate(out) if s != 1]
+        roles: dict[int, object] = {}
+        pieces: list[tuple] = []  # (sort key in factor order, output axis, size)
+        blocks, i, j = [], 0, 0
+        while i < len(big_in):
+            bi, bj = [big_in[i]], [big_out[j]]
+            pi, pj = ins[bi[0]], out[bj[0]]
+            while pi != pj:
+                if pi < pj:
+                    i += 1
+                    bi.append(big_in[i])
+                    pi *= ins[big_in[i]]
+                else:
+                    j += 1
+                    bj.append(big_out[j])
+                    pj *= out[big_out[j]]
+            blocks.append((bi[-1], bj[-1]))
+            self._block([self.axes[k] for k in bi], bj, out, roles, pieces, what)
+            i, j = i + 1, j + 1
+        # a batch or time axis of size 1 (a file exported with a fixed batch of 1) keeps its place
+        # between the same blocks of larger axes
+        free = [k for k, s in enumerate(out) if s == 1]
+        for k, s in enumerate(ins):
+            a = self.axes[k]
+            if s == 1 and a in SPECIAL:
+                gap = sum(1 for last_in, _ in blocks if last_in < k)
+                spot = next((f for f in free if sum(1 for _, last_out in blocks if last_out < f) == gap),
+                            free[0] if free else None)
+                if spot is None:
+                    raise LayoutError(f"{what} reshapes {self.describe()} {ins} to {list(out)}, dropping the "
+                                      f"{'batch' if a == 'N' else 'time'} axis")
+                roles[spot] = a
+                free.remove(spot)
+        order = {p[1]: idx for idx, p in enumerate(sorted(pieces))}
+        cdims = [0] * len(pieces)
+        for _, k, s in pieces:
+            cdims[order[k]] = s
+        axes = tuple(order[k] if k in order else roles.get(k, "1") for k in range(len(out)))
+        return Layout.make(axes, tuple(cdims), self.n, self.t)
+
+    def _block(self, roles_in: list, outs: list[int], out: list[int], roles: dict, pieces: list, what: str) -> None:
+        """One block of a Reshape: input axes `roles_in` (sizes > 1) become output axes `outs`."""
+        first = roles_in[0]
+        if isinstance(first, int) and roles_in == list(range(first, first + len(roles_in))):
+            for s, k in enumerate(outs):  # channel factors merged in their order, then split
+                pieces.append(((roles_in[0], s), k, out[k]))
+            return
+        if len(roles_in) == 1 and len(outs) == 1:
+            roles[outs[0]] = roles_in[0]
+        elif roles_in == ["N", "T"] and len(outs) == 1:
+            roles[outs[0]] = "NT"
+        elif roles_in == ["NT"] and [out[k] for k in outs] == [self.n, self.t]:
+            roles[outs[0]], roles[outs[1]] = "N", "T"
+        else:
+            raise LayoutError(f"{what} reshapes {self.describe()} to {list(out)}, mixing "
+                              f"{', '.join(_name(r) for r in roles_in)} (qtool keeps batch, time and channels apart)")
+
+    def per_channel(self, c: np.ndarray) -> tuple[np.ndarray, int] | None:
+        """A constant broadcast against this value as one number per channel (in the qtool edge's
+        channel order) and the number of unit axes it prepends; None when it varies along another axis."""
+        c = np.asarray(c, np.float32)
+        extra = max(c.ndim - len(self.axes), 0)
+        if extra and any(d != 1 for d in c.shape[:extra]):
+            return None
+        c = c.reshape(c.shape[extra:])
+        c = c.reshape((1,) * (len(self.axes) - c.ndim) + c.shape)
+        for a, d in zip(self.axes, c.shape):
+            if d != 1 and not (isinstance(a, int) and d == self.cdims[a]):
+                return None
+        factors = [a for a in self.axes if isinstance(a, int)]
+        sub = c[tuple(slice(None) if isinstance(a, int) else 0 for a in self.axes)]
+        sub = np.broadcast_to(sub, [self.cdims[f] for f in factors])
+        return np.ascontiguousarray(sub.transpose(np.argsort(factors))).reshape(-1), extra
+
+    def to_qtool(self, a: np.ndarray, n: int) -> np.ndarray:
+        """An array laid out as this value (batch `n`) as the qtool edge holds it: `[N, T, C]` or `[N, C]`."""
+        axes, shape = list(self.axes), list(a.shape)
+        if "NT" in axes:
+            k = axes.index("NT")
+            a = a.reshape(shape[:k] + [n, shape[k] // max(n, 1)] + shape[k + 1:])
+            axes[k:k + 1] = ["N", "T"]
+        order = [axes.index("N")] + ([axes.index("T")] if "T" in axes else [])
+        order += [axes.index(f) for f in range(len(self.cdims))]
+        order += [k for k, r in enumerate(axes) if r == "1"]
+        a = a.transpose(order)
+        return a.reshape(a.shape[:2] + (-1,) if "T" in axes else a.shape[:1] + (-1,))
+
+    def from_qtool(self, x: np.ndarray) -> np.ndarray:
+        """A qtool edge's array `[N, T, C]` or `[N, C]` laid out as this value (no "NT" axis)."""
+        lead = ["N", "T"] if self.seq else ["N"]
+        x = x.reshape(x.shape[:len(lead)] + tuple(self.cdims))
+        names = lead + list(range(len(self.cdims)))
+        x = x.transpose([names.index(a) for a in self.axes if a != "1"])
+        return x.reshape([x.shape[[a for a in self.axes if a != "1"].index(a)] if a != "1" else 1
+                          for a in self.axes])
