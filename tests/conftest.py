@@ -19,6 +19,18 @@ def has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def keras_on_torch(seed: int):
+    """Keras 3 on the PyTorch backend (the import checks' setup), seeded; the test is skipped
+    where either is missing."""
+    pytest.importorskip("torch")
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "torch":
+        pytest.skip("keras is not on the torch backend")
+    keras.utils.set_random_seed(seed)
+    return keras
+
+
 def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
     from qtool.core.model import GruCell, GruModel
 

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, keras_on_torch
 
 import qtool
 from qtool.layers import run
@@ -13,14 +13,7 @@ from qtool.layers import run
 
 @pytest.fixture(scope="module")
 def keras_file(tmp_path_factory):
-    pytest.importorskip("torch")
-    import os
-
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-    keras = pytest.importorskip("keras")
-    if keras.backend.backend() != "torch":
-        pytest.skip("keras is not on the torch backend")
-    keras.utils.set_random_seed(5)
+    keras = keras_on_torch(5)
     L = keras.layers
     m = keras.Sequential([keras.Input((None, 6)), L.Dense(8, activation="relu", name="front"),
                           L.GRU(12, return_sequences=False, name="gru"), L.Dense(3, activation="softmax", name="head")])

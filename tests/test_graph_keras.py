@@ -4,23 +4,17 @@ one node of the op table; `qtool.layers.run` equals Keras' `predict` on held-out
 import check against Keras itself runs and passes. What qtool does not compute is refused in one
 line naming the layer."""
 
-import os
 
 import numpy as np
 import pytest
+from conftest import keras_on_torch
 
 FORMATS = ["m.keras", "m.h5"]
 
 
 @pytest.fixture(scope="module")
 def keras():
-    pytest.importorskip("torch")
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-    keras = pytest.importorskip("keras")
-    if keras.backend.backend() != "torch":
-        pytest.skip("keras is not on the torch backend")
-    keras.utils.set_random_seed(5)
-    return keras
+    return keras_on_torch(5)
 
 
 def steps(m):

@@ -8,6 +8,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import keras_on_torch
 
 from qtool.errors import QtoolError
 from qtool.importers import import_model
@@ -18,13 +19,7 @@ FORMATS = ["m.keras", "m.h5"]
 
 @pytest.fixture(scope="module")
 def keras():
-    pytest.importorskip("torch")
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-    keras = pytest.importorskip("keras")
-    if keras.backend.backend() != "torch":
-        pytest.skip("keras is not on the torch backend")
-    keras.utils.set_random_seed(3)
-    return keras
+    return keras_on_torch(3)
 
 
 def held_out(c, n=3, t=7, seed=21):

@@ -96,15 +96,21 @@ def _cells(graph: Graph, node, dirs: int, where: str) -> list:
     return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:]) for d in range(dirs)]
 
 
-def read_onnx(path: Path) -> dict[str, Stack]:
+def load_onnx(path: Path):
+    """The ModelProto of an ONNX file, its external data left to qtool's own checked reader
+    (external.py)."""
     try:
         import onnx
     except ImportError:
         raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
-    try:  # external data is read by qtool itself, each tensor checked first (onnx_external.py)
-        model = onnx.load(str(path), load_external_data=False)
+    try:
+        return onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have several types
         raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+
+
+def read_onnx(path: Path) -> dict[str, Stack]:
+    model = load_onnx(path)
     try:
         return _read_graph(path, model)
     except QtoolError:

@@ -129,15 +129,9 @@ def check_onnx_graph(path, graph: QGraph | None = None) -> dict:
 
 def _import(path: Path) -> tuple[QGraph, Ports, _Reader]:
     import qtool.layers as L
+    from qtool.importers.onnx.gru import load_onnx
 
-    try:
-        import onnx
-    except ImportError:
-        raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
-    try:  # external data is read by qtool itself, each tensor checked first (external.py)
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf decode errors have several types
-        raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+    model = load_onnx(path)
     first = None
     for name, axes in INPUT_LAYOUTS.items():
         reader = _Reader(path, model, name, axes)
