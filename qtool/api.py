@@ -114,12 +114,18 @@ def import_note(model: GruModel) -> str | None:
     return note(model)
 
 
-def load_graph(path: str | os.PathLike, fmt: str | None = None, check: bool = True):
+def load_graph(path, fmt: str | None = None, check: bool = True, example=None):
     """The whole model of a Keras or ONNX file as a graph of layers (docs/graph.md), checked
-    against the framework where it is installed (`check`)."""
+    against the framework where it is installed (`check`). `path` may also be a PyTorch
+    `nn.Module` with an `example` input `[N, T, C]`: exported with `torch.onnx.export` (batch and
+    steps left free) into a temporary file, read, and checked against the module itself."""
     from qtool.importers import import_graph
 
-    return import_graph(path, fmt, check)
+    if isinstance(path, (str, os.PathLike)):
+        return import_graph(path, fmt, check)
+    from qtool.importers.torch.module import graph_of_module
+
+    return graph_of_module(path, example, check)
 
 
 def describe_check(check: dict | None) -> str:

@@ -287,3 +287,32 @@ def test_without_onnxruntime(exported, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     check = check_onnx_graph(path)
     assert not check["checked"] and "ONNX Runtime cannot be imported" in check["reason"]
+
+
+def test_a_pytorch_module_with_an_example_input():
+    """qtool.load_graph(module, example=x): exported, read and checked against the module itself."""
+    import qtool
+    from qtool.layers import run
+
+    torch.manual_seed(4)
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.front = torch.nn.Linear(6, 8)
+            self.gru = torch.nn.GRU(8, 10, num_layers=2, batch_first=True)
+            self.head = torch.nn.Linear(10, 3)
+
+        def forward(self, x):
+            y, _ = self.gru(torch.relu(self.front(x)))
+            return self.head(y[:, -1])
+
+    module = Classifier().eval()
+    graph = qtool.load_graph(module, example=np.random.default_rng(0).standard_normal((2, 5, 6)))
+    assert graph.check_result["checked"] and "Classifier" in graph.source
+    x = np.random.default_rng(1).standard_normal((4, 9, 6)).astype(np.float32)  # another batch and length
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    assert np.abs(run(graph, x)[graph.outputs[0]] - want).max() < 1e-4
+    with pytest.raises(QtoolError, match="needs `example`"):
+        qtool.load_graph(module)
