@@ -33,6 +33,9 @@ def files(tmp_path_factory):
             self.out = torch.nn.Linear(8, 2)
 
     torch.save(LinearGruLinear().state_dict(), d / "lgl.pt")
+    wide, narrow = torch.nn.GRU(4, 12, batch_first=True), torch.nn.GRU(4, 8, batch_first=True)  # both read x
+    torch.save({**{f"wide.{k}": v for k, v in wide.state_dict().items()},
+                **{f"narrow.{k}": v for k, v in narrow.state_dict().items()}}, d / "two_on_x.pt")
     rng = np.random.default_rng(0)
     np.save(d / "calib.npy", rng.standard_normal((24, 6, 4)).astype(np.float32))
     np.save(d / "test.npy", rng.standard_normal((8, 6, 4)).astype(np.float32))
@@ -60,7 +63,7 @@ def test_calibrate_picks_a_gru_by_name_and_says_what_it_left_out(cli, files):
     # the decoder is stored after the encoder: data for the file are not taken as data for it
     code, out, err = cli("advise", d / "seq2seq.pt", d / "calib.npy", "--name", "dec", "--no-check", "--limit", "8")
     assert code == 2 and "the GRU (dec) is fed by enc (GRU), stored before it" in err, err
-    assert f"qtool import {d / 'seq2seq.pt'} -o gru.h5" in err and err.count("\n") == 1
+    assert f"qtool import {d / 'seq2seq.pt'} --name dec -o gru.h5" in err and err.count("\n") == 1
 
 
 def test_no_check_skips_the_framework(cli, files):
@@ -115,4 +118,12 @@ def test_a_state_dict_with_a_layer_stored_before_its_gru_is_not_calibrated_on_th
     code, out, err = cli("import", d / "lgl.pt", "-o", d / "lgl.h5", "--force")  # the remedy's first step
     assert code == 0 and "left out, not quantized: inp (2 tensors), out (2 tensors)" in " ".join(out.split()), err
     code, _, err = cli("calibrate", d / "lgl.h5", d / "calib.npy", "-o", d / "lgl_q.h5", "--method", "minmax")
+    assert code == 0, err
+
+
+def test_a_gru_stored_before_another_feeds_it_only_when_the_widths_agree(cli, files):
+    """wide (H=12) is stored first but cannot feed narrow (C=4): narrow reads the model's input."""
+    d, _ = files
+    code, _, err = cli("calibrate", d / "two_on_x.pt", d / "calib.npy", "-o", d / "narrow.h5", "--name", "narrow",
+                       "--method", "minmax", "--force")
     assert code == 0, err

@@ -106,10 +106,12 @@ def not_fed_by_input(model: GruModel, path: Path) -> str | None:
     if not info or info["input_from"] is None:
         return None
     took = ", ".join(info["took"]) or model.name
+    key = model.source.split(":", 2)[2] if model.source.count(":") >= 2 else ""  # the GRU asked for by name
+    named = f" `name` {key}" if key else ""
     return (f"{path}: the GRU ({took}) is fed by {info['input_from']}, not by the model's input, "
             "so the model's input data are not what the GRU sees; qtool quantizes the GRU alone: run "
             f"the layers before it on your data and calibrate the GRU on their outputs (qtool import "
-            f"{path} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")
+            f"{path}{named} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")
 
 
 def read_imported(path, model: GruModel, fmt: str | None = None):

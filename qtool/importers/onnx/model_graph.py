@@ -132,7 +132,9 @@ def _import(path: Path) -> tuple[QGraph, Ports, _Reader]:
     from qtool.importers.onnx.gru import load_onnx
 
     model = load_onnx(path)
-    first = None
+    if not model.graph.output or not model.graph.node:
+        raise QtoolError(f"{path}: holds no ONNX graph with outputs (an empty or truncated file?)")
+    errors: list[QtoolError] = []
     for name, axes in INPUT_LAYOUTS.items():
         reader = _Reader(path, model, name, axes)
         try:
@@ -140,13 +142,14 @@ def _import(path: Path) -> tuple[QGraph, Ports, _Reader]:
             return L.check(graph, str(path)), ports, reader
         except QtoolError as e:
             # the first layout's error stands, unless it was one of layout and another layout reads the graph
-            if first is None and (not isinstance(e, LayoutError) or not reader.rank3):
+            if not errors and (not isinstance(e, LayoutError) or not reader.rank3):
                 raise QtoolError(str(e)) from None
-            first = first or e
+            errors.append(e)
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError, RecursionError) as e:
-            if first is None:
+            if not errors:
                 raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
-    raise QtoolError(str(first)) from None
+    # a layout that got past the layout questions met the model's real problem (an unsupported op): say that
+    raise QtoolError(str(next((e for e in errors if not isinstance(e, LayoutError)), errors[0]))) from None
 
 
 def _ints(a) -> list[int]:

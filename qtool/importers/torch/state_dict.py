@@ -58,7 +58,7 @@ def _flatten(d, prefix: str = "") -> dict:
 def load_tensors(path: Path, fmt: str, keep=None, order: list | None = None) -> dict:
     """The tensors of a state dict whose keys `keep` accepts (default: the GRU weights), as
     numpy arrays, each checked for size first; only the GRU weights must be floating point.
-    The key of every tensor of the file, read or not, is appended to `order`, in file order."""
+    `(key, shape)` of every tensor of the file, read or not, is appended to `order`, in file order."""
     order = [] if order is None else order
     return _load_safetensors(path, keep, order) if fmt == "safetensors" else _load_pt(path, keep, order)
 
@@ -77,7 +77,7 @@ def _load_safetensors(path: Path, keep, order: list) -> dict:
     try:
         with safe_open(str(path), framework="numpy") as f:
             for k in f.keys():
-                order.append(k)
+                order.append((k, tuple(f.get_slice(k).get_shape())))
                 if not (keep or _is_gru_key)(k):
                     continue  # other tensors of the file are never read
                 sl = f.get_slice(k)
@@ -138,7 +138,7 @@ def _load_pt(path: Path, keep, order: list) -> dict:
         raise QtoolError(f"{path}: expected a state_dict (a dict of tensors), got {type(obj).__name__}")
     out = {}
     for k, v in _flatten(obj).items():
-        order.append(k)
+        order.append((k, tuple(v.shape) if isinstance(v, torch.Tensor) else ()))
         if not ((keep or _is_gru_key)(k) and isinstance(v, torch.Tensor)):
             continue
         check_size(str(path), k, v.shape)
@@ -195,7 +195,7 @@ def gru_layers(state: dict, where: str) -> list:
 def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
     from qtool.importers.torch.check import run_torch
 
-    order: list[str] = []
+    order: list[tuple[str, tuple]] = []
     tensors = load_tensors(path, fmt, order=order)
     groups: dict[str, dict] = {}
     for key, val in tensors.items():
@@ -203,7 +203,7 @@ def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
         groups.setdefault(m["prefix"].rstrip("."), {})[key[len(m["prefix"]):]] = val
     from qtool.importers.torch.slots import SLOT
 
-    others = [k for k in order if k not in tensors and not SLOT.match(k)]  # quantizers are read as ranges
+    others = [k for k, _ in order if k not in tensors and not SLOT.match(k)]  # quantizers are read as ranges
     out = {}
     for prefix, state in groups.items():
         where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
@@ -220,21 +220,32 @@ STORED_BEFORE = (", stored before it (a state dict does not record what feeds a 
                  "stored in the order they run)")
 
 
-def _before(order: list[str], tensors: dict, others: list[str], prefix: str) -> str | None:
+def _before(order: list[tuple[str, tuple]], tensors: dict, others: list[str], prefix: str) -> str | None:
     """A state dict does not say what feeds its GRU; modules are stored in the order the model
-    defines them, which is usually the order they run in: the module stored last before the
-    GRU's first tensor (another GRU included) is taken as its possible feeder, None when the GRU
-    comes first."""
-    first = next(i for i, k in enumerate(order) if k in tensors and KEY.match(k)["prefix"].rstrip(".") == prefix)
-    earlier = [k for k in order[:first] if k in tensors or k in others]
-    if not earlier:
-        return None
-    k = earlier[-1]
-    m = KEY.match(k) if k in tensors else None
-    if m:
-        return f"{m['prefix'].rstrip('.') or ROOT} (GRU){STORED_BEFORE}"
-    module = k.rpartition(".")[0] or k
-    return f"{modules([o for o in others if (o.rpartition('.')[0] or o) == module])[0]}{STORED_BEFORE}"
+    defines them, which is usually the order they run in: the nearest module stored before the
+    GRU's first tensor whose width can be the GRU's input (another GRU's H * directions, or a
+    tensor with C rows or columns) is taken as its possible feeder; None when there is none."""
+    keys = [k for k, _ in order]
+    mine = [k for k in keys if k in tensors and KEY.match(k)["prefix"].rstrip(".") == prefix]
+    width = next(tensors[k].shape[1] for k in mine if k.endswith("weight_ih_l0"))
+    shape = dict(order)
+    seen: set[str] = set()
+    for k in reversed(keys[:keys.index(mine[0])]):
+        m = KEY.match(k) if k in tensors else None
+        module = (m["prefix"].rstrip(".") or ROOT) if m else (k.rpartition(".")[0] or k)
+        if module in seen or not (m or k in others):
+            continue
+        seen.add(module)
+        if m:
+            p = m["prefix"]
+            hidden = tensors[f"{p}weight_hh_l0"].shape[1]
+            dirs = 2 if f"{p}weight_hh_l0_reverse" in tensors else 1
+            if hidden * dirs == width:
+                return f"{module} (GRU){STORED_BEFORE}"
+        elif any(shape[o] and width in (shape[o][0], shape[o][-1]) for o in others
+                 if (o.rpartition(".")[0] or o) == module):
+            return f"{modules([o for o in others if (o.rpartition('.')[0] or o) == module])[0]}{STORED_BEFORE}"
+    return None
 
 
 def modules(keys: list[str]) -> list[str]:
