@@ -209,7 +209,10 @@ def layer_rows(model) -> list[dict]:
 
 
 def graph_rows(graph) -> list[dict]:
+    """A row a layer; `reads` names the layers (or graph inputs) whose outputs it reads."""
+    writer = {e: n.name for n in graph.nodes for e in n.outputs}
     return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind"), "source": n.source, "inputs": list(n.inputs),
+             "reads": [writer.get(e, e) for e in n.inputs],
              "shape": [None if d is None else d for d in graph.shapes[n.outputs[0]]] if n.outputs else []}
             for n in graph.nodes]
 
@@ -223,7 +226,7 @@ def graph_table(graph, title: str) -> Table:
         t.add_column(col, justify="left", overflow="fold")
     for r in graph_rows(graph):
         shape = "[" + ", ".join("T" if d is None else str(d) for d in r["shape"]) + "]"
-        t.add_row(r["layer"], r["kind"] or r["op"], ", ".join(r["inputs"]), shape)
+        t.add_row(r["layer"], r["kind"] or r["op"], ", ".join(r["reads"]), shape)
     return t
 
 

@@ -17,6 +17,13 @@ from qtool.importers.stack import Stack, chained, natural_key
 __all__ = ["FORMATS", "Stack", "chained", "detect_format", "import_graph", "import_model", "import_note",
            "natural_key", "not_fed_by_input", "read_imported", "read_stacks"]
 
+def _model_file(path: Path) -> None:
+    if path.is_dir():
+        raise QtoolError(f"{path} is a directory, not a model file")
+    if not path.is_file():
+        raise QtoolError(f"model file not found: {path}")
+
+
 FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
 
 
@@ -60,8 +67,7 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     if they disagree; `model.extra["check"]` says what was checked and the largest difference.
     """
     path = Path(path)
-    if not path.is_file():
-        raise QtoolError(f"model file not found: {path}")
+    _model_file(path)
     fmt = fmt or detect_format(path)
     stacks = read_stacks(path, fmt)
     if not stacks:
@@ -151,8 +157,7 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
     from qtool.layers import check as check_graph
 
     path = Path(path)
-    if not path.is_file():
-        raise QtoolError(f"model file not found: {path}")
+    _model_file(path)
     fmt = fmt or detect_format(path)
     if fmt == "keras":
         from qtool.importers.keras.model_graph import check_keras_graph as framework_check
