@@ -41,7 +41,7 @@ def run_onnx(graph: Graph, nodes: list, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort  # ImportError: ONNX Runtime is not installed
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # ORT would print its own errors; qtool says them in one line
     opts.intra_op_num_threads = 1
     y = np.asarray(x, np.float32)
     for node in nodes:

@@ -102,7 +102,7 @@ def check_onnx_graph(path, graph: QGraph | None = None) -> dict:
     t0 = time.perf_counter()
     feeds, xs, n, t = _check_inputs(reader, ports)
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # ORT would print its own errors; qtool says them in one line
     opts.intra_op_num_threads = 1
     try:
         with quiet():
