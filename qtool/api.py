@@ -60,22 +60,16 @@ def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None
     """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste).
     An imported model is checked against its source framework where that is installed (`check`)."""
     from qtool.core.model import load_model as load_h5_model
-    from qtool.core.model import open_h5
     from qtool.importers import import_model
 
     path = Path(path)
     model = None
-    if path.suffix.lower() in (".h5", ".hdf5") and fmt is None and path.is_file():
-        import h5py
-
-        if h5py.is_hdf5(path):
-            with open_h5(path) as f:
-                fmt_attr = f.attrs.get("format", "")
-                fmt_attr = fmt_attr.decode(errors="replace") if isinstance(fmt_attr, bytes) else str(fmt_attr)
-            if fmt_attr == "qtool-gru":
-                model = load_h5_model(path)
-            elif fmt_attr == "qtool-qgru":
-                model = load(path).model
+    if path.suffix.lower() in (".h5", ".hdf5") and fmt is None:
+        kind = _h5_format(path)
+        if kind == "qtool-gru":
+            model = load_h5_model(path)
+        elif kind == "qtool-qgru":
+            model = load(path).model
     if model is None:
         model = import_model(path, fmt, name, check=check)
     if path.is_file():
@@ -100,11 +94,8 @@ def load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: s
 def import_lines(model: GruModel) -> list[str]:
     """What `import` says of a model it read: the check against the framework, and what the file
     holds besides the GRU (qtool.importers.import_note)."""
-    from qtool.importers import import_note
-    from qtool.importers.crosscheck import describe
-
     note = import_note(model)
-    return [describe(model.extra.get("check")), *([f"note: {note}"] if note else [])]
+    return [describe_check(model.extra.get("check")), *([f"note: {note}"] if note else [])]
 
 
 def import_note(model: GruModel) -> str | None:
@@ -207,37 +198,44 @@ def load(path: str | os.PathLike) -> QuantModel:
     from qtool.io.qmodel_file import load_qmodel
 
     path = Path(path)
-    _refuse_unquantized(path)
-    return load_qmodel(path)
+    try:
+        return load_qmodel(path)
+    except QtoolError:
+        kind = _other_model(path)  # a float model or a framework file: say what it is and what to run
+        if kind is None:
+            raise
+        raise QtoolError(f"{path}: {kind}, not a quantized model; quantize it first: qtool calibrate "
+                         f"{path} CALIB_DATA -o q.h5") from None
 
 
-def _refuse_unquantized(path: Path) -> None:
-    """A float model or a framework file where a quantized model belongs: say what it is and
-    what to run (load_qmodel's errors cover everything else)."""
+def _h5_format(path: Path) -> str | None:
+    """The `format` attribute of an HDF5 file ("qtool-gru", "qtool-qgru", "" for others such as
+    Keras'), or None when `path` is no HDF5 file."""
     import h5py
 
     from qtool.core.model import open_h5
-    from qtool.core.qmodel import is_qmodel
+
+    if not (path.is_file() and h5py.is_hdf5(path)):
+        return None
+    with open_h5(path) as f:
+        fmt = f.attrs.get("format", "")
+        keras = "keras_version" in f.attrs or "model_config" in f.attrs
+    fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else str(fmt)
+    return "keras" if keras and not fmt else fmt
+
+
+def _other_model(path: Path) -> str | None:
+    """What a file that is no quantized model is, when it is a model of another kind."""
     from qtool.importers import detect_format
 
     if not path.is_file():
-        return
-    kind = None
-    if h5py.is_hdf5(path):
-        with open_h5(path) as f:
-            if is_qmodel(f):
-                return
-            if str(f.attrs.get("format", "")) in ("qtool-gru", "b'qtool-gru'"):
-                kind = "a float qtool model"
-            elif "keras_version" in f.attrs or "model_config" in f.attrs:
-                kind = "a Keras model"
-    else:
+        return None
+    fmt = _h5_format(path)
+    if fmt is None:
         with contextlib.suppress(QtoolError):
-            kind = {"torch": "a PyTorch file", "safetensors": "a safetensors file", "keras": "a Keras model",
-                    "onnx": "an ONNX model", "haste": "haste weights"}[detect_format(path)]
-    if kind:
-        raise QtoolError(f"{path}: {kind}, not a quantized model; quantize it first: qtool calibrate "
-                         f"{path} CALIB_DATA -o q.h5")
+            fmt = detect_format(path)
+    return {"qtool-gru": "a float qtool model", "keras": "a Keras model", "torch": "a PyTorch file",
+            "safetensors": "a safetensors file", "onnx": "an ONNX model", "haste": "haste weights"}.get(fmt)
 
 
 def _write_once(write: Callable[[], None]) -> None:

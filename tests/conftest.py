@@ -31,6 +31,19 @@ def keras_on_torch(seed: int):
     return keras
 
 
+def fit_and_save(m, folder: Path, x: np.ndarray, batch_size: int):
+    """A compiled Keras model trained one epoch on random targets, saved the ways users save it
+    (`m.keras` and legacy `m.h5` in `folder`); returns (m, folder)."""
+    rng = np.random.RandomState(0)
+    ys = m(x)
+    ys = [rng.randn(*y.shape).astype(np.float32) for y in (ys if isinstance(ys, (list, tuple)) else [ys])]
+    m.fit(x, ys if len(ys) > 1 else ys[0], epochs=1, batch_size=batch_size, verbose=0)
+    folder.mkdir()
+    for name in ("m.keras", "m.h5"):
+        m.save(folder / name)
+    return m, folder
+
+
 def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
     from qtool.core.model import GruCell, GruModel
 

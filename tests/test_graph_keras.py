@@ -7,7 +7,7 @@ line naming the layer."""
 
 import numpy as np
 import pytest
-from conftest import keras_on_torch
+from conftest import fit_and_save, keras_on_torch
 
 FORMATS = ["m.keras", "m.h5"]
 
@@ -27,15 +27,8 @@ def train_and_save(keras, m, folder):
         return keras.ops.mean(keras.ops.square(y - p))
 
     m.compile(optimizer="adam", loss=loss)
-    rng = np.random.RandomState(0)
-    x = rng.randn(16, steps(m), m.inputs[0].shape[-1]).astype(np.float32)
-    ys = m(x)
-    ys = [rng.randn(*y.shape).astype(np.float32) for y in (ys if isinstance(ys, (list, tuple)) else [ys])]
-    m.fit(x, ys if len(ys) > 1 else ys[0], epochs=1, batch_size=8, verbose=0)
-    folder.mkdir()
-    for name in FORMATS:
-        m.save(folder / name)
-    return m, folder
+    x = np.random.RandomState(0).randn(16, steps(m), m.inputs[0].shape[-1]).astype(np.float32)
+    return fit_and_save(m, folder, x, batch_size=8)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from conftest import keras_on_torch
+from conftest import fit_and_save, keras_on_torch
 
 from qtool.errors import QtoolError
 from qtool.importers import import_model
@@ -46,13 +46,8 @@ def train_and_save(keras, m, folder, how: str):
         m.compile(optimizer="adam", loss=loss, metrics=[abs_err, AbsErr(name="abs_err_class")])
     else:
         m.compile(optimizer="rmsprop", loss=SquaredLoss(), metrics=[AbsErr()])
-    rng = np.random.RandomState(0)
-    x = rng.randn(8, 5, m.inputs[0].shape[-1]).astype(np.float32)
-    m.fit(x, rng.randn(*m(x).shape).astype(np.float32), epochs=1, batch_size=4, verbose=0)
-    folder.mkdir()
-    for name in FORMATS:
-        m.save(folder / name)
-    return m, folder
+    x = np.random.RandomState(0).randn(8, 5, m.inputs[0].shape[-1]).astype(np.float32)
+    return fit_and_save(m, folder, x, batch_size=4)
 
 
 @pytest.fixture(scope="module")

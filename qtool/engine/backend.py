@@ -27,8 +27,8 @@ def select_backend(backend: str):
         return run_model, "cpu", "asked for"
     if backend not in ("auto", "cuda"):
         raise QtoolError(f"unknown backend '{backend}' (use auto, cpu or cuda)")
-    if backend == "auto" and _no_gpu():
-        return run_model, "cpu", _no_gpu()
+    if backend == "auto" and (why := _no_gpu()):
+        return run_model, "cpu", why
     from numba import config
 
     from qtool.engine.cuda import cuda_usable, run_model_cuda
