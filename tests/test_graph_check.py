@@ -173,3 +173,15 @@ def test_huge_computed_width_is_refused_without_allocating():
 
 def test_malformed_input_shape():
     refused(graph(inputs={"x": (None, None, C)}), "input 'x'", "neither a sequence (None, C) nor a vector (C,)")
+
+
+def test_run_says_what_input_it_wants():
+    """Data of the wrong shape is one QtoolError naming the input, not a numpy error deep inside."""
+    from qtool.core.graph import Graph, Node
+    from qtool.layers import check, run
+
+    g = check(Graph([Node("d", "dense", ["x"], ["y"], params={"W": np.ones((2, 3), np.float32)})],
+                    {"x": (None, 3)}, ["y"]))
+    for bad in (np.zeros((2, 4, 5), np.float32), np.zeros((2, 3), np.float32)):
+        with pytest.raises(QtoolError, match=r"input 'x' must be \[N, T, 3\] \(batch first, channels last\)"):
+            run(g, bad)

@@ -41,3 +41,24 @@ def test_inspect_graph_lists_every_layer_and_the_check(cli, keras_file):
 def test_a_weights_only_file_has_no_graph(cli):
     code, _, err = cli("inspect", SAMPLES / "digits_gru.safetensors", "--graph")
     assert code == 2 and "holds weights only" in err and err.count("\n") == 1
+
+
+def test_graph_refusals_are_one_true_line(cli, tmp_path, keras_file):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    _, path = keras_file
+    code, _, err = cli("inspect", path, "--graph", "--name", "gru")
+    assert code == 2 and "--name picks one GRU of a file; --graph shows the whole model" in err
+    np.save(tmp_path / "x.npy", np.zeros((2, 4, 6), np.float32))
+    cli("import", path, "-o", tmp_path / "gru.h5", "--no-check")
+    code, _, err = cli("inspect", tmp_path / "gru.h5", "--graph")
+    assert code == 2 and "a qtool model file holds a GRU, not a whole model" in err
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 99)])
+    onnx.save(model, str(tmp_path / "op99.onnx"))
+    code, _, err = cli("inspect", tmp_path / "op99.onnx", "--graph")  # ONNX Runtime's reason, not where it failed
+    assert code == 2 and "Opset 99" in err and "onnxruntime_src" not in err and err.count("\n") == 1

@@ -197,3 +197,4 @@ def test_same_average_pooling_is_checked_where_backends_agree(keras, tmp_path):
     assert graph.nodes[1].attrs == {"pool": 3, "stride": 2, "padding": "same"}
     check = check_keras_graph(tmp_path / "m.keras", graph)
     assert check["checked"] and check["steps"] != 8  # 8 steps -> 4 -> one padded step after, none before
+    assert "TensorFlow and qtool leave them out" in check["note"]  # and the user is told

@@ -240,15 +240,16 @@ def _export(module, path, **kw):
                           dynamo=False, dynamic_axes={"x": {0: "batch", 1: "time"}}, **kw)
 
 
+class Lstm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(C, H, batch_first=True)
+
+    def forward(self, x):
+        return self.lstm(x)[0]
+
+
 def test_refusals(tmp_path, exported):
-    class Lstm(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lstm = torch.nn.LSTM(C, H, batch_first=True)
-
-        def forward(self, x):
-            return self.lstm(x)[0]
-
     class Gate(torch.nn.Module):  # x times its own mean over time: a vector broadcast over the steps
         def forward(self, x):
             return x * x.mean(1, keepdim=True)
@@ -278,6 +279,23 @@ def test_refusals(tmp_path, exported):
                            helper.make_node("Identity", ["b"], ["y"])])
     assert "reads 'b', which nothing before it computes (a dangling input or a cycle)" in _refused(cycle)
     assert "2,097,152 channels" in _refused(tiny("huge", [helper.make_node("Relu", ["x"], ["y"])], 1 << 21))
+    # [N, C, T] with too many channels: the width is the problem, not a layout
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1 << 30, "t"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "w", [x], [y])),
+              str(tmp_path / "wide_nct.onnx"))
+    assert "declares 1,073,741,824 channels" in _refused(tmp_path / "wide_nct.onnx")
+    other = tiny("domain", [helper.make_node("Relu", ["x"], ["y"], domain="com.microsoft")])
+    assert "is an op of domain 'com.microsoft'" in _refused(other)
+    # a fixed batch too large to check: one line before anything is allocated; unchecked it imports
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1 << 30, 8, C])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "big", [x], [y])),
+              str(tmp_path / "big.onnx"))
+    from qtool.importers import import_graph
+
+    with pytest.raises(QtoolError, match="too large to check"):
+        import_graph(tmp_path / "big.onnx")
+    assert [n.op for n in import_graph(tmp_path / "big.onnx", check=False).nodes] == ["activation"]
 
 
 def test_without_onnxruntime(exported, monkeypatch):
@@ -316,3 +334,22 @@ def test_a_pytorch_module_with_an_example_input():
     assert np.abs(run(graph, x)[graph.outputs[0]] - want).max() < 1e-4
     with pytest.raises(QtoolError, match="needs `example`"):
         qtool.load_graph(module)
+
+    class ConvFirst(torch.nn.Module):  # takes [N, C, T], as PyTorch's Conv1d does
+        def __init__(self):
+            super().__init__()
+            self.conv, self.gru = torch.nn.Conv1d(4, 6, 3, padding=1), torch.nn.GRU(6, 5, batch_first=True)
+
+        def forward(self, x):
+            return self.gru(self.conv(x).transpose(1, 2))[0]
+
+    conv_first = ConvFirst().train()
+    graph = qtool.load_graph(conv_first, example=np.zeros((2, 4, 7), np.float32))
+    assert conv_first.training and "input read as [N, C, T]" in graph.source  # training mode left as it was
+    x = np.random.default_rng(2).standard_normal((3, 4, 11)).astype(np.float32)
+    with torch.no_grad():
+        want = conv_first.eval()(torch.from_numpy(x)).numpy()
+    assert np.abs(run(graph, x.transpose(0, 2, 1))[graph.outputs[0]] - want).max() < 1e-4
+    with pytest.raises(QtoolError, match=r"module Lstm: node .*LSTM") as e:
+        qtool.load_graph(Lstm(), example=np.zeros((2, 5, C), np.float32))
+    assert "/tmp/" not in str(e.value)  # no temporary file named

@@ -478,6 +478,8 @@ def inspect(
 
     path = Path(need(path, "model file", "FILE"))
     if graph:
+        if name is not None:
+            raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
         _inspect_graph(path, not no_check, as_json)
         return
     found = api.inspect(path, name=name, check=not no_check)

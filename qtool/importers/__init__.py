@@ -159,15 +159,27 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
     path = Path(path)
     _model_file(path)
     fmt = fmt or detect_format(path)
-    if fmt == "keras":
-        from qtool.importers.keras.model_graph import check_keras_graph as framework_check
-        from qtool.importers.keras.model_graph import read_keras_graph as read
-    elif fmt == "onnx":
-        from qtool.importers.onnx.model_graph import check_onnx_graph as framework_check
-        from qtool.importers.onnx.model_graph import read_onnx_graph as read
-    else:
+    if fmt == "onnx":
+        from qtool.importers.onnx.model_graph import import_onnx_graph
+
+        return import_onnx_graph(path, check)
+    if fmt != "keras":
         raise QtoolError(f"{path}: whole models are read from Keras (.keras, .h5) and ONNX (.onnx) files; "
                          f"a {fmt} file holds weights only")
-    graph = check_graph(read(path), str(path))
-    graph.check_result = framework_check(path, graph) if check else None
+    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+
+    if _qtool_file(path):
+        raise QtoolError(f"{path}: a qtool model file holds a GRU, not a whole model; whole models are read "
+                         "from the Keras or ONNX file it was imported from")
+    graph = check_graph(read_keras_graph(path), str(path))
+    graph.check_result = check_keras_graph(path, graph) if check else None
     return graph
+
+
+def _qtool_file(path: Path) -> bool:
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        return False
+    with h5py.File(path, "r") as f:
+        return str(f.attrs.get("format", "")).startswith(("qtool-", "b'qtool-"))

@@ -85,10 +85,11 @@ def check_archive(path, z: zipfile.ZipFile, members=None) -> None:
                          f"of {MAX_ARCHIVE_BYTES:,}")
 
 
-def reason(e: BaseException) -> str:
-    """A library's exception as a short one-line reason (its messages can span pages)."""
+def reason(e: BaseException | str) -> str:
+    """A library's exception (or its message) as a short one-line reason (they can span pages)."""
     lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+    kind = "" if isinstance(e, str) else f"{type(e).__name__}: "
+    return f"{kind}{lines[0][:200]}" if lines else kind.rstrip(": ") or "no reason given"
 
 
 @contextmanager

@@ -56,5 +56,6 @@ def describe(check: dict | None) -> str:
         return "not checked against the source framework (`check=False`)"
     if not check["checked"]:
         return f"not checked against the source framework: {check['reason']}"
+    note = f"; note: {check['note']}" if check.get("note") else ""
     return (f"matches {check['framework']} on {check['sequences']} random sequences x {check['steps']} steps: "
-            f"max abs difference {check['max_abs_diff']:.2g} ({check['seconds']:.2f} s)")
+            f"max abs difference {check['max_abs_diff']:.2g} ({check['seconds']:.2f} s){note}")

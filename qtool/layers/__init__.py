@@ -85,6 +85,12 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
             raise QtoolError(f"the model has {len(graph.inputs)} inputs; pass a dict of arrays")
         x = {next(iter(graph.inputs)): x}
     values = {k: np.asarray(v, np.float32) for k, v in x.items()}
+    for edge, shape in graph.inputs.items():  # batch-first, channels last: [N, T, C] or [N, C]
+        v = values.get(edge)
+        if v is None or v.ndim != len(shape) + 1 or v.shape[-1] != shape[-1]:
+            want = "[N, T, " if len(shape) == 2 else "[N, "
+            got = "nothing" if v is None else f"shape {list(v.shape)}"
+            raise QtoolError(f"input '{edge}' must be {want}{shape[-1]}] (batch first, channels last), got {got}")
     for node in graph.nodes:
         outs = layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])
         values.update(zip(node.outputs, (np.asarray(o, np.float32) for o in outs)))

@@ -549,5 +549,8 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
             raise QtoolError(f"{path}: the imported graph's output '{edge}' differs from Keras by up to {d:.3g} on "
                              f"random inputs (tolerance {tol:.3g}){hint}; refusing a wrong import")
         diff = max(diff, d)
+    same_pools = any(n.op == "avg_pool1d" and n.attrs.get("padding") == "same" for n in graph.nodes)
+    note = ({"note": f"{UNEVEN_AVG_POOL}; checked on {steps} steps, where they agree"}
+            if same_pools and keras.backend.backend() == "torch" else {})
     return {"checked": True, "framework": "Keras", "max_abs_diff": diff, "sequences": SEQUENCES, "steps": steps,
-            "seconds": round(time.perf_counter() - t0, 3)}
+            "seconds": round(time.perf_counter() - t0, 3), **note}

@@ -18,6 +18,7 @@ is taken. `check_onnx_graph` runs the whole file with ONNX Runtime against `qtoo
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 from qtool.core.graph import Graph as QGraph
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
-from qtool.importers.checks import quiet, reason
+from qtool.importers.checks import MAX_TENSOR_ELEMENTS, quiet, reason
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
 from qtool.importers.onnx.model_layout import PROBE_N, PROBE_T, Layout, LayoutError
@@ -81,20 +82,39 @@ class Ports:
     steps: int | None = None
 
 
+class TooWide(LayoutError):
+    """An input read in some layout has more channels than qtool takes (in another it may fit)."""
+
+
+# ONNX Runtime's status code and where in its sources it failed (`[ONNXRuntimeError] : 1 : FAIL :
+# /onnxruntime_src/...h:46 void f(...)`): not the reason, which follows
+ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : |/onnxruntime_src/\S+:\d+ .*?\) (?=[A-Z])")
+
+
 def read_onnx_graph(path) -> QGraph:
     """The whole model in ONNX file `path` as a qtool graph, proved well formed (qtool.layers.check)."""
     return _import(Path(path))[0]
+
+
+def import_onnx_graph(path, check: bool = True) -> QGraph:
+    """`read_onnx_graph`, and with `check` its ONNX Runtime check (`graph.check_result`), from one
+    reading of the file."""
+    graph, ports, reader = _import(Path(path))
+    graph.check_result = _check(Path(path), graph, ports, reader) if check else None
+    return graph
 
 
 def check_onnx_graph(path, graph: QGraph | None = None) -> dict:
     """Run file `path` with ONNX Runtime and `graph` (its import when None) with qtool.layers.run on
     the same random inputs; raises when they differ by more than TOLERANCE (relative where the output
     exceeds 1). Returns what was checked, or `{"checked": False, "reason": ...}` without ONNX Runtime."""
+    read, ports, reader = _import(Path(path))
+    return _check(Path(path), graph or read, ports, reader)
+
+
+def _check(path: Path, graph: QGraph, ports: Ports, reader: _Reader) -> dict:
     import qtool.layers as L
 
-    path = Path(path)
-    read, ports, reader = _import(path)
-    graph = graph or read
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -110,7 +130,7 @@ def check_onnx_graph(path, graph: QGraph | None = None) -> dict:
                                         providers=["CPUExecutionProvider"])
             want = dict(zip(ports.outputs, sess.run(list(ports.outputs), feeds)))
     except Exception as e:  # ONNX Runtime raises its own types on files it cannot run
-        raise QtoolError(f"{path}: ONNX Runtime cannot run this file ({reason(e)})") from None
+        raise QtoolError(f"{path}: ONNX Runtime cannot run this file ({reason(ORT_NOISE.sub('', str(e)))})") from None
     got = L.run(graph, xs)
     worst = 0.0
     for name, (edge, layout) in ports.outputs.items():
@@ -148,8 +168,10 @@ def _import(path: Path) -> tuple[QGraph, Ports, _Reader]:
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError, RecursionError) as e:
             if not errors:
                 raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
-    # a layout that got past the layout questions met the model's real problem (an unsupported op): say that
-    raise QtoolError(str(next((e for e in errors if not isinstance(e, LayoutError)), errors[0]))) from None
+    # a layout that got past the layout questions met the model's real problem (an unsupported op), or
+    # found its channels too many: say that rather than the first layout's complaint
+    worst = [e for e in errors if not isinstance(e, LayoutError)] + [e for e in errors if isinstance(e, TooWide)]
+    raise QtoolError(str((worst or errors)[0])) from None
 
 
 def _ints(a) -> list[int]:
@@ -271,7 +293,8 @@ class _Reader:
             raise error(f"{where} has shape {dims}: the channels (axis {axes.index(0)} of {self.layout}) "
                         "must have a fixed size")
         if sizes[0] > (1 << 20):
-            raise error(f"{where} declares {sizes[0]:,} channels (at most {1 << 20:,})")
+            raise (TooWide if len(dims) == 3 else QtoolError)(f"{where} declares {sizes[0]:,} channels (at most "
+                                                              f"{1 << 20:,})")
         if not self.declared:
             self.declared = [sizes.get("N"), sizes.get("T")]
         n, t = sizes.get("N") or PROBE_N, sizes.get("T") or PROBE_T
@@ -287,7 +310,7 @@ class _Reader:
             raise self.fail(node, "reads several computed tensors joined on an axis other than the channels "
                                   "(PyTorch's h_n of a stacked GRU); qtool follows a Gather of one of them only")
         if node.domain not in ("", "ai.onnx"):
-            self._unsupported(node)
+            raise self.fail(node, f"is an op of domain '{node.domain}'; qtool reads the default ONNX domain's ops")
         if node.op_type in FUNCTION_OPS and self._function(node):
             return
         handler = getattr(self, f"_op_{node.op_type}", None)
@@ -1026,6 +1049,11 @@ def _check_inputs(reader: _Reader, ports: Ports) -> tuple[dict, dict, int, int]:
 
     rng = np.random.default_rng(0)
     n, t = ports.batch or CHECK_N, ports.steps or CHECK_T
+    for name, lay in ports.inputs.items():  # a file may fix its batch and length: bounded before allocating
+        if n * (t if lay.seq else 1) * lay.channels > MAX_TENSOR_ELEMENTS:
+            raise QtoolError(f"{reader.where}: input '{name}' is fixed at {n:,} sequences x {t:,} steps x "
+                             f"{lay.channels:,} channels, too large to check (more than {MAX_TENSOR_ELEMENTS:,} "
+                             "values); `check=False` imports it unchecked")
     feeds, xs, params = {}, {}, {}
     for name, lay in ports.inputs.items():
         x = rng.standard_normal((n, t, lay.channels) if lay.seq else (n, lay.channels)).astype(np.float32)

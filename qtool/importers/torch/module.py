@@ -15,8 +15,10 @@ TOLERANCE = 1e-4  # as the file imports: float32 libraries differ by ~1e-7, a mi
 
 
 def graph_of_module(module, example, check: bool = True):
-    """`module`'s graph, from `example` (`[N, T, C]` float array or tensor) exported with batch
-    and steps free; with `check`, the graph's float run equals `module(example)` to 1e-4."""
+    """`module`'s graph, exported from `example` (the module's own input: `[N, T, C]`, `[N, C, T]`
+    for a convolution first, or `[N, C]`) with the batch free; the graph takes any number of steps.
+    With `check`, ONNX Runtime runs the export and, for `[N, T, C]` inputs, the graph's float run
+    equals `module(example)` to 1e-4. The module's training mode is left as it was."""
     try:
         import torch
     except ImportError:
@@ -27,34 +29,43 @@ def graph_of_module(module, example, check: bool = True):
     if not isinstance(module, torch.nn.Module):
         raise QtoolError(f"expected a file path or a torch.nn.Module, got {type(module).__name__}")
     if example is None:
-        raise QtoolError("a PyTorch module needs `example`: an input [N, T, C] to export it with")
+        raise QtoolError("a PyTorch module needs `example`: an input to export it with")
     x = torch.as_tensor(np.asarray(example, np.float32))
     if x.ndim not in (2, 3):
-        raise QtoolError(f"`example` must be [N, T, C] (or [N, C]), got shape {tuple(x.shape)}")
-    axes = {0: "batch", 1: "steps"} if x.ndim == 3 else {0: "batch"}
-    module = module.eval()
+        raise QtoolError(f"`example` must be the module's input, [N, T, C], [N, C, T] or [N, C]; got shape "
+                         f"{tuple(x.shape)}")
+    name, training = type(module).__name__, module.training
     with tempfile.TemporaryDirectory(prefix="qtool-module-") as tmp:
-        path = Path(tmp) / f"{type(module).__name__}.onnx"
-        try:
+        path = Path(tmp) / f"{name}.onnx"
+        try:  # the batch left free; the reader takes any number of steps from a fixed-length export
             with quiet(), torch.no_grad():
-                torch.onnx.export(module, (x,), str(path), input_names=["x"], dynamo=False,
-                                  dynamic_axes={"x": axes})
+                torch.onnx.export(module.eval(), (x,), str(path), input_names=["x"], output_names=["y"],
+                                  dynamo=False, dynamic_axes={"x": {0: "batch"}})
         except Exception as e:  # the exporter raises many types for what it cannot trace
-            raise QtoolError(f"torch.onnx.export cannot export {type(module).__name__} ({reason(e)})") from None
-        graph = import_graph(path, "onnx", check)
-    graph.source = f"PyTorch {type(module).__name__} (through ONNX)"
-    if check:
-        with torch.no_grad():
-            want = module(x)
+            raise QtoolError(f"torch.onnx.export cannot export {name} ({reason(e)})") from None
+        finally:
+            module.train(training)
+        try:
+            graph = import_graph(path, "onnx", check)
+        except QtoolError as e:  # name the module, not a file that is gone
+            raise QtoolError(str(e).replace(str(path), f"module {name}")) from None
+    read_as = graph.source.partition(", input read as ")[2]  # the reader's word when it is not [N, T, C]
+    graph.source = f"PyTorch {name} (through ONNX)" + (f", input read as {read_as}" if read_as else "")
+    if check and not read_as:  # ONNX Runtime checked the file; this checks the export against the module
+        try:
+            with torch.no_grad():
+                want = module.eval()(x)
+        finally:
+            module.train(training)
         want = (want[0] if isinstance(want, (tuple, list)) else want).numpy()
         got = run(graph, x.numpy())[graph.outputs[0]]
         if got.size == want.size:  # a kept unit time axis (`y[:, -1:]`) is the same values as a vector
             want = want.reshape(got.shape)
         if got.shape != want.shape:
-            raise QtoolError(f"the graph of {type(module).__name__} gives outputs of shape {got.shape}, the module "
+            raise QtoolError(f"the graph of {name} gives outputs of shape {got.shape}, the module "
                              f"{tuple(want.shape)}; refusing a wrong import")
         diff = float(np.abs(got - want).max())
         if not diff <= TOLERANCE * max(1.0, float(np.abs(want).max())):
-            raise QtoolError(f"the graph of {type(module).__name__} differs from the module by up to {diff:.3g} "
+            raise QtoolError(f"the graph of {name} differs from the module by up to {diff:.3g} "
                              f"on the example (tolerance {TOLERANCE:g}); refusing a wrong import")
     return graph
