@@ -152,7 +152,7 @@ def cell_observers(obs: Observers, l: int, d: int) -> dict[str, Observer]:
     return {n: _observer(obs, l, d, n) for n in TRACED}
 
 
-def _tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND,
+def tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND,
               name: str = "") -> TensorQ:
     """Parameters from the observer; the recorded range is the part of its range the grid keeps."""
     try:
@@ -200,7 +200,7 @@ def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodP
     for row in rows:
         o = plan.observer(name)
         o.observe(row[None])
-        t = _tensor_q(o, cfg, name=name)
+        t = tensor_q(o, cfg, name=name)
         e.append(t.exp2_inv)
         lo.append(t.lo)
         hi.append(t.hi)
@@ -237,10 +237,10 @@ def cell_spec(cell: GruCell, observers: dict[str, Observer], config: dict[str, T
             o = make_observer("minmax", name)
             o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
         if name not in ("z_pre", "r_pre", "g_pre"):
-            spec[name] = _tensor_q(o, config[name], name=name)
+            spec[name] = tensor_q(o, config[name], name=name)
     for src, bound in lut_input_bounds(spec, config).items():
         if src not in spec:
-            spec[src] = _tensor_q(observers[src], config[src], bound, src)
+            spec[src] = tensor_q(observers[src], config[src], bound, src)
     return spec
 
 

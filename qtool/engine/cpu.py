@@ -367,15 +367,21 @@ def fold_blocks(parts: np.ndarray) -> np.ndarray:
     return out
 
 
-def run_model(qm: QuantModel, x: np.ndarray, level: int = INTS, plans=None,
-              traces: list | None = None) -> ModelRun:
+def run_model(qm: QuantModel, x: np.ndarray | None, level: int = INTS, plans=None,
+              traces: list | None = None, xq: np.ndarray | None = None) -> ModelRun:
     """The whole model on batch-first float `x [N, T, C]`: every layer and direction, each
     thread on its own slice of sequences. `traces` (tests) receives per layer and direction
-    the integers of every step, `[N, T, ROWS, H]` (Wx's three gate rows, then gru_cell's)."""
+    the integers of every step, `[N, T, ROWS, H]` (Wx's three gate rows, then gru_cell's).
+    `xq`: the input's integers on x's grid instead (`x` None; integers only)."""
     plans = plans or plan_model(qm)
-    x = np.ascontiguousarray(x, np.float32)
-    N, T, _ = x.shape
-    xq = np.ascontiguousarray(quantize_input(qm, x))
+    if xq is None:
+        x = np.ascontiguousarray(x, np.float32)
+        xq = np.ascontiguousarray(quantize_input(qm, x))
+    else:
+        assert level == INTS, "a run from integers has no float reference"
+        xq = np.ascontiguousarray(xq, np.int32)
+        x = np.zeros((0, 0, 0), np.float32)
+    N, T, _ = xq.shape
     layers = []  # per layer: (out_q, out_f, [trace per direction])
     for row in plans:
         H = row[0].cq.hidden_size

@@ -11,6 +11,9 @@
     gelu          x * Phi(x) (the exact erf form); `approximate` "tanh" (or true, Keras' flag):
                   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
     linear        x
+
+Integers: the exact table of the function on the input's grid: for every input integer, the
+float function of its value rounded onto the output's grid (2^bits_x entries).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import math
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_float, fail, only, want_inputs
+from qtool.layers.integer import LayerBits, lookup, table
 
 OP = "activation"
 KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "linear")
@@ -91,3 +96,12 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     else:
         y = x
     return [np.asarray(y, np.float32)]
+
+
+def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
+    return {"table": table(lambda v: forward(node, [v])[0], g_in[0], g_out[0])}
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    return [lookup(qp["table"], qs[0], g_in[0])]

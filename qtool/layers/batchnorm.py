@@ -1,12 +1,18 @@
 """batchnorm (inference): `(x - mean) / sqrt(var + epsilon) * gamma + beta` per channel.
-`epsilon` has no default: Keras' is 1e-3, PyTorch's 1e-5, so the importer states it."""
+`epsilon` has no default: Keras' is 1e-3, PyTorch's 1e-5, so the importer states it.
+
+In integers (where no dense or conv before it takes it, qtool.graph.passes.fold_batchnorm): a
+per-channel affine, `a = gamma / sqrt(var + epsilon)` as per channel weights q_a, `beta - mean * a`
+as q_b on the accumulator's grid, `q_y = clamp(rshift_round((q_x - zp_x) * q_a + q_b, sh_acc) + zp_y)`."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_float, f32, fail, only, param, want_inputs
+from qtool.layers.integer import LayerBits, gemm_params, rescale
 
 OP = "batchnorm"
 PARAMS = ("gamma", "beta", "mean", "var")
@@ -27,3 +33,21 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     gamma, beta, mean, var = (f32(node.params[k]) for k in PARAMS)
     eps = np.float32(attr_float(node, "epsilon", positive=True))
     return [(xs[0] - mean) / np.sqrt(var + eps) * gamma + beta]
+
+
+def affine(node: Node) -> tuple[np.ndarray, np.ndarray]:
+    """(a, c) with batchnorm(x) = x * a + c per channel."""
+    gamma, beta, mean, var = (np.asarray(node.params[k], np.float64) for k in PARAMS)
+    a = gamma / np.sqrt(var + attr_float(node, "epsilon", positive=True))
+    return a, beta - mean * a
+
+
+def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
+    a, c = affine(node)
+    return gemm_params(a[:, None], c, g_in[0], g_out[0], bits)
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    acc = (np.asarray(qs[0], np.int64) - g_in[0].zp) * qp["q_W"][:, 0] + qp["q_b"]
+    return [rescale(acc, qp["sh_acc"], g_out[0])]

@@ -1,11 +1,14 @@
-"""concat: inputs joined on the channel axis, in order (all sequences or all vectors)."""
+"""concat: inputs joined on the channel axis, in order (all sequences or all vectors). In
+integers each input is requantized onto the output's grid first (nothing where they agree)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.qmodel import TensorQ
 from qtool.layers import fail, is_seq, only, want_inputs, with_channels
+from qtool.layers.integer import LayerBits, requantize
 
 OP = "concat"
 
@@ -20,3 +23,12 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
 
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.concatenate(xs, axis=-1)]
+
+
+def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
+    return {}
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    return [np.concatenate([requantize(q, g, g_out[0]) for q, g in zip(qs, g_in)], axis=-1)]

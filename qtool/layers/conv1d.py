@@ -6,14 +6,19 @@ with `xp` the input padded with zeros, `g(o) = o // (C_out / groups)` the output
 (depthwise: groups == C_in). Padding: "valid" (none), "same" (Keras': ceil(T / stride) steps,
 total zeros max((ceil(T/stride) - 1) * stride + (kernel - 1) * dilation + 1 - T, 0), the odd one
 after), "causal" ((kernel - 1) * dilation before) or explicit (left, right) (PyTorch's
-`padding=p` is (p, p))."""
+`padding=p` is (p, p)).
+
+Integers: as dense's (per output channel weights, W_sum_mul_x_zp over the channel's taps), on
+the input padded with its zero point, so that a padded tap adds exactly nothing."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
+from qtool.layers.integer import LayerBits, gemm_params, matmul, rescale
 
 OP = "conv1d"
 ATTRS = ("kernel", "stride", "dilation", "groups", "padding")
@@ -38,25 +43,50 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     return [(None, W.shape[0])]
 
 
-def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
-    kernel, stride, dilation, groups, padding = _attrs(node)
-    x = xs[0]
+def _pads(node: Node, steps: int) -> tuple[int, int]:
+    kernel, stride, dilation, _, padding = _attrs(node)
     if padding == "valid":
-        left, right = 0, 0
-    elif padding == "same":
-        left, right = same_pads(x.shape[1], kernel, stride, dilation)
-    elif padding == "causal":
-        left, right = (kernel - 1) * dilation, 0
-    else:
-        left, right = padding
-    x = np.pad(x, ((0, 0), (left, right), (0, 0)))
-    taps = windows(node, x, kernel, stride, dilation)  # [N, T', kernel, C_in]
-    W = f32(node.params["W"])
-    c_out, c_g = W.shape[0], W.shape[1]
+        return 0, 0
+    if padding == "same":
+        return same_pads(steps, kernel, stride, dilation)
+    if padding == "causal":
+        return (kernel - 1) * dilation, 0
+    return padding
+
+
+def _taps(node: Node, x: np.ndarray, zero) -> np.ndarray:
+    """The windows of the padded input, by group: [N, T', groups, kernel * C_in / groups]."""
+    kernel, stride, dilation, groups, _ = _attrs(node)
+    taps = windows(node, np.pad(x, ((0, 0), _pads(node, x.shape[1]), (0, 0)), constant_values=zero),
+                   kernel, stride, dilation)  # [N, T', kernel, C_in]
     n, t_out = taps.shape[:2]
-    taps = taps.reshape(n, t_out, kernel, groups, c_g)
-    Wg = W.reshape(groups, c_out // groups, c_g, kernel)
-    y = np.einsum("ntjgc,gocj->ntgo", taps, Wg, optimize=True).reshape(n, t_out, c_out)
+    return taps.reshape(n, t_out, kernel, groups, -1).transpose(0, 1, 3, 2, 4).reshape(n, t_out, groups, -1)
+
+
+def _by_group(W: np.ndarray, groups: int) -> np.ndarray:
+    """W [C_out, C_in / groups, kernel] as [groups, C_out / groups, kernel * C_in / groups]."""
+    c_out, c_g, kernel = W.shape
+    return W.reshape(groups, c_out // groups, c_g, kernel).transpose(0, 1, 3, 2).reshape(groups, c_out // groups, -1)
+
+
+def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    groups = _attrs(node)[3]
+    taps = _taps(node, xs[0], 0)
+    Wg = _by_group(f32(node.params["W"]), groups)
+    y = np.einsum("ntgk,gok->ntgo", taps, Wg, optimize=True).reshape(*taps.shape[:2], -1)
     if "b" in node.params:
         y = y + f32(node.params["b"])
     return [y]
+
+
+def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
+    return gemm_params(node.params["W"], node.params.get("b"), g_in[0], g_out[0], bits)
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    groups = _attrs(node)[3]
+    taps = _taps(node, np.asarray(qs[0], np.int64), g_in[0].zp)  # [N, T', groups, K]
+    Wg = _by_group(qp["q_W"], groups)
+    acc = np.concatenate([matmul(taps[:, :, g], Wg[g]) for g in range(groups)], axis=-1)
+    return [rescale(acc - qp["W_sum_mul_x_zp"] + qp["q_b"], qp["sh_acc"], g_out[0])]

@@ -12,6 +12,10 @@ direction after the whole (reversed) sequence, i.e. at step 0 of its output. Tha
 `Bidirectional(GRU(return_sequences=False))` and PyTorch's `cat(h_n[-2], h_n[-1])`. PyTorch's
 `output[:, -1]` differs for the backward direction (its state after one step): that model is a
 gru with return_sequences true followed by last_step.
+
+Integers: the GRU core exactly as qtool quantizes a GRU alone (docs/numerics.md), its input
+edge on x's grid and its output edge on h's: `qp["qm"]`, the QuantModel calibrated on the
+GRU's own input (qtool.graph.calibrate), run by the CPU engine.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import numpy as np
 
 from qtool.core.graph import Node
 from qtool.core.model import DIRECTIONS, GruCell, GruModel
+from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_bool, attr_int, fail, only, param, want_inputs
+from qtool.layers.integer import requantize
 from qtool.numerics.float_gru import run_float
 
 OP = "gru"
@@ -68,13 +74,27 @@ def model(node: Node) -> GruModel:
                      for cells in _names(layers, dirs)], name=node.name, source=node.source)
 
 
-def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
-    gru, (_, _, seqs) = model(node), _attrs(node)
-    y = run_float(gru, xs[0])  # [N, T, H * dirs]; the backward half at step t saw steps T-1..t
-    if seqs:
-        return [y]
+def _final(node: Node, y: np.ndarray, H: int, dirs: int) -> np.ndarray:
+    """The sequence `y [N, T, H * dirs]`, or with return_sequences false the final states."""
+    if _attrs(node)[2]:
+        return y
     if y.shape[1] == 0:
         raise fail(node, "an empty sequence has no final state")
-    H = gru.hidden_size
     # forward: after the last step; backward: after the whole reversed sequence, which is step 0
-    return [y[:, -1] if gru.num_directions == 1 else np.concatenate([y[:, -1, :H], y[:, 0, H:]], axis=-1)]
+    return y[:, -1] if dirs == 1 else np.concatenate([y[:, -1, :H], y[:, 0, H:]], axis=-1)
+
+
+def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    gru = model(node)
+    # [N, T, H * dirs]; the backward half at step t saw steps T-1..t
+    return [_final(node, run_float(gru, xs[0]), gru.hidden_size, gru.num_directions)]
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    from qtool.engine.cpu import run_model
+
+    qm = qp["qm"]
+    y = run_model(qm, None, xq=qs[0]).y_int.astype(np.int64)
+    h = qm.cells[-1][0].spec["h"]
+    return [requantize(_final(node, y, qm.model.hidden_size, qm.model.num_directions), h, g_out[0])]

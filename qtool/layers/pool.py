@@ -15,10 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_int, attr_padding, fail, only, same_pads, want_inputs, windows
+from qtool.layers.integer import LayerBits, requantize, saturate
 
 OPS = ("avg_pool1d", "max_pool1d", "global_avg_pool1d", "global_max_pool1d")
 ATTRS = ("pool", "stride", "padding")
+SHARES_GRID = ("max_pool1d", "global_max_pool1d")
 
 
 def _attrs(node: Node) -> tuple[int, int, str | tuple[int, int]]:
@@ -39,14 +42,15 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     return [shapes[0]]
 
 
-def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
-    x = xs[0]
+def _pooled(node: Node, x: np.ndarray, zero, lowest) -> tuple[np.ndarray, np.ndarray | int]:
+    """(max or sum over each window, count of real steps in it): padded steps hold `lowest` for
+    max, `zero` for the sum."""
     if x.shape[1] == 0:
         raise fail(node, "pools an empty sequence")
     if node.op == "global_avg_pool1d":
-        return [x.mean(axis=1)]
+        return (x - zero).sum(axis=1), x.shape[1]
     if node.op == "global_max_pool1d":
-        return [x.max(axis=1)]
+        return x.max(axis=1), 1
     pool, stride, padding = _attrs(node)
     if padding == "valid":
         left, right = 0, 0
@@ -54,9 +58,30 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
         left, right = same_pads(x.shape[1], pool, stride)
     else:
         left, right = padding
-    real = np.pad(np.ones((1, x.shape[1], 1), np.float32), ((0, 0), (left, right), (0, 0)))  # 1 where a step is real
+    pads = ((0, 0), (left, right), (0, 0))
     if node.op == "max_pool1d":
-        padded = np.pad(x, ((0, 0), (left, right), (0, 0)), constant_values=-np.inf)
-        return [windows(node, padded, pool, stride).max(axis=2)]
-    total = windows(node, np.pad(x, ((0, 0), (left, right), (0, 0))), pool, stride).sum(axis=2)
-    return [total / windows(node, real, pool, stride).sum(axis=2)]
+        return windows(node, np.pad(x, pads, constant_values=lowest), pool, stride).max(axis=2), 1
+    real = np.pad(np.ones((1, x.shape[1], 1), np.int64), pads)  # 1 where a step is real
+    total = windows(node, np.pad(x - zero, pads), pool, stride).sum(axis=2)
+    return total, windows(node, real, pool, stride).sum(axis=2)
+
+
+def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    y, count = _pooled(node, xs[0], 0, -np.inf)
+    return [y / np.float32(count) if node.op.endswith("avg_pool1d") else y]
+
+
+def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
+    return {}
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    x, gx, gy = np.asarray(qs[0], np.int64), g_in[0], g_out[0]
+    if node.op.endswith("max_pool1d"):
+        return [requantize(_pooled(node, x, 0, np.iinfo(np.int64).min)[0], gx, gy)]
+    s, count = _pooled(node, x, gx.zp, 0)
+    d = int(gy.exp2_inv) - int(gx.exp2_inv)
+    num = np.left_shift(s, max(d, 0))
+    n = np.left_shift(np.asarray(count, np.int64), max(-d, 0))
+    return [saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy)]

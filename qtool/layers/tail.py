@@ -4,6 +4,9 @@ softmax: `exp(x - max(x)) / sum(exp(x - max(x)))`.
 l2_normalize: `x / max(||x||, epsilon)`, `epsilon` 1e-12 by default (Keras 3's UnitNormalization
 and PyTorch's F.normalize). An epsilon on the squared norm (tf.math.l2_normalize, Keras 2's
 K.l2_normalize: `x / sqrt(max(sum(x^2), e))`) is the same op with epsilon = sqrt(e).
+
+Both run in float on the dequantized output (`FLOAT_TAIL`): a classifier's class is the argmax of
+its integer logits, which softmax does not change.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from qtool.core.graph import Node
 from qtool.layers import attr_float, only, want_inputs
 
 OPS = ("softmax", "l2_normalize")
+FLOAT_TAIL = True
 
 
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:

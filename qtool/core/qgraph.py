@@ -1,0 +1,38 @@
+"""A whole model in integers: the float graph (after the float passes), every edge's grid, every
+node's integer parameters, and the partition into the integer core and the float tail.
+
+    quantize the inputs -> the core (every node of `core`, in integers) -> dequantize
+    `core_outputs` -> the float tail (softmax, L2 normalization) -> the model's outputs
+
+The integer parameters are derived from the grids and the float weights (each layer module's
+`quantize`; a GRU's QuantModel is calibrated on its own input), so the file stores the graph and
+the grids (qtool.graph.file, docs/file-formats.md) and a reader derives the rest the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qtool.core.graph import Graph, Node
+from qtool.core.qmodel import TensorQ
+
+
+@dataclass
+class QGraph:
+    graph: Graph
+    grids: dict[str, TensorQ]  # every edge the core reads or writes
+    qparams: dict[str, dict]  # node name -> its integers (a gru: {"qm": QuantModel})
+    core: list[str]  # node names run in integers, in order
+    tail: list[str]  # node names run in float after the dequantize, in order
+    passes: list[tuple[str, str]] = field(default_factory=list)  # (pass, what it did)
+    info: dict = field(default_factory=dict)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.graph.nodes if n.name == name)
+
+    @property
+    def core_outputs(self) -> list[str]:
+        """The edges dequantized: the core's edges the tail reads or the model outputs."""
+        made = {e for n in self.core for e in self.node(n).outputs} | set(self.graph.inputs)
+        read = [e for n in self.tail for e in self.node(n).inputs] + list(self.graph.outputs)
+        return [e for e in dict.fromkeys(read) if e in made]

@@ -1,0 +1,137 @@
+"""Calibrate a whole model: every edge's grid and every layer's integers (docs/graph.md,
+"Calibration").
+
+One float pass over the calibration data records every edge the integer core reads or writes.
+Each GRU is calibrated on its own input exactly as `qtool calibrate` calibrates a GRU alone
+(qtool.calibration), which fixes the grid of its input edge (x's) and of its output (h's). The
+grid passes then give every other edge its grid in graph order:
+
+- share_grids: an op that only moves or selects values (zero_pad1d, last_step, max pooling)
+  keeps its input's grid on its output, so its integers pass unchanged;
+- every other edge is observed: with `method` auto, per edge the method (minmax, percentile,
+  mse) whose grid leaves the least squared error on the data; otherwise the method named.
+
+Layer integers follow from the grids (each layer module's `quantize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from qtool.calibration.observe import MethodPlan, build_quant_model, collect, tensor_q
+from qtool.calibrators import make_observer
+from qtool.core.graph import Graph, Node
+from qtool.core.qgraph import QGraph
+from qtool.core.qmodel import QuantModel, TensorQ
+from qtool.core.tensors import TensorConfig
+from qtool.errors import QtoolError
+from qtool.graph.passes import partition, run_float_passes
+from qtool.io.files import SequenceData
+from qtool.layers import layer, run
+from qtool.layers.integer import LayerBits, same_grid
+from qtool.numerics.qparams import dequantize, quantize
+
+AUTO_METHODS = ("minmax", "percentile", "mse")
+MAX_ERROR_SAMPLES = 1 << 21  # values an edge's auto choice measures its error on
+
+
+def layer_bits(config: dict[str, TensorConfig]) -> LayerBits:
+    """The bits of the layers around the GRU: the GRU's weight, bias and activation bits."""
+    return LayerBits(config["W"].bits, config["bx"].bits, config["h"].bits)
+
+
+def edge_values(graph: Graph, core: list[str], data: SequenceData, n: int, chunk: int,
+                progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
+    """Every edge of the core over the first `n` sequences, float32, batch first."""
+    edges = set(graph.inputs) | {e for node in graph.nodes if node.name in core for e in node.outputs}
+    parts: dict[str, list] = {e: [] for e in edges}
+    for start, x in data.chunks(chunk, n):
+        values = run(graph, x, keep=True)
+        for e in edges:
+            parts[e].append(values[e])
+        if progress:
+            progress(start + len(x))
+    return {e: np.concatenate(v) for e, v in parts.items()}
+
+
+def _squared_error(v: np.ndarray, g: TensorQ) -> float:
+    q = quantize(v, int(g.exp2_inv), g.zp, g.bits)
+    return float(np.square(dequantize(q, int(g.exp2_inv), g.zp) - v).sum())
+
+
+def observed_grid(values: np.ndarray, bits: int, method: str, percentile: float, name: str) -> tuple[TensorQ, str]:
+    """An asymmetric grid for one edge from its values, and the method that set it."""
+    flat = values.reshape(-1)
+    if flat.size > MAX_ERROR_SAMPLES:
+        flat = flat[np.random.default_rng(0).choice(flat.size, MAX_ERROR_SAMPLES, replace=False)]
+    grids = {}
+    for m in AUTO_METHODS if method == "auto" else (method,):
+        o = make_observer(m, "edge", percentile)
+        o.observe(flat[None])
+        grids[m] = tensor_q(o, TensorConfig(bits, False), name=name)
+    best = min(grids, key=lambda m: _squared_error(flat, grids[m]))
+    return grids[best], best
+
+
+def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percentile: float, chunk: int,
+                  info: dict) -> QuantModel:
+    """The node's GRU calibrated on its input `x` as `qtool calibrate` does a GRU alone."""
+    from qtool.layers.gru import model
+
+    gru = model(node)
+    data = SequenceData(x, False, f"the input of {node.name}")
+    if method == "auto":
+        from qtool.calibration.auto import calibrate_auto
+
+        return calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info)[0]
+    plan = MethodPlan.from_config(config, method, "minmax", percentile)
+    return build_quant_model(gru, collect(gru, data, plan, chunk), config, info, plan)
+
+
+def _pin(grids: dict, edge: str, g: TensorQ, why: str) -> None:
+    if edge in grids and not same_grid(grids[edge], g):
+        raise QtoolError(f"edge '{edge}' would need two grids ({why}); qtool takes one GRU per edge")
+    grids[edge] = g
+
+
+def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
+                    method: str = "auto", percentile: float = 99.99, chunk: int = 64,
+                    progress: Callable[[int], None] | None = None, info: dict | None = None) -> QGraph:
+    """The quantized graph of `graph` calibrated on the first `n` sequences of `data`."""
+    g, done = run_float_passes(graph)
+    core, tail, what = partition(g)
+    done.append(("partition", what))
+    data.check_features(next(iter(g.inputs.values()))[-1])
+    values = edge_values(g, core, data, n, chunk, progress)
+    bits = layer_bits(config)
+    grids: dict[str, TensorQ] = {}
+    qparams: dict[str, dict] = {}
+    methods: dict[str, str] = {}
+    for node in (g_node for g_node in g.nodes if g_node.name in core and g_node.op == "gru"):
+        qm = calibrate_gru(node, values[node.inputs[0]], config, method, percentile, chunk, info or {})
+        _pin(grids, node.inputs[0], qm.cells[0][0].spec["x"], f"{node.name}'s x")
+        _pin(grids, node.outputs[0], qm.cells[-1][0].spec["h"], f"{node.name}'s h")
+        methods[node.inputs[0]] = methods[node.outputs[0]] = f"{node.name}'s calibration"
+        qparams[node.name] = {"qm": qm}
+    shared = []
+    for edge in g.inputs:
+        if edge not in grids:
+            grids[edge], methods[edge] = observed_grid(values[edge], bits.activation, method, percentile, edge)
+    for node in (g_node for g_node in g.nodes if g_node.name in core):
+        for edge in node.outputs:
+            if edge in grids:
+                continue
+            if node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ()):
+                grids[edge], methods[edge] = grids[node.inputs[0]], "shared"
+                shared.append(edge)
+            else:
+                grids[edge], methods[edge] = observed_grid(values[edge], bits.activation, method, percentile, edge)
+        if node.op != "gru":
+            mod = layer(node.op, node.label)
+            qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
+                                              bits)
+    done.append(("share_grids", f"{len(shared)} edge(s) keep their input's grid: {', '.join(shared)}"
+                 if shared else "no edge to share"))
+    return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods})

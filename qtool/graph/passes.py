@@ -1,0 +1,105 @@
+"""The named passes over a whole model, in the order they run (`FLOAT_PASSES` on the float graph
+before calibration, then `partition`; the grid passes run in qtool.graph.calibrate). Each
+returns one line saying what it did, which `inspect` and the report show (docs/graph.md,
+"Passes")."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from qtool.core.graph import Graph, Node
+from qtool.errors import QtoolError
+from qtool.layers import check, layer
+from qtool.layers.batchnorm import affine
+
+
+def _only_reader(graph: Graph, edge: str) -> Node | None:
+    """The one node that reads `edge`, when no other node or model output does."""
+    readers = graph.consumers(edge)
+    return readers[0] if len(readers) == 1 and edge not in graph.outputs else None
+
+
+def _bypass(graph: Graph, node: Node) -> None:
+    """Remove a one-in one-out node whose output equals its input: its producer writes its
+    output edge instead (or its readers read its input, when the input is read elsewhere too)."""
+    src, dst = node.inputs[0], node.outputs[0]
+    graph.nodes.remove(node)
+    producer = next((n for n in graph.nodes if src in n.outputs), None)
+    if producer is not None and not graph.consumers(src) and src not in graph.outputs:
+        producer.outputs[producer.outputs.index(src)] = dst
+        return
+    for n in graph.consumers(dst):
+        n.inputs = [src if e == dst else e for e in n.inputs]
+    graph.outputs = [src if e == dst else e for e in graph.outputs]
+
+
+def prune(graph: Graph) -> str:
+    """Drop what does not change the outputs: linear activations (inference no-ops) and nodes
+    whose outputs no model output depends on (training leftovers)."""
+    linear = [n for n in graph.nodes if n.op == "activation" and n.attrs.get("kind") == "linear"]
+    for n in linear:
+        _bypass(graph, n)
+    needed, dead = set(graph.outputs), []
+    for n in reversed(graph.nodes):
+        if needed & set(n.outputs):
+            needed |= set(n.inputs)
+        else:
+            dead.append(n)
+    for n in dead:
+        graph.nodes.remove(n)
+    names = [n.name for n in linear + dead]
+    return f"removed {len(names)} node(s): {', '.join(names)}" if names else "nothing to remove"
+
+
+def fold_batchnorm(graph: Graph) -> str:
+    """A batchnorm whose input only a dense or conv1d computes and nothing else reads becomes
+    part of that layer's weights: W' = W * a, b' = b * a + c per output channel (batchnorm's
+    affine x * a + c). Any other batchnorm stays an integer per-channel affine."""
+    folded = []
+    for bn in [n for n in graph.nodes if n.op == "batchnorm"]:
+        prev = next((n for n in graph.nodes if bn.inputs[0] in n.outputs), None)
+        if prev is None or prev.op not in ("dense", "conv1d") or _only_reader(graph, bn.inputs[0]) is not bn:
+            continue
+        a, c = affine(bn)
+        W = np.asarray(prev.params["W"], np.float64)
+        b = np.asarray(prev.params.get("b", np.zeros(W.shape[0])), np.float64)
+        prev.params = {"W": (W * a.reshape(-1, *[1] * (W.ndim - 1))).astype(np.float32),
+                       "b": (b * a + c).astype(np.float32)}
+        _bypass(graph, bn)
+        folded.append(f"{bn.name} into {prev.name}")
+    return f"folded {', '.join(folded)}" if folded else "no batchnorm to fold"
+
+
+FLOAT_PASSES = (prune, fold_batchnorm)
+
+
+def run_float_passes(graph: Graph) -> tuple[Graph, list[tuple[str, str]]]:
+    """A copy of `graph` after FLOAT_PASSES (proved well formed again), and what each did."""
+    g = copy.deepcopy(graph)
+    done = [(p.__name__, p(g)) for p in FLOAT_PASSES]
+    g.shapes = {}
+    return check(g), done
+
+
+def partition(graph: Graph) -> tuple[list[str], list[str], str]:
+    """(core, tail, what it did): the float tail is the ops run on dequantized values
+    (`FLOAT_TAIL`: softmax, L2 normalization) that only lead to model outputs; everything else
+    runs in integers. A float-tail op with integer layers after it is refused."""
+    tail: set[str] = set()
+    for n in reversed(graph.nodes):
+        readers = [r for e in n.outputs for r in graph.consumers(e)]
+        if getattr(layer(n.op, n.label), "FLOAT_TAIL", False) and all(r.name in tail for r in readers):
+            tail.add(n.name)
+    for n in graph.nodes:
+        mod = layer(n.op, n.label)
+        if n.name not in tail and getattr(mod, "FLOAT_TAIL", False):
+            raise QtoolError(f"node {n.label}: {n.op} runs in float at the model's output only; here layers "
+                             "read its result")
+        if n.name not in tail and not hasattr(mod, "forward_int"):
+            raise QtoolError(f"node {n.label}: {n.op} has no integer form")
+    core = [n.name for n in graph.nodes if n.name not in tail]
+    tail_names = [n.name for n in graph.nodes if n.name in tail]
+    what = f"{len(core)} integer node(s)" + (f", float tail: {', '.join(tail_names)}" if tail_names else "")
+    return core, tail_names, what

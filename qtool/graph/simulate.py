@@ -1,0 +1,116 @@
+"""Run a quantized whole model in integers and measure it against its float graph
+(docs/graph.md, "Simulation"): every edge of the core (SNR, cosine, saturation), the model's
+outputs, and for a classifier (a vector output of two or more classes) the top-1 agreement
+with float and, given labels, both accuracies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qtool.core.qgraph import QGraph
+from qtool.engine.metrics import Distance
+from qtool.errors import QtoolError
+from qtool.io.files import SequenceData
+from qtool.layers import layer, run
+from qtool.numerics.qparams import dequantize, qrange, quantize
+
+
+def run_int(qg: QGraph, x: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The integer core on float inputs: every core edge's integers (int64)."""
+    if not isinstance(x, dict):
+        x = {next(iter(qg.graph.inputs)): x}
+    q = {e: quantize(np.asarray(v, np.float32), int(qg.grids[e].exp2_inv), qg.grids[e].zp, qg.grids[e].bits)
+         for e, v in x.items()}
+    for name in qg.core:
+        node = qg.node(name)
+        outs = layer(node.op, node.label).forward_int(
+            node, qg.qparams[name], [q[e] for e in node.inputs], [qg.grids[e] for e in node.inputs],
+            [qg.grids[e] for e in node.outputs])
+        q.update(zip(node.outputs, outs))
+    return q
+
+
+def dequantized(qg: QGraph, q: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs from the core's integers: dequantize, then the float tail."""
+    values = {e: dequantize(q[e], int(qg.grids[e].exp2_inv), qg.grids[e].zp).astype(np.float32)
+              for e in qg.core_outputs}
+    for name in qg.tail:
+        node = qg.node(name)
+        values.update(zip(node.outputs, layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])))
+    return {e: values[e] for e in qg.graph.outputs}
+
+
+@dataclass
+class GraphSimulation:
+    edges: dict[str, Distance]  # every core edge: dequantized integers against float
+    outputs: dict[str, Distance]  # the model's outputs (after the float tail)
+    samples: int = 0
+    agree: int = 0  # classifier: integer top-1 equal to float's
+    correct_float: int = 0  # with labels: float top-1 equal to the label
+    correct_quant: int = 0
+    labelled: bool = False
+    is_classifier: bool = False
+    kept: dict = field(default_factory=dict)  # with keep: float/y, quant/y, quant/y_int of the first output
+
+    def to_dict(self) -> dict:
+        out = {"samples": self.samples, "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
+               "edges": {e: d.as_dict() for e, d in self.edges.items()}}
+        if self.is_classifier:
+            out["top1_agreement"] = self.agree / self.samples
+            if self.labelled:
+                out["accuracy_float"] = self.correct_float / self.samples
+                out["accuracy_quant"] = self.correct_quant / self.samples
+        return out
+
+
+def _saturated(q: np.ndarray, bits: int) -> int:
+    lo, hi = qrange(bits)
+    return int(np.count_nonzero((q == lo) | (q == hi)))
+
+
+def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: int = 256,
+                   labels: np.ndarray | None = None, keep: bool = False,
+                   progress: Callable[[int], None] | None = None) -> GraphSimulation:
+    """The integer model against the float graph over the first `n` sequences of `data`."""
+    n = data.num_sequences if n is None else min(n, data.num_sequences)
+    data.check_features(next(iter(qg.graph.inputs.values()))[-1])
+    out0 = qg.graph.outputs[0]
+    shape = qg.graph.shapes.get(out0, ())
+    sim = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, n,
+                          is_classifier=len(shape) == 1 and shape[0] >= 2)
+    if labels is not None:
+        labels = np.asarray(labels).reshape(-1)
+        if len(labels) < n or labels.dtype.kind not in "iu":
+            raise QtoolError(f"labels must be {n} integer class indexes, got {len(labels)} of dtype {labels.dtype}")
+        sim.labelled = True
+    kept: dict[str, list] = {"float/y": [], "quant/y": [], "quant/y_int": []}
+    for start, x in data.chunks(chunk, n):
+        ref = run(qg.graph, x, keep=True)
+        q = run_int(qg, x)
+        for e, d in sim.edges.items():
+            g = qg.grids[e]
+            d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _saturated(q[e], g.bits))
+        y = dequantized(qg, q)
+        for e, d in sim.outputs.items():
+            d.add(y[e], ref[e])
+        if sim.is_classifier:
+            top_q = np.argmax(q[out0] if out0 in q else y[out0], axis=-1)
+            top_f = np.argmax(ref[out0], axis=-1)
+            sim.agree += int(np.count_nonzero(top_q == top_f))
+            if labels is not None:
+                lab = labels[start:start + len(x)]
+                sim.correct_float += int(np.count_nonzero(top_f == lab))
+                sim.correct_quant += int(np.count_nonzero(top_q == lab))
+        if keep:
+            kept["float/y"].append(ref[out0])
+            kept["quant/y"].append(y[out0])
+            edge = out0 if out0 in q else qg.core_outputs[0]
+            kept["quant/y_int"].append(q[edge].astype(np.int32))
+        if progress:
+            progress(start + len(x))
+    if keep:
+        sim.kept = {k: np.concatenate(v) for k, v in kept.items()}
+    return sim

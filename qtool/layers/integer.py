@@ -1,0 +1,111 @@
+"""The integer semantics every layer type shares (docs/graph.md, "Integer semantics").
+
+An edge's integers `q` stand for `(q - zp) * 2^-exp2_inv` on its grid (a TensorQ, as every GRU
+tensor's). Weights are per output channel symmetric, `W ~ q_W * 2^-exp2_inv_W[c]`; a bias is held
+at its accumulator's exponent `exp2_inv_x + exp2_inv_W[c]` on `bias` bits. A ratio of
+power-of-two scales is a shift, rounded half up as in the GRU (qtool.numerics.intops):
+
+    q_y = clamp(rshift_round(acc, exp2_inv_acc - exp2_inv_y) + zp_y, qmin_y, qmax_y)
+
+Integers are int64 here, so no sum a layer makes can wrap (each module states its bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from qtool.core.qmodel import TensorQ
+from qtool.numerics.qparams import choose_qparams, dequantize, qrange, quantize
+
+EXACT_FLOAT = 1 << 53  # integer sums below this are exact in float64, so BLAS may compute them
+
+
+@dataclass(frozen=True)
+class LayerBits:
+    """The bits of a layer's weights, biases (its accumulator's grid) and activations."""
+
+    weight: int = 8
+    bias: int = 32
+    activation: int = 8
+
+
+def rshift_round(v, n):
+    """v * 2^-n rounded half up: (v + 2^(n-1)) >> n for n > 0, v << -n otherwise; `n` may be per
+    channel (broadcast over the last axis)."""
+    v, n = np.asarray(v, np.int64), np.asarray(n, np.int64)
+    r, left = np.maximum(n, 0), np.maximum(-n, 0)
+    half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
+    return np.right_shift(np.left_shift(v, left) + half, r)
+
+
+def saturate(v, g: TensorQ) -> np.ndarray:
+    lo, hi = qrange(g.bits)
+    return np.clip(v, lo, hi)
+
+
+def rescale(acc, n, g_out: TensorQ) -> np.ndarray:
+    """Base operation Rescale: q_y = clamp(rshift_round(acc, n) + zp_y)."""
+    return saturate(rshift_round(acc, n) + g_out.zp, g_out)
+
+
+def same_grid(a: TensorQ, b: TensorQ) -> bool:
+    return (a.bits, a.zp, int(a.exp2_inv)) == (b.bits, b.zp, int(b.exp2_inv))
+
+
+def requantize(q, g_in: TensorQ, g_out: TensorQ) -> np.ndarray:
+    """q from grid g_in onto g_out; the integers themselves where the grids agree."""
+    if same_grid(g_in, g_out):
+        return np.asarray(q, np.int64)
+    return rescale(np.asarray(q, np.int64) - g_in.zp, int(g_in.exp2_inv) - int(g_out.exp2_inv), g_out)
+
+
+def weights(W: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel (axis 0) symmetric weights: (q_W, exp2_inv_W [C_out])."""
+    rows = np.asarray(W, np.float64).reshape(W.shape[0], -1)
+    exp2_inv_W = np.array([choose_qparams(r.min(), r.max(), bits, True)[0] for r in rows], np.int64)
+    return quantize(rows, exp2_inv_W, 0, bits).reshape(W.shape), exp2_inv_W
+
+
+def bias(b: np.ndarray | None, exp2_inv_acc: np.ndarray, bits: int) -> np.ndarray:
+    """The bias on its accumulator's grid (zeros where there is none)."""
+    if b is None:
+        return np.zeros(len(exp2_inv_acc), np.int64)
+    return quantize(np.asarray(b, np.float64), exp2_inv_acc, 0, bits).astype(np.int64)
+
+
+def sum_mul_zp(q_W: np.ndarray, zp: int) -> np.ndarray:
+    """Zero-point compensation, W_sum_mul_x_zp[c] = zp_x * sum_k q_W[c, k], so that
+    sum_k q_W[c, k] (q_x[k] - zp_x) = (q_W @ q_x)[c] - W_sum_mul_x_zp[c]."""
+    return zp * np.asarray(q_W, np.int64).reshape(q_W.shape[0], -1).sum(axis=1)
+
+
+def gemm_params(W: np.ndarray, b: np.ndarray | None, g_x: TensorQ, g_y: TensorQ, bits: LayerBits) -> dict:
+    """A dense or conv layer's integers: q_W, exp2_inv_W, q_b, W_sum_mul_x_zp and the per channel
+    shift of its accumulator onto y's grid, sh_acc = exp2_inv_x + exp2_inv_W - exp2_inv_y."""
+    q_W, exp2_inv_W = weights(W, bits.weight)
+    exp2_inv_acc = exp2_inv_W + int(g_x.exp2_inv)
+    return {"q_W": q_W, "exp2_inv_W": exp2_inv_W, "q_b": bias(b, exp2_inv_acc, bits.bias),
+            "W_sum_mul_x_zp": sum_mul_zp(q_W, g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}
+
+
+def matmul(q_x: np.ndarray, q_W: np.ndarray) -> np.ndarray:
+    """Exact `q_x @ q_W.T` over the last axis: through float64 BLAS while every partial sum is
+    below 2^53 (int8 and int16 layers of any real width), in int64 otherwise."""
+    bound = q_W.shape[1] * (int(np.abs(q_x).max(initial=0)) * int(np.abs(q_W).max(initial=0)))
+    if bound < EXACT_FLOAT:
+        return (q_x.astype(np.float64) @ q_W.T.astype(np.float64)).astype(np.int64)
+    return np.asarray(q_x, np.int64) @ np.asarray(q_W, np.int64).T
+
+
+def table(f, g_in: TensorQ, g_out: TensorQ) -> np.ndarray:
+    """The exact table of an elementwise function: for every input integer, f of its value
+    rounded onto the output grid (index q_x - qmin_x)."""
+    lo, hi = qrange(g_in.bits)
+    v = dequantize(np.arange(lo, hi + 1), int(g_in.exp2_inv), g_in.zp).astype(np.float32)
+    return quantize(np.asarray(f(v), np.float64), int(g_out.exp2_inv), g_out.zp, g_out.bits).astype(np.int64)
+
+
+def lookup(tab: np.ndarray, q: np.ndarray, g_in: TensorQ) -> np.ndarray:
+    return tab[np.asarray(q, np.int64) - qrange(g_in.bits)[0]]

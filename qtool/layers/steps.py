@@ -1,0 +1,59 @@
+"""Ops that only move steps; their integers keep the input's grid (`SHARES_GRID`).
+
+zero_pad1d: `pad` (before, after) steps of zeros around a sequence (Keras' ZeroPadding1D, ONNX's
+Pad on the time axis). In integers the padded steps hold the zero point, the grid's exact zero.
+
+last_step: `x[:, -1]`, a sequence's last step as a vector (PyTorch's `output[:, -1]`, ONNX's
+Gather/Slice of the last step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qtool.core.graph import Node
+from qtool.core.qmodel import TensorQ
+from qtool.layers import MAX_STEPS, attr_steps, fail, only, want_inputs
+from qtool.layers.integer import requantize
+
+OPS = ("zero_pad1d", "last_step")
+SHARES_GRID = OPS  # their output may keep the input's grid: no requantization
+
+
+def _pad(node: Node) -> tuple[int, int]:
+    pair = attr_steps(node, "pad")
+    if pair is None:
+        raise fail(node, f"attribute 'pad' must be (before, after) steps in 0..{MAX_STEPS}, "
+                         f"got {node.attrs.get('pad')!r:.40}")
+    return pair
+
+
+def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
+    want_inputs(node, shapes, seq=True)
+    if node.op == "last_step":
+        only(node)
+        return [(shapes[0][-1],)]
+    only(node, ("pad",))
+    _pad(node)
+    return [shapes[0]]
+
+
+def _move(node: Node, x: np.ndarray, zero) -> np.ndarray:
+    if node.op == "zero_pad1d":
+        return np.pad(x, ((0, 0), _pad(node), (0, 0)), constant_values=zero)
+    if x.shape[1] == 0:
+        raise fail(node, "an empty sequence has no last step")
+    return x[:, -1]
+
+
+def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    return [_move(node, xs[0], 0)]
+
+
+def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], cfg) -> dict:
+    return {}
+
+
+def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
+                ) -> list[np.ndarray]:
+    return [requantize(_move(node, qs[0], g_in[0].zp), g_in[0], g_out[0])]
