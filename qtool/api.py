@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.core.graph import Graph
 from qtool.core.model import DIRECTIONS, GruModel  # noqa: F401 (DIRECTIONS, PARAMS, TENSORS: for the CLI's tables)
+from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import PARAMS, TENSORS  # noqa: F401
 from qtool.errors import QtoolError
@@ -113,10 +115,110 @@ def load_graph(path, fmt: str | None = None, check: bool = True, example=None):
     from qtool.importers import import_graph
 
     if isinstance(path, (str, os.PathLike)):
+        if _h5_format(Path(path)) in ("qtool-graph", "qtool-qgraph"):
+            from qtool.graph.file import load as load_file
+
+            g = load_file(path)
+            return g if isinstance(g, Graph) else g.graph
         return import_graph(path, fmt, check)
     from qtool.importers.torch.module import graph_of_module
 
     return graph_of_module(path, example, check)
+
+
+def load_qgraph(path: str | os.PathLike) -> QGraph:
+    """A quantized whole-model file (`save_graph` of `calibrate_graph`'s result), proved well formed."""
+    from qtool.graph.file import load as load_file
+
+    path = Path(path)
+    if _h5_format(path) != "qtool-qgraph":
+        kind = "a float whole-model file" if _h5_format(path) == "qtool-graph" else _other_model(path)
+        raise QtoolError(f"{path}: {kind or 'not a quantized whole model'}; quantize it first: qtool calibrate "
+                         f"{path} CALIB_DATA -o q.h5" if kind else f"{path}: not a quantized whole-model file")
+    return load_file(path)
+
+
+def save_graph(model: Graph | QGraph, path: str | os.PathLike, force: bool = False,
+               confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
+    """Write a whole model (format qtool-graph) or a quantized one (qtool-qgraph) atomically."""
+    from qtool.graph.file import write_graph, write_qgraph
+    from qtool.io.files import write_h5
+
+    def write() -> None:
+        write_h5(claim_output(path, force, inputs, confirm),
+                 lambda f: (write_qgraph if isinstance(model, QGraph) else write_graph)(f, model))
+
+    _write_once(write)
+    return Path(path)
+
+
+def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
+                    method: str = "auto", percentile: float = 99.99, batch_size: int = 64,
+                    limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+                    check: bool = True, progress: Progress | None = None) -> QGraph:
+    """Quantize a whole model (a graph, a whole-model file or a Keras/ONNX file) on calibration
+    data `[N, T, C]` of its input: every edge's grid, each GRU calibrated on its own input
+    (docs/graph.md). `method`: auto (per edge the method with the least error; each GRU's own
+    auto choice) or one of minmax, percentile, mse, kl, ema."""
+    from qtool.calibrators import METHODS
+    from qtool.graph.calibrate import calibrate_graph as run_calibration
+
+    if method != "auto" and method not in METHODS:
+        raise QtoolError(f"unknown `method` '{method}' (use auto or one of {', '.join(METHODS)})")
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
+    label, config = _bits_config(bits)
+    source = None
+    if not isinstance(model, Graph):
+        source = Path(model)
+        model = load_graph(source, check=check)
+    if len(model.inputs) != 1:
+        raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
+    data = as_data(data, dataset, time_first)
+    n = count(data, limit)
+    tick = (lambda done: progress(done, n)) if progress else None
+    path = Path(data.name)
+    info = {"method": method, "bits": label, "samples": n, "data_file": path.name,
+            "data_sha256": sha256_file(path) if path.is_file() else "", "created": now_utc(),
+            "source": model.source, "source_sha256": sha256_file(source) if source and source.is_file() else ""}
+    return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info)
+
+
+def load_labels(labels, n: int) -> np.ndarray:
+    """Class indexes `[N]` from an array or a .npy file (the first `n`)."""
+    if isinstance(labels, (str, os.PathLike)):
+        path = Path(labels)
+        if path.suffix != ".npy" or not path.is_file():
+            raise QtoolError(f"labels {path}: give a .npy file of class indexes")
+        try:
+            labels = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise QtoolError(f"labels {path}: not a readable .npy file ({e})") from None
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) < n:
+        raise QtoolError(f"labels must be {n} or more integer class indexes [N], got shape "
+                         f"{list(labels.shape)} of {labels.dtype}")
+    return labels[:n]
+
+
+def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
+                   limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+                   outputs: bool = False, progress: Progress | None = None):
+    """Run a quantized whole model in integers beside its float graph on `data`: every edge's and
+    the outputs' SNR, cosine and saturation; for a classifier top-1 agreement, and with `labels`
+    both accuracies (qtool.graph.simulate.GraphSimulation). `outputs=True` keeps the first
+    output's float/y, quant/y and quant/y_int (`kept`)."""
+    from qtool.graph.simulate import simulate_graph as run_simulation
+
+    if not isinstance(qg, QGraph):
+        qg = load_qgraph(qg)
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
+    data = as_data(data, dataset, time_first)
+    n = count(data, limit)
+    lab = load_labels(labels, n) if labels is not None else None
+    tick = (lambda done: progress(done, n)) if progress else None
+    return run_simulation(qg, data, n, batch_size, lab, outputs, tick)
 
 
 def describe_check(check: dict | None) -> str:

@@ -175,7 +175,7 @@ def h5_dataset(g, name: str, shape: tuple | None, kinds: str, where: str) -> np.
 def read_model(f: h5py.File, formats: tuple = (FORMAT,)) -> GruModel:
     """Read the float model from an open HDF5 file written by `write_model` (a quantized model
     file holds one too), checking every attribute and shape before reading any array."""
-    where = str(f.filename)
+    where = str(f.filename) if f.name == "/" else f"{f.file.filename}:{f.name}"
     fmt = f.attrs.get("format")
     if isinstance(fmt, bytes):
         fmt = fmt.decode(errors="replace")

@@ -134,4 +134,5 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
                                               bits)
     done.append(("share_grids", f"{len(shared)} edge(s) keep their input's grid: {', '.join(shared)}"
                  if shared else "no edge to share"))
-    return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods})
+    return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods,
+                                                        "layer_bits": [bits.weight, bits.bias, bits.activation]})

@@ -98,27 +98,33 @@ def _plain(v):
 def load_qmodel(path) -> QuantModel:
     """Read and validate a quantized model file: a file that loads is safe for every engine."""
     with open_h5(path) as f:
-        if not is_qmodel(f):
-            raise QtoolError(f"{path}: not a quantized model (run 'qtool calibrate' first)")
-        q = f.get("quant")
-        if q is None:
-            raise QtoolError(f"{path}: the group /quant is missing")
-        version = h5_attr(q, "version", int, f"{path}: /quant")
-        if not 1 <= version <= QFORMAT_VERSION:
-            raise QtoolError(f"{path}: quantized format version {version} is not one this qtool "
-                             f"reads (1..{QFORMAT_VERSION})")
-        model = read_model(f, formats=(QFORMAT,))
-        cells = []
-        for l, layer in enumerate(model.layers):
-            row = []
-            for d, cell in enumerate(layer):
-                where = f"{path}: quant/layer{l}/{DIRECTIONS[d]}"
-                if f"quant/layer{l}/{DIRECTIONS[d]}" not in f:
-                    raise QtoolError(f"{where} is missing")
-                row.append(_read_cell(f[f"quant/layer{l}/{DIRECTIONS[d]}"], cell.W.shape[1],
-                                      cell.R.shape[1], where))
-            cells.append(row)
-        info = {k: _plain(v) for k, v in q.attrs.items()}
+        return read_qmodel(f, str(path))
+
+
+def read_qmodel(f, where: str) -> QuantModel:
+    """Read and validate the quantized model of an open HDF5 file or group."""
+    path = where
+    if not is_qmodel(f):
+        raise QtoolError(f"{path}: not a quantized model (run 'qtool calibrate' first)")
+    q = f.get("quant")
+    if q is None:
+        raise QtoolError(f"{path}: the group /quant is missing")
+    version = h5_attr(q, "version", int, f"{path}: /quant")
+    if not 1 <= version <= QFORMAT_VERSION:
+        raise QtoolError(f"{path}: quantized format version {version} is not one this qtool "
+                         f"reads (1..{QFORMAT_VERSION})")
+    model = read_model(f, formats=(QFORMAT,))
+    cells = []
+    for l, layer in enumerate(model.layers):
+        row = []
+        for d, cell in enumerate(layer):
+            where = f"{path}: quant/layer{l}/{DIRECTIONS[d]}"
+            if f"quant/layer{l}/{DIRECTIONS[d]}" not in f:
+                raise QtoolError(f"{where} is missing")
+            row.append(_read_cell(f[f"quant/layer{l}/{DIRECTIONS[d]}"], cell.W.shape[1],
+                                  cell.R.shape[1], where))
+        cells.append(row)
+    info = {k: _plain(v) for k, v in q.attrs.items()}
     qm = QuantModel(model, cells, info)
     validate(qm, str(path))
     return qm

@@ -1,0 +1,159 @@
+"""The HDF5 files of a whole model (docs/file-formats.md, "Whole models"):
+
+    format "qtool-graph" (a float graph, `qtool import`) or "qtool-qgraph" (quantized)
+    /            attrs: format, version, qtool_version, graph (JSON: name, source, inputs,
+                 outputs, nodes [{name, op, inputs, outputs, attrs, source}])
+    /params/<k>/<param>     node k's float32 params
+    quantized only:
+    /            attrs: quant (JSON: core, tail, passes, info, layer_bits, grids {edge: [bits,
+                 exp2_inv, zp, lo, hi]})
+    /gru/<k>/    node k's quantized GRU, laid out as a "qtool-qgru" file (qtool.core.qmodel)
+
+The other layers' integers are not stored: they follow from the grids and the float weights
+(each layer's `quantize`), which a reader derives exactly as the calibration did. A file that
+loads is proved well formed (qtool.layers.check; the GRUs as qtool.io.qmodel_file proves them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from qtool import __version__
+from qtool.core.graph import Graph, Node
+from qtool.core.model import open_h5
+from qtool.core.qgraph import QGraph
+from qtool.core.qmodel import TensorQ
+from qtool.errors import QtoolError
+from qtool.io.qmodel_file import read_qmodel, write_qmodel
+from qtool.layers import check, layer
+from qtool.layers.integer import LayerBits
+
+GFORMAT, QGFORMAT, GVERSION = "qtool-graph", "qtool-qgraph", 1
+MAX_JSON = 1 << 24  # characters of the graph's description
+MAX_PARAM_VALUES = 1 << 27
+
+
+def _plain(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def file_format(f) -> str | None:
+    fmt = f.attrs.get("format")
+    return fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt
+
+
+def write_graph(f, graph: Graph) -> None:
+    desc = {"name": graph.name, "source": graph.source, "inputs": {k: list(v) for k, v in graph.inputs.items()},
+            "outputs": graph.outputs,
+            "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
+                       "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
+    f.attrs.update(format=GFORMAT, version=GVERSION, qtool_version=__version__,
+                   graph=json.dumps(desc, default=_plain))
+    for k, n in enumerate(graph.nodes):
+        for name, a in n.params.items():
+            f.create_dataset(f"params/{k}/{name}", data=np.asarray(a, np.float32))
+
+
+def _json(f, key: str, where: str):
+    raw = f.attrs.get(key)
+    if isinstance(raw, bytes):
+        raw = raw.decode(errors="replace")
+    if not isinstance(raw, str) or len(raw) > MAX_JSON:
+        raise QtoolError(f"{where}: attribute '{key}' is missing or not a JSON text of at most {MAX_JSON:,} characters")
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise QtoolError(f"{where}: attribute '{key}' is not valid JSON ({e})") from None
+
+
+def _shape(v, where: str) -> tuple:
+    if not isinstance(v, list) or not 1 <= len(v) <= 2 or any(not (d is None or isinstance(d, int)) for d in v):
+        raise QtoolError(f"{where}: an input shape must be [null, C] or [C], got {v!r:.60}")
+    return tuple(v)
+
+
+def read_graph(f, where: str) -> Graph:
+    desc = _json(f, "graph", where)
+    try:
+        nodes = []
+        for k, d in enumerate(desc["nodes"]):
+            params = {}
+            for name, ds in f.get(f"params/{k}", {}).items():
+                if ds.size > MAX_PARAM_VALUES or ds.dtype.kind != "f":
+                    raise QtoolError(f"{where}: params/{k}/{name} must be float with at most "
+                                     f"{MAX_PARAM_VALUES:,} values")
+                params[name] = np.asarray(ds[()], np.float32)
+            attrs = {a: tuple(v) if isinstance(v, list) else v for a, v in d.get("attrs", {}).items()}
+            nodes.append(Node(str(d["name"]), str(d["op"]), [str(e) for e in d["inputs"]],
+                              [str(e) for e in d["outputs"]], attrs, params, str(d.get("source", ""))))
+        graph = Graph(nodes, {str(k): _shape(v, where) for k, v in desc["inputs"].items()},
+                      [str(e) for e in desc["outputs"]], str(desc.get("name", "model")), str(desc.get("source", "")))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise QtoolError(f"{where}: the graph description is malformed ({type(e).__name__}: {e})") from None
+    return check(graph, where)
+
+
+def write_qgraph(f, qg: QGraph) -> None:
+    write_graph(f, qg.graph)
+    grids = {e: [g.bits, int(g.exp2_inv), int(g.zp), float(g.lo), float(g.hi)] for e, g in qg.grids.items()}
+    quant = {"core": qg.core, "tail": qg.tail, "passes": qg.passes, "info": qg.info, "grids": grids}
+    f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=_plain))
+    for k, n in enumerate(qg.graph.nodes):
+        if n.op == "gru" and n.name in qg.qparams:
+            write_qmodel(f.create_group(f"gru/{k}"), qg.qparams[n.name]["qm"])
+
+
+def _grid(v, edge: str, where: str) -> TensorQ:
+    ok = isinstance(v, list) and len(v) == 5 and all(isinstance(x, int) for x in v[:3]) and 2 <= v[0] <= 16
+    if not ok or not -64 <= v[1] <= 64 or not -(1 << (v[0] - 1)) <= v[2] < (1 << (v[0] - 1)):
+        raise QtoolError(f"{where}: the grid of edge '{edge}' is not [bits 2..16, exp2_inv, zp in range, lo, hi]")
+    return TensorQ(v[0], False, v[1], v[2], float(v[3]), float(v[4]))
+
+
+def read_qgraph(f, where: str) -> QGraph:
+    graph = read_graph(f, where)
+    quant = _json(f, "quant", where)
+    try:
+        names = [n.name for n in graph.nodes]
+        core, tail = [str(n) for n in quant["core"]], [str(n) for n in quant["tail"]]
+        if sorted(core + tail) != sorted(names):
+            raise QtoolError(f"{where}: core and tail do not list the graph's nodes once each")
+        grids = {str(e): _grid(v, str(e), where) for e, v in quant["grids"].items()}
+        info = dict(quant.get("info", {}))
+        bits = LayerBits(*info["layer_bits"])
+        passes = [tuple(p) for p in quant.get("passes", [])]
+    except (KeyError, TypeError, ValueError) as e:
+        raise QtoolError(f"{where}: the quantization description is malformed ({type(e).__name__}: {e})") from None
+    qparams = {}
+    for k, node in enumerate(graph.nodes):
+        if node.name not in core:
+            continue
+        missing = [e for e in node.inputs + node.outputs if e not in grids]
+        if missing:
+            raise QtoolError(f"{where}: edge '{missing[0]}' of node {node.label} has no grid")
+        if node.op == "gru":
+            if f"gru/{k}" not in f:
+                raise QtoolError(f"{where}: gru/{k}, the quantized GRU of node {node.label}, is missing")
+            qparams[node.name] = {"qm": read_qmodel(f[f"gru/{k}"], f"{where}: gru/{k}")}
+        else:
+            qparams[node.name] = layer(node.op, node.label).quantize(
+                node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs], bits)
+    return QGraph(graph, grids, qparams, core, tail, passes, info)
+
+
+def load(path: str | Path) -> Graph | QGraph:
+    """A whole model file qtool wrote: the float graph or the quantized one."""
+    with open_h5(path) as f:
+        fmt = file_format(f)
+        if fmt == QGFORMAT:
+            return read_qgraph(f, str(path))
+        if fmt == GFORMAT:
+            return read_graph(f, str(path))
+    raise QtoolError(f"{path}: not a qtool whole-model file")
