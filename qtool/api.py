@@ -126,6 +126,44 @@ def load_graph(path, fmt: str | None = None, check: bool = True, example=None):
     return graph_of_module(path, example, check)
 
 
+def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
+    """(graph, None) when the file at `path` is a whole model: qtool's own whole-model file, or a
+    Keras or ONNX file with layers besides its GRU(s) (read, not yet checked against the
+    framework). (None, None) for a GRU alone or a file with no graph (a PyTorch state dict, haste
+    weights, qtool's GRU files); (None, why) when its graph cannot be taken."""
+    from qtool.importers import detect_format
+
+    path = Path(path)
+    fmt = _h5_format(path)
+    if fmt in ("qtool-graph", "qtool-qgraph"):
+        return load_graph(path), None
+    try:
+        if fmt not in (None, "keras") or detect_format(path) not in ("keras", "onnx"):
+            return None, None
+        g = load_graph(path, check=False)
+    except QtoolError as e:
+        return None, str(e)
+    return (None, None) if all(n.op == "gru" for n in g.nodes) else (g, None)
+
+
+def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:
+    """A row per edge the integer core writes, in graph order: the layer, its op, the edge's shape
+    and grid, how the grid was set, and with a simulation (`simulate_graph`) its distances."""
+    methods = qg.info.get("edge_methods", {})
+    edges = [(e, "input", "input") for e in qg.graph.inputs]
+    edges += [(e, n, qg.node(n)) for n in qg.core for e in qg.node(n).outputs]
+    rows = []
+    for e, name, node in edges:
+        g = qg.grids[e]
+        op = node if isinstance(node, str) else (node.attrs.get("kind") or node.op)
+        row = {"layer": name, "op": op, "edge": e, "shape": list(qg.graph.shapes.get(e, ())), "bits": g.bits,
+               "exp2_inv": int(g.exp2_inv), "zp": int(g.zp), "method": methods.get(e, "")}
+        if sim is not None:
+            row.update(sim.edges[e].as_dict())
+        rows.append(row)
+    return rows
+
+
 def load_qgraph(path: str | os.PathLike) -> QGraph:
     """A quantized whole-model file (`save_graph` of `calibrate_graph`'s result), proved well formed."""
     from qtool.graph.file import load as load_file
@@ -203,22 +241,44 @@ def load_labels(labels, n: int) -> np.ndarray:
 
 def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
                    limit: int | None = None, dataset: str | None = None, time_first: bool = False,
-                   outputs: bool = False, progress: Progress | None = None):
+                   outputs: bool = False, save: str | os.PathLike | None = None, force: bool = False,
+                   confirm: Callable[[str], bool] | None = None, progress: Progress | None = None):
     """Run a quantized whole model in integers beside its float graph on `data`: every edge's and
     the outputs' SNR, cosine and saturation; for a classifier top-1 agreement, and with `labels`
     both accuracies (qtool.graph.simulate.GraphSimulation). `outputs=True` keeps the first
-    output's float/y, quant/y and quant/y_int (`kept`)."""
+    output's float/y, quant/y and quant/y_int (`kept`, in the output's own shape, e.g.
+    `[N, classes]`); `save` writes them to an HDF5 file."""
     from qtool.graph.simulate import simulate_graph as run_simulation
+    from qtool.io.files import write_h5
 
+    qg_path = None
     if not isinstance(qg, QGraph):
-        qg = load_qgraph(qg)
+        qg_path = Path(qg)
+        qg = load_qgraph(qg_path)
+    if save is not None:
+        files = [qg_path, data, labels]
+        save = claim_output(save, force, [f for f in files if isinstance(f, (str, os.PathLike))], confirm)
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
     lab = load_labels(labels, n) if labels is not None else None
     tick = (lambda done: progress(done, n)) if progress else None
-    return run_simulation(qg, data, n, batch_size, lab, outputs, tick)
+    sim = run_simulation(qg, data, n, batch_size, lab, outputs or save is not None, tick)
+    if save is not None:
+        def write(f) -> None:
+            f.attrs.update(format="qtool-results", source=str(qg_path or qg.graph.name), samples=n)
+            for k, v in sim.kept.items():
+                f.create_dataset(k, data=v)
+
+        _write_once(lambda: write_h5(save, write))
+    return sim
+
+
+def model_file_format(path: str | os.PathLike) -> str | None:
+    """The format of a qtool HDF5 file ("qtool-gru", "qtool-qgru", "qtool-graph", "qtool-qgraph"),
+    "keras" for a Keras HDF5 file, "" for another HDF5 file, None for no HDF5 file."""
+    return _h5_format(Path(path))
 
 
 def describe_check(check: dict | None) -> str:

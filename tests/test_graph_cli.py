@@ -52,7 +52,7 @@ def test_graph_refusals_are_one_true_line(cli, tmp_path, keras_file):
     code, _, err = cli("inspect", path, "--graph", "--name", "gru")
     assert code == 2 and "--name picks one GRU of a file; --graph shows the whole model" in err
     np.save(tmp_path / "x.npy", np.zeros((2, 4, 6), np.float32))
-    cli("import", path, "-o", tmp_path / "gru.h5", "--no-check")
+    cli("import", path, "-o", tmp_path / "gru.h5", "--no-check", "--name", "gru")  # the GRU alone
     code, _, err = cli("inspect", tmp_path / "gru.h5", "--graph")
     assert code == 2 and "a qtool model file holds a GRU, not a whole model" in err
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t", 4])

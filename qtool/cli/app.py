@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
+from qtool.cli import graph_cmds
 from qtool.errors import STOP_SIGNALS, QtoolError, ignore_stop_signals
 from qtool.parallel import check_command, command_scope, stop_every_rank
 from qtool.parallel.agree import RankStopped
@@ -183,12 +184,18 @@ def import_cmd(
     no_check: NoCheckOpt = False,
     force: Force = False,
 ):
-    """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file."""
+    """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file.
+
+    A Keras or ONNX file with layers around its GRU is read whole (docs/graph.md); --name takes
+    one of its GRUs alone."""
     from qtool import api
 
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
     api.claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
+    if name is None and fmt is None and _whole_model(src):
+        graph_cmds.import_graph(out, api, src, output, not no_check, as_flags)
+        return
     model = api.load_model(src, fmt, name, check=not no_check)
     api.save_model(model, output, True, inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
@@ -199,6 +206,17 @@ def import_cmd(
 
 
 NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)
+
+
+def _whole_model(path: Path) -> bool:
+    """Whether `path` is a whole model (layers around its GRU); when its graph cannot be taken,
+    a note says why and the GRU alone goes on."""
+    from qtool import api
+
+    graph, why = api.whole_model(path)
+    if why:
+        NOTES.append(f"the whole model cannot be taken ({why}); taking its GRU alone")
+    return graph is not None
 
 
 def note_what_was_left_out(model) -> None:
@@ -243,12 +261,26 @@ def calibrate(
 ):
     """Observe every tensor of the GRU on calibration data and write the quantized model.
 
+    A whole model (a Keras or ONNX file with layers around its GRU, or `qtool import`'s whole-model
+    file) is calibrated whole: every edge's grid, each GRU on its own input (docs/graph.md).
+
     A quantized or QAT-trained model (ONNX QDQ, PyTorch fake-quant, a QuantGRU checkpoint) keeps
     the ranges its file holds; DATA calibrates the rest (without DATA the file must hold them all)."""
     from qtool import api
     from qtool.cli.tables import auto_lines, calibration_summary, lut_table, ranges_table, spec_rows, spec_table
 
     model_path = Path(need(model_path, "model file", "MODEL"))
+    if name is None and _whole_model(model_path):
+        graph_cmds.refuse_gru_options(**{"--compare": compare is not None, "--eval": eval_path is not None,
+                                         "--snap": snap != "up", "--method-weights": method_weights != "minmax"})
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
+        output = Path(need(output, "output quantized model file (.h5)", "--output"))
+        api.claim_output(output, force, [model_path, data_path], confirm_at_terminal())
+        graph_cmds.calibrate_graph(out, api, Bar, model_path, data_path, output, bits=bits, method=method,
+                                   percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                                   time_first=time_first, check=not no_check, force=True, as_json=as_json,
+                                   emit_json=emit_json, as_flags=as_flags)
+        return
     model = api.load_model_for_data(model_path, name=name, check=not no_check)
     note_what_was_left_out(model)
     ranges = api.file_ranges(model_path, model)
@@ -389,15 +421,28 @@ def simulate(
     limit: LimitOpt = None,
     backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
     mode: Annotated[str, typer.Option(metavar="integer|fakequant|both", help="integer: the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
+    labels: Annotated[Path | None, typer.Option(metavar="FILE", help="A whole model's classifier: the class of each sequence (.npy of integers [N]), for the float and integer accuracy.")] = None,
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Run the integer GRU and the float GRU on the same data and report how far apart they are."""
+    """Run the integer GRU and the float GRU on the same data and report how far apart they are.
+
+    A quantized whole model reports every layer's output and the model's: SNR, cosine, saturation,
+    and for a classifier the top-1 agreement with float (with --labels, both accuracies)."""
     from qtool import api
     from qtool.cli.tables import both_table, distance_table
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
+    if api.model_file_format(qmodel_path) == "qtool-qgraph":
+        if mode != "integer" or backend == "cuda":
+            raise QtoolError("a whole model simulates in integers on the CPU (--mode integer, --backend cpu)")
+        graph_cmds.simulate_graph(out, api, Bar, qmodel_path, data_path, labels=labels, save=save,
+                                  batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
+                                  force=force, confirm=confirm_at_terminal(), as_json=as_json, emit_json=emit_json)
+        return
+    if labels is not None:
+        raise QtoolError("--labels goes with a whole model's classifier output (a GRU alone has no classes)")
     if tensors not in ("summary", "all"):
         raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
     if save is not None:
@@ -477,7 +522,11 @@ def inspect(
     from qtool.cli.tables import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
 
     path = Path(need(path, "model file", "FILE"))
-    if graph:
+    kind = api.model_file_format(path)
+    if kind == "qtool-qgraph":
+        graph_cmds.inspect_qgraph(out, api, path, as_json, emit_json)
+        return
+    if graph or kind == "qtool-graph":
         if name is not None:
             raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
         _inspect_graph(path, not no_check, as_json)

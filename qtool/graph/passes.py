@@ -72,7 +72,30 @@ def fold_batchnorm(graph: Graph) -> str:
     return f"folded {', '.join(folded)}" if folded else "no batchnorm to fold"
 
 
-FLOAT_PASSES = (prune, fold_batchnorm)
+def stack_grus(graph: Graph) -> str:
+    """A GRU returning its sequence that only feeds another GRU of the same directions becomes
+    one stacked GRU with it (ONNX writes a stacked GRU as one node a layer): the stacked GRU's
+    calibration ties each layer's x to the previous layer's h, so no grid stands between them."""
+    merged = []
+    for b in [n for n in graph.nodes if n.op == "gru"]:
+        a = next((n for n in graph.nodes if b.inputs[0] in n.outputs), None)
+        if (a is None or a.op != "gru" or _only_reader(graph, b.inputs[0]) is not b
+                or not a.attrs.get("return_sequences", True)
+                or bool(a.attrs.get("bidirectional", False)) != bool(b.attrs.get("bidirectional", False))):
+            continue
+        layers_a = a.attrs.get("layers", 1)
+        for k, v in b.params.items():
+            layer_k, rest = k.split(".", 1)
+            a.params[f"l{int(layer_k[1:]) + layers_a}.{rest}"] = v
+        a.attrs = {**a.attrs, "layers": layers_a + b.attrs.get("layers", 1),
+                   "return_sequences": b.attrs.get("return_sequences", True)}
+        graph.nodes.remove(b)
+        a.outputs = list(b.outputs)
+        merged.append(f"{b.name} onto {a.name}")
+    return f"stacked {', '.join(merged)}" if merged else "no GRUs to stack"
+
+
+FLOAT_PASSES = (prune, fold_batchnorm, stack_grus)
 
 
 def run_float_passes(graph: Graph) -> tuple[Graph, list[tuple[str, str]]]:

@@ -33,9 +33,13 @@ class LayerBits:
 
 def rshift_round(v, n):
     """v * 2^-n rounded half up: (v + 2^(n-1)) >> n for n > 0, v << -n otherwise; `n` may be per
-    channel (broadcast over the last axis)."""
+    channel (broadcast over the last axis). For |v| < 2^62 (every sum here), exactly so for any
+    n: a shift right by 63 or more gives 0 (int64 shifts of 64 do not), and a shift left stops at
+    +-2^62, beyond every grid, instead of wrapping (grids in E_MIN..E_MAX are up to 64 apart)."""
     v, n = np.asarray(v, np.int64), np.asarray(n, np.int64)
-    r, left = np.maximum(n, 0), np.maximum(-n, 0)
+    r, left = np.clip(n, 0, 63), np.clip(-n, 0, 62)
+    big = np.right_shift(np.int64(1 << 62), left)  # the largest |v| that shifts left within 2^62
+    v = np.where(left > 0, np.clip(v, -big, big), v)
     half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
     return np.right_shift(np.left_shift(v, left) + half, r)
 

@@ -82,6 +82,9 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
         return [requantize(_pooled(node, x, 0, np.iinfo(np.int64).min)[0], gx, gy)]
     s, count = _pooled(node, x, gx.zp, 0)
     d = int(gy.exp2_inv) - int(gx.exp2_inv)
+    # |s| < count * 2^bits_x: below -(bits_x + 2) the result is 0, above bits_y + 1 + bitlen(count) it
+    # saturates (or is 0), exactly as at those ends; so no shift of s or count overflows int64
+    d = min(max(d, -(gx.bits + 2)), gy.bits + 1 + int(np.max(count)).bit_length())
     num = np.left_shift(s, max(d, 0))
     n = np.left_shift(np.asarray(count, np.int64), max(-d, 0))
     return [saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy)]

@@ -1,0 +1,131 @@
+"""The commands' whole-model side: `import`, `calibrate`, `simulate` and `inspect` given a whole
+model (a Keras or ONNX file with layers around its GRU, or qtool's whole-model files)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from qtool.errors import QtoolError
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
+    """A row per edge the integer core writes: layer, op, and its grid (bits, exp2_inv, zp) with
+    its shape and how it was set, or measured: SNR, cosine, share saturated. Fits 80 columns
+    (long layer names fold)."""
+    t = Table(title=title)
+    t.add_column("layer", overflow="fold", max_width=20)
+    t.add_column("op", overflow="fold", max_width=10)
+    cols = ("bits", "exp2_inv", "zp", "SNR dB", "cosine", "sat %") if measured else (
+        "shape", "bits", "exp2_inv", "zp", "set by")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("shape", "set by") else "right", overflow="fold",
+                     max_width=14 if col == "set by" else None)
+    for r in rows:
+        grid = [str(r["bits"]), str(r["exp2_inv"]), str(r["zp"])]
+        if measured:
+            snr = "exact" if r["exact"] else _fmt(r["snr_db"], ".1f")
+            cells = [*grid, snr, f"{r['cosine']:.5f}", f"{100 * r['saturated']:.2f}"]
+        else:
+            shape = "[" + ", ".join("T" if d is None else str(d) for d in r["shape"]) + "]"
+            cells = [shape, *grid, r["method"].replace("'s calibration", "")]
+        t.add_row(r["layer"], r["op"], *cells)
+    return t
+
+
+def passes_lines(qg) -> list[str]:
+    return [f"pass {name}: {what}" for name, what in qg.passes]
+
+
+def import_graph(out, api, src: Path, output: Path, check: bool, as_flags) -> None:
+    g = api.load_graph(src, check=check)
+    api.save_graph(g, output, True, inputs=[src])
+    from qtool.cli.tables import graph_table
+
+    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layers"))
+    out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+    out.print(f"imported the whole model -> {escape(str(output))}")
+
+
+def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output: Path, *, bits: str,
+                    method: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
+                    check: bool, force: bool, as_json: bool, emit_json, as_flags) -> None:
+    t0 = time.perf_counter()
+    g = api.load_graph(model_path, check=check)
+    with bar_cls("calibrating", 1) as bar:
+        qg = api.calibrate_graph(g, data_path, bits=bits, method=method, percentile=percentile,
+                                 batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
+                                 progress=bar.update)
+    api.save_graph(qg, output, force, inputs=[model_path, data_path])
+    elapsed = time.perf_counter() - t0
+    rows = api.qgraph_rows(qg)
+    if as_json:
+        emit_json({"output": str(output), "seconds": elapsed, "passes": dict(qg.passes), "edges": rows,
+                   "check": g.check_result, **{k: v for k, v in qg.info.items() if k != "edge_methods"}})
+        return
+    info = qg.info
+    out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}, {info['samples']} sequences", False))
+    for line in passes_lines(qg):
+        out.print(escape(line), highlight=False)
+    if g.check_result is not None:
+        out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+    out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
+
+
+def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: Path | None, save: Path | None,
+                   batch_size: int, limit, dataset, time_first: bool, force: bool, confirm, as_json: bool,
+                   emit_json) -> None:
+    t0 = time.perf_counter()
+    qg = api.load_qgraph(qpath)
+    with bar_cls("simulating", 1) as bar:
+        sim = api.simulate_graph(qg, data_path, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
+                                 time_first=time_first, save=save, force=force, confirm=confirm,
+                                 progress=bar.update)
+    res = sim.to_dict()
+    if as_json:
+        emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
+        return
+    out.print(qgraph_table(api.qgraph_rows(qg, sim), f"integer vs float on {sim.samples} sequences of "
+                                                     f"{data_path.name}", True))
+    for edge, m in res["outputs"].items():
+        snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+        out.print(f"output {escape(edge)}: SNR {snr}, cosine {m['cosine']:.6f}, largest error "
+                  f"{m['max_abs_error']:.4g}", highlight=False)
+    if "top1_agreement" in res:
+        line = f"top-1 agreement with float: {100 * res['top1_agreement']:.2f}%"
+        if "accuracy_quant" in res:
+            line += (f"; accuracy: integer {100 * res['accuracy_quant']:.2f}%, float "
+                     f"{100 * res['accuracy_float']:.2f}%")
+        out.print(line)
+    out.print(f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
+
+
+def inspect_qgraph(out, api, path: Path, as_json: bool, emit_json) -> None:
+    qg = api.load_qgraph(path)
+    rows = api.qgraph_rows(qg)
+    if as_json:
+        emit_json({"name": qg.graph.name, "source": qg.graph.source, "core": qg.core, "tail": qg.tail,
+                   "passes": dict(qg.passes), "edges": rows, "quant": qg.info})
+        return
+    info = qg.info
+    out.print(qgraph_table(rows, f"{qg.graph.name}: {info.get('bits')}, {info.get('method')}, "
+                                 f"{info.get('samples')} sequences of {info.get('data_file')}", False))
+    for line in passes_lines(qg):
+        out.print(escape(line), highlight=False)
+    if qg.tail:
+        out.print(f"float tail (after the dequantize): {', '.join(qg.tail)}")
+
+
+def refuse_gru_options(**given) -> None:
+    """Options of a GRU alone that mean nothing for a whole model: one line naming the first."""
+    for flag, used in given.items():
+        if used:
+            raise QtoolError(f"{flag} applies to a GRU alone; this file is a whole model (give --name to take "
+                             "one of its GRUs alone)")
