@@ -4,7 +4,9 @@ digits read row by row (8 time steps of 8 pixels), plus calibration and held-out
 Needs torch, safetensors and scikit-learn (not qtool's dependencies). Run from the repository root:
     python samples/make_sample.py
 Writes samples/digits_gru.pt and .safetensors (state_dict: gru.* and head.*), digits_head.npz (the classifier,
-for torch-free evaluation), calib.npy, test.npy, test_labels.npy.
+for torch-free evaluation), calib.npy, test.npy, test_labels.npy, and digits.onnx: the whole classifier
+(GRU -> last step -> Linear) as `torch.onnx.export` writes it. `python samples/make_sample.py onnx` writes
+digits.onnx alone from digits_gru.pt.
 """
 
 from pathlib import Path
@@ -12,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from sklearn.datasets import load_digits
 
 HERE = Path(__file__).parent
 HIDDEN, LAYERS, EPOCHS, SEED = 64, 2, 60, 0
@@ -29,7 +30,16 @@ class DigitsGRU(torch.nn.Module):
         return self.head(y[:, -1])
 
 
+def export_onnx(net: DigitsGRU) -> None:
+    """The whole model as users export it: batch and steps left free."""
+    net.eval()
+    torch.onnx.export(net, torch.zeros(2, 8, 8), str(HERE / "digits.onnx"), dynamo=False, input_names=["rows"],
+                      output_names=["logits"], dynamic_axes={"rows": {0: "batch", 1: "steps"}, "logits": {0: "batch"}})
+
+
 def main() -> None:
+    from sklearn.datasets import load_digits
+
     torch.manual_seed(SEED)
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)  # [1797, 8, 8]: rows are time steps
@@ -59,7 +69,15 @@ def main() -> None:
     np.save(HERE / "calib.npy", x[calib])
     np.save(HERE / "test.npy", x[test])
     np.save(HERE / "test_labels.npy", labels[test])
+    export_onnx(net)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["onnx"]:
+        net = DigitsGRU()
+        net.load_state_dict(torch.load(HERE / "digits_gru.pt"))
+        export_onnx(net)
+    else:
+        main()

@@ -20,17 +20,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.calibration.observe import MethodPlan, build_quant_model, collect, tensor_q
+from qtool.calibration.observe import MethodPlan, build_quant_model, cell_from_spec, collect, tensor_q
 from qtool.calibrators import make_observer
 from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.core.tensors import TensorConfig
-from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
 from qtool.layers import layer, run
-from qtool.layers.integer import LayerBits, same_grid
+from qtool.layers.integer import LayerBits
 from qtool.numerics.qparams import dequantize, quantize
 
 AUTO_METHODS = ("minmax", "percentile", "mse")
@@ -90,10 +89,12 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
     return build_quant_model(gru, collect(gru, data, plan, chunk), config, info, plan)
 
 
-def _pin(grids: dict, edge: str, g: TensorQ, why: str) -> None:
-    if edge in grids and not same_grid(grids[edge], g):
-        raise QtoolError(f"edge '{edge}' would need two grids ({why}); qtool takes one GRU per edge")
-    grids[edge] = g
+def with_input_grid(qm: QuantModel, g: TensorQ) -> QuantModel:
+    """The GRU with x on grid `g` (an edge another layer already fixed, such as the h of the GRU
+    before it): x's grid sets only its own shift and compensation, which are derived anew."""
+    cells = [[cell_from_spec(cell, {**cq.spec, "x": g}) for cell, cq in zip(qm.model.layers[0], qm.cells[0])],
+             *qm.cells[1:]]
+    return QuantModel(qm.model, cells, qm.info)
 
 
 def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
@@ -111,8 +112,10 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
     methods: dict[str, str] = {}
     for node in (g_node for g_node in g.nodes if g_node.name in core and g_node.op == "gru"):
         qm = calibrate_gru(node, values[node.inputs[0]], config, method, percentile, chunk, info or {})
-        _pin(grids, node.inputs[0], qm.cells[0][0].spec["x"], f"{node.name}'s x")
-        _pin(grids, node.outputs[0], qm.cells[-1][0].spec["h"], f"{node.name}'s h")
+        if node.inputs[0] in grids:  # another GRU's h
+            qm = with_input_grid(qm, grids[node.inputs[0]])
+        grids[node.inputs[0]] = qm.cells[0][0].spec["x"]
+        grids[node.outputs[0]] = qm.cells[-1][0].spec["h"]
         methods[node.inputs[0]] = methods[node.outputs[0]] = f"{node.name}'s calibration"
         qparams[node.name] = {"qm": qm}
     shared = []
