@@ -2,14 +2,15 @@
 
 The pipeline as Python functions (qtool.api; imported on first use so that `import qtool` stays
 cheap): load_model, calibrate, advise, compare, simulate, save, load, inspect, export_c,
-export_tables, verify, html_report, precompile.
+export_tables, verify, html_report, precompile; for whole models load_graph, calibrate_graph,
+simulate_graph, save_graph, load_qgraph.
 """
 
 __version__ = "0.1.0"
 
-API = ("advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",
-       "load_graph", "load_model", "load_model_for_data", "observe", "precompile", "save", "save_model", "simulate",
-       "verify")
+API = ("advise", "as_data", "calibrate", "calibrate_graph", "compare", "export_c", "export_tables", "html_report",
+       "inspect", "load", "load_graph", "load_model", "load_model_for_data", "load_qgraph", "observe", "precompile",
+       "save", "save_graph", "save_model", "simulate", "simulate_graph", "verify")
 __all__ = ["__version__", *API]
 
 

@@ -62,3 +62,82 @@ def test_graph_refusals_are_one_true_line(cli, tmp_path, keras_file):
     onnx.save(model, str(tmp_path / "op99.onnx"))
     code, _, err = cli("inspect", tmp_path / "op99.onnx", "--graph")  # ONNX Runtime's reason, not where it failed
     assert code == 2 and "Opset 99" in err and "onnxruntime_src" not in err and err.count("\n") == 1
+
+
+# ---- whole models in integers from the command line ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def digits_whole(tmp_path_factory):
+    """The bundled whole classifier calibrated to int8 through the command line."""
+    from qtool.cli.app import main
+
+    d = tmp_path_factory.mktemp("whole")
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in ("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "-o", d / "q.h5",
+                               "--json", "--no-check")])
+    assert e.value.code in (0, None)
+    return d
+
+
+def test_a_whole_classifier_calibrates_and_simulates_with_its_accuracy(cli, digits_whole):
+    ort = pytest.importorskip("onnxruntime")
+    import h5py
+
+    d = digits_whole
+    code, out, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--labels", SAMPLES / "test_labels.npy",
+                         "--save", d / "y.h5", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    x, labels = np.load(SAMPLES / "test.npy"), np.load(SAMPLES / "test_labels.npy")
+    with h5py.File(d / "y.h5") as f:
+        y_float, y_quant, y_int = f["float/y"][()], f["quant/y"][()], f["quant/y_int"][()]
+    assert y_float.shape == y_quant.shape == y_int.shape == (len(x), 10)
+    # the float graph is ONNX Runtime's model; the integer classes are the saved logits' argmax
+    sess = ort.InferenceSession(str(SAMPLES / "digits.onnx"))
+    assert np.abs(sess.run(None, {"rows": x})[0] - y_float).max() < 1e-4
+    top_q = y_int.argmax(1)
+    assert (top_q == y_quant.argmax(1)).all()
+    assert res["accuracy_quant"] == pytest.approx((top_q == labels).mean())
+    assert res["accuracy_float"] == pytest.approx((y_float.argmax(1) == labels).mean())
+    assert res["top1_agreement"] == pytest.approx((top_q == y_float.argmax(1)).mean()) and res["top1_agreement"] >= 0.98
+    assert res["accuracy_quant"] >= 0.97 and res["outputs"]["logits"]["cosine"] >= 0.99
+    assert [r["op"] for r in res["edges"]] == ["input", "gru", "last_step", "dense"]
+
+
+def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digits_whole, tmp_path):
+    d = digits_whole
+    code, out, err = cli("inspect", d / "q.h5")
+    assert code == 0 and "stack_grus" in out and "/head/Gemm" in out, err
+    compare = ["--compare", "minmax,mse", "--eval", SAMPLES / "test.npy"]
+    for args, says in ((compare, "--compare applies to a GRU alone"), (["--snap", "nearest"], "--snap applies")):
+        code, _, err = cli("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "-o", tmp_path / "x.h5",
+                           "--no-check", *args)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+    np.save(tmp_path / "short.npy", np.zeros(3, np.int64))
+    np.save(tmp_path / "float.npy", np.zeros(597))
+    for labels, says in ((tmp_path / "short.npy", "labels must be 597 or more integer class indexes"),
+                         (tmp_path / "float.npy", "labels must be 597"), (SAMPLES / "calib.npy", "labels must be")):
+        code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--labels", labels,
+                           "--save", tmp_path / "y.h5")
+        assert code == 2 and says in err and err.count("\n") == 1, err
+        assert not (tmp_path / "y.h5").exists()
+    code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--mode", "both")
+    assert code == 2 and "in integers on the CPU" in err
+    code, _, err = cli("simulate", SAMPLES / "digits_gru.safetensors", SAMPLES / "test.npy", "--labels",
+                       SAMPLES / "test_labels.npy")
+    assert code == 2 and err.count("\n") == 1
+
+
+def test_import_writes_the_whole_graph_and_name_takes_the_gru_alone(cli, keras_file, tmp_path):
+    _, path = keras_file
+    code, out, err = cli("import", path, "-o", tmp_path / "whole.h5", "--no-check")
+    assert code == 0 and "imported the whole model" in out, err
+    g = qtool.load_graph(tmp_path / "whole.h5")
+    assert [n.op for n in g.nodes] == ["dense", "activation", "gru", "dense", "softmax"]
+    code, out, err = cli("import", path, "-o", tmp_path / "gru.h5", "--no-check", "--name", "gru")
+    assert code == 0 and "left out" in " ".join(out.split()), err
+    x = np.random.default_rng(0).standard_normal((40, 7, 6)).astype(np.float32)
+    np.save(tmp_path / "cal.npy", x)
+    code, out, err = cli("calibrate", tmp_path / "whole.h5", tmp_path / "cal.npy", "-o", tmp_path / "q.h5",
+                         "--method", "minmax")
+    assert code == 0 and "partition: 4 integer node(s), float tail: head/activation" in " ".join(out.split()), err
