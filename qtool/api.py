@@ -242,15 +242,19 @@ def load_labels(labels, n: int) -> np.ndarray:
 def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
                    limit: int | None = None, dataset: str | None = None, time_first: bool = False,
                    outputs: bool = False, save: str | os.PathLike | None = None, force: bool = False,
-                   confirm: Callable[[str], bool] | None = None, progress: Progress | None = None):
+                   confirm: Callable[[str], bool] | None = None, backend: str = "auto",
+                   progress: Progress | None = None):
     """Run a quantized whole model in integers beside its float graph on `data`: every edge's and
     the outputs' SNR, cosine and saturation; for a classifier top-1 agreement, and with `labels`
     both accuracies (qtool.graph.simulate.GraphSimulation). `outputs=True` keeps the first
     output's float/y, quant/y and quant/y_int (`kept`, in the output's own shape, e.g.
-    `[N, classes]`); `save` writes them to an HDF5 file."""
+    `[N, classes]`); `save` writes them to an HDF5 file. `backend`: the GRUs' engine, as for
+    `simulate` (the other layers run on the CPU)."""
+    from qtool.engine.backend import select_backend
     from qtool.graph.simulate import simulate_graph as run_simulation
     from qtool.io.files import write_h5
 
+    runner, label, reason = select_backend(backend)
     qg_path = None
     if not isinstance(qg, QGraph):
         qg_path = Path(qg)
@@ -264,7 +268,8 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     n = count(data, limit)
     lab = load_labels(labels, n) if labels is not None else None
     tick = (lambda done: progress(done, n)) if progress else None
-    sim = run_simulation(qg, data, n, batch_size, lab, outputs or save is not None, tick)
+    sim = run_simulation(qg, data, n, batch_size, lab, outputs or save is not None, tick, runner)
+    sim.backend, sim.backend_reason = label, reason
     if save is not None:
         def write(f) -> None:
             f.attrs.update(format="qtool-results", source=str(qg_path or qg.graph.name), samples=n)

@@ -253,3 +253,53 @@ def test_torch_skip_block(tmp_path):
     assert [n.op for n in g.nodes].count("add") == 1
 
     _quantized(g, x_calib, x_test)
+
+
+def test_gru_chains_take_the_previous_h_and_cuda_equals_cpu(tmp_path):
+    """A bidirectional GRU feeding a one-way GRU, and a GRU read by another GRU and an Add: the
+    second GRU's x is the first's h (any method may set either), and the integers of every edge
+    are the same whether the GRUs run on the CPU or the CUDA engine (numba's simulator here)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    from qtool import api
+    from qtool.engine.cuda import run_model_cuda
+    from qtool.graph.simulate import run_int
+
+    class BiUni(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.GRU(4, 8, batch_first=True, bidirectional=True)
+            self.b = torch.nn.GRU(16, 8, batch_first=True)
+
+        def forward(self, x):
+            return self.b(self.a(x)[0])[0]
+
+    class Tap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.GRU(4, 8, batch_first=True)
+            self.b = torch.nn.GRU(8, 8, batch_first=True)
+
+        def forward(self, x):
+            h = self.a(x)[0]
+            return h + self.b(h)[0]
+
+    x = np.random.default_rng(0).standard_normal((64, 20, 4)).astype(np.float32)
+    for cls in (BiUni, Tap):
+        torch.manual_seed(0)
+        path = tmp_path / f"{cls.__name__}.onnx"
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(cls().eval(), (torch.from_numpy(x[:2]),), str(path), input_names=["x"],
+                              output_names=["y"], dynamo=False, dynamic_axes={"x": {0: "b", 1: "t"}})
+        for bits in ("int8", "int16"):
+            qg = api.calibrate_graph(api.load_graph(path), x[:48], bits=bits)
+            grus = [qg.node(n) for n in qg.core if qg.node(n).op == "gru"]
+            assert len(grus) == 2
+            first, second = (qg.qparams[n.name]["qm"] for n in grus)
+            assert first.cells[-1][0].spec["h"] == second.cells[0][0].spec["x"]
+            sim = api.simulate_graph(qg, x[48:])
+            assert sim.outputs["y"].cosine >= (0.99 if bits == "int8" else 0.9999), (cls.__name__, bits)
+            x_small = x[48:51, :6]
+            cpu, gpu = run_int(qg, x_small), run_int(qg, x_small, run_model_cuda)
+            assert all(np.array_equal(cpu[e], gpu[e]) for e in cpu)

@@ -435,9 +435,9 @@ def simulate(
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
     if api.model_file_format(qmodel_path) == "qtool-qgraph":
-        if mode != "integer" or backend == "cuda":
-            raise QtoolError("a whole model simulates in integers on the CPU (--mode integer, --backend cpu)")
-        graph_cmds.simulate_graph(out, api, Bar, qmodel_path, data_path, labels=labels, save=save,
+        if mode != "integer":
+            raise QtoolError("a whole model simulates in integers (--mode integer)")
+        graph_cmds.simulate_graph(out, api, Bar, qmodel_path, data_path, labels=labels, save=save, backend=backend,
                                   batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
                                   force=force, confirm=confirm_at_terminal(), as_json=as_json, emit_json=emit_json)
         return

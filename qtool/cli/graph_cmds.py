@@ -80,6 +80,7 @@ def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output
 
 
 def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: Path | None, save: Path | None,
+                   backend: str,
                    batch_size: int, limit, dataset, time_first: bool, force: bool, confirm, as_json: bool,
                    emit_json) -> None:
     t0 = time.perf_counter()
@@ -87,7 +88,7 @@ def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: P
     with bar_cls("simulating", 1) as bar:
         sim = api.simulate_graph(qg, data_path, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
                                  time_first=time_first, save=save, force=force, confirm=confirm,
-                                 progress=bar.update)
+                                 backend=backend, progress=bar.update)
     res = sim.to_dict()
     if as_json:
         emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
@@ -104,7 +105,8 @@ def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: P
             line += (f"; accuracy: integer {100 * res['accuracy_quant']:.2f}%, float "
                      f"{100 * res['accuracy_float']:.2f}%")
         out.print(line)
-    out.print(f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
+    out.print(f"GRUs on {sim.backend} ({escape(sim.backend_reason)}), the other layers on the CPU; "
+              f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
 
 
 def inspect_qgraph(out, api, path: Path, as_json: bool, emit_json) -> None:

@@ -264,11 +264,16 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     return d_st.copy_to_host()
 
 
-def run_model_cuda(qm, x: np.ndarray, level: int = INTS, plans=None, traces: list | None = None) -> ModelRun:
+def run_model_cuda(qm, x: np.ndarray | None, level: int = INTS, plans=None, traces: list | None = None,
+                   xq: np.ndarray | None = None) -> ModelRun:
     """Same contract as engine_cpu.run_model, on the GPU."""
-    x = np.ascontiguousarray(x, np.float32)
-    N, T, _ = x.shape
-    d_qx = cuda.to_device(np.ascontiguousarray(quantize_input(qm, x)))
+    if xq is None:
+        x = np.ascontiguousarray(x, np.float32)
+        xq = quantize_input(qm, x)
+    else:
+        assert level == INTS, "a run from integers has no float reference"
+    N, T, _ = xq.shape
+    d_qx = cuda.to_device(np.ascontiguousarray(xq, np.int32))
     d_xf = cuda.to_device(x) if level else cuda.device_array((1, 1, 1), np.float32)
     d_step = cuda.to_device(np.zeros((T, N_STATS)))
     stats, outputs = [], []

@@ -18,16 +18,18 @@ from qtool.layers import layer, run
 from qtool.numerics.qparams import dequantize, qrange, quantize
 
 
-def run_int(qg: QGraph, x: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The integer core on float inputs: every core edge's integers (int64)."""
+def run_int(qg: QGraph, x: np.ndarray | dict[str, np.ndarray], runner=None) -> dict[str, np.ndarray]:
+    """The integer core on float inputs: every core edge's integers (int64). `runner`: the GRU
+    engine's run_model (qtool.engine.backend.select_backend; the CPU's by default)."""
     if not isinstance(x, dict):
         x = {next(iter(qg.graph.inputs)): x}
     q = {e: quantize(np.asarray(v, np.float32), int(qg.grids[e].exp2_inv), qg.grids[e].zp, qg.grids[e].bits)
          for e, v in x.items()}
     for name in qg.core:
         node = qg.node(name)
+        qp = qg.qparams[name] if runner is None or node.op != "gru" else {**qg.qparams[name], "runner": runner}
         outs = layer(node.op, node.label).forward_int(
-            node, qg.qparams[name], [q[e] for e in node.inputs], [qg.grids[e] for e in node.inputs],
+            node, qp, [q[e] for e in node.inputs], [qg.grids[e] for e in node.inputs],
             [qg.grids[e] for e in node.outputs])
         q.update(zip(node.outputs, outs))
     return q
@@ -53,10 +55,13 @@ class GraphSimulation:
     correct_quant: int = 0
     labelled: bool = False
     is_classifier: bool = False
+    backend: str = "cpu"  # the GRUs' engine
+    backend_reason: str = ""
     kept: dict = field(default_factory=dict)  # with keep: float/y, quant/y, quant/y_int of the first output
 
     def to_dict(self) -> dict:
-        out = {"samples": self.samples, "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
+        out = {"samples": self.samples, "backend": self.backend, "backend_reason": self.backend_reason,
+               "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
                "edges": {e: d.as_dict() for e, d in self.edges.items()}}
         if self.is_classifier:
             out["top1_agreement"] = self.agree / self.samples
@@ -73,7 +78,7 @@ def _saturated(q: np.ndarray, bits: int) -> int:
 
 def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: int = 256,
                    labels: np.ndarray | None = None, keep: bool = False,
-                   progress: Callable[[int], None] | None = None) -> GraphSimulation:
+                   progress: Callable[[int], None] | None = None, runner=None) -> GraphSimulation:
     """The integer model against the float graph over the first `n` sequences of `data`."""
     n = data.num_sequences if n is None else min(n, data.num_sequences)
     data.check_features(next(iter(qg.graph.inputs.values()))[-1])
@@ -89,7 +94,7 @@ def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: 
     kept: dict[str, list] = {"float/y": [], "quant/y": [], "quant/y_int": []}
     for start, x in data.chunks(chunk, n):
         ref = run(qg.graph, x, keep=True)
-        q = run_int(qg, x)
+        q = run_int(qg, x, runner)
         for e, d in sim.edges.items():
             g = qg.grids[e]
             d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _saturated(q[e], g.bits))

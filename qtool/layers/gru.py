@@ -15,7 +15,8 @@ gru with return_sequences true followed by last_step.
 
 Integers: the GRU core exactly as qtool quantizes a GRU alone (docs/numerics.md), its input
 edge on x's grid and its output edge on h's: `qp["qm"]`, the QuantModel calibrated on the
-GRU's own input (qtool.graph.calibrate), run by the CPU engine.
+GRU's own input (qtool.graph.calibrate), run by the CPU engine (or `qp["runner"]`, another
+engine's run_model: the CUDA one).
 """
 
 from __future__ import annotations
@@ -95,6 +96,6 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     from qtool.engine.cpu import run_model
 
     qm = qp["qm"]
-    y = run_model(qm, None, xq=qs[0]).y_int.astype(np.int64)
+    y = qp.get("runner", run_model)(qm, None, xq=qs[0]).y_int.astype(np.int64)
     h = qm.cells[-1][0].spec["h"]
     return [requantize(_final(node, y, qm.model.hidden_size, qm.model.num_directions), h, g_out[0])]
