@@ -268,7 +268,14 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     n = count(data, limit)
     lab = load_labels(labels, n) if labels is not None else None
     tick = (lambda done: progress(done, n)) if progress else None
-    sim = run_simulation(qg, data, n, batch_size, lab, outputs or save is not None, tick, runner)
+    keep = outputs or save is not None
+    comm = world()
+    if comm is None:
+        sim = run_simulation(qg, data, n, batch_size, lab, keep, tick, runner)
+    else:  # under mpiexec: each rank its chunks, the root folds them in order and writes `save`
+        from qtool.parallel.graph import simulate_graph as simulate_ranks
+
+        sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner)
     sim.backend, sim.backend_reason = label, reason
     if save is not None:
         def write(f) -> None:

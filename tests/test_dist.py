@@ -342,3 +342,24 @@ def test_signal_to_one_other_rank_removes_rank_0s_temporary(files, qmodel, tmp_p
     _, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err
     assert err.count("interrupted (SIGTERM") == 1 and not any(out.iterdir()), err
+
+
+@needs_mpi
+def test_mpiexec_simulates_a_whole_model_as_one_process(tmp_path, cli):
+    """A whole model (the bundled ONNX classifier) on 2 ranks: the same per-edge and output
+    metrics, top-1 and accuracies, and the same --save file, as one process."""
+    from conftest import SAMPLES
+
+    code, _, err = cli("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "-o", tmp_path / "q.h5",
+                       "--no-check", "--method", "minmax")
+    assert code == 0, err
+    args = ("simulate", tmp_path / "q.h5", SAMPLES / "test.npy", "--labels", SAMPLES / "test_labels.npy",
+            "--batch-size", 10, "--json", "--backend", "cpu")
+    code, out, err = cli(*args, "--save", tmp_path / "r1.h5")
+    assert code == 0, err
+    p = mpirun(2, *CLI, *args, "--save", tmp_path / "r2.h5")
+    assert p.returncode == 0, p.stderr
+    one, two = json.loads(out), json.loads(p.stdout)
+    one.pop("seconds"), two.pop("seconds")
+    assert one == two and one["top1_agreement"] > 0.98
+    assert_same_file(tmp_path / "r1.h5", tmp_path / "r2.h5")

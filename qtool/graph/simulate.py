@@ -76,46 +76,73 @@ def _saturated(q: np.ndarray, bits: int) -> int:
     return int(np.count_nonzero((q == lo) | (q == hi)))
 
 
+def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None
+                  ) -> GraphSimulation:
+    """One chunk of sequences, measured on its own (fold the chunks in order with `fold`)."""
+    out0 = qg.graph.outputs[0]
+    shape = qg.graph.shapes.get(out0, ())
+    part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, len(x),
+                           labelled=labels is not None, is_classifier=len(shape) == 1 and shape[0] >= 2)
+    ref = run(qg.graph, x, keep=True)
+    q = run_int(qg, x, runner)
+    for e, d in part.edges.items():
+        g = qg.grids[e]
+        d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _saturated(q[e], g.bits))
+    y = dequantized(qg, q)
+    for e, d in part.outputs.items():
+        d.add(y[e], ref[e])
+    if part.is_classifier:
+        top_q = np.argmax(q[out0] if out0 in q else y[out0], axis=-1)
+        top_f = np.argmax(ref[out0], axis=-1)
+        part.agree = int(np.count_nonzero(top_q == top_f))
+        if labels is not None:
+            part.correct_float = int(np.count_nonzero(top_f == labels))
+            part.correct_quant = int(np.count_nonzero(top_q == labels))
+    if keep:
+        edge = out0 if out0 in q else qg.core_outputs[0]
+        part.kept = {"float/y": ref[out0], "quant/y": y[out0], "quant/y_int": q[edge].astype(np.int32)}
+    return part
+
+
+def fold(total: GraphSimulation | None, part: GraphSimulation) -> GraphSimulation:
+    """`total` with the next chunk's `part` added: the same float additions, in the same order,
+    as measuring the chunks one after another in one pass."""
+    if total is None:
+        part.kept = {k: [v] for k, v in part.kept.items()}
+        return part
+    for mine, theirs in ((total.edges, part.edges), (total.outputs, part.outputs)):
+        for e in mine:
+            mine[e] = mine[e].merge(theirs[e])
+    total.samples += part.samples
+    total.agree += part.agree
+    total.correct_float += part.correct_float
+    total.correct_quant += part.correct_quant
+    for k, v in part.kept.items():
+        total.kept[k].append(v)
+    return total
+
+
+def finish(total: GraphSimulation) -> GraphSimulation:
+    total.kept = {k: np.concatenate(v) for k, v in total.kept.items()}
+    return total
+
+
+def check_inputs(qg: QGraph, data: SequenceData, n: int, labels: np.ndarray | None) -> None:
+    data.check_features(next(iter(qg.graph.inputs.values()))[-1])
+    if labels is not None and (len(labels) < n or labels.dtype.kind not in "iu"):
+        raise QtoolError(f"labels must be {n} integer class indexes, got {len(labels)} of dtype {labels.dtype}")
+
+
 def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: int = 256,
                    labels: np.ndarray | None = None, keep: bool = False,
                    progress: Callable[[int], None] | None = None, runner=None) -> GraphSimulation:
     """The integer model against the float graph over the first `n` sequences of `data`."""
     n = data.num_sequences if n is None else min(n, data.num_sequences)
-    data.check_features(next(iter(qg.graph.inputs.values()))[-1])
-    out0 = qg.graph.outputs[0]
-    shape = qg.graph.shapes.get(out0, ())
-    sim = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, n,
-                          is_classifier=len(shape) == 1 and shape[0] >= 2)
-    if labels is not None:
-        labels = np.asarray(labels).reshape(-1)
-        if len(labels) < n or labels.dtype.kind not in "iu":
-            raise QtoolError(f"labels must be {n} integer class indexes, got {len(labels)} of dtype {labels.dtype}")
-        sim.labelled = True
-    kept: dict[str, list] = {"float/y": [], "quant/y": [], "quant/y_int": []}
+    check_inputs(qg, data, n, labels)
+    total = None
     for start, x in data.chunks(chunk, n):
-        ref = run(qg.graph, x, keep=True)
-        q = run_int(qg, x, runner)
-        for e, d in sim.edges.items():
-            g = qg.grids[e]
-            d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _saturated(q[e], g.bits))
-        y = dequantized(qg, q)
-        for e, d in sim.outputs.items():
-            d.add(y[e], ref[e])
-        if sim.is_classifier:
-            top_q = np.argmax(q[out0] if out0 in q else y[out0], axis=-1)
-            top_f = np.argmax(ref[out0], axis=-1)
-            sim.agree += int(np.count_nonzero(top_q == top_f))
-            if labels is not None:
-                lab = labels[start:start + len(x)]
-                sim.correct_float += int(np.count_nonzero(top_f == lab))
-                sim.correct_quant += int(np.count_nonzero(top_q == lab))
-        if keep:
-            kept["float/y"].append(ref[out0])
-            kept["quant/y"].append(y[out0])
-            edge = out0 if out0 in q else qg.core_outputs[0]
-            kept["quant/y_int"].append(q[edge].astype(np.int32))
+        lab = None if labels is None else labels[start:start + len(x)]
+        total = fold(total, measure_chunk(qg, x, lab, keep, runner))
         if progress:
             progress(start + len(x))
-    if keep:
-        sim.kept = {k: np.concatenate(v) for k, v in kept.items()}
-    return sim
+    return finish(total)
