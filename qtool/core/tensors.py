@@ -123,9 +123,34 @@ class BitsConfig(dict):
     """name -> TensorConfig for every layer, and per-layer overrides `layers[l][name]` (a bits
     file's `[layers.L.NAME]` tables). A plain dict is a config without overrides."""
 
-    def __init__(self, base: dict[str, TensorConfig], layers: dict[int, dict[str, TensorConfig]] | None = None):
+    def __init__(self, base: dict[str, TensorConfig], layers: dict[int, dict[str, TensorConfig]] | None = None,
+                 graph: dict[str, dict] | None = None):
         super().__init__(base)
         self.layers = layers or {}
+        self.graph = graph or {}  # a whole model's layer (or input) name -> {weight, bias, activation, method}
+
+
+GRAPH_KEYS = {"weight": "weight", "bias": "bias", "activation": "activation"}
+
+
+def _graph_entries(path: Path, raw) -> dict[str, dict]:
+    """A bits file's `graph` tables: per layer of a whole model (or per model input) the bits of
+    its weights, bias and output, and the method of its output's range."""
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{path}: 'graph' must be a table/object")
+    out = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, dict) or not entry or set(entry) - {*GRAPH_KEYS, "method"}:
+            raise QtoolError(f"{path}: graph '{name}' needs a table of weight, bias, activation (bits) and/or method")
+        for key, kind in GRAPH_KEYS.items():
+            lo, hi = BITS_LIMITS[kind]
+            v = entry.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi):
+                raise QtoolError(f"{path}: graph '{name}' {key} bits must be an integer in {lo}..{hi}, got {v!r:.20}")
+        if entry.get("method") not in (None, *METHOD_NAMES):
+            raise QtoolError(f"{path}: graph '{name}' method must be one of {', '.join(METHOD_NAMES)}")
+        out[str(name)] = dict(entry)
+    return out
 
 
 def layer_config(config: dict[str, TensorConfig], layer: int) -> dict[str, TensorConfig]:
@@ -184,8 +209,9 @@ def _layer_overrides(path: Path, raw, config: dict[str, TensorConfig]) -> dict[i
 def load_bits(spec: str) -> tuple[str, BitsConfig]:
     """`spec` is a preset name or a JSON/TOML file: {"preset": "int8", "tensors": {"g_pre":
     {"bits": 16}, "h": {"bits": 16, "symmetric": false, "method": "mse"}}, "layers": {"1": {"R":
-    {"bits": 16}}}}. `layers` overrides single layers (TOML: `[layers.1.R]`). Returns (label,
-    config)."""
+    {"bits": 16}}}}. `layers` overrides single layers (TOML: `[layers.1.R]`); for a whole model,
+    `graph` sets a layer's (or the input's) bits, `{"graph": {"head": {"weight": 16, "activation":
+    16, "method": "mse"}}}` (TOML: `[graph.head]`). Returns (label, config)."""
     if spec in PRESETS:
         return spec, BitsConfig(preset_config(spec))
     path = Path(spec)
@@ -194,13 +220,14 @@ def load_bits(spec: str) -> tuple[str, BitsConfig]:
     raw = _read_config_file(path)
     if not isinstance(raw, dict):
         raise QtoolError(f"{path}: the config must be a table/object")
-    unknown = set(raw) - {"preset", "tensors", "layers"}
+    unknown = set(raw) - {"preset", "tensors", "layers", "graph"}
     if unknown:
-        raise QtoolError(f"{path}: unknown keys {sorted(unknown)} (allowed: preset, tensors, layers)")
+        raise QtoolError(f"{path}: unknown keys {sorted(unknown)} (allowed: preset, tensors, layers, graph)")
     config = preset_config(raw.get("preset", "int8"))
     for name, entry in _tables(path, raw.get("tensors") or {}, "tensors").items():
         config[name] = _entry(path, "tensor", name, entry, config[name])
-    return path.name, BitsConfig(config, _layer_overrides(path, raw.get("layers") or {}, config))
+    return path.name, BitsConfig(config, _layer_overrides(path, raw.get("layers") or {}, config),
+                                 _graph_entries(path, raw.get("graph") or {}))
 
 
 def bits_toml(preset: str, per_layer: list[dict[str, TensorConfig]], comment: str = "") -> str:

@@ -26,6 +26,7 @@ from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.core.tensors import TensorConfig
+from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
 from qtool.layers import layer, run
@@ -36,9 +37,28 @@ AUTO_METHODS = ("minmax", "percentile", "mse")
 MAX_ERROR_SAMPLES = 1 << 21  # values an edge's auto choice measures its error on
 
 
-def layer_bits(config: dict[str, TensorConfig]) -> LayerBits:
-    """The bits of the layers around the GRU: the GRU's weight, bias and activation bits."""
-    return LayerBits(config["W"].bits, config["bx"].bits, config["h"].bits)
+def layer_bits(config: dict[str, TensorConfig], name: str | None = None) -> LayerBits:
+    """The bits of a layer around the GRU: the GRU's weight, bias and activation bits, or what
+    the bits file's `graph` table sets for layer `name`."""
+    entry = getattr(config, "graph", {}).get(name, {})
+    return LayerBits(entry.get("weight", config["W"].bits), entry.get("bias", config["bx"].bits),
+                     entry.get("activation", config["h"].bits))
+
+
+def check_bits_names(graph: Graph, config: dict[str, TensorConfig]) -> None:
+    """Every layer a bits file's `graph` table names is a layer (not a GRU: its tensors are set by
+    `tensors` and `layers`) or an input of the model."""
+    nodes = {n.name: n for n in graph.nodes}
+    for name in getattr(config, "graph", {}):
+        if name in graph.inputs:
+            continue
+        if name not in nodes:
+            known = ", ".join([*graph.inputs, *(n for n in nodes if nodes[n].op != "gru")][:8])
+            raise QtoolError(f"the bits file's graph table names '{name}', which is no layer of the model "
+                             f"(layers: {known}, ...)")
+        if nodes[name].op == "gru":
+            raise QtoolError(f"the bits file's graph table names the GRU '{name}': a GRU's bits are its "
+                             "tensors' (the file's tensors and layers tables)")
 
 
 def edge_values(graph: Graph, core: list[str], data: SequenceData, n: int, chunk: int,
@@ -105,8 +125,10 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
     core, tail, what = partition(g)
     done.append(("partition", what))
     data.check_features(next(iter(g.inputs.values()))[-1])
+    check_bits_names(g, config)
     values = edge_values(g, core, data, n, chunk, progress)
-    bits = layer_bits(config)
+    node_bits: dict[str, list[int]] = {}
+    chosen = getattr(config, "graph", {})
     grids: dict[str, TensorQ] = {}
     qparams: dict[str, dict] = {}
     methods: dict[str, str] = {}
@@ -118,24 +140,34 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
         grids[node.outputs[0]] = qm.cells[-1][0].spec["h"]
         methods[node.inputs[0]] = methods[node.outputs[0]] = f"{node.name}'s calibration"
         qparams[node.name] = {"qm": qm}
+    for name in chosen:  # a GRU's x or h has the GRU's bits: a graph entry there would be ignored
+        edges = [name] if name in g.inputs else next(n.outputs for n in g.nodes if n.name == name)
+        if any(e in grids for e in edges) and {"activation", "method"} & set(chosen[name]):
+            raise QtoolError(f"the bits file sets the output of '{name}', which is a GRU's input or output: "
+                             "its bits and method are the GRU's x and h (the file's tensors table)")
     shared = []
     for edge in g.inputs:
         if edge not in grids:
-            grids[edge], methods[edge] = observed_grid(values[edge], bits.activation, method, percentile, edge)
+            own = layer_bits(config, edge)
+            grids[edge], methods[edge] = observed_grid(values[edge], own.activation,
+                                                       chosen.get(edge, {}).get("method", method), percentile, edge)
     for node in (g_node for g_node in g.nodes if g_node.name in core):
+        own = layer_bits(config, node.name)
         for edge in node.outputs:
             if edge in grids:
                 continue
-            if node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ()):
+            if node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ()) and node.name not in chosen:
                 grids[edge], methods[edge] = grids[node.inputs[0]], "shared"
                 shared.append(edge)
             else:
-                grids[edge], methods[edge] = observed_grid(values[edge], bits.activation, method, percentile, edge)
+                grids[edge], methods[edge] = observed_grid(
+                    values[edge], own.activation, chosen.get(node.name, {}).get("method", method), percentile, edge)
         if node.op != "gru":
             mod = layer(node.op, node.label)
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
-                                              bits)
+                                              own)
+            node_bits[node.name] = [own.weight, own.bias, own.activation]
     done.append(("share_grids", f"{len(shared)} edge(s) keep their input's grid: {', '.join(shared)}"
                  if shared else "no edge to share"))
     return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods,
-                                                        "layer_bits": [bits.weight, bits.bias, bits.activation]})
+                                                        "layer_bits": node_bits})

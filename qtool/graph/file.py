@@ -5,8 +5,8 @@
                  outputs, nodes [{name, op, inputs, outputs, attrs, source}])
     /params/<k>/<param>     node k's float32 params
     quantized only:
-    /            attrs: quant (JSON: core, tail, passes, info, layer_bits, grids {edge: [bits,
-                 exp2_inv, zp, lo, hi]})
+    /            attrs: quant (JSON: core, tail, passes, info (with layer_bits {node: [weight,
+                 bias, activation]}), grids {edge: [bits, exp2_inv, zp, lo, hi]})
     /gru/<k>/    node k's quantized GRU, laid out as a "qtool-qgru" file (qtool.core.qmodel)
 
 The other layers' integers are not stored: they follow from the grids and the float weights
@@ -117,6 +117,13 @@ def _grid(v, edge: str, where: str) -> TensorQ:
     return TensorQ(v[0], False, v[1], v[2], float(v[3]), float(v[4]))
 
 
+def _layer_bits(v, name: str, where: str) -> LayerBits:
+    ok = isinstance(v, list) and len(v) == 3 and all(isinstance(b, int) and not isinstance(b, bool) for b in v)
+    if not ok or not (2 <= v[0] <= 16 and 8 <= v[1] <= 32 and 2 <= v[2] <= 16):
+        raise QtoolError(f"{where}: the bits of node '{name}' are not [weight 2..16, bias 8..32, activation 2..16]")
+    return LayerBits(*v)
+
+
 def read_qgraph(f, where: str) -> QGraph:
     graph = read_graph(f, where)
     quant = _json(f, "quant", where)
@@ -127,7 +134,7 @@ def read_qgraph(f, where: str) -> QGraph:
             raise QtoolError(f"{where}: core and tail do not list the graph's nodes once each")
         grids = {str(e): _grid(v, str(e), where) for e, v in quant["grids"].items()}
         info = dict(quant.get("info", {}))
-        bits = LayerBits(*info["layer_bits"])
+        bits = {str(k): _layer_bits(v, str(k), where) for k, v in info["layer_bits"].items()}
         passes = [tuple(p) for p in quant.get("passes", [])]
     except (KeyError, TypeError, ValueError) as e:
         raise QtoolError(f"{where}: the quantization description is malformed ({type(e).__name__}: {e})") from None
@@ -143,8 +150,10 @@ def read_qgraph(f, where: str) -> QGraph:
                 raise QtoolError(f"{where}: gru/{k}, the quantized GRU of node {node.label}, is missing")
             qparams[node.name] = {"qm": read_qmodel(f[f"gru/{k}"], f"{where}: gru/{k}")}
         else:
+            if node.name not in bits:
+                raise QtoolError(f"{where}: the bits of node {node.label} are missing")
             qparams[node.name] = layer(node.op, node.label).quantize(
-                node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs], bits)
+                node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs], bits[node.name])
     return QGraph(graph, grids, qparams, core, tail, passes, info)
 
 

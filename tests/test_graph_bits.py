@@ -1,0 +1,54 @@
+"""A bits file's `graph` table sets a whole model's layers one by one: weight, bias and output
+bits and the output's method; what it cannot mean is refused in one line."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SAMPLES
+
+from qtool import api
+from qtool.errors import QtoolError
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return api.load_graph(SAMPLES / "digits.onnx", check=False)
+
+
+def bits_file(tmp_path, graph_table: dict) -> str:
+    path = tmp_path / "bits.json"
+    path.write_text(json.dumps({"preset": "int8", "graph": graph_table}))
+    return str(path)
+
+
+def test_a_layer_takes_its_own_bits_and_method(graph, tmp_path):
+    x = np.load(SAMPLES / "calib.npy")[:100]
+    qg = api.calibrate_graph(graph, x, bits=bits_file(tmp_path, {"/head/Gemm": {"weight": 12, "activation": 16,
+                                                                               "method": "minmax"}}))
+    head = qg.node("/head/Gemm")
+    grid = qg.grids[head.outputs[0]]
+    assert grid.bits == 16 and qg.info["edge_methods"][head.outputs[0]] == "minmax"
+    q_W = qg.qparams["/head/Gemm"]["q_W"]
+    assert np.abs(q_W).max() > 127 and np.abs(q_W).max() <= 2047  # 12-bit weights, the whole range used
+    qg8 = api.calibrate_graph(graph, x, bits="int8")
+    assert qg8.grids[head.outputs[0]].bits == 8 and np.abs(qg8.qparams["/head/Gemm"]["q_W"]).max() <= 127
+    api.save_graph(qg, tmp_path / "q.h5")
+    again = api.load_qgraph(tmp_path / "q.h5")
+    assert np.array_equal(again.qparams["/head/Gemm"]["q_W"], q_W)
+    test = np.load(SAMPLES / "test.npy")
+    assert api.simulate_graph(again, test).to_dict() == api.simulate_graph(qg, test).to_dict()
+
+
+@pytest.mark.parametrize("table,says", [
+    ({"nope": {"weight": 16}}, "names 'nope', which is no layer of the model"),
+    ({"/gru/GRU": {"weight": 16}}, "names the GRU '/gru/GRU'"),
+    ({"rows": {"activation": 16}}, "which is a GRU's input or output"),
+    ({"/head/Gemm": {"weight": 40}}, "weight bits must be an integer in 2..16"),
+    ({"/head/Gemm": {"colour": 1}}, "needs a table of weight, bias, activation"),
+    ({"/head/Gemm": {"method": "best"}}, "method must be one of"),
+])
+def test_what_a_graph_table_cannot_mean_is_one_line(graph, tmp_path, table, says):
+    with pytest.raises(QtoolError) as e:
+        api.calibrate_graph(graph, np.load(SAMPLES / "calib.npy")[:20], bits=bits_file(tmp_path, table))
+    assert says in str(e.value) and "\n" not in str(e.value)
