@@ -29,7 +29,7 @@ from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
 from qtool.io.qmodel_file import read_qmodel, write_qmodel
 from qtool.layers import check, layer
-from qtool.layers.integer import LayerBits
+from qtool.layers.integer import LayerBits, same_grid
 
 GFORMAT, QGFORMAT, GVERSION = "qtool-graph", "qtool-qgraph", 1
 MAX_JSON = 1 << 24  # characters of the graph's description
@@ -148,7 +148,11 @@ def read_qgraph(f, where: str) -> QGraph:
         if node.op == "gru":
             if f"gru/{k}" not in f:
                 raise QtoolError(f"{where}: gru/{k}, the quantized GRU of node {node.label}, is missing")
-            qparams[node.name] = {"qm": read_qmodel(f[f"gru/{k}"], f"{where}: gru/{k}")}
+            qm = read_qmodel(f[f"gru/{k}"], f"{where}: gru/{k}")
+            x, h = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
+            if not (same_grid(x, grids[node.inputs[0]]) and same_grid(h, grids[node.outputs[0]])):
+                raise QtoolError(f"{where}: the GRU of node {node.label} does not read and write its edges' grids")
+            qparams[node.name] = {"qm": qm}
         else:
             if node.name not in bits:
                 raise QtoolError(f"{where}: the bits of node {node.label} are missing")

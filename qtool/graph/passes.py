@@ -1,6 +1,6 @@
 """The named passes over a whole model, in the order they run (`FLOAT_PASSES` on the float graph
 before calibration, then `partition`; the grid passes run in qtool.graph.calibrate). Each
-returns one line saying what it did, which `inspect` and the report show (docs/graph.md,
+returns one line saying what it did, which `calibrate` and `inspect` show (docs/graph.md,
 "Passes")."""
 
 from __future__ import annotations

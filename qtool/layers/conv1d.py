@@ -18,7 +18,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
-from qtool.layers.integer import LayerBits, gemm_params, matmul, rescale
+from qtool.layers.integer import EXACT_FLOAT, LayerBits, gemm_params, matmul, rescale
 
 OP = "conv1d"
 ATTRS = ("kernel", "stride", "dilation", "groups", "padding")
@@ -85,8 +85,29 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
-    groups = _attrs(node)[3]
-    taps = _taps(node, np.asarray(qs[0], np.int64), g_in[0].zp)  # [N, T', groups, K]
-    Wg = _by_group(qp["q_W"], groups)
-    acc = np.concatenate([matmul(taps[:, :, g], Wg[g]) for g in range(groups)], axis=-1)
+    kernel, stride, dilation, groups, _ = _attrs(node)
+    q_W = qp["q_W"]
+    c_out, c_g = q_W.shape[:2]
+    bound = kernel * c_g * int(np.abs(qs[0]).max(initial=0) + abs(g_in[0].zp)) * int(np.abs(q_W).max(initial=0))
+    if bound >= EXACT_FLOAT:  # beyond float64's exact integers: the windows in int64
+        taps = _taps(node, np.asarray(qs[0], np.int64), g_in[0].zp)  # [N, T', groups, K]
+        Wg = _by_group(q_W, groups)
+        acc = np.concatenate([matmul(taps[:, :, g], Wg[g]) for g in range(groups)], axis=-1)
+    else:  # a tap at a time, through BLAS: every partial sum is an exact integer below 2^53
+        x = np.pad(np.asarray(qs[0], np.float64), ((0, 0), _pads(node, qs[0].shape[1]), (0, 0)),
+                   constant_values=g_in[0].zp)
+        span = (kernel - 1) * dilation + 1
+        if x.shape[1] < span:
+            raise fail(node, f"{x.shape[1]} steps (after padding) are fewer than the window's {span}")
+        t_out = (x.shape[1] - span) // stride + 1
+        W, per = q_W.astype(np.float64), c_out // groups
+        acc = np.zeros((x.shape[0], t_out, c_out))
+        for j in range(kernel):
+            xs = x[:, j * dilation: j * dilation + (t_out - 1) * stride + 1: stride]  # [N, T', C_in]
+            if c_g == 1:  # depthwise: each output channel reads one input channel
+                acc += np.repeat(xs, per, axis=-1) * W[:, 0, j]
+                continue
+            for g in range(groups):
+                acc[..., g * per:(g + 1) * per] += xs[..., g * c_g:(g + 1) * c_g] @ W[g * per:(g + 1) * per, :, j].T
+        acc = acc.astype(np.int64)
     return [rescale(acc - qp["W_sum_mul_x_zp"] + qp["q_b"], qp["sh_acc"], g_out[0])]

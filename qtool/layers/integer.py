@@ -38,10 +38,11 @@ def rshift_round(v, n):
     +-2^62, beyond every grid, instead of wrapping (grids in E_MIN..E_MAX are up to 64 apart)."""
     v, n = np.asarray(v, np.int64), np.asarray(n, np.int64)
     r, left = np.clip(n, 0, 63), np.clip(-n, 0, 62)
-    big = np.right_shift(np.int64(1 << 62), left)  # the largest |v| that shifts left within 2^62
-    v = np.where(left > 0, np.clip(v, -big, big), v)
     half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
-    return np.right_shift(np.left_shift(v, left) + half, r)
+    if np.any(left > 0):  # only then can a value leave int64
+        big = np.right_shift(np.int64(1 << 62), left)  # the largest |v| that shifts left within 2^62
+        v = np.left_shift(np.where(left > 0, np.clip(v, -big, big), v), left)
+    return np.right_shift(v + half, r)
 
 
 def saturate(v, g: TensorQ) -> np.ndarray:

@@ -83,8 +83,12 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     s, count = _pooled(node, x, gx.zp, 0)
     d = int(gy.exp2_inv) - int(gx.exp2_inv)
     # |s| < count * 2^bits_x: below -(bits_x + 2) the result is 0, above bits_y + 1 + bitlen(count) it
-    # saturates (or is 0), exactly as at those ends; so no shift of s or count overflows int64
-    d = min(max(d, -(gx.bits + 2)), gy.bits + 1 + int(np.max(count)).bit_length())
-    num = np.left_shift(s, max(d, 0))
-    n = np.left_shift(np.asarray(count, np.int64), max(-d, 0))
-    return [saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy)]
+    # saturates (or is 0), exactly as at those ends
+    width = int(np.max(count)).bit_length()
+    d = min(max(d, -(gx.bits + 2)), gy.bits + 1 + width)
+    # 2 * s * 2^d + n needs about 2 * bitlen(count) + bits_x + bits_y + 3 bits: Python's integers
+    # beyond int64 (windows of millions of steps at extreme grids), int64 otherwise
+    kind = object if 2 * width + gx.bits + gy.bits + 3 > 62 else np.int64
+    num = np.asarray(s, kind) * (1 << max(d, 0))
+    n = np.asarray(count, kind) * (1 << max(-d, 0))
+    return [saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy).astype(np.int64)]
