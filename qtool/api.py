@@ -375,6 +375,9 @@ def load(path: str | os.PathLike) -> QuantModel:
     try:
         return load_qmodel(path)
     except QtoolError:
+        if _h5_format(path) == "qtool-qgraph":
+            raise QtoolError(f"{path}: a quantized whole model; this command takes a GRU alone for now (simulate "
+                             "and inspect take whole models; calibrate --name NAME quantizes one GRU)") from None
         kind = _other_model(path)  # a float model or a framework file: say what it is and what to run
         if kind is None:
             raise
@@ -408,7 +411,8 @@ def _other_model(path: Path) -> str | None:
     if fmt is None:
         with contextlib.suppress(QtoolError):
             fmt = detect_format(path)
-    return {"qtool-gru": "a float qtool model", "keras": "a Keras model", "torch": "a PyTorch file",
+    return {"qtool-gru": "a float qtool model", "qtool-graph": "a float whole model",
+            "keras": "a Keras model", "torch": "a PyTorch file",
             "safetensors": "a safetensors file", "onnx": "an ONNX model", "haste": "haste weights"}.get(fmt)
 
 

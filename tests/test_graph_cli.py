@@ -122,7 +122,7 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
         assert code == 2 and says in err and err.count("\n") == 1, err
         assert not (tmp_path / "y.h5").exists()
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--mode", "both")
-    assert code == 2 and "in integers on the CPU" in err
+    assert code == 2 and "a whole model simulates in integers (--mode integer)" in err
     code, _, err = cli("simulate", SAMPLES / "digits_gru.safetensors", SAMPLES / "test.npy", "--labels",
                        SAMPLES / "test_labels.npy")
     assert code == 2 and err.count("\n") == 1
@@ -141,3 +141,13 @@ def test_import_writes_the_whole_graph_and_name_takes_the_gru_alone(cli, keras_f
     code, out, err = cli("calibrate", tmp_path / "whole.h5", tmp_path / "cal.npy", "-o", tmp_path / "q.h5",
                          "--method", "minmax")
     assert code == 0 and "partition: 4 integer node(s), float tail: head/activation" in " ".join(out.split()), err
+
+
+def test_commands_of_a_gru_alone_say_what_a_whole_model_file_is(cli, digits_whole, tmp_path):
+    d = digits_whole
+    for args in (["export", "c", d / "q.h5", "-o", tmp_path / "c"],
+                 ["export", "json", d / "q.h5", "-o", tmp_path / "p.json"],
+                 ["report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "r.html"]):
+        code, _, err = cli(*args)
+        assert code == 2 and "a quantized whole model; this command takes a GRU alone" in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
