@@ -933,6 +933,9 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
     from qtool.report.data import collect
     from qtool.report.html import plotly_modules, render
 
+    if isinstance(qm, QGraph) or (not isinstance(qm, QuantModel) and _h5_format(Path(qm)) == "qtool-qgraph"):
+        return _graph_report(qm, data, out, limit=limit, backend=backend, batch_size=batch_size, force=force,
+                             confirm=confirm, dataset=dataset, time_first=time_first, progress=progress)
     plotly_modules()  # refuse before the work, not after it
     runner, label, _ = select_backend(backend)
     qm_path = None
@@ -951,6 +954,26 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
     page = render(qm, rd, Path(data.name).name, units).encode()
     write_bytes(out, page)
     return ReportResult(out, rd.results["output"], rd.results["per_step_snr_db"], n, len(page), label)
+
+
+def _graph_report(qg: QGraph | str | os.PathLike, data: DataLike, out: str | os.PathLike, *, limit, backend,
+                  batch_size, force, confirm, dataset, time_first, progress) -> ReportResult:
+    """A whole model's page (qtool.report.graph_page): the graph with each edge's error."""
+    from qtool.io.files import write_bytes
+    from qtool.report.graph_page import render
+
+    inputs = [p for p in (qg, data) if isinstance(p, (str, os.PathLike))]
+    out = claim_output(out, force, inputs, confirm)
+    sim = simulate_graph(qg, data, batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
+                         backend=backend, progress=progress)
+    if not isinstance(qg, QGraph):
+        qg = load_qgraph(qg)
+    res = sim.to_dict()
+    name = Path(data).name if isinstance(data, (str, os.PathLike)) else "the data"
+    page = render(qg, qgraph_rows(qg, sim), res, name).encode()
+    write_bytes(out, page)
+    first = next(iter(res["outputs"].values()))
+    return ReportResult(out, first, [], sim.samples, len(page), sim.backend)
 
 
 PRESETS = ("int8", "w8a16", "int16")  # what precompile compiles for (qtool/install/precompile.py)

@@ -147,7 +147,26 @@ def test_commands_of_a_gru_alone_say_what_a_whole_model_file_is(cli, digits_whol
     d = digits_whole
     for args in (["export", "c", d / "q.h5", "-o", tmp_path / "c"],
                  ["export", "json", d / "q.h5", "-o", tmp_path / "p.json"],
-                 ["report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "r.html"]):
+                 ["verify", d / "q.h5", tmp_path / "c", SAMPLES / "test.npy"]):
         code, _, err = cli(*args)
         assert code == 2 and "a quantized whole model; this command takes a GRU alone" in err and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp_path):
+    d = digits_whole
+    code, out, err = cli("report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "r.html", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    page = (tmp_path / "r.html").read_text()
+    sim = qtool.simulate_graph(qtool.load_qgraph(d / "q.h5"), SAMPLES / "test.npy").to_dict()
+    assert res["metrics"]["cosine"] == sim["outputs"]["logits"]["cosine"]
+    assert page.count("<svg") == 1 and "Written by qtool" in page
+    for edge, m in sim["edges"].items():  # every edge drawn with its SNR, and in the table
+        label = "exact" if m["exact"] else f"{m['snr_db']:.1f} dB"
+        assert f"<title>{edge}</title>" in page or edge == "logits", edge
+        assert label in page, (edge, label)
+    (tmp_path / "mine.html").write_text("<p>my page</p>")
+    code, _, err = cli("report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "mine.html", "--force")
+    assert code == 2 and "was not written by qtool" in err
+    assert (tmp_path / "mine.html").read_text() == "<p>my page</p>"

@@ -489,7 +489,10 @@ def report(
     as_json: JsonOpt = False,
 ):
     """Draw what the quantization did, as one HTML page: every tensor's float histogram against its
-    grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]")."""
+    grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]").
+
+    A quantized whole model: the graph as a picture with each edge's error, every edge's grid and
+    distances, the passes and the model's output (no extra needed)."""
     from qtool import api
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))

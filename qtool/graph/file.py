@@ -136,7 +136,7 @@ def read_qgraph(f, where: str) -> QGraph:
         info = dict(quant.get("info", {}))
         bits = {str(k): _layer_bits(v, str(k), where) for k, v in info["layer_bits"].items()}
         passes = [tuple(p) for p in quant.get("passes", [])]
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise QtoolError(f"{where}: the quantization description is malformed ({type(e).__name__}: {e})") from None
     qparams = {}
     for k, node in enumerate(graph.nodes):
