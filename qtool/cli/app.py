@@ -520,7 +520,10 @@ def inspect(
     graph: Annotated[bool, typer.Option("--graph", help="Show the whole model of a Keras or ONNX file: every layer, its op, what it reads, its output's shape.")] = False,
     as_json: JsonOpt = False,
 ):
-    """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables."""
+    """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables.
+
+    A whole model: every layer (--graph for a Keras or ONNX file), and once quantized every
+    edge's grid and the passes."""
     from qtool import api
     from qtool.cli.tables import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
 
@@ -724,6 +727,21 @@ def precompile(
 def version():
     """Print qtool's version."""
     out.print(f"qtool {__version__}")
+
+
+def _reflowed_help() -> None:
+    """typer's rich help keeps the line breaks inside a docstring's later paragraphs; join each
+    paragraph's lines so that every paragraph wraps to the terminal's width."""
+    import inspect as pyinspect
+
+    for group in (app, export_app):
+        for cmd in group.registered_commands:
+            doc = pyinspect.getdoc(cmd.callback)
+            if doc and cmd.help is None:
+                cmd.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_reflowed_help()
 
 
 # The API's messages name its parameters in backticks (`limit`, `check=False`); the command line
