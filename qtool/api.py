@@ -218,25 +218,33 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
     path = Path(data.name)
     info = {"method": method, "bits": label, "samples": n, "data_file": path.name,
             "data_sha256": sha256_file(path) if path.is_file() else "", "created": now_utc(),
-            "source": model.source, "source_sha256": sha256_file(source) if source and source.is_file() else ""}
+            "source": model.source, "source_file": source.name if source else "",
+            "source_sha256": sha256_file(source) if source and source.is_file() else ""}
     return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info)
 
 
-def load_labels(labels, n: int) -> np.ndarray:
-    """Class indexes `[N]` from an array or a .npy file (the first `n`)."""
+def load_labels(labels, n: int, classes: int) -> np.ndarray:
+    """Class indexes `[n]` in 0..classes-1, one per sequence of the data, from an array or a .npy
+    file."""
     if isinstance(labels, (str, os.PathLike)):
         path = Path(labels)
-        if path.suffix != ".npy" or not path.is_file():
+        if not path.is_file():
+            raise QtoolError(f"labels: file not found: {path}")
+        if path.suffix != ".npy":
             raise QtoolError(f"labels {path}: give a .npy file of class indexes")
         try:
             labels = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise QtoolError(f"labels {path}: not a readable .npy file ({e})") from None
+        except (OSError, ValueError):
+            raise QtoolError(f"labels {path}: not a readable .npy file of numbers") from None
     labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) < n:
-        raise QtoolError(f"labels must be {n} or more integer class indexes [N], got shape "
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != n:
+        raise QtoolError(f"labels must be {n} integer class indexes [N], one per sequence of the data; got shape "
                          f"{list(labels.shape)} of {labels.dtype}")
-    return labels[:n]
+    bad = (labels < 0) | (labels >= classes)
+    if bad.any():
+        raise QtoolError(f"label {labels[bad][0]} (sequence {int(np.argmax(bad))}) is not a class of the model's "
+                         f"{classes} outputs (0..{classes - 1})")
+    return labels
 
 
 def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
@@ -266,7 +274,13 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
-    lab = load_labels(labels, n) if labels is not None else None
+    lab = None
+    if labels is not None:
+        shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
+        if len(shape) != 1 or shape[0] < 2:
+            raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
+                             f"{'a sequence' if len(shape) == 2 else 'one value'}, not a vector of classes")
+        lab = load_labels(labels, data.num_sequences, shape[0])[:n]
     tick = (lambda done: progress(done, n)) if progress else None
     keep = outputs or save is not None
     comm = world()
@@ -279,7 +293,11 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     sim.backend, sim.backend_reason = label, reason
     if save is not None:
         def write(f) -> None:
-            f.attrs.update(format="qtool-results", source=str(qg_path or qg.graph.name), samples=n)
+            from qtool import __version__
+
+            f.attrs.update(format="qtool-results", version=1, qtool_version=__version__, samples=n,
+                           model=str(qg_path or qg.graph.name), data_file=Path(data.name).name, created=now_utc(),
+                           data_sha256=sha256_file(Path(data.name)) if Path(data.name).is_file() else "")
             for k, v in sim.kept.items():
                 f.create_dataset(k, data=v)
 

@@ -114,15 +114,26 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
                            "--no-check", *args)
         assert code == 2 and says in err and err.count("\n") == 1, err
     np.save(tmp_path / "short.npy", np.zeros(3, np.int64))
+    np.save(tmp_path / "long.npy", np.zeros(600, np.int64))
     np.save(tmp_path / "float.npy", np.zeros(597))
-    for labels, says in ((tmp_path / "short.npy", "labels must be 597 or more integer class indexes"),
-                         (tmp_path / "float.npy", "labels must be 597"), (SAMPLES / "calib.npy", "labels must be")):
+    np.save(tmp_path / "class10.npy", np.full(597, 10))
+    (tmp_path / "text.npy").write_text("1 2 3")
+    for labels, says in ((tmp_path / "short.npy", "labels must be 597 integer class indexes"),
+                         (tmp_path / "long.npy", "labels must be 597 integer class indexes"),
+                         (tmp_path / "float.npy", "labels must be 597"), (SAMPLES / "calib.npy", "labels must be"),
+                         (tmp_path / "class10.npy", "label 10 (sequence 0) is not a class of the model's 10 outputs"),
+                         (tmp_path / "text.npy", "not a readable .npy file of numbers"),
+                         (tmp_path / "none.npy", "labels: file not found")):
         code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--labels", labels,
                            "--save", tmp_path / "y.h5")
         assert code == 2 and says in err and err.count("\n") == 1, err
         assert not (tmp_path / "y.h5").exists()
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--mode", "both")
     assert code == 2 and "a whole model simulates in integers (--mode integer)" in err
+    code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--save", d / "q.h5", "--force")
+    assert code == 2 and "is also an input" in err
+    code, _, err = cli("simulate", tmp_path / "none.h5", SAMPLES / "test.npy", "--labels", SAMPLES / "test_labels.npy")
+    assert code == 2 and "not found" in err
     code, _, err = cli("simulate", SAMPLES / "digits_gru.safetensors", SAMPLES / "test.npy", "--labels",
                        SAMPLES / "test_labels.npy")
     assert code == 2 and err.count("\n") == 1
@@ -170,3 +181,20 @@ def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp
     code, _, err = cli("report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "mine.html", "--force")
     assert code == 2 and "was not written by qtool" in err
     assert (tmp_path / "mine.html").read_text() == "<p>my page</p>"
+
+
+def test_a_whole_model_with_an_unsupported_layer_is_refused_naming_it(cli, tmp_path):
+    keras = keras_on_torch(3)
+    L = keras.layers
+    m = keras.Sequential([keras.Input((None, 6)), L.Dense(8, name="front"), L.LayerNormalization(name="norm"),
+                          L.GRU(12, name="gru"), L.Dense(3, name="head")])
+    m.save(tmp_path / "ln.keras")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((8, 5, 6)).astype(np.float32))
+    for args in (["import", tmp_path / "ln.keras", "-o", tmp_path / "a.h5"],
+                 ["calibrate", tmp_path / "ln.keras", tmp_path / "x.npy", "-o", tmp_path / "b.h5"]):
+        code, _, err = cli(*args, "--no-check")
+        assert code == 2 and "the whole model cannot be taken" in err and "norm" in err, err
+        assert "--name NAME takes one GRU alone" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ln.keras", "x.npy"]
+    code, out, err = cli("import", tmp_path / "ln.keras", "-o", tmp_path / "a.h5", "--no-check", "--name", "gru")
+    assert code == 0 and "left out" in " ".join(out.split()), err

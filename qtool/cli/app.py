@@ -184,7 +184,7 @@ def import_cmd(
     no_check: NoCheckOpt = False,
     force: Force = False,
 ):
-    """Read a float GRU from PyTorch, Keras, ONNX or haste weights into qtool's model file.
+    """Read a trained model (PyTorch, Keras, ONNX, haste weights) into qtool's model file.
 
     A Keras or ONNX file with layers around its GRU is read whole (docs/graph.md); --name takes
     one of its GRUs alone."""
@@ -209,13 +209,18 @@ NOTES: list[str] = []  # said on stderr when the command succeeds (an error stay
 
 
 def _whole_model(path: Path) -> bool:
-    """Whether `path` is a whole model (layers around its GRU); when its graph cannot be taken,
-    a note says why and the GRU alone goes on."""
+    """Whether `path` is a whole model (layers around its GRU). A file with more than a GRU whose
+    graph cannot be taken is refused with the reason: taking its GRU alone is `--name`'s choice."""
     from qtool import api
 
     graph, why = api.whole_model(path)
     if why:
-        NOTES.append(f"the whole model cannot be taken ({why}); taking its GRU alone")
+        try:
+            left_out = api.load_model(path, check=False).extra.get("import", {}).get("left_out")
+        except QtoolError:
+            left_out = None  # the GRU's own import says what is wrong, next
+        if left_out:
+            raise QtoolError(f"{path}: the whole model cannot be taken: {why} (--name NAME takes one GRU alone)")
     return graph is not None
 
 
@@ -259,7 +264,7 @@ def calibrate(
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Observe every tensor of the GRU on calibration data and write the quantized model.
+    """Observe every tensor of the model on calibration data and write the quantized model.
 
     A whole model (a Keras or ONNX file with layers around its GRU, or `qtool import`'s whole-model
     file) is calibrated whole: every edge's grid, each GRU on its own input (docs/graph.md).
@@ -425,7 +430,7 @@ def simulate(
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Run the integer GRU and the float GRU on the same data and report how far apart they are.
+    """Run the integer model beside the float model on the same data and report how far apart they are.
 
     A quantized whole model reports every layer's output and the model's: SNR, cosine, saturation,
     and for a classifier the top-1 agreement with float (with --labels, both accuracies)."""
@@ -437,11 +442,16 @@ def simulate(
     if api.model_file_format(qmodel_path) == "qtool-qgraph":
         if mode != "integer":
             raise QtoolError("a whole model simulates in integers (--mode integer)")
+        if tensors != "summary" or not per_tensor:
+            raise QtoolError("a whole model always measures and shows every edge (no --tensors, --no-per-tensor)")
+        if save is not None:  # before the work, and never onto an input
+            api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal())
+            force = True
         graph_cmds.simulate_graph(out, api, Bar, qmodel_path, data_path, labels=labels, save=save, backend=backend,
                                   batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
                                   force=force, confirm=confirm_at_terminal(), as_json=as_json, emit_json=emit_json)
         return
-    if labels is not None:
+    if labels is not None and qmodel_path.exists():
         raise QtoolError("--labels goes with a whole model's classifier output (a GRU alone has no classes)")
     if tensors not in ("summary", "all"):
         raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
@@ -532,7 +542,7 @@ def inspect(
     if kind == "qtool-qgraph":
         graph_cmds.inspect_qgraph(out, api, path, as_json, emit_json)
         return
-    if graph or kind == "qtool-graph":
+    if graph or kind == "qtool-graph" or (name is None and _whole_model(path)):
         if name is not None:
             raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
         _inspect_graph(path, not no_check, as_json)

@@ -22,7 +22,7 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
     (long layer names fold)."""
     t = Table(title=title)
     t.add_column("layer", overflow="fold", max_width=20)
-    t.add_column("op", overflow="fold", max_width=10)
+    t.add_column("op", no_wrap=True)
     cols = ("bits", "exp2_inv", "zp", "SNR dB", "cosine", "sat %") if measured else (
         "shape", "bits", "exp2_inv", "zp", "set by")
     for col in cols:
@@ -58,11 +58,11 @@ def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output
                     method: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
                     check: bool, force: bool, as_json: bool, emit_json, as_flags) -> None:
     t0 = time.perf_counter()
-    g = api.load_graph(model_path, check=check)
     with bar_cls("calibrating", 1) as bar:
-        qg = api.calibrate_graph(g, data_path, bits=bits, method=method, percentile=percentile,
+        qg = api.calibrate_graph(model_path, data_path, bits=bits, method=method, percentile=percentile,
                                  batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                                 progress=bar.update)
+                                 check=check, progress=bar.update)
+    g = qg.graph
     api.save_graph(qg, output, force, inputs=[model_path, data_path])
     elapsed = time.perf_counter() - t0
     rows = api.qgraph_rows(qg)
@@ -71,11 +71,11 @@ def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output
                    "check": g.check_result, **{k: v for k, v in qg.info.items() if k != "edge_methods"}})
         return
     info = qg.info
+    if g.check_result is not None:
+        out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
     out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}, {info['samples']} sequences", False))
     for line in passes_lines(qg):
         out.print(escape(line), highlight=False)
-    if g.check_result is not None:
-        out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
 
 
@@ -129,5 +129,5 @@ def refuse_gru_options(**given) -> None:
     """Options of a GRU alone that mean nothing for a whole model: one line naming the first."""
     for flag, used in given.items():
         if used:
-            raise QtoolError(f"{flag} applies to a GRU alone; this file is a whole model (give --name to take "
-                             "one of its GRUs alone)")
+            raise QtoolError(f"{flag} applies to a GRU alone; a whole model takes --method (auto or one method) "
+                             "and --bits (--name NAME takes one GRU alone)")

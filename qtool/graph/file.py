@@ -51,7 +51,7 @@ def file_format(f) -> str | None:
 
 def write_graph(f, graph: Graph) -> None:
     desc = {"name": graph.name, "source": graph.source, "inputs": {k: list(v) for k, v in graph.inputs.items()},
-            "outputs": graph.outputs,
+            "outputs": graph.outputs, "check": graph.check_result,
             "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
                        "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
     f.attrs.update(format=GFORMAT, version=GVERSION, qtool_version=__version__,
@@ -97,6 +97,7 @@ def read_graph(f, where: str) -> Graph:
                       [str(e) for e in desc["outputs"]], str(desc.get("name", "model")), str(desc.get("source", "")))
     except (KeyError, TypeError, AttributeError) as e:
         raise QtoolError(f"{where}: the graph description is malformed ({type(e).__name__}: {e})") from None
+    graph.check_result = desc.get("check") if isinstance(desc.get("check"), dict) else None
     return check(graph, where)
 
 

@@ -71,9 +71,12 @@ class GraphSimulation:
         return out
 
 
-def _saturated(q: np.ndarray, bits: int) -> int:
-    lo, hi = qrange(bits)
-    return int(np.count_nonzero((q == lo) | (q == hi)))
+def _clipped(ref: np.ndarray, g) -> int:
+    """Float values the grid clips: beyond its ends by more than half a step (a value that sits
+    on an end, such as a ReLU's zeros on a grid starting at 0, is represented, not clipped)."""
+    lo, hi = qrange(g.bits)
+    step = np.ldexp(1.0, -int(g.exp2_inv))
+    return int(np.count_nonzero((ref < (lo - g.zp - 0.5) * step) | (ref >= (hi - g.zp + 0.5) * step)))
 
 
 def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None
@@ -87,7 +90,7 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
     q = run_int(qg, x, runner)
     for e, d in part.edges.items():
         g = qg.grids[e]
-        d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _saturated(q[e], g.bits))
+        d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _clipped(ref[e], g))
     y = dequantized(qg, q)
     for e, d in part.outputs.items():
         d.add(y[e], ref[e])
