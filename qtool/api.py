@@ -196,13 +196,14 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
                     check: bool = True, progress: Progress | None = None) -> QGraph:
     """Quantize a whole model (a graph, a whole-model file or a Keras/ONNX file) on calibration
     data `[N, T, C]` of its input: every edge's grid, each GRU calibrated on its own input
-    (docs/graph.md). `method`: auto (per edge the method with the least error; each GRU's own
-    auto choice) or one of minmax, percentile, mse, kl, ema."""
+    (docs/graph.md). `method`: auto (per-edge, minmax and mse scored at the output on the last
+    20% of the data, the best calibrated on all), per-edge (per edge the method with the least
+    error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema."""
     from qtool.calibrators import METHODS
     from qtool.graph.calibrate import calibrate_graph as run_calibration
 
-    if method != "auto" and method not in METHODS:
-        raise QtoolError(f"unknown `method` '{method}' (use auto or one of {', '.join(METHODS)})")
+    if method not in ("auto", "per-edge", *METHODS):
+        raise QtoolError(f"unknown `method` '{method}' (use auto, per-edge or one of {', '.join(METHODS)})")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
     label, config = _bits_config(bits)
@@ -220,6 +221,10 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
             "data_sha256": sha256_file(path) if path.is_file() else "", "created": now_utc(),
             "source": model.source, "source_file": source.name if source else "",
             "source_sha256": sha256_file(source) if source and source.is_file() else ""}
+    if method == "auto":
+        from qtool.graph.calibrate import calibrate_auto_graph
+
+        return calibrate_auto_graph(model, data, n, config, percentile, batch_size, tick, info)
     return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info)
 
 

@@ -52,3 +52,17 @@ def test_what_a_graph_table_cannot_mean_is_one_line(graph, tmp_path, table, says
     with pytest.raises(QtoolError) as e:
         api.calibrate_graph(graph, np.load(SAMPLES / "calib.npy")[:20], bits=bits_file(tmp_path, table))
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_auto_scores_its_candidates_at_the_output_and_keeps_the_best(graph):
+    x = np.load(SAMPLES / "calib.npy")
+    qg = api.calibrate_graph(graph, x, bits="int8")
+    auto = qg.info["auto"]
+    assert auto["held_out"] == 80 and set(auto["output_snr_db"]) == {"per-edge", "minmax", "mse"}
+    assert auto["output_snr_db"][auto["chosen"]] == max(auto["output_snr_db"].values())
+    # the score is the candidate's own: per-edge on the first 320 sequences, simulated on the last 80
+    fit = api.calibrate_graph(graph, x[:320], bits="int8", method="per-edge")
+    d = api.simulate_graph(fit, x[320:]).outputs["logits"]
+    assert auto["output_snr_db"]["per-edge"] == pytest.approx(d.snr_db, abs=1e-9)
+    with pytest.raises(QtoolError, match="use auto, per-edge or one of"):
+        api.calibrate_graph(graph, x, method="best")

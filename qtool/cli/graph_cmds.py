@@ -76,6 +76,10 @@ def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output
     out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}, {info['samples']} sequences", False))
     for line in passes_lines(qg):
         out.print(escape(line), highlight=False)
+    if "auto" in info:
+        a = info["auto"]
+        scores = ", ".join(f"{m} {v:.2f} dB" for m, v in a["output_snr_db"].items())
+        out.print(f"auto: output SNR on the last {a['held_out']} sequences: {scores} -> {a['chosen']}")
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
 
 

@@ -8,8 +8,13 @@ grid passes then give every other edge its grid in graph order:
 
 - share_grids: an op that only moves or selects values (zero_pad1d, last_step, max pooling)
   keeps its input's grid on its output, so its integers pass unchanged;
-- every other edge is observed: with `method` auto, per edge the method (minmax, percentile,
-  mse) whose grid leaves the least squared error on the data; otherwise the method named.
+- every other edge is observed: with `method` "per-edge", per edge the method (minmax,
+  percentile, mse) whose grid leaves the least squared error on the data; otherwise the method
+  named.
+
+`method` auto (`calibrate_auto_graph`) checks that choice at the model's output: per-edge, minmax
+and mse each calibrate on the first 80% of the data and are scored on the rest; the best is then
+calibrated on all of it.
 
 Layer integers follow from the grids (each layer module's `quantize`).
 """
@@ -86,7 +91,7 @@ def observed_grid(values: np.ndarray, bits: int, method: str, percentile: float,
     if flat.size > MAX_ERROR_SAMPLES:
         flat = flat[np.random.default_rng(0).choice(flat.size, MAX_ERROR_SAMPLES, replace=False)]
     grids = {}
-    for m in AUTO_METHODS if method == "auto" else (method,):
+    for m in AUTO_METHODS if method == "per-edge" else (method,):
         o = make_observer(m, "edge", percentile)
         o.observe(flat[None])
         grids[m] = tensor_q(o, TensorConfig(bits, False), name=name)
@@ -101,7 +106,7 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
 
     gru = model(node)
     data = SequenceData(x, False, f"the input of {node.name}")
-    if method == "auto":
+    if method in ("auto", "per-edge"):
         from qtool.calibration.auto import calibrate_auto
 
         return calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info)[0]
@@ -171,3 +176,32 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
                  if shared else "no edge to share"))
     return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods,
                                                         "layer_bits": node_bits})
+
+
+AUTO_CANDIDATES = ("per-edge", "minmax", "mse")
+HELD_OUT = 0.2  # the share of the data auto scores its candidates on
+
+
+def calibrate_auto_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
+                         percentile: float = 99.99, chunk: int = 64, progress: Callable[[int], None] | None = None,
+                         info: dict | None = None) -> QGraph:
+    """`method` auto for a whole model: each candidate (AUTO_CANDIDATES) calibrated on the first
+    80% of the sequences and scored by the output SNR on the rest; the best one calibrated on
+    all of them. With fewer than 10 sequences, per-edge without the check."""
+    from qtool.graph.simulate import simulate_graph
+
+    fit = n - max(1, int(n * HELD_OUT))
+    if n < 10:
+        return calibrate_graph(graph, data, n, config, "per-edge", percentile, chunk, progress, info)
+    held = SequenceData(data.chunk(fit, n), False, f"{data.name} (held out)")
+    scores = {}
+    for m in AUTO_CANDIDATES:
+        qg = calibrate_graph(graph, data, fit, config, m, percentile, chunk, None, info)
+        sim = simulate_graph(qg, held)
+        ref2 = sum(d.ref2 for d in sim.outputs.values())
+        err2 = sum(d.err2 for d in sim.outputs.values())
+        scores[m] = float("inf") if err2 == 0 else 10 * np.log10(ref2 / err2) if ref2 > 0 else float("-inf")
+    best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
+    qg = calibrate_graph(graph, data, n, config, best, percentile, chunk, progress, info)
+    qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
+    return qg
