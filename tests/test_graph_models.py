@@ -91,6 +91,8 @@ def _quantized(g, x_calib: np.ndarray, x_test: np.ndarray, labels=None) -> dict:
         assert res["samples"] == len(x_test)
         (out,) = res["outputs"].values()
         assert out["count"] == len(x_test) * int(np.prod(L.run(g, x_test[:1])[g.outputs[0]].shape[1:]))
+        print(f"{bits}: cosine {out['cosine']:.7f}, SNR {out['snr_db']:.2f} dB, top-1 {res.get('top1_agreement')}, "
+              f"auto {qg.info['auto']['chosen']}")  # the measured numbers, with pytest -s
         assert out["cosine"] >= floor, (bits, out)
         results[bits] = (qg, res)
     return results
