@@ -211,7 +211,8 @@ def test_read_only_directory(qmodel, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_remove_temporaries(qmodel, tmp_path, sig):
-    x = np.random.default_rng(0).standard_normal((30000, 8, 8)).astype(np.float32)
+    # enough work that the signal lands while the results are written, on a fast machine too
+    x = np.random.default_rng(0).standard_normal((60000, 24, 8)).astype(np.float32)
     np.save(tmp_path / "big.npy", x)
     p = subprocess.Popen([sys.executable, "-m", "qtool.cli", "simulate", str(qmodel), str(tmp_path / "big.npy"),
                           "--save", str(tmp_path / "s.h5"), "--no-per-tensor"],
