@@ -256,17 +256,21 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
                    limit: int | None = None, dataset: str | None = None, time_first: bool = False,
                    outputs: bool = False, save: str | os.PathLike | None = None, force: bool = False,
                    confirm: Callable[[str], bool] | None = None, backend: str = "auto",
-                   progress: Progress | None = None):
+                   mode: str = "integer", progress: Progress | None = None):
     """Run a quantized whole model in integers beside its float graph on `data`: every edge's and
     the outputs' SNR, cosine and saturation; for a classifier top-1 agreement, and with `labels`
     both accuracies (qtool.graph.simulate.GraphSimulation). `outputs=True` keeps the first
     output's float/y, quant/y and quant/y_int (`kept`, in the output's own shape, e.g.
     `[N, classes]`); `save` writes them to an HDF5 file. `backend`: the GRUs' engine, as for
-    `simulate` (the other layers run on the CPU)."""
+    `simulate` (the other layers run on the CPU). `mode`: "integer", "fakequant" (the float graph
+    with every weight and edge rounded onto its grid, qtool.graph.fakequant) or "both"."""
     from qtool.engine.backend import select_backend
     from qtool.graph.simulate import simulate_graph as run_simulation
     from qtool.io.files import write_h5
+    from qtool.simulation.fakequant import MODES
 
+    if mode not in MODES:
+        raise QtoolError(f"unknown `mode` '{mode}' (use one of {', '.join(MODES)})")
     runner, label, reason = select_backend(backend)
     qg_path = None
     if not isinstance(qg, QGraph):
@@ -290,11 +294,11 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     keep = outputs or save is not None
     comm = world()
     if comm is None:
-        sim = run_simulation(qg, data, n, batch_size, lab, keep, tick, runner)
+        sim = run_simulation(qg, data, n, batch_size, lab, keep, tick, runner, mode)
     else:  # under mpiexec: each rank its chunks, the root folds them in order and writes `save`
         from qtool.parallel.graph import simulate_graph as simulate_ranks
 
-        sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner)
+        sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
     sim.backend, sim.backend_reason = label, reason
     if save is not None:
         def write(f) -> None:

@@ -185,3 +185,13 @@ def test_run_says_what_input_it_wants():
     for bad in (np.zeros((2, 4, 5), np.float32), np.zeros((2, 3), np.float32)):
         with pytest.raises(QtoolError, match=r"input 'x' must be \[N, T, 3\] \(batch first, channels last\)"):
             run(g, bad)
+
+
+def test_inputs_of_different_lengths_meeting_is_one_line_when_it_runs():
+    """Shapes leave the steps free, so a padded branch meeting an unpadded one shows only at run
+    time, one line naming the node."""
+    for op in ("add", "mul", "concat"):
+        g = check(Graph([Node("pad", "zero_pad1d", ["x"], ["p"], {"pad": (1, 0)}),
+                         Node("join", op, ["p", "x"], ["y"])], {"x": (None, 3)}, ["y"]))
+        with pytest.raises(QtoolError, match=r"node join \(" + op + r"\): its inputs have different batch or step"):
+            run(g, np.zeros((2, 5, 3), np.float32))

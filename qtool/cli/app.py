@@ -440,14 +440,13 @@ def simulate(
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
     if api.model_file_format(qmodel_path) == "qtool-qgraph":
-        if mode != "integer":
-            raise QtoolError("a whole model simulates in integers (--mode integer)")
         if tensors != "summary" or not per_tensor:
             raise QtoolError("a whole model always measures and shows every edge (no --tensors, --no-per-tensor)")
         if save is not None:  # before the work, and never onto an input
             api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal())
             force = True
         graph_cmds.simulate_graph(out, api, Bar, qmodel_path, data_path, labels=labels, save=save, backend=backend,
+                                  mode=mode,
                                   batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
                                   force=force, confirm=confirm_at_terminal(), as_json=as_json, emit_json=emit_json)
         return

@@ -40,6 +40,21 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
     return t
 
 
+def both_table(rows: list[dict], fq: dict, title: str) -> Table:
+    """Mode both: a row per edge, the integer model's and the fake-quant model's SNR against
+    float, and the share of integers the two agree on."""
+    t = Table(title=title)
+    t.add_column("layer", overflow="fold", max_width=24)
+    t.add_column("op", no_wrap=True)
+    for col in ("integer SNR", "fake-quant SNR", "same integers"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        f = fq["edges"][r["edge"]]
+        snr = ("exact" if r["exact"] else _fmt(r["snr_db"], ".1f"), "exact" if f["exact"] else _fmt(f["snr_db"], ".1f"))
+        t.add_row(r["layer"], r["op"], *snr, f"{100 * fq['same_integers'][r['edge']]:.2f}%")
+    return t
+
+
 def passes_lines(qg) -> list[str]:
     return [f"pass {name}: {what}" for name, what in qg.passes]
 
@@ -84,7 +99,7 @@ def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output
 
 
 def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: Path | None, save: Path | None,
-                   backend: str,
+                   backend: str, mode: str,
                    batch_size: int, limit, dataset, time_first: bool, force: bool, confirm, as_json: bool,
                    emit_json) -> None:
     t0 = time.perf_counter()
@@ -92,17 +107,22 @@ def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: P
     with bar_cls("simulating", 1) as bar:
         sim = api.simulate_graph(qg, data_path, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
                                  time_first=time_first, save=save, force=force, confirm=confirm,
-                                 backend=backend, progress=bar.update)
+                                 backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
     if as_json:
         emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
         return
-    out.print(qgraph_table(api.qgraph_rows(qg, sim), f"integer vs float on {sim.samples} sequences of "
-                                                     f"{data_path.name}", True))
-    for edge, m in res["outputs"].items():
-        snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
-        out.print(f"output {escape(edge)}: SNR {snr}, cosine {m['cosine']:.6f}, largest error "
-                  f"{m['max_abs_error']:.4g}", highlight=False)
+    title = f"{mode} vs float on {sim.samples} sequences of {data_path.name}"
+    if mode == "both":
+        title = title.replace("both", "integer and fake-quant")
+        out.print(both_table(api.qgraph_rows(qg, sim), res["fakequant"], title))
+    else:
+        out.print(qgraph_table(api.qgraph_rows(qg, sim), title, True))
+    for who, outputs in (("", res["outputs"]), ("fake-quant ", res.get("fakequant", {}).get("outputs", {}))):
+        for edge, m in outputs.items():
+            snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+            out.print(f"{who}output {escape(edge)}: SNR {snr}, cosine {m['cosine']:.6f}, largest error "
+                      f"{m['max_abs_error']:.4g}", highlight=False)
     if "top1_agreement" in res:
         line = f"top-1 agreement with float: {100 * res['top1_agreement']:.2f}%"
         if "accuracy_quant" in res:

@@ -1,7 +1,8 @@
 """Run a quantized whole model in integers and measure it against its float graph
 (docs/graph.md, "Simulation"): every edge of the core (SNR, cosine, saturation), the model's
 outputs, and for a classifier (a vector output of two or more classes) the top-1 agreement
-with float and, given labels, both accuracies."""
+with float and, given labels, both accuracies. Mode fakequant measures the fake-quant model
+(qtool.graph.fakequant) instead; mode both measures the two and how many integers they share."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from qtool.core.qgraph import QGraph
 from qtool.engine.metrics import Distance
 from qtool.errors import QtoolError
+from qtool.graph.fakequant import run_fakequant, to_int
 from qtool.io.files import SequenceData
 from qtool.layers import layer, run
 from qtool.numerics.qparams import dequantize, qrange, quantize
@@ -37,8 +39,12 @@ def run_int(qg: QGraph, x: np.ndarray | dict[str, np.ndarray], runner=None) -> d
 
 def dequantized(qg: QGraph, q: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model's outputs from the core's integers: dequantize, then the float tail."""
-    values = {e: dequantize(q[e], int(qg.grids[e].exp2_inv), qg.grids[e].zp).astype(np.float32)
-              for e in qg.core_outputs}
+    return with_tail(qg, {e: dequantize(q[e], int(qg.grids[e].exp2_inv), qg.grids[e].zp) for e in qg.core_outputs})
+
+
+def with_tail(qg: QGraph, core_values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs from the core's output values: the float tail."""
+    values = {e: np.asarray(core_values[e], np.float32) for e in qg.core_outputs}
     for name in qg.tail:
         node = qg.node(name)
         values.update(zip(node.outputs, layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])))
@@ -58,11 +64,20 @@ class GraphSimulation:
     backend: str = "cpu"  # the GRUs' engine
     backend_reason: str = ""
     kept: dict = field(default_factory=dict)  # with keep: float/y, quant/y, quant/y_int of the first output
+    mode: str = "integer"  # integer, fakequant (edges and outputs then measure the fake-quant model) or both
+    fq_edges: dict = field(default_factory=dict)  # mode both: the fake-quant model's Distance per edge
+    fq_outputs: dict = field(default_factory=dict)
+    same: dict = field(default_factory=dict)  # mode both: per edge, integers equal to the fake-quant model's
+    counts: dict = field(default_factory=dict)  # mode both: per edge, integers compared
 
     def to_dict(self) -> dict:
-        out = {"samples": self.samples, "backend": self.backend, "backend_reason": self.backend_reason,
-               "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
+        out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,
+               "backend_reason": self.backend_reason, "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
                "edges": {e: d.as_dict() for e, d in self.edges.items()}}
+        if self.mode == "both":
+            out["fakequant"] = {"outputs": {e: d.as_dict() for e, d in self.fq_outputs.items()},
+                                "edges": {e: d.as_dict() for e, d in self.fq_edges.items()},
+                                "same_integers": {e: self.same[e] / max(self.counts[e], 1) for e in self.same}}
         if self.is_classifier:
             out["top1_agreement"] = self.agree / self.samples
             if self.labelled:
@@ -79,21 +94,38 @@ def _clipped(ref: np.ndarray, g) -> int:
     return int(np.count_nonzero((ref < (lo - g.zp - 0.5) * step) | (ref >= (hi - g.zp + 0.5) * step)))
 
 
-def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None
-                  ) -> GraphSimulation:
+def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None,
+                  mode: str = "integer") -> GraphSimulation:
     """One chunk of sequences, measured on its own (fold the chunks in order with `fold`)."""
     out0 = qg.graph.outputs[0]
     shape = qg.graph.shapes.get(out0, ())
     part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, len(x),
-                           labelled=labels is not None, is_classifier=len(shape) == 1 and shape[0] >= 2)
+                           labelled=labels is not None, is_classifier=len(shape) == 1 and shape[0] >= 2, mode=mode)
     ref = run(qg.graph, x, keep=True)
-    q = run_int(qg, x, runner)
-    for e, d in part.edges.items():
-        g = qg.grids[e]
-        d.add(dequantize(q[e], int(g.exp2_inv), g.zp), ref[e], _clipped(ref[e], g))
-    y = dequantized(qg, q)
-    for e, d in part.outputs.items():
-        d.add(y[e], ref[e])
+    sides = []  # (edge distances, output distances, core values, integers)
+    if mode != "fakequant":
+        q = run_int(qg, x, runner)
+        values = {e: dequantize(q[e], int(qg.grids[e].exp2_inv), qg.grids[e].zp) for e in q}
+        sides.append((part.edges, part.outputs, values, q))
+    if mode != "integer":
+        fq = run_fakequant(qg, x)
+        q_fq = {e: to_int(v, qg.grids[e]) for e, v in fq.items()}
+        if mode == "both":
+            part.fq_edges = {e: Distance() for e in qg.grids}
+            part.fq_outputs = {e: Distance() for e in qg.graph.outputs}
+            part.same = {e: int(np.count_nonzero(q_fq[e] == q[e])) for e in qg.grids}
+            part.counts = {e: int(q[e].size) for e in qg.grids}
+            sides.append((part.fq_edges, part.fq_outputs, fq, q_fq))
+        else:
+            sides.append((part.edges, part.outputs, fq, q_fq))
+    for edges, outputs, values, _ in sides:
+        for e, d in edges.items():
+            d.add(values[e], ref[e], _clipped(ref[e], qg.grids[e]))
+        y = with_tail(qg, values)
+        for e, d in outputs.items():
+            d.add(y[e], ref[e])
+    _, _, values, q = sides[0]  # the integer model's (fakequant: the fake-quant model's)
+    y = with_tail(qg, values)
     if part.is_classifier:
         top_q = np.argmax(q[out0] if out0 in q else y[out0], axis=-1)
         top_f = np.argmax(ref[out0], axis=-1)
@@ -116,6 +148,13 @@ def fold(total: GraphSimulation | None, part: GraphSimulation) -> GraphSimulatio
     for mine, theirs in ((total.edges, part.edges), (total.outputs, part.outputs)):
         for e in mine:
             mine[e] = mine[e].merge(theirs[e])
+    if total.mode == "both":
+        for mine, theirs in ((total.fq_edges, part.fq_edges), (total.fq_outputs, part.fq_outputs)):
+            for e in mine:
+                mine[e] = mine[e].merge(theirs[e])
+        for e in total.same:
+            total.same[e] += part.same[e]
+            total.counts[e] += part.counts[e]
     total.samples += part.samples
     total.agree += part.agree
     total.correct_float += part.correct_float
@@ -138,14 +177,15 @@ def check_inputs(qg: QGraph, data: SequenceData, n: int, labels: np.ndarray | No
 
 def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: int = 256,
                    labels: np.ndarray | None = None, keep: bool = False,
-                   progress: Callable[[int], None] | None = None, runner=None) -> GraphSimulation:
+                   progress: Callable[[int], None] | None = None, runner=None, mode: str = "integer"
+                   ) -> GraphSimulation:
     """The integer model against the float graph over the first `n` sequences of `data`."""
     n = data.num_sequences if n is None else min(n, data.num_sequences)
     check_inputs(qg, data, n, labels)
     total = None
     for start, x in data.chunks(chunk, n):
         lab = None if labels is None else labels[start:start + len(x)]
-        total = fold(total, measure_chunk(qg, x, lab, keep, runner))
+        total = fold(total, measure_chunk(qg, x, lab, keep, runner, mode))
         if progress:
             progress(start + len(x))
     return finish(total)

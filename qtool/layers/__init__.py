@@ -138,6 +138,14 @@ def want_inputs(node: Node, shapes: list[tuple], count: int | None = 1, seq: boo
             raise fail(node, f"takes a {'sequence (None, C)' if seq else 'vector (C,)'}, got shape {s}")
 
 
+def same_steps(node: Node, xs: list[np.ndarray]) -> None:
+    """Inputs that meet elementwise or side by side must have the same batch and steps: a graph's
+    shapes leave the steps free, so a mismatch shows only when it runs."""
+    if any(x.shape[:-1] != xs[0].shape[:-1] for x in xs):
+        raise fail(node, "its inputs have different batch or step counts: "
+                         + ", ".join(str(list(x.shape[:-1])) for x in xs))
+
+
 def is_seq(shape: tuple) -> bool:
     return len(shape) == 2
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
-from qtool.layers import fail, is_seq, only, want_inputs, with_channels
+from qtool.layers import fail, is_seq, only, same_steps, want_inputs, with_channels
 from qtool.layers.integer import LayerBits, requantize
 
 OP = "concat"
@@ -22,6 +22,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
 
 
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    same_steps(node, xs)
     return [np.concatenate(xs, axis=-1)]
 
 
@@ -31,4 +32,5 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
+    same_steps(node, qs)
     return [np.concatenate([requantize(q, g, g_out[0]) for q, g in zip(qs, g_in)], axis=-1)]

@@ -14,7 +14,7 @@ import numpy as np
 
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
-from qtool.layers import fail, only, want_inputs
+from qtool.layers import fail, only, same_steps, want_inputs
 from qtool.layers.integer import LayerBits, rescale
 
 OPS = ("add", "mul")
@@ -29,6 +29,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
 
 
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    same_steps(node, xs)
     y = xs[0]
     for x in xs[1:]:  # left to right, as the frameworks fold them
         y = y + x if node.op == "add" else y * x
@@ -49,6 +50,7 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
+    same_steps(node, qs)
     terms = [np.asarray(q, np.int64) - g.zp for q, g in zip(qs, g_in)]
     if node.op == "mul":
         acc = terms[0]

@@ -17,13 +17,14 @@ from qtool.parallel.rounds import run_rounds
 
 
 def simulate_graph(comm, qg: QGraph, data: SequenceData, n: int, chunk: int, labels: np.ndarray | None,
-                   keep: bool, progress: Callable[[int], None] | None = None, runner=None) -> GraphSimulation:
+                   keep: bool, progress: Callable[[int], None] | None = None, runner=None,
+                   mode: str = "integer") -> GraphSimulation:
     check_inputs(qg, data, n, labels)
     state: dict = {"total": None}
 
     def work(start: int, x: np.ndarray) -> GraphSimulation:
         lab = None if labels is None else labels[start:start + len(x)]
-        return measure_chunk(qg, x, lab, keep, runner)
+        return measure_chunk(qg, x, lab, keep, runner, mode)
 
     def receive(start: int, part: GraphSimulation) -> None:
         state["total"] = fold(state["total"], part)
