@@ -128,8 +128,8 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
                            "--save", tmp_path / "y.h5")
         assert code == 2 and says in err and err.count("\n") == 1, err
         assert not (tmp_path / "y.h5").exists()
-    code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--mode", "both")
-    assert code == 2 and "a whole model simulates in integers (--mode integer)" in err
+    code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--tensors", "all")
+    assert code == 2 and "a whole model always measures and shows every edge" in err
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--save", d / "q.h5", "--force")
     assert code == 2 and "is also an input" in err
     code, _, err = cli("simulate", tmp_path / "none.h5", SAMPLES / "test.npy", "--labels", SAMPLES / "test_labels.npy")
