@@ -267,10 +267,7 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     from qtool.engine.backend import select_backend
     from qtool.graph.simulate import simulate_graph as run_simulation
     from qtool.io.files import write_h5
-    from qtool.simulation.fakequant import MODES
-
-    if mode not in MODES:
-        raise QtoolError(f"unknown `mode` '{mode}' (use one of {', '.join(MODES)})")
+    _check_mode(mode)
     runner, label, reason = select_backend(backend)
     qg_path = None
     if not isinstance(qg, QGraph):
@@ -312,6 +309,13 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
 
         _write_once(lambda: write_h5(save, write))
     return sim
+
+
+def _check_mode(mode: str) -> None:
+    from qtool.simulation.fakequant import MODES
+
+    if mode not in MODES:
+        raise QtoolError(f"unknown `mode` '{mode}' (use one of {', '.join(MODES)})")
 
 
 def model_file_format(path: str | os.PathLike) -> str | None:
@@ -742,10 +746,7 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
     they are. `mode`: "integer", "fakequant" (the float GRU with every tensor rounded onto its
     grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file;
     `outputs=True` returns them in the result (`y_float`, `y_quant`, `y_int`, `[N, T, out]`)."""
-    from qtool.simulation.fakequant import MODES
-
-    if mode not in MODES:
-        raise QtoolError(f"unknown `mode` '{mode}' (use one of {', '.join(MODES)})")
+    _check_mode(mode)
     import time
 
     from qtool.engine.backend import select_backend
