@@ -267,6 +267,7 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     from qtool.engine.backend import select_backend
     from qtool.graph.simulate import simulate_graph as run_simulation
     from qtool.io.files import write_h5
+
     _check_mode(mode)
     runner, label, reason = select_backend(backend)
     qg_path = None

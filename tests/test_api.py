@@ -85,7 +85,7 @@ def test_simulate_hands_back_the_outputs_without_a_file(tmp_path):
 
 def test_api_errors_name_parameters_and_the_cli_names_flags(cli, tmp_path):
     """One convention: the API's messages name its parameters in backticks, and the command line
-    maps each to its flag in one place (qtool.cli.app.FLAGS)."""
+    maps each to its flag in one place (qtool.cli.console.FLAGS)."""
     from qtool.cli.app import as_flags
 
     model = random_model()

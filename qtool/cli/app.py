@@ -3,10 +3,7 @@ results as rich tables or JSON. Every user error is one line on stderr and a non
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -16,12 +13,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from qtool import __version__
 from qtool.cli import graph_cmds
+from qtool.cli.console import Bar, as_flags, emit_json, err, out, progress_bar
 from qtool.errors import STOP_SIGNALS, QtoolError, ignore_stop_signals
 from qtool.parallel import check_command, command_scope, stop_every_rank
 from qtool.parallel.agree import RankStopped
@@ -33,8 +29,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-out = Console()
-err = Console(stderr=True)
 
 
 def _flags_without_type_labels() -> None:
@@ -103,49 +97,7 @@ def need(value, what: str, option: str):
     raise QtoolError(f"missing {option} ({what})")
 
 
-def progress_bar() -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=err,
-                    transient=True, disable=not err.is_terminal)
 
-
-class Bar:
-    """A progress bar whose `update(done, total)` fits the API's progress callbacks."""
-
-    def __init__(self, description: str, total: int):
-        self.bar = progress_bar()
-        self.task = self.bar.add_task(description, total=total, rate="")
-        self.t0 = time.perf_counter()
-
-    def __enter__(self) -> Bar:
-        self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
-
-    def update(self, done: int, total: int) -> None:
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.update(self.task, completed=done, total=total, rate=f"{rate:.0f} seq/s")
-
-
-def _clean(v):
-    """JSON without NaN or Infinity: non-finite numbers become null."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        return _clean(v.item()) if getattr(v, "ndim", 0) == 0 else _clean(v.tolist())
-    if isinstance(v, Path):
-        return str(v)
-    return v
-
-
-def emit_json(obj) -> None:
-    print(json.dumps(_clean(obj), allow_nan=False))
 
 
 def _version(value: bool) -> None:
@@ -194,7 +146,7 @@ def import_cmd(
     output = Path(need(output, "output model file (.h5)", "--output"))
     api.claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
     if name is None and fmt is None and _whole_model(src):
-        graph_cmds.import_graph(out, api, src, output, not no_check, as_flags)
+        graph_cmds.import_graph(src, output, not no_check)
         return
     model = api.load_model(src, fmt, name, check=not no_check)
     api.save_model(model, output, True, inputs=[src])
@@ -281,10 +233,9 @@ def calibrate(
         data_path = Path(need(data_path, "calibration data file", "DATA"))
         output = Path(need(output, "output quantized model file (.h5)", "--output"))
         api.claim_output(output, force, [model_path, data_path], confirm_at_terminal())
-        graph_cmds.calibrate_graph(out, api, Bar, model_path, data_path, output, bits=bits, method=method,
+        graph_cmds.calibrate_graph(model_path, data_path, output, bits=bits, method=method,
                                    percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                                   time_first=time_first, check=not no_check, force=True, as_json=as_json,
-                                   emit_json=emit_json, as_flags=as_flags)
+                                   time_first=time_first, check=not no_check, force=True, as_json=as_json)
         return
     model = api.load_model_for_data(model_path, name=name, check=not no_check)
     note_what_was_left_out(model)
@@ -445,10 +396,10 @@ def simulate(
         if save is not None:  # before the work, and never onto an input
             api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal())
             force = True
-        graph_cmds.simulate_graph(out, api, Bar, qmodel_path, data_path, labels=labels, save=save, backend=backend,
+        graph_cmds.simulate_graph(qmodel_path, data_path, labels=labels, save=save, backend=backend,
                                   mode=mode,
                                   batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                                  force=force, confirm=confirm_at_terminal(), as_json=as_json, emit_json=emit_json)
+                                  force=force, confirm=confirm_at_terminal(), as_json=as_json)
         return
     if labels is not None and qmodel_path.exists():
         raise QtoolError("--labels goes with a whole model's classifier output (a GRU alone has no classes)")
@@ -539,12 +490,12 @@ def inspect(
     path = Path(need(path, "model file", "FILE"))
     kind = api.model_file_format(path)
     if kind == "qtool-qgraph":
-        graph_cmds.inspect_qgraph(out, api, path, as_json, emit_json)
+        graph_cmds.inspect_qgraph(path, as_json)
         return
     if graph or kind == "qtool-graph" or (name is None and _whole_model(path)):
         if name is not None:
             raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
-        _inspect_graph(path, not no_check, as_json)
+        graph_cmds.inspect_graph(path, not no_check, as_json)
         return
     found = api.inspect(path, name=name, check=not no_check)
     model, qm = found.model, found.qm
@@ -562,19 +513,6 @@ def inspect(
         out.print(provenance_table(qm))
         out.print(spec_table(qm, "quantization"))
         out.print(lut_table(qm))
-
-
-def _inspect_graph(path: Path, check: bool, as_json: bool) -> None:
-    from qtool import api
-    from qtool.cli.tables import graph_rows, graph_table
-
-    g = api.load_graph(path, check=check)
-    if as_json:
-        emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
-                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result})
-        return
-    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layers"))
-    out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
 
 
 export_app = typer.Typer(help="Write a quantized GRU for a target: C sources, or parameter tables.",
@@ -751,16 +689,6 @@ def _reflowed_help() -> None:
 
 
 _reflowed_help()
-
-
-# The API's messages name its parameters in backticks (`limit`, `check=False`); the command line
-# shows its flags instead. Every parameter is its flag with dashes, but these:
-FLAGS = {"methods": "--compare", "test": "--eval", "fmt": "--format", "check=False": "--no-check"}
-
-
-def as_flags(text) -> str:
-    """An API message as the command line says it: `batch_size` -> --batch-size."""
-    return re.sub(r"`([a-z_]+(?:=False)?)`", lambda m: FLAGS.get(m[1], "--" + m[1].replace("_", "-")), str(text))
 
 
 def _one_line(text) -> str:

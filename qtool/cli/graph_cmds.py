@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from qtool.cli.console import Bar, as_flags, emit_json, out
 from qtool.errors import QtoolError
 
 
@@ -59,21 +60,43 @@ def passes_lines(qg) -> list[str]:
     return [f"pass {name}: {what}" for name, what in qg.passes]
 
 
-def import_graph(out, api, src: Path, output: Path, check: bool, as_flags) -> None:
-    g = api.load_graph(src, check=check)
-    api.save_graph(g, output, True, inputs=[src])
+def show_graph(g) -> None:
+    """The float graph, a row a layer, and what its import was checked against."""
+    from qtool import api
     from qtool.cli.tables import graph_table
 
     out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layers"))
     out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+
+
+def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
+    from qtool import api
+    from qtool.cli.tables import graph_rows
+
+    g = api.load_graph(path, check=check)
+    if as_json:
+        emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
+                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result})
+        return
+    show_graph(g)
+
+
+def import_graph(src: Path, output: Path, check: bool) -> None:
+    from qtool import api
+
+    g = api.load_graph(src, check=check)
+    api.save_graph(g, output, True, inputs=[src])
+    show_graph(g)
     out.print(f"imported the whole model -> {escape(str(output))}")
 
 
-def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output: Path, *, bits: str,
+def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: str,
                     method: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
-                    check: bool, force: bool, as_json: bool, emit_json, as_flags) -> None:
+                    check: bool, force: bool, as_json: bool) -> None:
+    from qtool import api
+
     t0 = time.perf_counter()
-    with bar_cls("calibrating", 1) as bar:
+    with Bar("calibrating", 1) as bar:
         qg = api.calibrate_graph(model_path, data_path, bits=bits, method=method, percentile=percentile,
                                  batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
                                  check=check, progress=bar.update)
@@ -98,13 +121,15 @@ def calibrate_graph(out, api, bar_cls, model_path: Path, data_path: Path, output
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
 
 
-def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: Path | None, save: Path | None,
+def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: Path | None,
                    backend: str, mode: str,
-                   batch_size: int, limit, dataset, time_first: bool, force: bool, confirm, as_json: bool,
-                   emit_json) -> None:
+                   batch_size: int, limit, dataset, time_first: bool, force: bool, confirm, as_json: bool
+                   ) -> None:
+    from qtool import api
+
     t0 = time.perf_counter()
     qg = api.load_qgraph(qpath)
-    with bar_cls("simulating", 1) as bar:
+    with Bar("simulating", 1) as bar:
         sim = api.simulate_graph(qg, data_path, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
                                  time_first=time_first, save=save, force=force, confirm=confirm,
                                  backend=backend, mode=mode, progress=bar.update)
@@ -133,7 +158,9 @@ def simulate_graph(out, api, bar_cls, qpath: Path, data_path: Path, *, labels: P
               f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
 
 
-def inspect_qgraph(out, api, path: Path, as_json: bool, emit_json) -> None:
+def inspect_qgraph(path: Path, as_json: bool) -> None:
+    from qtool import api
+
     qg = api.load_qgraph(path)
     rows = api.qgraph_rows(qg)
     if as_json:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.core.graph import Graph as QGraph
+from qtool.core.graph import Graph as QtoolGraph  # qtool's IR; Graph is the ONNX file's
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, quiet, reason
@@ -91,12 +91,12 @@ class TooWide(LayoutError):
 ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : |/onnxruntime_src/\S+:\d+ .*?\) (?=[A-Z])")
 
 
-def read_onnx_graph(path) -> QGraph:
+def read_onnx_graph(path) -> QtoolGraph:
     """The whole model in ONNX file `path` as a qtool graph, proved well formed (qtool.layers.check)."""
     return _import(Path(path))[0]
 
 
-def import_onnx_graph(path, check: bool = True) -> QGraph:
+def import_onnx_graph(path, check: bool = True) -> QtoolGraph:
     """`read_onnx_graph`, and with `check` its ONNX Runtime check (`graph.check_result`), from one
     reading of the file."""
     graph, ports, reader = _import(Path(path))
@@ -104,7 +104,7 @@ def import_onnx_graph(path, check: bool = True) -> QGraph:
     return graph
 
 
-def check_onnx_graph(path, graph: QGraph | None = None) -> dict:
+def check_onnx_graph(path, graph: QtoolGraph | None = None) -> dict:
     """Run file `path` with ONNX Runtime and `graph` (its import when None) with qtool.layers.run on
     the same random inputs; raises when they differ by more than TOLERANCE (relative where the output
     exceeds 1). Returns what was checked, or `{"checked": False, "reason": ...}` without ONNX Runtime."""
@@ -112,7 +112,7 @@ def check_onnx_graph(path, graph: QGraph | None = None) -> dict:
     return _check(Path(path), graph or read, ports, reader)
 
 
-def _check(path: Path, graph: QGraph, ports: Ports, reader: _Reader) -> dict:
+def _check(path: Path, graph: QtoolGraph, ports: Ports, reader: _Reader) -> dict:
     import qtool.layers as L
 
     try:
@@ -147,7 +147,7 @@ def _check(path: Path, graph: QGraph, ports: Ports, reader: _Reader) -> dict:
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _import(path: Path) -> tuple[QGraph, Ports, _Reader]:
+def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
     import qtool.layers as L
     from qtool.importers.onnx.gru import load_onnx
 
@@ -198,7 +198,7 @@ class _Reader:
 
     # ---- the walk
 
-    def read(self) -> tuple[QGraph, Ports]:
+    def read(self) -> tuple[QtoolGraph, Ports]:
         g, graph = self.g, self.model.graph
         outputs = [o.name for o in graph.output]
         live, self.uses = self._live(outputs)
@@ -251,7 +251,7 @@ class _Reader:
         source = f"ONNX ({producer})" if producer else "ONNX"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
-        return QGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source), ports
+        return QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source), ports
 
     def _live(self, outputs: list[str]) -> tuple[set, dict]:
         """The nodes the outputs depend on (a GRU's initial state aside: proved zero or a state input),
