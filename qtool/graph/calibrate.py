@@ -22,6 +22,7 @@ Layer integers follow from the grids (each layer module's `quantize`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -122,16 +123,41 @@ def with_input_grid(qm: QuantModel, g: TensorQ) -> QuantModel:
     return QuantModel(qm.model, cells, qm.info)
 
 
-def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
-                    method: str = "auto", percentile: float = 99.99, chunk: int = 64,
-                    progress: Callable[[int], None] | None = None, info: dict | None = None) -> QGraph:
-    """The quantized graph of `graph` calibrated on the first `n` sequences of `data`."""
+@dataclass
+class Prepared:
+    """What every calibration of one graph on one data set shares: the graph after the float
+    passes, its partition, and the float values of its core's edges."""
+
+    graph: Graph
+    passes: list[tuple[str, str]]
+    core: list[str]
+    tail: list[str]
+    values: dict[str, np.ndarray]  # edge -> [N, ...] float32
+
+
+def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig], chunk: int = 64,
+            progress: Callable[[int], None] | None = None) -> Prepared:
     g, done = run_float_passes(graph)
     core, tail, what = partition(g)
     done.append(("partition", what))
     data.check_features(next(iter(g.inputs.values()))[-1])
     check_bits_names(g, config)
-    values = edge_values(g, core, data, n, chunk, progress)
+    return Prepared(g, done, core, tail, edge_values(g, core, data, n, chunk, progress))
+
+
+def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
+                    method: str = "auto", percentile: float = 99.99, chunk: int = 64,
+                    progress: Callable[[int], None] | None = None, info: dict | None = None) -> QGraph:
+    """The quantized graph of `graph` calibrated on the first `n` sequences of `data`."""
+    return quantize_graph(prepare(graph, data, n, config, chunk, progress), n, config, method, percentile, chunk,
+                          info)
+
+
+def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
+                   chunk: int, info: dict | None) -> QGraph:
+    """Every grid and layer integer from the first `rows` sequences of the prepared values."""
+    g, core, tail, done = prep.graph, prep.core, prep.tail, list(prep.passes)
+    values = {e: v[:rows] for e, v in prep.values.items()}
     node_bits: dict[str, list[int]] = {}
     chosen = getattr(config, "graph", {})
     grids: dict[str, TensorQ] = {}
@@ -191,17 +217,18 @@ def calibrate_auto_graph(graph: Graph, data: SequenceData, n: int, config: dict[
     from qtool.graph.simulate import simulate_graph
 
     fit = n - max(1, int(n * HELD_OUT))
+    prep = prepare(graph, data, n, config, chunk, progress)  # one float pass serves every candidate
     if n < 10:
-        return calibrate_graph(graph, data, n, config, "per-edge", percentile, chunk, progress, info)
+        return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info)
     held = SequenceData(data.chunk(fit, n), False, f"{data.name} (held out)")
     scores = {}
     for m in AUTO_CANDIDATES:
-        qg = calibrate_graph(graph, data, fit, config, m, percentile, chunk, None, info)
+        qg = quantize_graph(prep, fit, config, m, percentile, chunk, info)
         sim = simulate_graph(qg, held)
         ref2 = sum(d.ref2 for d in sim.outputs.values())
         err2 = sum(d.err2 for d in sim.outputs.values())
         scores[m] = float("inf") if err2 == 0 else 10 * np.log10(ref2 / err2) if ref2 > 0 else float("-inf")
     best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
-    qg = calibrate_graph(graph, data, n, config, best, percentile, chunk, progress, info)
+    qg = quantize_graph(prep, n, config, best, percentile, chunk, info)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
     return qg
