@@ -12,10 +12,11 @@ from qtool import api
 from qtool.core.graph import Graph, Node
 from qtool.core.tensors import load_bits
 from qtool.graph.calibrate import calibrate_graph
-from qtool.graph.fakequant import forward_fq, to_int
+from qtool.graph.fakequant import forward_fq
 from qtool.graph.simulate import run_int
 from qtool.io.files import SequenceData
 from qtool.layers import check
+from qtool.numerics.fakequant import to_int
 from qtool.numerics.qparams import dequantize
 
 

@@ -14,14 +14,14 @@ from qtool.core.graph import Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import TensorQ
 from qtool.layers import layer
+from qtool.numerics.fakequant import qdq as fq_qdq
 from qtool.numerics.fakequant import run_fakequant as run_fakequant_gru
-from qtool.numerics.qparams import dequantize, quantize
+from qtool.numerics.qparams import dequantize, qrange
 
 
 def qdq(v: np.ndarray, g: TensorQ) -> np.ndarray:
-    """v rounded onto grid g, saturating: dequantize(quantize(v))."""
-    e = int(g.exp2_inv)
-    return dequantize(quantize(np.asarray(v, np.float64), e, g.zp, g.bits), e, g.zp)
+    """v rounded onto grid g, saturating (the GRU's fake-quant rounding)."""
+    return fq_qdq(np, np.asarray(v, np.float64), np.ldexp(1.0, int(g.exp2_inv)), g.zp, *qrange(g.bits))
 
 
 def _dequantized_weights(node: Node, qp: dict, g_x: TensorQ) -> Node:
@@ -61,8 +61,3 @@ def run_fakequant(qg: QGraph, x: np.ndarray | dict[str, np.ndarray]) -> dict[str
         node = qg.node(name)
         v.update(zip(node.outputs, forward_fq(qg, node, [v[e] for e in node.inputs])))
     return v
-
-
-def to_int(v: np.ndarray, g: TensorQ) -> np.ndarray:
-    """The integers of on-grid values."""
-    return (np.floor(np.asarray(v, np.float64) * np.ldexp(1.0, int(g.exp2_inv)) + 0.5) + g.zp).astype(np.int64)

@@ -14,9 +14,10 @@ import numpy as np
 from qtool.core.qgraph import QGraph
 from qtool.engine.metrics import Distance
 from qtool.errors import QtoolError
-from qtool.graph.fakequant import run_fakequant, to_int
+from qtool.graph.fakequant import run_fakequant
 from qtool.io.files import SequenceData
 from qtool.layers import layer, run
+from qtool.numerics.fakequant import to_int
 from qtool.numerics.qparams import dequantize, qrange, quantize
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from qtool.core.qmodel import TensorQ
 from qtool.numerics.qparams import choose_qparams, dequantize, qrange, quantize
+from qtool.numerics.rescale import sum_mul_zp
 
 EXACT_FLOAT = 1 << 53  # integer sums below this are exact in float64, so BLAS may compute them
 
@@ -80,19 +81,13 @@ def bias(b: np.ndarray | None, exp2_inv_acc: np.ndarray, bits: int) -> np.ndarra
     return quantize(np.asarray(b, np.float64), exp2_inv_acc, 0, bits).astype(np.int64)
 
 
-def sum_mul_zp(q_W: np.ndarray, zp: int) -> np.ndarray:
-    """Zero-point compensation, W_sum_mul_x_zp[c] = zp_x * sum_k q_W[c, k], so that
-    sum_k q_W[c, k] (q_x[k] - zp_x) = (q_W @ q_x)[c] - W_sum_mul_x_zp[c]."""
-    return zp * np.asarray(q_W, np.int64).reshape(q_W.shape[0], -1).sum(axis=1)
-
-
 def gemm_params(W: np.ndarray, b: np.ndarray | None, g_x: TensorQ, g_y: TensorQ, bits: LayerBits) -> dict:
     """A dense or conv layer's integers: q_W, exp2_inv_W, q_b, W_sum_mul_x_zp and the per channel
     shift of its accumulator onto y's grid, sh_acc = exp2_inv_x + exp2_inv_W - exp2_inv_y."""
     q_W, exp2_inv_W = weights(W, bits.weight)
     exp2_inv_acc = exp2_inv_W + int(g_x.exp2_inv)
     return {"q_W": q_W, "exp2_inv_W": exp2_inv_W, "q_b": bias(b, exp2_inv_acc, bits.bias),
-            "W_sum_mul_x_zp": sum_mul_zp(q_W, g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}
+            "W_sum_mul_x_zp": sum_mul_zp(q_W.reshape(len(q_W), -1), g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}
 
 
 def matmul(q_x: np.ndarray, q_W: np.ndarray) -> np.ndarray:
