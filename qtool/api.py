@@ -169,10 +169,12 @@ def load_qgraph(path: str | os.PathLike) -> QGraph:
     from qtool.graph.file import load as load_file
 
     path = Path(path)
-    if _h5_format(path) != "qtool-qgraph":
-        kind = "a float whole-model file" if _h5_format(path) == "qtool-graph" else _other_model(path)
-        raise QtoolError(f"{path}: {kind or 'not a quantized whole model'}; quantize it first: qtool calibrate "
-                         f"{path} CALIB_DATA -o q.h5" if kind else f"{path}: not a quantized whole-model file")
+    fmt = _h5_format(path)
+    if fmt != "qtool-qgraph":
+        kind = "a float whole-model file" if fmt == "qtool-graph" else _other_model(path)
+        if kind is None:
+            raise QtoolError(f"{path}: not a quantized whole-model file")
+        raise QtoolError(f"{path}: {kind}; quantize it first: qtool calibrate {path} CALIB_DATA -o q.h5")
     return load_file(path)
 
 
@@ -301,8 +303,9 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     if save is not None:
         def write(f) -> None:
             from qtool import __version__
+            from qtool.io.results import RESULTS_FORMAT
 
-            f.attrs.update(format="qtool-results", version=1, qtool_version=__version__, samples=n,
+            f.attrs.update(format=RESULTS_FORMAT, version=1, qtool_version=__version__, samples=n,
                            model=str(qg_path or qg.graph.name), data_file=Path(data.name).name, created=now_utc(),
                            data_sha256=sha256_file(Path(data.name)) if Path(data.name).is_file() else "")
             for k, v in sim.kept.items():
