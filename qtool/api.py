@@ -285,11 +285,13 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     n = count(data, limit)
     lab = None
     if labels is not None:
-        shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
-        if len(shape) != 1 or shape[0] < 2:
+        from qtool.graph.simulate import classes
+
+        if classes(qg) is None:
+            shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
             raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
                              f"{'a sequence' if len(shape) == 2 else 'one value'}, not a vector of classes")
-        lab = load_labels(labels, data.num_sequences, shape[0])[:n]
+        lab = load_labels(labels, data.num_sequences, classes(qg))[:n]
     tick = (lambda done: progress(done, n)) if progress else None
     keep = outputs or save is not None
     comm = world()

@@ -95,13 +95,18 @@ def _clipped(ref: np.ndarray, g) -> int:
     return int(np.count_nonzero((ref < (lo - g.zp - 0.5) * step) | (ref >= (hi - g.zp + 0.5) * step)))
 
 
+def classes(qg: QGraph) -> int | None:
+    """The classes of a classifier (a first output that is a vector of two or more); None else."""
+    shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
+    return shape[0] if len(shape) == 1 and shape[0] >= 2 else None
+
+
 def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None,
                   mode: str = "integer") -> GraphSimulation:
     """One chunk of sequences, measured on its own (fold the chunks in order with `fold`)."""
     out0 = qg.graph.outputs[0]
-    shape = qg.graph.shapes.get(out0, ())
     part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, len(x),
-                           labelled=labels is not None, is_classifier=len(shape) == 1 and shape[0] >= 2, mode=mode)
+                           labelled=labels is not None, is_classifier=classes(qg) is not None, mode=mode)
     ref = run(qg.graph, x, keep=True)
     sides = []  # (edge distances, output distances, core values, integers)
     if mode != "fakequant":
