@@ -1,10 +1,11 @@
 """Footprint and speed of the exported C runtime.
 
-    python benchmarks/bench_c.py [--model sample|large] [--bits int8] [--compensation table|offset]
+    python benchmarks/bench_c.py [--model sample|large|h256] [--bits int8] [--compensation table|offset]
                                  [--cmsis-nn DIR]
 
 --model sample: the bundled digits GRU (2 layers, C=8, H=64) calibrated on samples/calib.npy;
---model large: one layer, C=64, H=128, random weights, calibrated on random inputs.
+--model large: one layer, C=64, H=128, random weights, calibrated on random inputs; --model h256:
+the same with H=256.
 
 Prints flash/RAM/MACs; host time steps per second (gcc -O2) and instructions per MAC under
 callgrind (if valgrind is installed); and on an emulated Cortex-M4 (arm-none-eabi-gcc -O2,
@@ -65,7 +66,8 @@ int main(int argc, char **argv)
 }
 """
 
-# Includes the generated m.c, so that its GEMM kernels (static) can be timed on their own.
+# Includes the generated m.c, so that its GEMM kernels (static) can be timed on their own, as the
+# cells call them: GEMMS is every layer's, its sizes constants (gemm_loops).
 TARGET_MAIN = r"""
 #include <stdio.h>
 #include "m.c"
@@ -75,7 +77,7 @@ int main(void)
 {
     m_q_t x[M_INPUT_SIZE], y[M_OUTPUT_SIZE];
     uint32_t t0, t1;
-    int32_t t, i, l, j;
+    int32_t t, i, j;
     long check = 0;
     TIMER[2] = 0xFFFFFFFFu; /* reload */
     TIMER[1] = 0xFFFFFFFFu; /* value: counts down */
@@ -92,23 +94,7 @@ int main(void)
     printf("step %lu %ld\n", (unsigned long)(t0 - t1), check);
     t0 = TIMER[1];
     for (t = 0; t < STEPS; t++) {
-        const m_q_t *in = x;
-        int32_t off = 0;
-        for (l = 0; l < M_NUM_LAYERS; l++) {
-            const m_cell_t *c = &m_cells[l];
-            for (j = 0; j < c->hidden_size; j++) {
-                M_ACC_W acc_w[3];
-                M_ACC_R acc_r[3];
-                m_dot3_W(c->qW + j * c->input_size, c->hidden_size * c->input_size, in,
-                         c->input_size, 0, acc_w);
-                m_dot3_R(c->qR + j * c->hidden_size, c->hidden_size * c->hidden_size, s.h + off,
-                         c->hidden_size, 0, acc_r);
-                check += acc_w[0] + acc_r[0];
-            }
-            in = s.h + off;
-            off += c->hidden_size;
-        }
-    }
+GEMMS    }
     t1 = TIMER[1];
     printf("gemm %lu %ld\n", (unsigned long)(t0 - t1), check);
     return 0;
@@ -156,7 +142,7 @@ def sample_model(bits: str):
 
 
 def large_model(bits: str, C: int = 64, H: int = 128):
-    """One layer, C=64, H=128, weights uniform in +-1/sqrt(H) (PyTorch's initialisation)."""
+    """One layer, weights uniform in +-1/sqrt(H) (PyTorch's initialisation)."""
     rng = np.random.default_rng(0)
     k = 1 / np.sqrt(H)
     cell = GruCell(*(rng.uniform(-k, k, s) for s in ((3 * H, C), (3 * H, H), (3 * H,), (3 * H,))))
@@ -164,6 +150,10 @@ def large_model(bits: str, C: int = 64, H: int = 128):
     obs = new_observers(model, "minmax")
     observe_batch(model, rng.standard_normal((64, 32, C)).astype(np.float32), obs)
     return build_quant_model(model, obs, preset_config(bits), {"method": "minmax"})
+
+
+MODELS = {"sample": sample_model, "large": large_model,
+          "h256": lambda bits: large_model(bits, H=256)}
 
 
 def host_speed(d: Path, macs: int) -> None:
@@ -177,6 +167,24 @@ def host_speed(d: Path, macs: int) -> None:
         m = re.search(r"Collected : (\d+)", res.stderr)
         if m:
             print(f"host callgrind: {int(m.group(1)) / (2000 * macs):.2f} instructions per MAC")
+
+
+def gemm_loops(qm) -> str:
+    """Every unit's two dot3 calls, layer by layer, as the cells make them (unit-major weights,
+    the sizes literal), each of the six sums used."""
+    code, src, off = "", "x", 0
+    for l, (cq,) in enumerate(qm.cells):
+        H, C = cq.hidden_size, cq.qW.shape[1]
+        code += f"""        for (j = 0; j < {H}; j++) {{
+            M_ACC_W acc_w[3];
+            M_ACC_R acc_r[3];
+            m_dot3_W(m_l{l}_fwd_qW + j * 3 * {C}, {C}, {src}, {C}, 0, acc_w);
+            m_dot3_R(m_l{l}_fwd_qR + j * 3 * {H}, {H}, s.h + {off}, {H}, 0, acc_r);
+            check += acc_w[0] + acc_w[1] + acc_w[2] + acc_r[0] + acc_r[1] + acc_r[2];
+        }}
+"""
+        src, off = f"s.h + {off}", off + H
+    return code
 
 
 def _qemu_counts(d: Path, main: str, srcs: list[Path], flags: list[str], steps: int) -> dict:
@@ -197,9 +205,11 @@ def cortex_m4(d: Path, qm, macs: int, opt: str, steps: int, cmsis_nn: Path | Non
     flags = ["-std=c99", opt, f"-DM_ACC_W={ty.acc('Wx')}", f"-DM_ACC_R={ty.acc('Rh')}"]
     gemm_macs = macs  # the GEMMs are all of the MACs
     for path, extra in (("portable", ["-DQGRU_PORTABLE"]), ("DSP (SMLAD)", [])):
-        c = _qemu_counts(d, TARGET_MAIN, [d / "qgru.c", d / "m_params.c"], flags + extra, steps)
+        c = _qemu_counts(d, TARGET_MAIN.replace("GEMMS", gemm_loops(qm)), [d / "qgru.c", d / "m_params.c"],
+                         flags + extra, steps)
         print(f"Cortex-M4 {opt} {path}: {c['step']:,.0f} instructions per time step, "
-              f"{c['step'] / macs:.2f} per MAC; GEMMs alone {c['gemm'] / gemm_macs:.2f} per MAC")
+              f"{c['step'] / macs:.2f} per MAC; GEMMs alone {c['gemm'] / gemm_macs:.2f} per MAC "
+              f"({c['gemm']:,.0f} per step)")
     if cmsis_nn is not None:
         srcs = [cmsis_nn / "Source/NNSupportFunctions/arm_nn_vec_mat_mult_t_s8.c", d / "m_params.c"]
         c = _qemu_counts(d, CMSIS_MAIN, srcs, ["-std=c99", opt, f"-I{cmsis_nn / 'Include'}"], steps)
@@ -214,8 +224,9 @@ def object_sizes(d: Path) -> str:
     sizes: dict[str, int] = {}
     for src in sources(d, "m"):
         obj = d / (src.name + ".o")
-        subprocess.run([c_target.CROSS_CC, *t.cflags, "-Os", "-std=c99", "-ffunction-sections",
-                        "-fdata-sections", f"-I{d}", "-c", str(src), "-o", str(obj)], check=True)
+        subprocess.run([c_target.CROSS_CC, *t.cflags, "--specs=picolibc.specs", "-Os", "-std=c99",
+                        "-ffunction-sections", "-fdata-sections", f"-I{d}", "-c", str(src), "-o", str(obj)],
+                       check=True)
         out = subprocess.run(["arm-none-eabi-size", "-A", str(obj)], capture_output=True, text=True).stdout
         for line in out.splitlines():
             parts = line.split()
@@ -227,14 +238,14 @@ def object_sizes(d: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="sample", choices=("sample", "large"))
+    ap.add_argument("--model", default="sample", choices=tuple(MODELS))
     ap.add_argument("--bits", default="int8")
     ap.add_argument("--compensation", default="table", choices=COMPENSATION)
     ap.add_argument("--opt", default="-O2", help="optimisation flag of the Cortex-M4 build")
     ap.add_argument("--steps", type=int, default=200, help="time steps per Cortex-M4 measurement")
     ap.add_argument("--cmsis-nn", type=Path, help="a CMSIS-NN source tree, to time its kernel too")
     a = ap.parse_args()
-    qm = (sample_model if a.model == "sample" else large_model)(a.bits)
+    qm = MODELS[a.model](a.bits)
     if qm.model.num_directions != 1:
         raise SystemExit("the step benchmark needs a unidirectional model")
     with tempfile.TemporaryDirectory() as tmp:

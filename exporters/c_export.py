@@ -49,6 +49,13 @@ class _Cell(NamedTuple):
     init: str         # its cell_t initializer
 
 
+def unit_major(q: np.ndarray) -> np.ndarray:
+    """Weights [3H][K] (gate blocks z | r | g) as the GEMM kernel reads them, [H][3][K]: unit j's z,
+    r and g rows adjacent, K and 2K bytes apart (a load's immediate offset on Arm), and unit j + 1's
+    right after them."""
+    return np.asarray(q).reshape(3, -1, q.shape[1]).transpose(1, 0, 2)
+
+
 def _cell(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes) -> _Cell:
     """The tables of one cell and its cell_t initializer."""
     cq = qm.cells[l][d]
@@ -56,7 +63,7 @@ def _cell(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes) -> _Cell:
     p = f"{prefix}_l{l}_{DIRECTIONS[d]}"
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
     b_pre, b_rab = folded_biases(rows)
-    tables = [(ty.w_t, "qW", cq.qW), (ty.r_t, "qR", cq.qR), (ty.b_t, "b_pre", b_pre),
+    tables = [(ty.w_t, "qW", unit_major(cq.qW)), (ty.r_t, "qR", unit_major(cq.qR)), (ty.b_t, "b_pre", b_pre),
               (ty.b_t, "b_Rh_add_br", b_rab), ("int8_t", "sh_W", rows["sh_W"]),
               ("int8_t", "sh_R", rows["sh_R"])]
     comps = []  # the initializers of the compensation pointers (NULL: none, zero point 0)
@@ -151,7 +158,7 @@ def render_c(qm: QuantModel, name: str, compensation: str = "table", fully_integ
     files[f"{prefix}_params.h"] = params_h(qm, prefix, ty, [d for d, _ in tables])
     files[f"{prefix}_params.c"] = params_c
     files[f"{prefix}.h"] = model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes)
-    files[f"{prefix}.c"] = model_c(qm, prefix, ty)
+    files[f"{prefix}.c"] = model_c(qm, prefix, ty, cells)
     if fully_integral:
         from qtool.exporters.c_integral import check_core
 

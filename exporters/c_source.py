@@ -1,6 +1,7 @@
-"""The C text of an export: NAME.h (API), NAME.c (the model: the cell from
-c_runtime/qgru_cell.c.in in the model's integer types, its GEMM kernels, the loops and the float
-wrappers) and NAME_params.h (the cell type, the tables' declarations)."""
+"""The C text of an export: NAME.h (API), NAME.c (the model: one step function per cell from
+c_runtime/qgru_cell.c.in, in the model's integer types with the cell's scalars literal, the GEMM
+kernels, the loops and the float wrappers) and NAME_params.h (the cell type, the tables'
+declarations)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from qtool.exporters.c_types import ModelTypes
 from qtool import __version__
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import TENSORS
+from qtool.core.tensors import CHANNEL_ROWS, COMPUTED, PARAMS, TENSORS
+from qtool.errors import QtoolError
 from qtool.numerics.qparams import qrange
 
 RUNTIME = Path(__file__).parent / "c_runtime"
@@ -74,7 +76,7 @@ def _scale_comments(qm: QuantModel) -> str:
 
 def _dot3_source(prefix: str, gemm: str, w_t: str, q_t: str, acc_t: str, dsp: bool) -> str:
     """The GEMM of one unit's three rows: the int8 SMLAD kernel where it applies, else the plain
-    loop in the types the bounds chose."""
+    loop in the types the bounds chose. Inlined into each cell, where its sizes are constants."""
     which = gemm[0]
     loop = f"""    const {w_t} *w0 = w, *w1 = w + row_step, *w2 = w + 2 * row_step;
     {acc_t} s0 = 0, s1 = 0, s2 = 0;
@@ -93,27 +95,100 @@ def _dot3_source(prefix: str, gemm: str, w_t: str, q_t: str, acc_t: str, dsp: bo
         loop = f"#if QGRU_DSP\n    qgru_dot3_s8_dsp(w, row_step, v, n, v_offset, acc);\n#else\n{loop}#endif\n"
     return f"""/* sum_k w[row][k] * (v[k] + v_offset) for the rows 0, row_step and 2 row_step of w: the z, r
  * and g rows of one unit ({acc_t}: the exported bound holds every partial sum) */
-static void {prefix}_dot3_{which}(const {w_t} *w, int32_t row_step, const {q_t} *v, int32_t n,
-{" " * (len(prefix) + 18)}int32_t v_offset, {acc_t} acc[3])
+QGRU_INLINE void {prefix}_dot3_{which}(const {w_t} *w, int32_t row_step, const {q_t} *v, int32_t n,
+{" " * (len(prefix) + 25)}int32_t v_offset, {acc_t} acc[3])
 {{
 {loop}}}
 """
 
 
-def _cell_source(prefix: str, ty: ModelTypes) -> str:
-    subs = {"p": prefix, "q_t": ty.q_t, "lut_t": ty.lut_t, "acc_W_t": ty.acc("Wx"),
-            "acc_R_t": ty.acc("Rh")}
-    for k, row in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp")):
-        comp = f"cell->{row} ? cell->{row}[c] : 0"
-        if ty.comp64[k]:  # then the sums are int64 too: the bound covers the table's values
-            comp = f"cell->{row} ? cell->{row}[c] : (cell->{row}64 ? cell->{row}64[c] : 0)"
-        subs[f"comp_{k}"] = comp
-    for name, b in ty.bits.items():
-        subs[f"n_{name}"] = str(b)
-        subs[f"t_{name}"] = f"int{b}_t"
-    cell = Template((RUNTIME / "qgru_cell.c.in").read_text()).substitute(subs)
-    return (_dot3_source(prefix, "Wx", ty.w_t, ty.q_t, ty.acc("Wx"), ty.dsp("Wx")) + "\n"
-            + _dot3_source(prefix, "Rh", ty.r_t, ty.q_t, ty.acc("Rh"), ty.dsp("Rh")) + "\n" + cell)
+def _lut_source(prefix: str, lut_t: str) -> str:
+    return f"""/* intops.lut_eval: the table at u = q_in - qmin_in; shift > 0: linear interpolation between
+ * knots every 2^shift inputs (|b - a| < 2^16 and f < 2^6: int32 is enough, c_bounds.py); shift
+ * is the cell's constant, so the exact tables' branch folds away */
+QGRU_INLINE int32_t {prefix}_lut_eval(const {lut_t} *table, int32_t u, int32_t shift)
+{{
+    const int32_t i = u >> shift;
+    const int32_t f = u - (i << shift);
+    const int32_t a = table[i];
+    if (shift == 0) {{
+        return a; /* the exact table; f is 0 */
+    }}
+    return a + qgru_rshift_round32((table[i + 1] - a) * f, shift);
+}}
+"""
+
+
+def _literal(v: int) -> str:
+    """An integer constant for the cell's expressions: negative ones parenthesised."""
+    return f"({v})" if v < 0 else str(v)
+
+
+def _sat_bits(P: dict, name: str) -> int:
+    """The width `name` saturates to: intops clamps every computed tensor to its signed range."""
+    lo, hi = P[f"lo_{name}"], P[f"hi_{name}"]
+    bits = hi.bit_length() + 1
+    if lo != -hi - 1 or hi != (1 << (bits - 1)) - 1:
+        raise QtoolError(f"{name} saturates to [{lo}, {hi}], not a signed range")
+    return bits
+
+
+def _gemm_rescale(f: str, k: str, row: str, n: int, shifts: np.ndarray, tables: set) -> dict:
+    """How channel c of one GEMM is rescaled in this cell: its compensation table if it has one,
+    its shift a literal where every channel's is the same, else the per-channel table with the
+    branch-free right shift where every channel's is at least 1."""
+    lo, hi = int(shifts.min()), int(shifts.max())
+    if lo == hi:
+        rshift, sh = f"qgru_rshift_round{n}", _literal(lo)
+    else:
+        rshift = f"qgru_rshift_right{n}" if lo >= 1 else f"qgru_rshift_round{n}"
+        sh = f"{f}_sh_{k}[c]"
+    comp = f" - {f}_{row}[c]" if row in tables else ""
+    return {f"rshift_{k}": rshift, f"sh_{k}": sh, f"comp_{k}": comp}
+
+
+def _cell_source(qm: QuantModel, l: int, d: int, f: str, prefix: str, ty: ModelTypes, tables: set) -> str:
+    """The step function of layer l, direction d (`f`: its tables' prefix; `tables`: the names it
+    has), its scalars literals."""
+    cq = qm.cells[l][d]
+    P = {n: int(v) for n, v in zip(PARAMS, cq.P)}
+    rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
+    offset = ty.offsets[l][d]
+    subs = {n: _literal(v) for n, v in P.items()}
+    subs.update({f"bits_{n}": str(_sat_bits(P, n)) for n in COMPUTED})
+    subs.update({f"n_{n}": str(b) for n, b in ty.bits.items()})
+    subs.update({f"t_{n}": f"int{b}_t" for n, b in ty.bits.items()})
+    subs.update(_gemm_rescale(f, "W", "W_sum_mul_x_zp", ty.bits["Wx"], rows["sh_W"], tables))
+    subs.update(_gemm_rescale(f, "R", "R_sum_mul_h_zp", ty.bits["Rh"], rows["sh_R"], tables))
+    subs.update(f=f, p=prefix, layer=l, direction=DIRECTIONS[d], C=cq.qW.shape[1], H=cq.hidden_size,
+                q_t=ty.q_t, acc_W_t=ty.acc("Wx"), acc_R_t=ty.acc("Rh"),
+                x_offset=_literal(-P["zp_x"] if offset else 0),
+                h_offset=_literal(-P["zp_h"] if offset else 0))
+    return Template((RUNTIME / "qgru_cell.c.in").read_text()).substitute(subs)
+
+
+CELLS_COMMENT = """/* The cells, one step function each, their scalars (P) literals that the compiler folds. A
+ * step mirrors qtool/numerics/intops.py gru_cell statement by statement; each statement
+ * computes in the integer type its exported bound needs (int32_t or int64_t:
+ * qtool/numerics/interval.py, docs/embedded.md). Unit j needs only its own three rows of W x and
+ * R h, so nothing is buffered but the new state: every unit reads the old h, so h_new [H]
+ * collects the new one until the end. */
+"""
+
+
+def _cells_source(qm: QuantModel, prefix: str, ty: ModelTypes, cells: list) -> str:
+    """The GEMM kernels, the table lookup and every cell's step function, then the table of
+    them (layer-major) the loops call."""
+    where = [(l, d) for l, row in enumerate(qm.cells) for d in range(len(row))]  # as `cells`
+    steps = [_cell_source(qm, l, d, c.p, prefix, ty, {n for _, n, _ in c.tables})
+             for (l, d), c in zip(where, cells)]
+    q = f"{prefix}_q_t"
+    table = (f"/* every cell's step, layer by layer, directions inner */\n"
+             f"static void (*const {prefix}_cell_steps[{len(cells)}])(const {q} *, {q} *, {q} *) = {{\n"
+             + ",\n".join(f"    {c.p}_cell_step" for c in cells) + "\n};\n")
+    return "\n".join([_dot3_source(prefix, "Wx", ty.w_t, ty.q_t, ty.acc("Wx"), ty.dsp("Wx")),
+                      _dot3_source(prefix, "Rh", ty.r_t, ty.q_t, ty.acc("Rh"), ty.dsp("Rh")),
+                      _lut_source(prefix, ty.lut_t), CELLS_COMMENT, *steps, table])
 
 
 def _provenance(qm: QuantModel) -> str:
@@ -143,7 +218,10 @@ def params_h(qm: QuantModel, prefix: str, ty: ModelTypes, decls: list[str]) -> s
 #include <stddef.h>
 #include "qgru.h"
 
-/* One direction of one layer. Weights row-major [3H][C] and [3H][H], gate blocks z | r | g.
+/* One direction of one layer, for the application: the model's code ({prefix}.c) reads the tables
+ * by name, with the scalars P and the tables' presence compiled in. Weights unit-major
+ * [H][3][C] and [H][3][H]: unit j's z, r and g rows (rows j, H + j, 2H + j of the model's
+ * [3H][C]) one after the other, as the GEMMs read them.
  * Zero-point compensation, two exact ways: with offset_inputs = 0, the precomputed tables
  * W_sum_mul_x_zp / R_sum_mul_h_zp (NULL when the zero point is 0) are subtracted from the raw
  * sums; with offset_inputs = 1 there are no tables and the GEMMs read (x - zp_x) and (h - zp_h)
@@ -247,7 +325,8 @@ def _float_literal(e: int) -> str:
     return f"0x1p{e:+d}f"
 
 
-def model_c(qm: QuantModel, prefix: str, ty: ModelTypes) -> str:
+def model_c(qm: QuantModel, prefix: str, ty: ModelTypes, cells: list) -> str:
+    """NAME.c; `cells`: c_export's, each with its tables' prefix and names."""
     P = prefix.upper()
     model = qm.model
     L = model.num_layers
@@ -265,7 +344,7 @@ def model_c(qm: QuantModel, prefix: str, ty: ModelTypes) -> str:
 static const int32_t {prefix}_hidden[{L}] = {{{", ".join(map(str, hidden))}}};
 static const int32_t {prefix}_width[{L + 1}] = {{{", ".join(map(str, widths))}}};
 
-{_cell_source(prefix, ty)}
+{_cells_source(qm, prefix, ty, cells)}
 void {prefix}_reset({prefix}_state_t *s)
 {{
     int32_t l, d, j, off = 0;
@@ -317,7 +396,7 @@ int {prefix}_step({prefix}_state_t *s, const {q} *x_q, {q} *y_q)
         return -1;
     }}
     for (l = 0; l < {P}_NUM_LAYERS; l++) {{
-        {prefix}_cell_step(&{prefix}_cells[l], in, s->h + off, s->h_new);
+        {prefix}_cell_steps[l](in, s->h + off, s->h_new);
         in = s->h + off;
         off += {prefix}_hidden[l];
     }}
@@ -341,7 +420,7 @@ void {prefix}_run_sequence({prefix}_state_t *s, const {q} *x_q, int32_t T, {q} *
             {q} *h = s->h + off + d * H;
             for (t = 0; t < T; t++) {{
                 const int32_t tt = d == 0 ? t : T - 1 - t; /* backward runs reversed */
-                {prefix}_cell_step(&{prefix}_cells[l * {P}_NUM_DIRECTIONS + d], in + tt * C, h, s->h_new);
+                {prefix}_cell_steps[l * {P}_NUM_DIRECTIONS + d](in + tt * C, h, s->h_new);
                 memcpy(out + tt * out_w + d * H, h, sizeof({q}) * (size_t)H);
             }}
         }}

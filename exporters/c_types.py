@@ -38,7 +38,8 @@ def offset_inputs(spec: dict, compensation: str) -> bool:
 
 @dataclass
 class ModelTypes:
-    """The C types of one model's storage and arithmetic (one cell function serves all cells)."""
+    """The C types of one model's storage and arithmetic (its cells share them: the widest any
+    cell needs)."""
 
     q_t: str       # every activation and state integer
     w_t: str       # qW

@@ -45,7 +45,8 @@ def _objdump(exe) -> str:
 @needs_qemu
 def test_dsp_and_portable_paths_both_pass_on_the_board(tmp_path):
     """The int8 GEMMs use SMLAD on the Cortex-M4 and the plain loop with QGRU_PORTABLE; the
-    test vectors' main passes on the board with both (C = 5: the kernel's tail is exercised)."""
+    test vectors' main passes on the board with both (C = 5: the kernel's tail is exercised);
+    both saturate with SSAT."""
     qm, x = model_and_data(2, 1, 22, "int8")
     export_c(qm, tmp_path, "m")
     write_test_vectors(qm, tmp_path, "m", x[:2])
@@ -56,7 +57,8 @@ def test_dsp_and_portable_paths_both_pass_on_the_board(tmp_path):
                                CFLAGS + flags)
         res = c_target.run(t, exe, [], tmp_path, timeout=60)
         assert res.returncode == 0 and "PASS: 0 mismatches in 132 " in c_target.output(res)
-        assert ("smlad" in _objdump(exe)) == smlad
+        code = _objdump(exe)
+        assert ("smlad" in code) == smlad and "ssat" in code
 
 
 @needs_qemu

@@ -303,7 +303,7 @@ def test_types_follow_the_proven_bounds(tmp_path):
     assert ty.q_t == ty.w_t == ty.lut_t == "int8_t" and set(ty.bits.values()) == {32}
     export_c(qm8, tmp_path, "m")
     code = re.sub(r"/\*.*?\*/", "", (tmp_path / "m.c").read_text(), flags=re.S)
-    assert "int64" not in code and "qgru_rescale32(" in code
+    assert "int64" not in code and "QGRU_SAT32(" in code
     assert "typedef int8_t m_q_t;" in (tmp_path / "m.h").read_text()
     qm16, _ = model_and_data(1, 1, 13, "int16")
     ty = model_types(qm16, "table")
@@ -387,3 +387,71 @@ def test_c_name_is_idempotent():
     for name in ["a" * 47 + "_b", "7" * 60, "x" * 100, "int", "__a__", "my-model v2", "-" * 5]:
         assert c_name(c_name(name)) == c_name(name) and len(c_name(name)) <= 48
         assert not c_name(name).endswith("_")
+
+
+def _gemm_rescales(code: str) -> set:
+    """The shift of every GEMM rescale the export chose, cell prefixes left out."""
+    return {re.sub(r"m_l\d_\w+?_", "", m) for m in re.findall(r"qgru_rshift_\w+\(acc[^,]*, [^)]*\)", code)}
+
+
+@pytest.mark.parametrize("preset", ["int8", "int16"])
+def test_gemm_shifts_of_every_kind_equal_simulator(tmp_path, preset):
+    """Each GEMM's rescale follows its per-channel shifts, known at export: a literal where every
+    channel has the same, the branch-free right shift where all are >= 1, the general one where
+    the signs differ (here made so); each computes the simulator's integers."""
+    from qtool.numerics.rescale import CH_SH_R, CH_SH_W
+
+    qm, x = model_and_data(2, 1, 31, preset)
+    ch = qm.cells[0][0].CH
+    ch[CH_SH_W, ::2] = np.arange(ch.shape[1] // 2) % 3 - 1  # -1, 0, 1: left, none, right
+    ch[CH_SH_R] = ch[CH_SH_R].max()
+    export_c(qm, tmp_path, "m", "offset")
+    n = model_types(qm, "offset").bits["Wx"]
+    assert _gemm_rescales((tmp_path / "m.c").read_text()) == {
+        f"qgru_rshift_round{n}(acc, sh_W[c])", f"qgru_rshift_round{n}(acc, {int(ch[CH_SH_R, 0])})",
+        f"qgru_rshift_right{n}(acc, sh_W[c])", f"qgru_rshift_right{n}(acc, sh_R[c])"}
+    res = verify(qm, tmp_path, "m", x)
+    assert res["output_mismatches"] == res["state_mismatches"] == 0
+
+
+SHIFT_MAIN = r"""
+#include <stdio.h>
+#include "qgru.h"
+int main(void)
+{
+    static const int32_t v32[] = {INT32_MIN, INT32_MIN + 1, -65537, -3, -2, -1, 0, 1, 2, 3, 65535,
+                                  INT32_MAX / 2, INT32_MAX - 65536};
+    int32_t n, i;
+    long bad = 0;
+    for (n = 1; n <= 16; n++) {
+        for (i = 0; i < (int32_t)(sizeof(v32) / sizeof(v32[0])); i++) {
+            const int32_t v = v32[i] + i; /* odd and even values */
+            const int64_t w = (int64_t)v * 1000003;
+            bad += qgru_rshift_right32(v, n) != qgru_rshift_round32(v, n);
+            bad += qgru_rshift_right64(w, n + 20) != qgru_rshift_round64(w, n + 20);
+        }
+    }
+    printf("%ld\n", bad);
+    return 0;
+}
+"""
+
+
+def test_branch_free_right_shift_equals_rshift_round(tmp_path):
+    """qgru_rshift_right (n >= 1 known at export) rounds half up exactly as rshift_round."""
+    export_c(model_and_data(1, 1, 32, "int8")[0], tmp_path, "m")
+    (tmp_path / "main.c").write_text(SHIFT_MAIN)
+    compile_c([tmp_path / "qgru.c", tmp_path / "main.c"], tmp_path / "r", tmp_path)
+    assert subprocess.run([tmp_path / "r"], capture_output=True, text=True).stdout.strip() == "0"
+
+
+def test_cells_read_no_parameter_at_run_time(tmp_path):
+    """Every scalar of a cell is a literal in its step function: no P[...] read, no NULL test of
+    a compensation table, no run-time sign test of a shift whose sign the export knows."""
+    qm, _ = model_and_data(2, 2, 33, "int8")
+    export_c(qm, tmp_path, "m")
+    code = re.sub(r"/\*.*?\*/", "", (tmp_path / "m.c").read_text(), flags=re.S)
+    steps = code[code.index("m_l0_fwd_rescale_Wx"):code.index("m_cell_steps[4]")]
+    assert "P[" not in steps and "NULL" not in steps and "cell->" not in steps
+    assert "qgru_rshift_round32(acc" not in steps  # the shifts of this model's GEMMs are all >= 1
+    assert steps.count("static void m_l") == 4  # one step function per layer and direction

@@ -53,11 +53,19 @@ enum {
     QGRU_NUM_PARAMS
 };
 
+/* Every helper is inlined into the model's cells, where its shift counts, zero points and
+ * saturation widths are the model's constants: the compiler folds them. */
+#if defined(__GNUC__) || defined(__clang__)
+#define QGRU_INLINE static inline __attribute__((always_inline))
+#else
+#define QGRU_INLINE static inline
+#endif
+
 /* intops.rshift_round: v * 2^-n rounded half up, (v + 2^(n-1)) >> n for n > 0, v << -n
- * otherwise (intops writes it branch-free for vector units; an in-order core prefers the
- * branch). The additions run on unsigned values: the exported bounds prove that the result
+ * otherwise (intops writes it branch-free for vector units; with n a constant the branch folds
+ * away). The additions run on unsigned values: the exported bounds prove that the result
  * fits, so converting it back is exact. */
-static inline int32_t qgru_rshift_round32(int32_t v, int32_t n)
+QGRU_INLINE int32_t qgru_rshift_round32(int32_t v, int32_t n)
 {
     if (n > 0) {
         return (int32_t)((uint32_t)v + (UINT32_C(1) << (n - 1))) >> n;
@@ -65,7 +73,7 @@ static inline int32_t qgru_rshift_round32(int32_t v, int32_t n)
     return (int32_t)((uint32_t)v << -n);
 }
 
-static inline int64_t qgru_rshift_round64(int64_t v, int32_t n)
+QGRU_INLINE int64_t qgru_rshift_round64(int64_t v, int32_t n)
 {
     if (n > 0) {
         return (int64_t)((uint64_t)v + (UINT64_C(1) << (n - 1))) >> n;
@@ -73,34 +81,123 @@ static inline int64_t qgru_rshift_round64(int64_t v, int32_t n)
     return (int64_t)((uint64_t)v << -n);
 }
 
+/* rshift_round for a per-channel n the export found >= 1: no branch, and fewer instructions,
+ * since floor((v + 2^(n-1)) / 2^n) = floor((floor(v / 2^(n-1)) + 1) / 2). The addition cannot
+ * overflow for n >= 2; for n = 1 it is rshift_round's own, which the bounds cover. */
+QGRU_INLINE int32_t qgru_rshift_right32(int32_t v, int32_t n)
+{
+    return ((v >> (n - 1)) + 1) >> 1;
+}
+
+QGRU_INLINE int64_t qgru_rshift_right64(int64_t v, int32_t n)
+{
+    return ((v >> (n - 1)) + 1) >> 1;
+}
+
 /* intops.clamp */
-static inline int32_t qgru_clamp32(int32_t v, int32_t lo, int32_t hi)
+QGRU_INLINE int32_t qgru_clamp32(int32_t v, int32_t lo, int32_t hi)
 {
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
-static inline int64_t qgru_clamp64(int64_t v, int64_t lo, int64_t hi)
+QGRU_INLINE int64_t qgru_clamp64(int64_t v, int64_t lo, int64_t hi)
 {
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
-/* intops.rescale: clamp(rshift_round(v, n) + zp, lo, hi) */
-static inline int32_t qgru_rescale32(int32_t v, int32_t n, int32_t zp, int32_t lo, int32_t hi)
-{
-    return qgru_clamp32(qgru_rshift_round32(v, n) + zp, lo, hi);
-}
-
-static inline int32_t qgru_rescale64(int64_t v, int32_t n, int32_t zp, int32_t lo, int32_t hi)
-{
-    return (int32_t)qgru_clamp64(qgru_rshift_round64(v, n) + zp, lo, hi);
-}
+/* clamp to a signed `bits`-wide range (every clamp of the cell: intops saturates each computed
+ * tensor to its bits), `bits` a constant: one SSAT where the core has it */
+#if defined(__ARM_FEATURE_SAT) && (defined(__GNUC__) || defined(__clang__))
+/* ACLE's __ssat, less GCC's wrapper (its unsigned result trips -Wsign-conversion) */
+#define QGRU_SAT32(v, bits) ((int32_t)__builtin_arm_ssat((v), (bits)))
+#elif defined(__ARM_FEATURE_SAT)
+#include <arm_acle.h>
+#define QGRU_SAT32(v, bits) __ssat((v), (bits))
+#else
+#define QGRU_SAT32(v, bits) qgru_clamp32((v), -(INT32_C(1) << ((bits) - 1)), (INT32_C(1) << ((bits) - 1)) - 1)
+#endif
+#define QGRU_SAT64(v, bits) \
+    ((int32_t)qgru_clamp64((v), -(INT64_C(1) << ((bits) - 1)), (INT64_C(1) << ((bits) - 1)) - 1))
 
 #if QGRU_DSP
+#include <arm_acle.h>
+#include <string.h>
+
+/* four int8 values as one word: memcpy is one LDR on the target, at any alignment */
+QGRU_INLINE int8x4_t qgru_read_s8x4(const int8_t *p)
+{
+    int8x4_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* bytes 1 and 3 of v, sign-extended into two 16-bit lanes, plus offset in each lane: SXTAB16
+ * with ROR #8. GCC does not fold the rotate into SXTAB16 (clang does), so GCC gets the single
+ * instruction as inline assembly, as CMSIS-NN does. */
+QGRU_INLINE int16x2_t qgru_sxtab16_ror8(int16x2_t offset, int8x4_t v)
+{
+#if defined(__GNUC__) && !defined(__clang__)
+    int16x2_t r;
+    __asm__("sxtab16 %0, %1, %2, ror #8" : "=r"(r) : "r"(offset), "r"(v));
+    return r;
+#else
+    return __sxtab16(offset, (int8x4_t)(((uint32_t)v >> 8) | ((uint32_t)v << 24)));
+#endif
+}
+
+QGRU_INLINE int16x2_t qgru_sxtb16_ror8(int8x4_t v)
+{
+#if defined(__GNUC__) && !defined(__clang__)
+    int16x2_t r;
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(v));
+    return r;
+#else
+    return __sxtb16((int8x4_t)(((uint32_t)v >> 8) | ((uint32_t)v << 24)));
+#endif
+}
+
 /* sum_k w[row][k] * (v[k] + v_offset) for rows 0, row_step and 2 row_step of w (the z, r and
  * g rows of one hidden unit), int8 weights and activations, int32 sums (the exported bounds
- * prove they fit; |v + v_offset| <= 255 fits the 16-bit lanes). */
-void qgru_dot3_s8_dsp(const int8_t *w, int32_t row_step, const int8_t *v, int32_t n,
-                      int32_t v_offset, int32_t acc[3]);
+ * prove they fit; |v + v_offset| <= 255 fits the 16-bit lanes). CMSIS-NN's scheme: four
+ * inputs are loaded as one word and split into the 16-bit pairs (v0, v2) and (v1, v3) with the
+ * input offset added in the same instruction (SXTAB16); each weight word is split the same way
+ * (SXTB16) and two SMLADs accumulate the four products. The three rows share the input pairs:
+ * per four columns, 3 + 3 x 5 instructions for 12 MACs. Inlined into each cell, where n,
+ * row_step and v_offset are constants: row_step is the cell's C or H (unit-major weights), the
+ * loads' immediate offset, so one pointer walks the three rows. (Eight columns a turn would
+ * save a compare and a branch, but GCC then hoists the loads and spills.) */
+QGRU_INLINE void qgru_dot3_s8_dsp(const int8_t *w, int32_t row_step, const int8_t *v, int32_t n,
+                                  int32_t v_offset, int32_t acc[3])
+{
+    const int16x2_t off = (int16x2_t)((uint32_t)(uint16_t)v_offset * 0x10001u);
+    int32_t s0 = 0, s1 = 0, s2 = 0, k;
+    for (k = n >> 2; k > 0; k--) {
+        const int8x4_t x = qgru_read_s8x4(v);
+        const int16x2_t x02 = __sxtab16(off, x);
+        const int16x2_t x13 = qgru_sxtab16_ror8(off, x);
+        int8x4_t a = qgru_read_s8x4(w);
+        s0 = __smlad(__sxtb16(a), x02, s0);
+        s0 = __smlad(qgru_sxtb16_ror8(a), x13, s0);
+        a = qgru_read_s8x4(w + row_step);
+        s1 = __smlad(__sxtb16(a), x02, s1);
+        s1 = __smlad(qgru_sxtb16_ror8(a), x13, s1);
+        a = qgru_read_s8x4(w + 2 * row_step);
+        s2 = __smlad(__sxtb16(a), x02, s2);
+        s2 = __smlad(qgru_sxtb16_ror8(a), x13, s2);
+        v += 4;
+        w += 4;
+    }
+    for (k = n & 3; k > 0; k--) {
+        const int32_t x = *v++ + v_offset;
+        s0 += w[0] * x;
+        s1 += w[row_step] * x;
+        s2 += w[2 * row_step] * x;
+        w++;
+    }
+    acc[0] = s0;
+    acc[1] = s1;
+    acc[2] = s2;
+}
 #endif
 
 /* Returns 0 when this platform computes what the simulator computes (arithmetic shifts). */
