@@ -8,9 +8,9 @@ simulate_graph, save_graph, load_qgraph.
 
 __version__ = "0.1.0"
 
-API = ("advise", "as_data", "calibrate", "calibrate_graph", "compare", "export_c", "export_tables", "html_report",
-       "inspect", "load", "load_graph", "load_model", "load_model_for_data", "load_qgraph", "observe", "precompile",
-       "save", "save_graph", "save_model", "simulate", "simulate_graph", "verify")
+API = ("advise", "advise_graph", "as_data", "calibrate", "calibrate_graph", "compare", "export_c", "export_tables",
+       "html_report", "inspect", "load", "load_graph", "load_model", "load_model_for_data", "load_qgraph", "observe",
+       "precompile", "save", "save_graph", "save_model", "simulate", "simulate_graph", "verify")
 __all__ = ["__version__", *API]
 
 

@@ -642,7 +642,7 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
     the int8/int16 threshold rule (docs/advisor.md) at `threshold` dB; with held-out `test` data, the least flash whose
     measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
     a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
-    `progress(stage, done, total or None)`."""
+    `progress(stage, done, total or None)`. A whole model goes to `advise_graph`."""
     import math
 
     from qtool.advisor.advise import THRESHOLD_DB
@@ -657,6 +657,11 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
         raise QtoolError(f"`threshold` must be a finite number of dB, got {threshold}")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
+    if isinstance(model, Graph) or (not isinstance(model, GruModel) and whole_model(model)[0] is not None):
+        return advise_graph(model, data, test, target_snr=target_snr, max_flash=max_flash, threshold=threshold,
+                            seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size, limit=limit,
+                            dataset=dataset, time_first=time_first, output=output, force=force, confirm=confirm,
+                            progress=progress)
     if not isinstance(model, GruModel):
         model = load_model_for_data(Path(model))
     model_path = model.extra.get("path")
@@ -673,6 +678,43 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
     n = count(data, limit)
     adv = run_advise(model, data, test, target_snr, max_flash, THRESHOLD_DB if threshold is None else threshold,
                      seed, gamma, repeats, batch_size, n, progress, {"data_file": Path(data.name).name})
+    if output is not None:
+        write_bytes(output, adv.bits_toml.encode())
+        adv.extra["bits_file"] = str(output)
+    return adv
+
+
+def advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+                 target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
+                 seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
+                 limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+                 output: str | os.PathLike | None = None, force: bool = False, check: bool = True,
+                 confirm: Callable[[str], bool] | None = None,
+                 progress: Callable[[str, int, int | None], None] | None = None):
+    """The precision advisor for a whole model (docs/advisor.md, "Whole models"): int8 or int16
+    for each layer's weights and output and each GRU tensor, by the threshold rule or, with
+    `test`, the searches `advise` runs. Returns a qtool.advisor.graph.GraphAdvice; `output` gets
+    its bits file (TOML, for `calibrate_graph(bits=...)`)."""
+    from qtool.advisor.advise import THRESHOLD_DB
+    from qtool.advisor.graph import advise_graph as run_advise
+    from qtool.io.files import write_bytes
+
+    source = None
+    if not isinstance(model, Graph):
+        source = Path(model)
+        model = load_graph(source, check=check)
+    if len(model.inputs) != 1:
+        raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
+    data_in, test_in = data, test
+    data = as_data(data, dataset, time_first)
+    test = as_data(test, dataset, time_first) if test is not None else None
+    if output is not None:  # refuse before the work, not after it
+        names = [None if isinstance(d, np.ndarray) or d is None else s.name
+                 for d, s in ((data_in, data), (test_in, test))]
+        output = claim_output(output, force, [source, *names], confirm)
+    adv = run_advise(model, data, count(data, limit), test, target_snr, max_flash,
+                     THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats, batch_size, progress,
+                     {"data_file": Path(data.name).name})
     if output is not None:
         write_bytes(output, adv.bits_toml.encode())
         adv.extra["bits_file"] = str(output)

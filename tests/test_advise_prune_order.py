@@ -26,6 +26,7 @@ def test_prune_keeps_the_same_unit_whatever_the_set_order():
                                flash=len(promoted))
 
     fake = SimpleNamespace(cost={a: 1, b: 1}, ev=ev, predicted_db=lambda promoted: 0.0)
+    fake.least_important = lambda promoted, free: Search.least_important(fake, promoted, free)
     kept = set()
     for reverse in (False, True):
         cand = SimpleNamespace(promoted=Iterated({a, b}, reverse), snr_db=10.0, flash=2)

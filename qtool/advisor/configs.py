@@ -29,6 +29,12 @@ def unit_of(l: int, name: str) -> Unit | None:
     return (l - 1, "h") if name == "x" and l > 0 else (l, name)
 
 
+def unit_key(u: tuple) -> tuple:
+    """A sort key for units of a GRU, (layer, tensor), and of a whole model's other layers,
+    (name, "weight" or "activation"): the GRU's first, each kind in its natural order."""
+    return (isinstance(u[0], str), u[0], u[1])
+
+
 def bits_config(model: GruModel, promoted: frozenset[Unit]) -> BitsConfig:
     """int8 everywhere, 16 bits on the promoted units."""
     layers: dict[int, dict[str, TensorConfig]] = {}

@@ -30,6 +30,7 @@ from qtool.advisor.configs import (
     flash_bytes,
     lut_bits_config,
     mixed_cells,
+    unit_key,
     unit_of,
 )
 from qtool.advisor.predict import Predictor
@@ -41,6 +42,7 @@ from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
 from qtool.simulation.run import Simulation, float_output
 
+WEIGHTS = ("W", "R", "weight")  # the units w8a16 keeps at 8 bits (a GRU's, a layer's)
 FLOAT_CACHE = 256 << 20  # keep the float outputs of the evaluation data up to this size
 # Tensors that are no operand of a product: the threshold rule's one-vector form decides them.
 SINGLE = tuple(n for n in ACTIVATIONS if not any(n in ops for ops in pzero.PRODUCTS.values()))
@@ -94,73 +96,63 @@ class Evaluator:
         return flash_bytes(qm)
 
 
+def unit_snr(stats: Stats) -> dict[Unit, float]:
+    """Per unit, the lowest P_zero SNR (dB) at 8 bits of what it takes part in: each product
+    whose operand it is (the product form), and each tensor that is no operand (one-vector form)."""
+    out: dict[Unit, float] = {}
+
+    def low(u: Unit | None, db: float) -> None:
+        if u is not None:
+            out[u] = min(out.get(u, np.inf), db)
+    for l, row in enumerate(stats):
+        for st in row:
+            for operands in pzero.PRODUCTS.values():
+                db = pzero.snr_db(*(pzero.p_zero(pzero.operand_stats(st, n), LOW) for n in operands))
+                for n in operands:
+                    low(unit_of(l, pzero.OPERAND_BITS.get(n, n)), db)
+            for n in SINGLE:
+                low(unit_of(l, n), pzero.snr_db(pzero.p_zero(st[n], LOW)))
+    return out
+
+
 def threshold_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
     """The threshold rule (docs/advisor.md): a product whose predicted int8 SNR is at most T dB
     gets both its operands at 16 bits; every other tensor whose one-vector SNR at 8 bits is at
     most T too."""
-    out: set[Unit] = set()
-    for l, row in enumerate(stats):
-        for st in row:
-            for operands in pzero.PRODUCTS.values():
-                p = [pzero.p_zero(pzero.operand_stats(st, n), LOW) for n in operands]
-                if pzero.snr_db(*p) <= threshold_db:
-                    out.update(unit_of(l, pzero.OPERAND_BITS.get(n, n)) for n in operands)
-            out.update(unit_of(l, n) for n in SINGLE if pzero.snr_db(pzero.p_zero(st[n], LOW)) <= threshold_db)
-    return frozenset(u for u in out if u is not None)
+    return frozenset(u for u, db in unit_snr(stats).items() if db <= threshold_db)
 
 
-class Search:
-    """The target and budget searches over one evaluator."""
+class UnitSearch:
+    """The target and budget searches over one evaluator (`ev(promoted)` builds and measures a
+    configuration; `ev.flash_only` counts one's flash; `ev.seen` holds every one measured).
+    A subclass says in which order units are promoted (`order`) and which promoted units that
+    cost no flash matter least (`least_important`)."""
 
-    def __init__(self, ev: Evaluator, predictor: Predictor) -> None:
-        self.ev, self.pr = ev, predictor
-        self.units = all_units(ev.ac.model)
+    def __init__(self, ev, units: list) -> None:
+        self.ev, self.units = ev, units
         self.low = ev(frozenset())
 
     @cached_property
-    def high(self) -> Candidate:
+    def high(self):
         return self.ev(frozenset(self.units))
 
     @cached_property
-    def w8a16(self) -> Candidate:
-        return self.ev(frozenset(u for u in self.units if u[1] not in ("W", "R")))
+    def w8a16(self):
+        return self.ev(frozenset(u for u in self.units if u[1] not in WEIGHTS))
 
     @cached_property
-    def cost(self) -> dict[Unit, int]:
+    def cost(self) -> dict:
         """Flash each unit adds on its own to the all-int8 model."""
         return {u: self.ev.flash_only(frozenset([u]), self.low) - self.low.flash for u in self.units}
 
     @cached_property
-    def cross(self) -> dict[tuple[int, int], QuantModel]:
-        """Models with every LUT input on one width and its output on the other."""
-        model = self.ev.ac.model
-        return {(b, LOW + HIGH - b): self.ev.ac.build(bits_config(model, lut_bits_config(model, b)),
-                                                      (self.low if b == LOW else self.high).choice.plan, {})
-                for b in (LOW, HIGH)}
+    def order(self) -> list:
+        raise NotImplementedError
 
-    @cached_property
-    def order(self) -> list[Unit]:
-        return self._order()
+    def least_important(self, promoted: frozenset, free: list) -> list:
+        raise NotImplementedError
 
-    def predicted_db(self, promoted: frozenset[Unit]) -> float:
-        return self.pr.grid(mixed_cells(self.low.qm, self.high.qm, promoted, self.cross))[1]
-
-    def _order(self) -> list[Unit]:
-        """Greedy on predictions: next, the unit with the most predicted dB per byte (free
-        units count as 1% of the int8 flash)."""
-        c0 = 0.01 * self.low.flash
-        chosen: list[Unit] = []
-        rest = list(self.units)
-        current = self.predicted_db(frozenset())
-        while rest:
-            gains = {u: self.predicted_db(frozenset(chosen + [u])) - current for u in rest}
-            best = max(rest, key=lambda u: gains[u] / (max(self.cost[u], 0) + c0))
-            chosen.append(best)
-            rest.remove(best)
-            current += gains[best]
-        return chosen
-
-    def passing(self, target_db: float) -> list[Candidate]:
+    def passing(self, target_db: float) -> list:
         return [c for c in self.ev.seen.values() if c.snr_db >= target_db]
 
     def for_target(self, target_db: float) -> Candidate:
@@ -190,14 +182,13 @@ class Search:
         many as a bisection finds the target allows."""
         # sorted(cand.promoted): a frozenset iterates in PYTHONHASHSEED order, and ties in cost
         # (or in loss below) would make the chosen model differ from one run to the next
-        for u in sorted((u for u in sorted(cand.promoted) if self.cost[u] > 0), key=lambda u: -self.cost[u]):
+        promoted = sorted(cand.promoted, key=unit_key)
+        for u in sorted((u for u in promoted if self.cost[u] > 0), key=lambda u: -self.cost[u]):
             trial = self.ev(cand.promoted - {u})
             if trial.snr_db >= target_db and trial.flash <= cand.flash:
                 cand = trial
-        free = [u for u in sorted(cand.promoted) if self.cost[u] <= 0]
-        full = self.predicted_db(cand.promoted)
-        loss = {u: full - self.predicted_db(cand.promoted - {u}) for u in free}
-        free.sort(key=lambda u: loss[u])
+        free = self.least_important(cand.promoted,
+                                    [u for u in sorted(cand.promoted, key=unit_key) if self.cost[u] <= 0])
         ok, bad = 0, len(free) + 1  # dropping the first `ok` keeps the target; `bad` does not
         while bad - ok > 1:
             mid = (ok + bad) // 2
@@ -231,3 +222,45 @@ class Search:
         fitting = [c for c in self.ev.seen.values() if c.flash <= budget]
         return max(fitting, key=lambda c: (c.snr_db, -c.flash))
 
+
+class Search(UnitSearch):
+    """The GRU's searches, ordered by the grid-aware prediction (docs/advisor.md)."""
+
+    def __init__(self, ev: Evaluator, predictor: Predictor) -> None:
+        self.pr = predictor
+        super().__init__(ev, all_units(ev.ac.model))
+
+    @cached_property
+    def cross(self) -> dict[tuple[int, int], QuantModel]:
+        """Models with every LUT input on one width and its output on the other."""
+        model = self.ev.ac.model
+        return {(b, LOW + HIGH - b): self.ev.ac.build(bits_config(model, lut_bits_config(model, b)),
+                                                      (self.low if b == LOW else self.high).choice.plan, {})
+                for b in (LOW, HIGH)}
+
+    @cached_property
+    def order(self) -> list[Unit]:
+        return self._order()
+
+    def predicted_db(self, promoted: frozenset[Unit]) -> float:
+        return self.pr.grid(mixed_cells(self.low.qm, self.high.qm, promoted, self.cross))[1]
+
+    def _order(self) -> list[Unit]:
+        """Greedy on predictions: next, the unit with the most predicted dB per byte (free
+        units count as 1% of the int8 flash)."""
+        c0 = 0.01 * self.low.flash
+        chosen: list[Unit] = []
+        rest = list(self.units)
+        current = self.predicted_db(frozenset())
+        while rest:
+            gains = {u: self.predicted_db(frozenset(chosen + [u])) - current for u in rest}
+            best = max(rest, key=lambda u: gains[u] / (max(self.cost[u], 0) + c0))
+            chosen.append(best)
+            rest.remove(best)
+            current += gains[best]
+        return chosen
+
+    def least_important(self, promoted: frozenset[Unit], free: list[Unit]) -> list[Unit]:
+        full = self.predicted_db(promoted)
+        loss = {u: full - self.predicted_db(promoted - {u}) for u in free}
+        return sorted(free, key=lambda u: loss[u])

@@ -9,6 +9,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from qtool.advisor.advise import Advice
+    from qtool.advisor.graph import GraphAdvice
 
 
 def _db(v: float | None) -> str:
@@ -56,3 +57,37 @@ def search_line(advice: Advice) -> str:
         what = f"the threshold rule, T = {advice.threshold_db:g} dB"
     return (f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s; "
             f"methods: {advice.chosen.qm.info.get('method')}")
+
+
+def unit_table(advice: GraphAdvice, title: str) -> Table:
+    """A whole model's units: the SNR predicted at 8 bits, the measured SNR of the edge the unit
+    sets, the bits chosen (fits 80 columns)."""
+    t = Table(title=title)
+    for c in ("layer", "tensor", "predicted @8", "measured", "bits"):
+        t.add_column(c, justify="left" if c in ("layer", "tensor") else "right", overflow="fold")
+    for r in advice.rows:
+        t.add_row(r["layer"], r["tensor"], _db(r["predicted_int8_db"]), _db(r["measured_snr_db"]), str(r["bits"]),
+                  style="bold" if r["bits"] == 16 else None)
+    return t
+
+
+def graph_summary_line(advice: GraphAdvice) -> str:
+    c = advice.chosen
+    snr = (f"output SNR {c.snr_db:.2f} dB measured on {advice.measured_on}" if not math.isnan(c.snr_db)
+           else "output SNR not measured (--eval TEST measures it)")
+    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} of {len(advice.rows)} at 16 bits"]
+    for name, p in advice.presets.items():
+        snr = f", {p['snr_db']:.2f} dB" if "snr_db" in p else ""
+        parts.append(f"all-{name}: {p['flash_bytes']:,} bytes{snr}")
+    return "; ".join(parts)
+
+
+def graph_search_line(advice: GraphAdvice) -> str:
+    if advice.mode == "target":
+        what = f"target {advice.target_db:g} dB"
+    elif advice.mode == "budget":
+        what = f"budget {advice.max_flash:,} bytes"
+    else:
+        what = f"the threshold rule, T = {advice.threshold_db:g} dB"
+    return (f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s; method auto chose "
+            f"{advice.chosen.qg.info.get('auto', {}).get('chosen', 'per-edge')}")

@@ -336,12 +336,22 @@ def advise(
     --target-snr, or the best SNR within --max-flash. -o writes a bits file for
     'qtool calibrate --bits FILE', which rebuilds the very same model."""
     from qtool import api
-    from qtool.cli.advise_tables import search_line, summary_line, tensor_table
+    from qtool.cli.advise_tables import (
+        graph_search_line,
+        graph_summary_line,
+        search_line,
+        summary_line,
+        tensor_table,
+        unit_table,
+    )
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
-    model = api.load_model_for_data(model_path, name=name, check=not no_check)
-    note_what_was_left_out(model)
+    if name is None and _whole_model(model_path):
+        model = api.load_graph(model_path, check=not no_check)
+    else:
+        model = api.load_model_for_data(model_path, name=name, check=not no_check)
+        note_what_was_left_out(model)
     with progress_bar() as bar:
         tasks: dict = {}
 
@@ -353,12 +363,18 @@ def advise(
                          threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
                          limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
                          confirm=confirm_at_terminal(), progress=tick)
+    whole = not hasattr(adv.chosen, "qm")
     if as_json:
-        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "tensors": adv.rows})
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), ("units" if whole else "tensors"): adv.rows})
         return
-    out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
-    out.print(as_flags(summary_line(adv)), highlight=False)
-    out.print(as_flags(search_line(adv)), highlight=False)
+    if whole:
+        out.print(unit_table(adv, f"{model_path.name}: SNR per unit (dB)"))
+        out.print(as_flags(graph_summary_line(adv)), highlight=False)
+        out.print(as_flags(graph_search_line(adv)), highlight=False)
+    else:
+        out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
+        out.print(as_flags(summary_line(adv)), highlight=False)
+        out.print(as_flags(search_line(adv)), highlight=False)
     if output is not None:
         out.print(f"bits file -> {escape(str(output))} (qtool calibrate MODEL CALIB --bits "
                   f"{escape(str(output))} rebuilds this model)", highlight=False)

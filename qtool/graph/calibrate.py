@@ -22,7 +22,7 @@ Layer integers follow from the grids (each layer module's `quantize`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -133,6 +133,17 @@ class Prepared:
     core: list[str]
     tail: list[str]
     values: dict[str, np.ndarray]  # edge -> [N, ...] float32
+    grus: dict = field(default_factory=dict)  # calibrated GRUs by (node, rows, config, method)
+
+    def gru(self, node: Node, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
+            chunk: int, info: dict) -> QuantModel:
+        """The node's GRU calibrated on its input's first `rows` sequences, once per config."""
+        key = (node.name, rows, method, percentile, repr(sorted(config.items())),
+               repr(sorted(getattr(config, "layers", {}).items())))
+        if key not in self.grus:
+            self.grus[key] = calibrate_gru(node, self.values[node.inputs[0]][:rows], config, method, percentile,
+                                           chunk, info)
+        return self.grus[key]
 
 
 def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig], chunk: int = 64,
@@ -164,7 +175,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     qparams: dict[str, dict] = {}
     methods: dict[str, str] = {}
     for node in (g_node for g_node in g.nodes if g_node.name in core and g_node.op == "gru"):
-        qm = calibrate_gru(node, values[node.inputs[0]], config, method, percentile, chunk, info or {})
+        qm = prep.gru(node, rows, config, method, percentile, chunk, info or {})
         if node.inputs[0] in grids:  # another GRU's h
             qm = with_input_grid(qm, grids[node.inputs[0]])
         grids[node.inputs[0]] = qm.cells[0][0].spec["x"]
@@ -211,23 +222,24 @@ HELD_OUT = 0.2  # the share of the data auto scores its candidates on
 def calibrate_auto_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
                          percentile: float = 99.99, chunk: int = 64, progress: Callable[[int], None] | None = None,
                          info: dict | None = None) -> QGraph:
-    """`method` auto for a whole model: each candidate (AUTO_CANDIDATES) calibrated on the first
-    80% of the sequences and scored by the output SNR on the rest; the best one calibrated on
-    all of them. With fewer than 10 sequences, per-edge without the check."""
-    from qtool.graph.simulate import simulate_graph
+    """`method` auto for a whole model (`auto_graph`), from the float passes on."""
+    return auto_graph(prepare(graph, data, n, config, chunk, progress), n, config, percentile, chunk, info)
+
+
+def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
+               chunk: int = 64, info: dict | None = None) -> QGraph:
+    """Each candidate (AUTO_CANDIDATES) calibrated on the first 80% of the sequences and scored
+    by the output SNR on the rest; the best one calibrated on all of them. With fewer than 10
+    sequences, per-edge without the check."""
+    from qtool.graph.simulate import output_snr_db, simulate_graph
 
     fit = n - max(1, int(n * HELD_OUT))
-    prep = prepare(graph, data, n, config, chunk, progress)  # one float pass serves every candidate
     if n < 10:
         return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info)
-    held = SequenceData(data.chunk(fit, n), False, f"{data.name} (held out)")
+    held = SequenceData(prep.values[next(iter(prep.graph.inputs))][fit:n], False, "the held-out calibration data")
     scores = {}
     for m in AUTO_CANDIDATES:
-        qg = quantize_graph(prep, fit, config, m, percentile, chunk, info)
-        sim = simulate_graph(qg, held)
-        ref2 = sum(d.ref2 for d in sim.outputs.values())
-        err2 = sum(d.err2 for d in sim.outputs.values())
-        scores[m] = float("inf") if err2 == 0 else 10 * np.log10(ref2 / err2) if ref2 > 0 else float("-inf")
+        scores[m] = output_snr_db(simulate_graph(quantize_graph(prep, fit, config, m, percentile, chunk, info), held))
     best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
     qg = quantize_graph(prep, n, config, best, percentile, chunk, info)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}

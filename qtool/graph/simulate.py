@@ -175,6 +175,13 @@ def finish(total: GraphSimulation) -> GraphSimulation:
     return total
 
 
+def output_snr_db(sim: GraphSimulation) -> float:
+    """The SNR (dB) of the model's outputs together: their float power over their error's."""
+    ref2 = sum(d.ref2 for d in sim.outputs.values())
+    err2 = sum(d.err2 for d in sim.outputs.values())
+    return float("inf") if err2 == 0 else 10 * float(np.log10(ref2 / err2)) if ref2 > 0 else float("-inf")
+
+
 def check_inputs(qg: QGraph, data: SequenceData, n: int, labels: np.ndarray | None) -> None:
     data.check_features(next(iter(qg.graph.inputs.values()))[-1])
     if labels is not None and (len(labels) < n or labels.dtype.kind not in "iu"):

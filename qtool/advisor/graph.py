@@ -1,0 +1,309 @@
+"""`qtool advise` for a whole model (docs/advisor.md, "Whole models"): int8 or int16 per unit.
+
+A unit is a layer's weights, a layer's (or the model input's) output, or a tensor of the GRUs
+(the bits file's tensors and layers tables, which every GRU of the model shares). The rule is
+the GRU's: the P_zero prediction at 8 bits (qtool.advisor.pzero) of every product (a dense,
+conv or batchnorm layer's weights times its input; the GRU's own products) and of every other
+tensor; a unit whose lowest prediction is at most T dB gets 16 bits. With held-out data the
+search measures (qtool.advisor.search.UnitSearch), promoting units in the order of that
+prediction, lowest first. Every configuration is calibrated by `--method auto`, so that
+`qtool calibrate --bits FILE` rebuilds the very same model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from qtool.advisor import pzero
+from qtool.advisor.configs import HIGH, LOW, all_units, bits_config, flash_bytes, unit_key
+from qtool.advisor.search import WEIGHTS, UnitSearch, unit_snr
+from qtool.advisor.stats import model_stats, new_estimators
+from qtool.calibration.observe import model_config, observe_batch
+from qtool.calibrators.sampled import SampledStatsObserver, observer_seed
+from qtool.core.graph import Graph, Node
+from qtool.core.qgraph import QGraph
+from qtool.core.qmodel import TensorQ
+from qtool.core.tensors import BitsConfig, bits_toml, preset_config
+from qtool.errors import QtoolError
+from qtool.graph.calibrate import Prepared, auto_graph, prepare, quantize_graph
+from qtool.graph.simulate import output_snr_db, simulate_graph
+from qtool.io.files import SequenceData
+from qtool.layers import layer
+from qtool.layers.gru import model as gru_model
+from qtool.numerics.qparams import dequantize
+
+Progress = Callable[[str, int, int | None], None]
+
+
+def storage(bits: int) -> int:
+    """Bytes of the C type that holds a value of `bits` signed bits."""
+    return 1 if bits <= 8 else 2 if bits <= 16 else 4
+
+
+def layer_flash(qp: dict, weight_bits: int, g_out: TensorQ) -> int:
+    """Flash of a layer around the GRU: its weights at their bits, per output channel one int32
+    bias (the zero-point compensation folded in) and one shift byte, and its table."""
+    n = 0
+    if "q_W" in qp:
+        n += qp["q_W"].size * storage(weight_bits) + len(qp["q_W"]) * 5
+    if "table" in qp:
+        n += qp["table"].size * storage(g_out.bits)
+    return n
+
+
+def graph_flash(qg: QGraph) -> int:
+    """The whole model's flash: each GRU as `qtool export c` counts it, every other layer by
+    `layer_flash`."""
+    total = 0
+    for name in qg.core:
+        qp = qg.qparams[name]
+        total += flash_bytes(qp["qm"]) if "qm" in qp else layer_flash(
+            qp, qg.info["layer_bits"][name][0], qg.grids[qg.node(name).outputs[0]])
+    return total
+
+
+@dataclass
+class GraphCandidate:
+    promoted: frozenset
+    qg: QGraph
+    flash: int
+    snr_db: float  # measured output SNR on the evaluation data (nan: not measured)
+
+
+@dataclass
+class Space:
+    """The units of one prepared model, which unit sets each edge's bits, and each unit's lowest
+    predicted SNR at 8 bits."""
+
+    prep: Prepared
+    rows: int
+    edge_unit: dict[str, tuple]
+    units: list[tuple]
+    predicted: dict[tuple, float]
+    grus: list[Node]
+
+    def config(self, promoted: frozenset) -> BitsConfig:
+        """int8 everywhere, 16 bits on the promoted units."""
+        gru = bits_config(None, frozenset(u for u in promoted if not isinstance(u[0], str)))
+        graph: dict[str, dict] = {}
+        for name, kind in sorted(u for u in promoted if isinstance(u[0], str)):
+            graph.setdefault(name, {})[kind] = HIGH
+        return BitsConfig(dict(gru), gru.layers, graph)
+
+
+def _stats(values: np.ndarray, key: str, seed: int, gamma: float, repeats: int):
+    o = SampledStatsObserver(gamma, repeats, observer_seed(seed, key))
+    o.observe(np.asarray(values, np.float64).reshape(1, -1))
+    return o.stats()
+
+
+def _weights(node: Node, qp: dict) -> np.ndarray:
+    """A weighted layer's float weights (a batchnorm's per-channel factors: its integers read back)."""
+    if "W" in node.params:
+        return node.params["W"]
+    return dequantize(qp["q_W"].reshape(len(qp["q_W"]), -1), qp["exp2_inv_W"][:, None], 0)
+
+
+def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chunk: int) -> Space:
+    g = prep.graph
+    core = [n for n in g.nodes if n.name in prep.core]
+    grus = [n for n in core if n.op == "gru"]
+    edge_unit: dict[str, tuple] = {}
+    predicted: dict[tuple, float] = {}
+
+    def low(u: tuple, db: float) -> None:
+        predicted[u] = min(predicted.get(u, math.inf), db)
+    for node in grus:
+        m = gru_model(node)
+        edge_unit[node.inputs[0]] = (0, "x")
+        edge_unit[node.outputs[0]] = (m.num_layers - 1, "h")
+        obs = new_estimators(m, seed, gamma, repeats)
+        for _, x in SequenceData(prep.values[node.inputs[0]][:rows], False, node.name).chunks(chunk):
+            observe_batch(m, x, obs)
+        for u, db in unit_snr(model_stats(m, obs, seed, gamma, repeats)).items():
+            low(u, db)
+    for e in g.inputs:
+        edge_unit.setdefault(e, (e, "activation"))
+    int8 = quantize_graph(prep, rows, BitsConfig(preset_config("int8")), "minmax", 99.99, chunk, None)
+    for node in (n for n in core if n.op != "gru"):
+        shares = node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ())
+        for e in node.outputs:
+            edge_unit.setdefault(e, edge_unit[node.inputs[0]] if shares else (node.name, "activation"))
+        if "q_W" in int8.qparams[node.name]:
+            w = _stats(_weights(node, int8.qparams[node.name]), f"{node.name}.W", seed, gamma, repeats)
+            x = _stats(prep.values[node.inputs[0]][:rows], node.inputs[0], seed, gamma, repeats)
+            db = pzero.snr_db(pzero.p_zero(w, LOW), pzero.p_zero(x, LOW))
+            low((node.name, "weight"), db)
+            low(edge_unit[node.inputs[0]], db)
+    for e, u in edge_unit.items():  # every other edge: the one-vector form
+        if isinstance(u[0], str):
+            low(u, pzero.snr_db(pzero.p_zero(_stats(prep.values[e][:rows], e, seed, gamma, repeats), LOW)))
+    gru_units = list(dict.fromkeys(u for n in grus for u in all_units(gru_model(n))))
+    graph_units = list(dict.fromkeys(u for u in [*edge_unit.values(), *predicted] if isinstance(u[0], str)))
+    return Space(prep, rows, edge_unit, gru_units + graph_units, predicted, grus)
+
+
+class GraphEvaluator:
+    """Builds a configuration by `--method auto`, counts its flash and measures its output SNR
+    on the evaluation data (none: not measured); remembers every configuration it saw."""
+
+    def __init__(self, sp: Space, data: SequenceData | None, percentile: float, chunk: int, info: dict,
+                 on_simulation: Callable[[int], None] | None = None) -> None:
+        self.sp, self.data, self.percentile, self.chunk, self.info = sp, data, percentile, chunk, info
+        self.seen: dict[frozenset, GraphCandidate] = {}
+        self.simulations = 0
+        self.on_simulation = on_simulation
+
+    def __call__(self, promoted: frozenset) -> GraphCandidate:
+        if promoted not in self.seen:
+            qg = auto_graph(self.sp.prep, self.sp.rows, self.sp.config(promoted), self.percentile, self.chunk,
+                            dict(self.info))
+            snr = math.nan
+            if self.data is not None:
+                snr = output_snr_db(simulate_graph(qg, self.data))
+                self.simulations += 1
+                if self.on_simulation:
+                    self.on_simulation(self.simulations)
+            self.seen[promoted] = GraphCandidate(promoted, qg, graph_flash(qg), snr)
+        return self.seen[promoted]
+
+    def flash_only(self, promoted: frozenset, like: GraphCandidate) -> int:
+        """Flash of a configuration on min/max grids (no choice, no simulation)."""
+        return graph_flash(quantize_graph(self.sp.prep, self.sp.rows, self.sp.config(promoted), "minmax",
+                                          self.percentile, self.chunk, None))
+
+
+class GraphSearch(UnitSearch):
+    """The searches over a whole model's units, in the order of their predicted SNR at 8 bits."""
+
+    def __init__(self, ev: GraphEvaluator) -> None:
+        super().__init__(ev, ev.sp.units)
+
+    @cached_property
+    def order(self) -> list:
+        """Lowest predicted SNR first; flash-free units before costly ones of the same SNR."""
+        p = self.ev.sp.predicted
+        return sorted(self.units, key=lambda u: (p.get(u, math.inf), max(self.cost[u], 0), unit_key(u)))
+
+    def least_important(self, promoted: frozenset, free: list) -> list:
+        p = self.ev.sp.predicted
+        return sorted(free, key=lambda u: (-p.get(u, math.inf), unit_key(u)))
+
+
+def unit_name(u: tuple) -> tuple[str, str]:
+    """(layer, tensor) as the tables print a unit: a GRU tensor of layer l, or a layer's output
+    or weights."""
+    if isinstance(u[0], str):
+        return u[0], "output" if u[1] == "activation" else "weights"
+    return f"GRU layer {u[0]}", u[1]
+
+
+@dataclass
+class GraphAdvice:
+    mode: str
+    chosen: GraphCandidate
+    measured_on: str
+    rows: list[dict]
+    presets: dict[str, dict]
+    bits_toml: str
+    threshold_db: float
+    simulations: int
+    seconds: float
+    target_db: float | None = None
+    max_flash: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        measured = None if math.isnan(self.chosen.snr_db) else self.chosen.snr_db
+        return {"mode": self.mode, "flash_bytes": self.chosen.flash, "measured_snr_db": measured,
+                "measured_on": self.measured_on, "units_16": len(self.chosen.promoted), "presets": self.presets,
+                "threshold_db": self.threshold_db, "target_snr_db": self.target_db, "max_flash": self.max_flash,
+                "simulations": self.simulations, "seconds": self.seconds,
+                "method": self.chosen.qg.info.get("auto", {}).get("chosen")}
+
+
+def unit_rows(sp: Space, chosen: GraphCandidate, measured: dict[str, float]) -> list[dict]:
+    """One row per unit: what it is, its lowest predicted SNR at 8 bits, the measured SNR of the
+    edge it sets (layers' outputs), its bits."""
+    edges: dict[tuple, str] = {}
+    for e, u in sp.edge_unit.items():
+        edges.setdefault(u, e)
+    rows = []
+    for u in sp.units:
+        name, tensor = unit_name(u)
+        e = edges.get(u) if u[1] != "weight" else None
+        rows.append({"layer": name, "tensor": tensor, "edge": e, "predicted_int8_db": sp.predicted.get(u),
+                     "measured_snr_db": measured.get(e) if e else None,
+                     "bits": HIGH if u in chosen.promoted else LOW})
+    return rows
+
+
+def graph_toml(sp: Space, promoted: frozenset, comment: str) -> str:
+    """The bits file of a configuration: the GRUs' tensors, then a [graph.NAME] table per layer."""
+    layers = max((gru_model(n).num_layers for n in sp.grus), default=1)
+    config = sp.config(promoted)
+    out = bits_toml("int8", model_config(config, layers), comment).rstrip("\n")
+    for name, entry in config.graph.items():
+        out += f"\n\n[graph.{json.dumps(name)}]\n" + "\n".join(f"{k} = {v}" for k, v in entry.items())
+    return out + "\n"
+
+
+def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceData | None = None,
+                 target_db: float | None = None, max_flash: int | None = None, threshold_db: float = 18.5,
+                 seed: int = 0, gamma: float = 0.01, repeats: int = 5, chunk: int = 64,
+                 progress: Progress | None = None, info: dict | None = None) -> GraphAdvice:
+    """Predict, decide (and search, with `eval_data` and a target or a budget) for a whole model."""
+    if (target_db is not None or max_flash is not None) and eval_data is None:
+        raise QtoolError("`target_snr` and `max_flash` need `test`: held-out sequences to measure the output SNR on")
+    if not 0.0 < gamma <= 1.0 or repeats < 1:
+        raise QtoolError("`gamma` must be in (0, 1] and `repeats` at least 1")
+    t0 = time.perf_counter()
+    tick = progress or (lambda *a: None)
+    config0 = BitsConfig(preset_config("int8"))
+    prep = prepare(graph, data, n, config0, chunk, lambda done: tick("calibrating", done, n))
+    if eval_data is not None:
+        eval_data.check_features(next(iter(prep.graph.inputs.values()))[-1])
+    sp = space(prep, n, seed, gamma, repeats, chunk)
+    info = {"bits": "advise", **(info or {}), "method": "auto"}
+    ev = GraphEvaluator(sp, eval_data, 99.99, chunk, info, lambda k: tick("simulations", k, None))
+    search = GraphSearch(ev)
+    if target_db is not None:
+        mode, chosen = "target", search.for_target(target_db)
+        if max_flash is not None and chosen.flash > max_flash:
+            raise QtoolError(f"reaching {target_db:g} dB needs {chosen.flash:,} bytes of flash, above "
+                             f"`max_flash` {max_flash:,}")
+    elif max_flash is not None:
+        mode, chosen = "budget", search.within(max_flash)
+    else:
+        mode = "rule"
+        chosen = ev(frozenset(u for u in sp.units if sp.predicted.get(u, math.inf) <= threshold_db))
+    if eval_data is not None:
+        presets = {k: {"flash_bytes": c.flash, "snr_db": c.snr_db}
+                   for k, c in (("int8", search.low), ("w8a16", search.w8a16), ("int16", search.high))}
+    else:  # flash alone: int8 on the chosen methods' grids, the others on min/max grids
+        presets = {"int8": {"flash_bytes": search.low.flash}}
+        for k, units in (("w8a16", [u for u in sp.units if u[1] not in WEIGHTS]), ("int16", sp.units)):
+            presets[k] = {"flash_bytes": ev.flash_only(frozenset(units), chosen)}
+    measured: dict[str, float] = {}
+    measured_on = "nothing (no `test`: predictions only)"
+    if eval_data is not None:
+        sim = simulate_graph(chosen.qg, eval_data)
+        measured = {e: d.snr_db for e, d in sim.edges.items()}
+        measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
+    snr = (f"output SNR {chosen.snr_db:.2f} dB measured on {measured_on}" if eval_data is not None
+           else "output SNR not measured (no held-out data)")
+    comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "
+               f"{len(sp.units)} units at 16 bits")
+    return GraphAdvice(mode, chosen, measured_on, unit_rows(sp, chosen, measured), presets,
+                       graph_toml(sp, chosen.promoted, comment), threshold_db, ev.simulations,
+                       time.perf_counter() - t0, target_db, max_flash)
+
+
+__all__ = ["GraphAdvice", "advise_graph", "graph_flash"]
