@@ -230,9 +230,9 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
     return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info)
 
 
-def load_labels(labels, n: int, classes: int) -> np.ndarray:
-    """Class indexes `[n]` in 0..classes-1, one per sequence of the data, from an array or a .npy
-    file."""
+def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.ndarray:
+    """Class indexes in 0..classes-1 from an array or a .npy file: one per sequence of the data
+    (`n`), or one per sequence used (`used`, the first ones with a limit)."""
     if isinstance(labels, (str, os.PathLike)):
         path = Path(labels)
         if not path.is_file():
@@ -244,8 +244,10 @@ def load_labels(labels, n: int, classes: int) -> np.ndarray:
         except (OSError, ValueError):
             raise QtoolError(f"labels {path}: not a readable .npy file of numbers") from None
     labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != n:
-        raise QtoolError(f"labels must be {n} integer class indexes [N], one per sequence of the data; got shape "
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) not in (n, used):
+        counts = (f"{n}" if used in (None, n) else
+                  f"{n} (one per sequence of the data) or {used} (one per sequence used)")
+        raise QtoolError(f"labels must be one integer class index per sequence, [{counts}]; got shape "
                          f"{list(labels.shape)} of {labels.dtype}")
     bad = (labels < 0) | (labels >= classes)
     if bad.any():
@@ -291,7 +293,7 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
             shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
             raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
                              f"{'a sequence' if len(shape) == 2 else 'one value'}, not a vector of classes")
-        lab = load_labels(labels, data.num_sequences, classes(qg))[:n]
+        lab = load_labels(labels, data.num_sequences, classes(qg), n)[:n]
     tick = (lambda done: progress(done, n)) if progress else None
     keep = outputs or save is not None
     comm = world()

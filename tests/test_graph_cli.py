@@ -118,9 +118,9 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
     np.save(tmp_path / "float.npy", np.zeros(597))
     np.save(tmp_path / "class10.npy", np.full(597, 10))
     (tmp_path / "text.npy").write_text("1 2 3")
-    for labels, says in ((tmp_path / "short.npy", "labels must be 597 integer class indexes"),
-                         (tmp_path / "long.npy", "labels must be 597 integer class indexes"),
-                         (tmp_path / "float.npy", "labels must be 597"), (SAMPLES / "calib.npy", "labels must be"),
+    for labels, says in ((tmp_path / "short.npy", "labels must be one integer class index per sequence, [597]"),
+                         (tmp_path / "long.npy", "labels must be one integer class index per sequence, [597]"),
+                         (tmp_path / "float.npy", "got shape [597] of float64"), (SAMPLES / "calib.npy", "labels must be"),
                          (tmp_path / "class10.npy", "label 10 (sequence 0) is not a class of the model's 10 outputs"),
                          (tmp_path / "text.npy", "not a readable .npy file of numbers"),
                          (tmp_path / "none.npy", "labels: file not found")):
@@ -128,6 +128,13 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
                            "--save", tmp_path / "y.h5")
         assert code == 2 and says in err and err.count("\n") == 1, err
         assert not (tmp_path / "y.h5").exists()
+    labels = np.load(SAMPLES / "test_labels.npy")
+    np.save(tmp_path / "first.npy", labels[:100])  # one per sequence used: as good as one per sequence
+    outs = [cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--limit", 100, "--labels", f, "--json")[1]
+            for f in (tmp_path / "first.npy", SAMPLES / "test_labels.npy")]
+    assert json.loads(outs[0])["accuracy_quant"] == json.loads(outs[1])["accuracy_quant"] > 0.9
+    code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--limit", 100, "--labels", tmp_path / "short.npy")
+    assert code == 2 and "[597 (one per sequence of the data) or 100 (one per sequence used)]" in err
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--tensors", "all")
     assert code == 2 and "a whole model always measures and shows every edge" in err
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--save", d / "q.h5", "--force")

@@ -63,10 +63,16 @@ def test_mode_both_reports_the_integer_and_the_fake_quant_model(cli, tmp_path):
     assert code == 0, err
     runs = {}
     for mode in ("integer", "fakequant", "both"):
-        code, out, err = cli("simulate", tmp_path / "q.h5", SAMPLES / "test.npy", "--mode", mode, "--json")
+        code, out, err = cli("simulate", tmp_path / "q.h5", SAMPLES / "test.npy", "--mode", mode, "--json",
+                             "--labels", SAMPLES / "test_labels.npy")
         assert code == 0, err
         runs[mode] = json.loads(out)
     both = runs["both"]
+    for key in ("top1_agreement", "accuracy_quant"):  # each model's own classes, side by side
+        assert both[key] == runs["integer"][key] and both["fakequant"][key] == runs["fakequant"][key]
+    code, out, err = cli("simulate", tmp_path / "q.h5", SAMPLES / "test.npy", "--mode", "fakequant",
+                         "--labels", SAMPLES / "test_labels.npy")
+    assert "accuracy: fake-quant" in out and "accuracy: integer" not in out
     assert both["outputs"] == runs["integer"]["outputs"] and both["edges"] == runs["integer"]["edges"]
     assert both["fakequant"]["outputs"] == runs["fakequant"]["outputs"]
     same = both["fakequant"]["same_integers"]

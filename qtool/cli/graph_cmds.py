@@ -148,12 +148,14 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
             snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
             out.print(f"{who}output {escape(edge)}: SNR {snr}, cosine {m['cosine']:.6f}, largest error "
                       f"{m['max_abs_error']:.4g}", highlight=False)
-    if "top1_agreement" in res:
-        line = f"top-1 agreement with float: {100 * res['top1_agreement']:.2f}%"
-        if "accuracy_quant" in res:
-            line += (f"; accuracy: integer {100 * res['accuracy_quant']:.2f}%, float "
-                     f"{100 * res['accuracy_float']:.2f}%")
-        out.print(line)
+    model = "fake-quant" if mode == "fakequant" else "integer"
+    for who, part in ((model, res), ("fake-quant", res.get("fakequant", {}))):
+        if "top1_agreement" in part:
+            line = f"{who} top-1 agreement with float: {100 * part['top1_agreement']:.2f}%"
+            if "accuracy_quant" in part:
+                line += (f"; accuracy: {who} {100 * part['accuracy_quant']:.2f}%, "
+                         f"float {100 * res['accuracy_float']:.2f}%")
+            out.print(line)
     out.print(f"GRUs on {sim.backend} ({escape(sim.backend_reason)}), the other layers on the CPU; "
               f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
 

@@ -70,6 +70,8 @@ class GraphSimulation:
     fq_outputs: dict = field(default_factory=dict)
     same: dict = field(default_factory=dict)  # mode both: per edge, integers equal to the fake-quant model's
     counts: dict = field(default_factory=dict)  # mode both: per edge, integers compared
+    fq_agree: int = 0  # mode both, classifier: the fake-quant model's top-1 equal to float's
+    fq_correct: int = 0  # mode both, with labels: the fake-quant model's top-1 equal to the label
 
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,
@@ -79,6 +81,10 @@ class GraphSimulation:
             out["fakequant"] = {"outputs": {e: d.as_dict() for e, d in self.fq_outputs.items()},
                                 "edges": {e: d.as_dict() for e, d in self.fq_edges.items()},
                                 "same_integers": {e: self.same[e] / max(self.counts[e], 1) for e in self.same}}
+            if self.is_classifier:
+                out["fakequant"]["top1_agreement"] = self.fq_agree / self.samples
+                if self.labelled:
+                    out["fakequant"]["accuracy_quant"] = self.fq_correct / self.samples
         if self.is_classifier:
             out["top1_agreement"] = self.agree / self.samples
             if self.labelled:
@@ -124,21 +130,24 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
             sides.append((part.fq_edges, part.fq_outputs, fq, q_fq))
         else:
             sides.append((part.edges, part.outputs, fq, q_fq))
-    for edges, outputs, values, _ in sides:
+    top_f = np.argmax(ref[out0], axis=-1)
+    if part.is_classifier and labels is not None:
+        part.correct_float = int(np.count_nonzero(top_f == labels))
+    ys, tops = [], []  # the integer model's (fakequant: the fake-quant model's), then with both the fake-quant one's
+    for edges, outputs, values, q in sides:
         for e, d in edges.items():
             d.add(values[e], ref[e], _clipped(ref[e], qg.grids[e]))
-        y = with_tail(qg, values)
+        ys.append(with_tail(qg, values))
         for e, d in outputs.items():
-            d.add(y[e], ref[e])
-    _, _, values, q = sides[0]  # the integer model's (fakequant: the fake-quant model's)
-    y = with_tail(qg, values)
-    if part.is_classifier:
-        top_q = np.argmax(q[out0] if out0 in q else y[out0], axis=-1)
-        top_f = np.argmax(ref[out0], axis=-1)
-        part.agree = int(np.count_nonzero(top_q == top_f))
-        if labels is not None:
-            part.correct_float = int(np.count_nonzero(top_f == labels))
-            part.correct_quant = int(np.count_nonzero(top_q == labels))
+            d.add(ys[-1][e], ref[e])
+        if part.is_classifier:
+            top = np.argmax(q[out0] if out0 in q else ys[-1][out0], axis=-1)
+            tops.append((int(np.count_nonzero(top == top_f)),
+                         0 if labels is None else int(np.count_nonzero(top == labels))))
+    if tops:
+        part.agree, part.correct_quant = tops[0]
+        part.fq_agree, part.fq_correct = tops[-1] if len(tops) > 1 else (0, 0)
+    q, y = sides[0][3], ys[0]
     if keep:
         edge = out0 if out0 in q else qg.core_outputs[0]
         part.kept = {"float/y": ref[out0], "quant/y": y[out0], "quant/y_int": q[edge].astype(np.int32)}
@@ -165,6 +174,8 @@ def fold(total: GraphSimulation | None, part: GraphSimulation) -> GraphSimulatio
     total.agree += part.agree
     total.correct_float += part.correct_float
     total.correct_quant += part.correct_quant
+    total.fq_agree += part.fq_agree
+    total.fq_correct += part.fq_correct
     for k, v in part.kept.items():
         total.kept[k].append(v)
     return total
