@@ -120,7 +120,8 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
     (tmp_path / "text.npy").write_text("1 2 3")
     for labels, says in ((tmp_path / "short.npy", "labels must be one integer class index per sequence, [597]"),
                          (tmp_path / "long.npy", "labels must be one integer class index per sequence, [597]"),
-                         (tmp_path / "float.npy", "got shape [597] of float64"), (SAMPLES / "calib.npy", "labels must be"),
+                         (tmp_path / "float.npy", "got shape [597] of float64"),
+                         (SAMPLES / "calib.npy", "labels must be"),
                          (tmp_path / "class10.npy", "label 10 (sequence 0) is not a class of the model's 10 outputs"),
                          (tmp_path / "text.npy", "not a readable .npy file of numbers"),
                          (tmp_path / "none.npy", "labels: file not found")):
@@ -135,6 +136,13 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
     assert json.loads(outs[0])["accuracy_quant"] == json.loads(outs[1])["accuracy_quant"] > 0.9
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--limit", 100, "--labels", tmp_path / "short.npy")
     assert code == 2 and "[597 (one per sequence of the data) or 100 (one per sequence used)]" in err
+    code, _, err = cli("inspect", d / "q.h5", "--name", "nosuch")
+    assert code == 2 and "is qtool's whole-model file" in err
+    code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--save", tmp_path / "r.h5")
+    assert code == 0, err
+    for args in (["inspect", tmp_path / "r.h5"], ["calibrate", tmp_path / "r.h5", SAMPLES / "calib.npy"]):
+        code, _, err = cli(*args)
+        assert code == 2 and "a results file (qtool simulate --save)" in err, err
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--tensors", "all")
     assert code == 2 and "a whole model always measures and shows every edge" in err
     code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--save", d / "q.h5", "--force")

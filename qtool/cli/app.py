@@ -505,6 +505,8 @@ def inspect(
 
     path = Path(need(path, "model file", "FILE"))
     kind = api.model_file_format(path)
+    if kind in ("qtool-qgraph", "qtool-graph") and name is not None:
+        raise QtoolError(f"--name picks one GRU of a framework file; {path.name} is qtool's whole-model file")
     if kind == "qtool-qgraph":
         graph_cmds.inspect_qgraph(path, as_json)
         return

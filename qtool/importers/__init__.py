@@ -43,6 +43,28 @@ def detect_format(path: Path) -> str:
                      f"({', '.join(FORMATS)})")
 
 
+QTOOL_FILES = {"qtool-results": "a results file (qtool simulate --save): model outputs, not a model",
+               "qtool-qgraph": "a quantized whole model; this command takes a GRU alone (--name picks one "
+                               "from the framework file)",
+               "qtool-graph": "a whole model; this command takes a GRU alone (--name picks one from the "
+                              "framework file)"}
+
+
+def _not_qtool_output(path: Path) -> None:
+    """An HDF5 file qtool wrote that holds no GRU to import is named as what it is (not taken
+    for a Keras file without a config)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            fmt = f.attrs.get("format", "")
+    except OSError:
+        return  # the Keras reader says what is wrong with it
+    fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else str(fmt)
+    if fmt in QTOOL_FILES:
+        raise QtoolError(f"{path}: {QTOOL_FILES[fmt]}")
+
+
 def read_stacks(path: Path, fmt: str) -> dict[str, Stack]:
     if fmt in ("torch", "safetensors"):
         from qtool.importers.torch.state_dict import read_torch
@@ -69,6 +91,8 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     path = Path(path)
     _model_file(path)
     fmt = fmt or detect_format(path)
+    if fmt == "keras":
+        _not_qtool_output(path)
     stacks = read_stacks(path, fmt)
     if not stacks:
         raise QtoolError(f"{path}: no GRU found in this {fmt} file")
