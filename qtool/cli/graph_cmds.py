@@ -60,13 +60,16 @@ def passes_lines(qg) -> list[str]:
     return [f"pass {name}: {what}" for name, what in qg.passes]
 
 
-def show_graph(g) -> None:
-    """The float graph, a row a layer, and what its import was checked against."""
+def show_graph(g, path: Path) -> None:
+    """The float graph, a row a layer, and what its import was checked against (for qtool's own
+    file: the check stored in it, run when the model was first imported)."""
     from qtool import api
     from qtool.cli.tables import graph_table
 
     out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layers"))
-    out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+    stored = api.model_file_format(path) in ("qtool-graph", "qtool-qgraph")
+    out.print(("as stored in the file, from its first import: " if stored else "")
+              + escape(as_flags(api.describe_check(g.check_result))), highlight=False)
 
 
 def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
@@ -78,7 +81,7 @@ def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
         emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
                    "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result})
         return
-    show_graph(g)
+    show_graph(g, path)
 
 
 def import_graph(src: Path, output: Path, check: bool) -> None:
@@ -86,7 +89,7 @@ def import_graph(src: Path, output: Path, check: bool) -> None:
 
     g = api.load_graph(src, check=check)
     api.save_graph(g, output, True, inputs=[src])
-    show_graph(g)
+    show_graph(g, src)
     out.print(f"imported the whole model -> {escape(str(output))}")
 
 
@@ -130,9 +133,10 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
     t0 = time.perf_counter()
     qg = api.load_qgraph(qpath)
     with Bar("simulating", 1) as bar:
-        sim = api.simulate_graph(qg, data_path, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
-                                 time_first=time_first, save=save, force=force, confirm=confirm,
-                                 backend=backend, mode=mode, progress=bar.update)
+        # given the path (read again: cheap), the results file names the quantized file it comes from
+        sim = api.simulate_graph(qpath if save else qg, data_path, labels=labels, batch_size=batch_size,
+                                 limit=limit, dataset=dataset, time_first=time_first, save=save, force=force,
+                                 confirm=confirm, backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
     if as_json:
         emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})

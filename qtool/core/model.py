@@ -223,8 +223,9 @@ def open_h5(path, mode: str = "r") -> h5py.File:
         return h5py.File(path, mode)
     except FileNotFoundError:
         raise QtoolError(f"file not found: {path}") from None
-    except OSError as e:
-        raise QtoolError(f"{path}: not a readable HDF5 file ({str(e).split(',')[0]})") from None
+    except OSError as e:  # h5py: "Unable to ... (truncated file: eof = 20, sblock->base_addr = 0, ...)"
+        reason = str(e).split("(", 1)[-1].split(",")[0].rstrip(")")
+        raise QtoolError(f"{path}: not a readable HDF5 file ({reason})") from None
 
 
 def load_model(path) -> GruModel:

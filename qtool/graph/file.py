@@ -6,16 +6,20 @@
     /params/<k>/<param>     node k's float32 params
     quantized only:
     /            attrs: quant (JSON: core, tail, passes, info (with layer_bits {node: [weight,
-                 bias, activation]}), grids {edge: [bits, exp2_inv, zp, lo, hi]})
+                 bias, activation]}), grids {edge: [bits, exp2_inv, zp, lo, hi]}), fingerprint
+                 (`fingerprint(qg)`; absent from files written before it)
     /gru/<k>/    node k's quantized GRU, laid out as a "qtool-qgru" file (qtool.core.qmodel)
 
 The other layers' integers are not stored: they follow from the grids and the float weights
 (each layer's `quantize`), which a reader derives exactly as the calibration did. A file that
-loads is proved well formed (qtool.layers.check; the GRUs as qtool.io.qmodel_file proves them).
+loads is proved well formed (qtool.layers.check; the GRUs as qtool.io.qmodel_file proves them)
+and consistent: what it holds twice (a GRU's float weights, in /params and in its /gru group)
+agrees, and the fingerprints agree with the contents.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -23,12 +27,13 @@ import numpy as np
 
 from qtool import __version__
 from qtool.core.graph import Graph, Node
-from qtool.core.model import open_h5
+from qtool.core.model import DIRECTIONS, open_h5
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
 from qtool.io.qmodel_file import read_qmodel, write_qmodel
 from qtool.layers import check, layer
+from qtool.layers import gru as gru_layer
 from qtool.layers.integer import LayerBits, same_grid
 
 GFORMAT, QGFORMAT, GVERSION = "qtool-graph", "qtool-qgraph", 1
@@ -101,11 +106,32 @@ def read_graph(f, where: str) -> Graph:
     return check(graph, where)
 
 
+def fingerprint(qg: QGraph) -> str:
+    """A hash of everything that decides the quantized model's outputs: the graph's structure
+    and float params, the core and tail, every grid, every layer's bits and each GRU's own
+    fingerprint (its integers). Not the provenance, nor the names of the graph and its source."""
+    g = qg.graph
+    structure = {"inputs": g.inputs, "outputs": g.outputs, "core": qg.core, "tail": qg.tail,
+                 "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in g.nodes],
+                 "grids": {e: [t.bits, int(t.exp2_inv), int(t.zp)] for e, t in qg.grids.items()},
+                 "layer_bits": qg.info.get("layer_bits", {})}
+    h = hashlib.sha256(f"{QGFORMAT}/{GVERSION}|".encode())
+    h.update(json.dumps(structure, default=_plain, sort_keys=True).encode())
+    for k, n in enumerate(g.nodes):
+        for name in sorted(n.params):
+            a = np.asarray(n.params[name], np.float32)  # as the file stores it
+            h.update(f"|{k}.{name}{a.shape}".encode() + a.tobytes())
+    for name in qg.core:
+        if "qm" in qg.qparams.get(name, {}):
+            h.update(f"|{name}:{qg.qparams[name]['qm'].fingerprint()}".encode())
+    return h.hexdigest()[:16]
+
+
 def write_qgraph(f, qg: QGraph) -> None:
     write_graph(f, qg.graph)
     grids = {e: [g.bits, int(g.exp2_inv), int(g.zp), float(g.lo), float(g.hi)] for e, g in qg.grids.items()}
     quant = {"core": qg.core, "tail": qg.tail, "passes": qg.passes, "info": qg.info, "grids": grids}
-    f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=_plain))
+    f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=_plain), fingerprint=fingerprint(qg))
     for k, n in enumerate(qg.graph.nodes):
         if n.op == "gru" and n.name in qg.qparams:
             write_qmodel(f.create_group(f"gru/{k}"), qg.qparams[n.name]["qm"])
@@ -123,6 +149,39 @@ def _layer_bits(v, name: str, where: str) -> LayerBits:
     if not ok or not (2 <= v[0] <= 16 and 8 <= v[1] <= 32 and 2 <= v[2] <= 16):
         raise QtoolError(f"{where}: the bits of node '{name}' are not [weight 2..16, bias 8..32, activation 2..16]")
     return LayerBits(*v)
+
+
+def _same_gru(node: Node, k: int, qm, where: str) -> None:
+    """The GRU's float params in the graph and its quantized GRU's float weights are written from
+    the same arrays: any difference (to the bit) means the file was changed, and the integer GRU
+    would no longer be the quantization of the float GRU it is measured against. Its stored
+    fingerprint must still be that of its integers."""
+    mine = gru_layer.model(node)
+    if (mine.num_layers, mine.num_directions) != (qm.model.num_layers, qm.model.num_directions):
+        raise QtoolError(f"{where}: gru/{k} has {qm.model.num_layers} layer(s) of {qm.model.num_directions} "
+                         f"direction(s), node {node.label} {mine.num_layers} of {mine.num_directions}")
+    for l, (cells, qcells) in enumerate(zip(mine.layers, qm.model.layers)):
+        for d, (a, b) in enumerate(zip(cells, qcells)):
+            for w in ("W", "R", "bx", "br"):
+                if not np.array_equal(getattr(a, w), getattr(b, w)):
+                    raise QtoolError(f"{where}: params/{k}/l{l}.{DIRECTIONS[d]}.{w} and gru/{k}/layer{l}/"
+                                     f"{DIRECTIONS[d]}/{w} (the float and the quantized GRU of node "
+                                     f"{node.label}) disagree; the file was changed after qtool wrote it")
+    stored, actual = qm.info.get("fingerprint"), qm.fingerprint()
+    if stored is not None and stored != actual:
+        raise QtoolError(f"{where}: gru/{k}/quant: the integers' fingerprint is {actual}, the file says "
+                         f"{stored!s:.40}; the file was changed after qtool wrote it")
+
+
+def _same_fingerprint(f, qg: QGraph, where: str) -> None:
+    """The stored fingerprint against the contents (files written before it have none)."""
+    stored = f.attrs.get("fingerprint")
+    if isinstance(stored, bytes):
+        stored = stored.decode(errors="replace")
+    actual = fingerprint(qg)
+    if stored is not None and stored != actual:
+        raise QtoolError(f"{where}: the contents' fingerprint is {actual}, the file says {stored!s:.40}; "
+                         "the file was changed after qtool wrote it")
 
 
 def read_qgraph(f, where: str) -> QGraph:
@@ -153,13 +212,16 @@ def read_qgraph(f, where: str) -> QGraph:
             x, h = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
             if not (same_grid(x, grids[node.inputs[0]]) and same_grid(h, grids[node.outputs[0]])):
                 raise QtoolError(f"{where}: the GRU of node {node.label} does not read and write its edges' grids")
+            _same_gru(node, k, qm, where)
             qparams[node.name] = {"qm": qm}
         else:
             if node.name not in bits:
                 raise QtoolError(f"{where}: the bits of node {node.label} are missing")
             qparams[node.name] = layer(node.op, node.label).quantize(
                 node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs], bits[node.name])
-    return QGraph(graph, grids, qparams, core, tail, passes, info)
+    qg = QGraph(graph, grids, qparams, core, tail, passes, info)
+    _same_fingerprint(f, qg, where)
+    return qg
 
 
 def load(path: str | Path) -> Graph | QGraph:
