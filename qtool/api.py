@@ -192,6 +192,18 @@ def save_graph(model: Graph | QGraph, path: str | os.PathLike, force: bool = Fal
     return Path(path)
 
 
+def _one_input_graph(model: Graph | str | os.PathLike, check: bool) -> tuple[Graph, Path | None]:
+    """The graph of `model` (read from its file, checked against its framework with `check`) and
+    that file; a model of more than one input is refused."""
+    source = None
+    if not isinstance(model, Graph):
+        source = Path(model)
+        model = load_graph(source, check=check)
+    if len(model.inputs) != 1:
+        raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
+    return model, source
+
+
 def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
                     method: str = "auto", percentile: float = 99.99, batch_size: int = 64,
                     limit: int | None = None, dataset: str | None = None, time_first: bool = False,
@@ -209,12 +221,7 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
     label, config = _bits_config(bits)
-    source = None
-    if not isinstance(model, Graph):
-        source = Path(model)
-        model = load_graph(source, check=check)
-    if len(model.inputs) != 1:
-        raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
+    model, source = _one_input_graph(model, check)
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
     tick = (lambda done: progress(done, n)) if progress else None
@@ -704,12 +711,7 @@ def advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLik
     from qtool.advisor.graph import advise_graph as run_advise
     from qtool.io.files import write_bytes
 
-    source = None
-    if not isinstance(model, Graph):
-        source = Path(model)
-        model = load_graph(source, check=check)
-    if len(model.inputs) != 1:
-        raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
+    model, source = _one_input_graph(model, check)
     data_in, test_in = data, test
     data = as_data(data, dataset, time_first)
     test = as_data(test, dataset, time_first) if test is not None else None

@@ -48,15 +48,19 @@ def summary_line(advice: Advice) -> str:
     return "; ".join(parts)
 
 
-def search_line(advice: Advice) -> str:
+def _searched(advice: Advice | GraphAdvice) -> str:
+    """What the advisor decided by, and what that cost."""
     if advice.mode == "target":
         what = f"target {advice.target_db:g} dB"
     elif advice.mode == "budget":
         what = f"budget {advice.max_flash:,} bytes"
     else:
         what = f"the threshold rule, T = {advice.threshold_db:g} dB"
-    return (f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s; "
-            f"methods: {advice.chosen.qm.info.get('method')}")
+    return f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s"
+
+
+def search_line(advice: Advice) -> str:
+    return f"{_searched(advice)}; methods: {advice.chosen.qm.info.get('method')}"
 
 
 def unit_table(advice: GraphAdvice, title: str) -> Table:
@@ -83,11 +87,4 @@ def graph_summary_line(advice: GraphAdvice) -> str:
 
 
 def graph_search_line(advice: GraphAdvice) -> str:
-    if advice.mode == "target":
-        what = f"target {advice.target_db:g} dB"
-    elif advice.mode == "budget":
-        what = f"budget {advice.max_flash:,} bytes"
-    else:
-        what = f"the threshold rule, T = {advice.threshold_db:g} dB"
-    return (f"{what}: {advice.simulations} simulations in {advice.seconds:.1f} s; method auto chose "
-            f"{advice.chosen.qg.info.get('auto', {}).get('chosen', 'per-edge')}")
+    return f"{_searched(advice)}; method auto chose {advice.chosen.qg.info.get('auto', {}).get('chosen', 'per-edge')}"
