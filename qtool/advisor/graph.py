@@ -17,7 +17,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
@@ -186,8 +185,7 @@ class GraphSearch(UnitSearch):
     def __init__(self, ev: GraphEvaluator) -> None:
         super().__init__(ev, ev.sp.units)
 
-    @cached_property
-    def order(self) -> list:
+    def _order(self) -> list:
         """Lowest predicted SNR first; flash-free units before costly ones of the same SNR."""
         p = self.ev.sp.predicted
         return sorted(self.units, key=lambda u: (p.get(u, math.inf), max(self.cost[u], 0), unit_key(u)))

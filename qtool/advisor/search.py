@@ -14,6 +14,7 @@ Every configuration is calibrated by `--method auto` (the same choice `qtool cal
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -122,7 +123,7 @@ def threshold_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
     return frozenset(u for u, db in unit_snr(stats).items() if db <= threshold_db)
 
 
-class UnitSearch:
+class UnitSearch(ABC):
     """The target and budget searches over one evaluator (`ev(promoted)` builds and measures a
     configuration; `ev.flash_only` counts one's flash; `ev.seen` holds every one measured).
     A subclass says in which order units are promoted (`order`) and which promoted units that
@@ -147,10 +148,16 @@ class UnitSearch:
 
     @cached_property
     def order(self) -> list:
-        raise NotImplementedError
+        """Units in the order the searches promote them."""
+        return self._order()
 
+    @abstractmethod
+    def _order(self) -> list:
+        """The promotion order (computed once, by `order`)."""
+
+    @abstractmethod
     def least_important(self, promoted: frozenset, free: list) -> list:
-        raise NotImplementedError
+        """`free` (promoted units that cost no flash), the least important first."""
 
     def passing(self, target_db: float) -> list:
         return [c for c in self.ev.seen.values() if c.snr_db >= target_db]
@@ -237,10 +244,6 @@ class Search(UnitSearch):
         return {(b, LOW + HIGH - b): self.ev.ac.build(bits_config(model, lut_bits_config(model, b)),
                                                       (self.low if b == LOW else self.high).choice.plan, {})
                 for b in (LOW, HIGH)}
-
-    @cached_property
-    def order(self) -> list[Unit]:
-        return self._order()
 
     def predicted_db(self, promoted: frozenset[Unit]) -> float:
         return self.pr.grid(mixed_cells(self.low.qm, self.high.qm, promoted, self.cross))[1]
