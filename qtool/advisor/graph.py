@@ -119,6 +119,13 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
 
     def low(u: tuple, db: float) -> None:
         predicted[u] = min(predicted.get(u, math.inf), db)
+
+    edge_stats: dict[str, object] = {}  # an edge read by a weighted layer is estimated once
+
+    def of_edge(e: str):
+        if e not in edge_stats:
+            edge_stats[e] = _stats(prep.values[e][:rows], e, seed, gamma, repeats)
+        return edge_stats[e]
     for node in grus:
         m = gru_model(node)
         edge_unit[node.inputs[0]] = (0, "x")
@@ -137,13 +144,13 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
             edge_unit.setdefault(e, edge_unit[node.inputs[0]] if shares else (node.name, "activation"))
         if "q_W" in int8.qparams[node.name]:
             w = _stats(_weights(node, int8.qparams[node.name]), f"{node.name}.W", seed, gamma, repeats)
-            x = _stats(prep.values[node.inputs[0]][:rows], node.inputs[0], seed, gamma, repeats)
+            x = of_edge(node.inputs[0])
             db = pzero.snr_db(pzero.p_zero(w, LOW), pzero.p_zero(x, LOW))
             low((node.name, "weight"), db)
             low(edge_unit[node.inputs[0]], db)
     for e, u in edge_unit.items():  # every other edge: the one-vector form
         if isinstance(u[0], str):
-            low(u, pzero.snr_db(pzero.p_zero(_stats(prep.values[e][:rows], e, seed, gamma, repeats), LOW)))
+            low(u, pzero.snr_db(pzero.p_zero(of_edge(e), LOW)))
     gru_units = list(dict.fromkeys(u for n in grus for u in all_units(gru_model(n))))
     graph_units = list(dict.fromkeys(u for u in [*edge_unit.values(), *predicted] if isinstance(u[0], str)))
     return Space(prep, rows, edge_unit, gru_units + graph_units, predicted, grus)
