@@ -111,7 +111,8 @@ def compile_c(sources: list[Path], exe: Path, include: Path, extra: list[str] | 
         ["-o", str(exe)] + (extra or [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        first = (res.stderr.strip().splitlines() or ["(no message)"])[0]
+        lines = res.stderr.strip().splitlines()
+        first = next((x for x in lines if "error" in x), lines[0] if lines else "(no message)")
         raise QtoolError(f"the exported C did not compile: {first}")
 
 

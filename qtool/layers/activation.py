@@ -25,7 +25,9 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_float, fail, only, want_inputs
+from qtool.layers.c import CNode, ctype, lit
 from qtool.layers.integer import LayerBits, lookup, table
+from qtool.numerics.qparams import qrange
 
 OP = "activation"
 KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "linear")
@@ -105,3 +107,18 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
     return [lookup(qp["table"], qs[0], g_in[0])]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    """y[c] = table[x[c] - qmin_x]."""
+    gx, gy = g_in[0], g_out[0]
+    code = f"""/* {node.label}: {_kind(node)}, by its exact table */
+static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {widths[0]}; c++) {{
+        y[c] = {f}_table[x0[c] - {lit(qrange(gx.bits)[0])}];
+    }}
+}}
+"""
+    return CNode("frame", code, [(ctype(gy), f"{f}_table", qp["table"])])

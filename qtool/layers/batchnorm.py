@@ -12,6 +12,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_float, f32, fail, only, param, want_inputs
+from qtool.layers.c import CNode, ctype, lit, max_abs, rescale_bits, rescale_expr, shift_table, table_type
 from qtool.layers.integer import LayerBits, gemm_params, rescale
 
 OP = "batchnorm"
@@ -51,3 +52,22 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
                 ) -> list[np.ndarray]:
     acc = (np.asarray(qs[0], np.int64) - g_in[0].zp) * qp["q_W"][:, 0] + qp["q_b"]
     return [rescale(acc, qp["sh_acc"], g_out[0])]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    """y[c] = rescale((x[c] - zp_x) * q_a[c] + q_b[c], sh_acc[c])."""
+    a, b, sh, gx, gy = qp["q_W"][:, 0], qp["q_b"], qp["sh_acc"], g_in[0], g_out[0]
+    bound = int(np.abs(a).max(initial=0)) * (max_abs(gx) + abs(gx.zp)) + int(np.abs(b).max(initial=0))
+    bits = rescale_bits(bound, sh)
+    y = rescale_expr(f"(int{bits}_t)(x0[c] - {lit(gx.zp)}) * {f}_a[c] + {f}_b[c]", 0, sh, f, gy, bits)
+    code = f"""/* {node.label}: per-channel affine */
+static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {len(a)}; c++) {{
+        y[c] = ({ctype(gy)}){y};
+    }}
+}}
+"""
+    return CNode("frame", code, [(table_type(a), f"{f}_a", a), (table_type(b), f"{f}_b", b), *shift_table(f, sh)],
+                 macs=len(a))

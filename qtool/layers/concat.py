@@ -8,6 +8,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import fail, is_seq, only, same_steps, want_inputs, with_channels
+from qtool.layers.c import CNode, ctype, requantize_expr
 from qtool.layers.integer import LayerBits, requantize
 
 OP = "concat"
@@ -34,3 +35,22 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
                 ) -> list[np.ndarray]:
     same_steps(node, qs)
     return [np.concatenate([requantize(q, g, g_out[0]) for q, g in zip(qs, g_in)], axis=-1)]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    """Each input requantized into its slice of the output frame."""
+    y_t = ctype(g_out[0])
+    args = ", ".join(f"const {ctype(g)} *x{i}" for i, g in enumerate(g_in))
+    loops, at = [], 0
+    for i, (g, w) in enumerate(zip(g_in, widths)):
+        y = requantize_expr(f"x{i}[c]", g, g_out[0])
+        loops.append(f"    for (c = 0; c < {w}; c++) {{\n        y[{at} + c] = {y};\n    }}")
+        at += w
+    code = f"""/* {node.label}: concat */
+static void {f}({args}, {y_t} *y)
+{{
+    int32_t c;
+{chr(10).join(loops)}
+}}
+"""
+    return CNode("frame", code)

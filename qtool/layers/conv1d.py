@@ -18,6 +18,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
+from qtool.layers.c import CNode, Window, gemm_c
 from qtool.layers.integer import EXACT_FLOAT, LayerBits, gemm_params, matmul, rescale
 
 OP = "conv1d"
@@ -111,3 +112,12 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
                 acc[..., g * per:(g + 1) * per] += xs[..., g * c_g:(g + 1) * c_g] @ W[g * per:(g + 1) * per, :, j].T
         acc = acc.astype(np.int64)
     return [rescale(acc - qp["W_sum_mul_x_zp"] + qp["q_b"], qp["sh_acc"], g_out[0])]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    kernel, stride, dilation, groups, padding = _attrs(node)
+    cn = gemm_c(f, node.label, qp["q_W"], qp["q_b"] - qp["W_sum_mul_x_zp"], qp["sh_acc"], g_in[0], g_out[0],
+                window=True, groups=groups)
+    pads = {"valid": (0, 0), "causal": ((kernel - 1) * dilation, 0)}.get(padding, padding)
+    cn.window = Window(kernel, stride, dilation, pads, pad_value=True)
+    return cn

@@ -16,6 +16,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import f32, fail, only, param, want_inputs, with_channels
+from qtool.layers.c import CNode, gemm_c
 from qtool.layers.integer import LayerBits, gemm_params, matmul, rescale
 
 OP = "dense"
@@ -46,3 +47,7 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
                 ) -> list[np.ndarray]:
     acc = matmul(qs[0], qp["q_W"]) - qp["W_sum_mul_x_zp"] + qp["q_b"]
     return [rescale(acc, qp["sh_acc"], g_out[0])]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    return gemm_c(f, node.label, qp["q_W"], qp["q_b"] - qp["W_sum_mul_x_zp"], qp["sh_acc"], g_in[0], g_out[0])

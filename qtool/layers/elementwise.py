@@ -15,6 +15,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import fail, only, same_steps, want_inputs
+from qtool.layers.c import CNode, ctype, lit, max_abs, rescale_bits, rescale_expr
 from qtool.layers.integer import LayerBits, rescale
 
 OPS = ("add", "mul")
@@ -59,3 +60,32 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     else:
         acc = sum(np.left_shift(t, a) for t, a in zip(terms, qp["align"]))
     return [rescale(acc, qp["sh"], g_out[0])]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    """add: the inputs aligned by left shifts and summed; mul: their product; then the rescale."""
+    terms = [f"((int64_t)x{i}[c] - {lit(g.zp)})" for i, g in enumerate(g_in)]
+    mags = [max_abs(g) + abs(g.zp) for g in g_in]
+    if node.op == "mul":
+        bound = 1
+        for m in mags:
+            bound *= m
+        v = " * ".join(terms)
+    else:
+        bound = sum(m << a for m, a in zip(mags, qp["align"]))
+        v = " + ".join(f"{t} * {1 << a}" if a else t for t, a in zip(terms, qp["align"]))
+    bits = rescale_bits(bound, np.array([qp["sh"]]))
+    if bits == 32:
+        v = f"(int32_t)({v})"
+    y_t = ctype(g_out[0])
+    args = ", ".join(f"const {ctype(g)} *x{i}" for i, g in enumerate(g_in))
+    code = f"""/* {node.label}: {node.op} */
+static void {f}({args}, {y_t} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {widths[0]}; c++) {{
+        y[c] = ({y_t}){rescale_expr(v, qp["sh"], None, f, g_out[0], bits)};
+    }}
+}}
+"""
+    return CNode("frame", code)

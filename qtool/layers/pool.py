@@ -17,6 +17,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_int, attr_padding, fail, only, same_pads, want_inputs, windows
+from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
 from qtool.layers.integer import LayerBits, requantize, saturate
 
 OPS = ("avg_pool1d", "max_pool1d", "global_avg_pool1d", "global_max_pool1d")
@@ -92,3 +93,64 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     num = np.asarray(s, kind) * (1 << max(d, 0))
     n = np.asarray(count, kind) * (1 << max(-d, 0))
     return [saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy).astype(np.int64)]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    """A window of real input frames (a padded tap is NULL: not a value) -> its max or average;
+    the global pools as a running max or sum over every frame."""
+    gx, gy, C = g_in[0], g_out[0], widths[0]
+    x_t, y_t = ctype(gx), ctype(gy)
+    d = int(gy.exp2_inv) - int(gx.exp2_inv)
+    avg = f"QGRU_SAT64(qlayers_average({{s}}, {{n}}, {d}, {gx.bits}, {gy.bits}) + {lit(gy.zp)}, {gy.bits})"
+    if node.op.startswith("global_"):
+        if node.op == "global_max_pool1d":
+            add, out, acc_t, most = "acc[c] = count == 0 || x[c] > acc[c] ? x[c] : acc[c];", \
+                f"y[c] = {requantize_expr('acc[c]', gx, gy)};", "int32_t", 0
+        else:  # 2 s 2^d + n stays in int64 while 2 bit_length(count) + bits_x + bits_y + 3 <= 62
+            add, acc_t = f"acc[c] = (count == 0 ? 0 : acc[c]) + x[c] - {lit(gx.zp)};", "int64_t"
+            out = f"y[c] = ({y_t}){avg.format(s='acc[c]', n='count')};"
+            most = (1 << ((59 - gx.bits - gy.bits) // 2)) - 1
+        code = f"""/* {node.label}: {node.op}, one frame at a time */
+static void {f}_add({acc_t} *acc, const {x_t} *x, int32_t count)
+{{
+    int32_t c;
+    (void)count;
+    for (c = 0; c < {C}; c++) {{
+        {add}
+    }}
+}}
+
+static void {f}_out(const {acc_t} *acc, int32_t count, {y_t} *y)
+{{
+    int32_t c;
+    (void)count;
+    for (c = 0; c < {C}; c++) {{
+        {out}
+    }}
+}}
+"""
+        return CNode("reduce", code, acc_t=acc_t, max_steps=most)
+    pool, stride, padding = _attrs(node)
+    if node.op == "max_pool1d":
+        inner = ("if (rows[j] != NULL && (m == INT32_MIN || rows[j][c] > m)) {\n"
+                 "                m = rows[j][c];\n            }")
+        init, out = "int32_t m = INT32_MIN;", f"y[c] = {requantize_expr('m', gx, gy)};"
+    else:
+        inner = f"if (rows[j] != NULL) {{\n                s += rows[j][c] - {lit(gx.zp)};\n            }}"
+        init, out = "int32_t s = 0;", f"y[c] = ({y_t}){avg.format(s='s', n='n_real')};"
+    code = f"""/* {node.label}: {node.op} over a window of {pool} frames (NULL: a padded step) */
+static void {f}(const {x_t} *const *rows, int32_t n_real, {y_t} *y)
+{{
+    int32_t c, j;
+    (void)n_real;
+    for (c = 0; c < {C}; c++) {{
+        {init}
+        for (j = 0; j < {pool}; j++) {{
+            {inner}
+        }}
+        {out}
+    }}
+}}
+"""
+    pads = (0, 0) if padding == "valid" else padding
+    return CNode("window", code, window=Window(pool, stride, 1, pads, pad_value=False))

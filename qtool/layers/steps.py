@@ -14,6 +14,7 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import MAX_STEPS, attr_steps, fail, only, want_inputs
+from qtool.layers.c import CNode, Window, ctype, requantize_expr
 from qtool.layers.integer import requantize
 
 OPS = ("zero_pad1d", "last_step")
@@ -57,3 +58,19 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], cfg) -> dict
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
     return [requantize(_move(node, qs[0], g_in[0].zp), g_in[0], g_out[0])]
+
+
+def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
+    """One frame onto the output's grid (the integers themselves where the grids agree); the
+    assembler pads (`pads`: the zero point's frames) or takes the last frame."""
+    code = f"""/* {node.label}: {node.op} */
+static void {f}(const {ctype(g_in[0])} *x0, {ctype(g_out[0])} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {widths[0]}; c++) {{
+        y[c] = {requantize_expr('x0[c]', g_in[0], g_out[0])};
+    }}
+}}
+"""
+    pads = _pad(node) if node.op == "zero_pad1d" else None
+    return CNode("pad" if pads else "last", code, window=None if pads is None else Window(1, 1, 1, pads, True))

@@ -1,0 +1,731 @@
+"""`qtool export c` of a whole model: every node of the integer core in C, assembled into one
+program (docs/embedded.md, "Whole models").
+
+Each layer module's `c_code` (qtool.layers.c) gives the node's tables and its one-frame function;
+each GRU is its own export (qtool.exporters.c_export, prefix NAME_<node>) called as a unit. This
+module writes the drivers around them:
+
+- NAME_run_sequence: layer by layer over whole sequences, every edge in a caller's work buffer
+  (`NAME_edge_layout` says where, so a test can read every layer's integers);
+- NAME_step: one input frame at a time, for models whose every layer is causal: ring buffers
+  hold what windows need, each GRU its state; a frame in gives the frames that complete;
+- NAME_quantize_input, NAME_dequantize_output (float, outside the integer core), NAME_argmax for
+  a classifier, NAME_output_tail for a float tail (softmax, L2 normalization; needs libm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from qtool.exporters.c_export import RUNTIME, render_c
+from qtool.exporters.c_source import _float_literal, c_name, c_table, comment
+from qtool.exporters.c_types import SIZES, act_type
+
+from qtool import __version__
+from qtool.core.qgraph import QGraph
+from qtool.errors import QtoolError
+from qtool.graph.file import fingerprint
+from qtool.layers import layer
+from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
+from qtool.numerics.qparams import qrange
+
+
+@dataclass
+class LayerFootprint:
+    name: str
+    op: str
+    flash_bytes: int
+    state_bytes: int  # what NAME_step keeps of this layer (rings, sums, GRU state, its frame)
+    macs_per_frame: int
+
+
+@dataclass
+class GraphFootprint:
+    layers: list[LayerFootprint] = field(default_factory=list)
+    work_bytes_per_step: int = 0  # NAME_run_sequence's work buffer, per input time step (plus what is fixed)
+    streaming: bool = True
+    streaming_refusal: str = ""
+
+    @property
+    def flash_bytes(self) -> int:
+        return sum(x.flash_bytes for x in self.layers)
+
+    @property
+    def ram_bytes(self) -> int:
+        return sum(x.state_bytes for x in self.layers)
+
+    @property
+    def macs_per_step(self) -> int:
+        return sum(x.macs_per_frame for x in self.layers)
+
+
+@dataclass
+class _Node:
+    name: str
+    f: str            # its C prefix
+    op: str
+    ins: list[int]    # edge indexes
+    out: int
+    cn: CNode
+    gru: object = None  # a GRU: its CExport
+    qm: object = None
+
+
+@dataclass
+class GraphExport:
+    prefix: str
+    files: dict[str, bytes | str]
+    footprint: GraphFootprint
+    edges: list[str]  # every edge of the core, in NAME_edge_layout's order
+
+    layout: tuple = ()  # for verify: ([(edge, C type, width, is sequence)], output index, streams, sources)
+
+    def encoded(self) -> dict[str, bytes]:
+        return {n: f if isinstance(f, bytes) else f.encode() for n, f in sorted(self.files.items())}
+
+
+def _check(qg: QGraph) -> None:
+    if len(qg.graph.inputs) != 1:
+        raise QtoolError(f"the C export takes a model of one input; this one has {len(qg.graph.inputs)}")
+    if len(qg.core_outputs) != 1 or len(qg.graph.outputs) != 1:
+        raise QtoolError(f"the C export takes a model of one output; this one has {len(qg.graph.outputs)}")
+    shape = next(iter(qg.graph.inputs.values()))
+    if len(shape) != 2:
+        raise QtoolError("the C export takes a model whose input is a sequence [T, C]")
+
+
+def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool) -> list[_Node]:
+    out, used = [], set()
+    for name in qg.core:
+        node = qg.node(name)
+        f = f"{prefix}_{c_name(name)}"
+        while f in used:
+            f += "_"
+        used.add(f)
+        if len(node.outputs) != 1:
+            raise QtoolError(f"node {node.label}: the C export takes nodes of one output")
+        g_in = [qg.grids[e] for e in node.inputs]
+        g_out = [qg.grids[e] for e in node.outputs]
+        widths = [qg.graph.shapes[e][-1] for e in node.inputs]
+        ins = [edges.index(e) for e in node.inputs]
+        edges.append(node.outputs[0])
+        if node.op == "gru":
+            qm = qg.qparams[name]["qm"]
+            sub = render_c(qm, f, "table", fully_integral)
+            out.append(_Node(name, f, "gru", ins, len(edges) - 1, CNode("gru", macs=sub.footprint.macs_per_step),
+                             sub, qm))
+            continue
+        cn = layer(node.op, node.label).c_code(node, qg.qparams[name], g_in, g_out, f, widths)
+        out.append(_Node(name, f, node.op, ins, len(edges) - 1, cn))
+    return out
+
+
+def _streaming_refusal(qg: QGraph, nodes: list[_Node]) -> str:
+    """Why NAME_step cannot give what the whole sequence gives ("" when it can)."""
+    for n in nodes:
+        label = qg.node(n.name).label
+        w = n.cn.window
+        if n.op == "gru" and n.qm.model.num_directions != 1:
+            return f"node {label} is bidirectional: its backward half reads the sequence from its end"
+        if n.cn.kind == "pad" and w.pads != (0, 0):
+            return f"node {label} pads the sequence with {w.pads} steps, which a stream of frames does not insert"
+        if n.cn.kind == "window":
+            if w.pads == "same" or w.pads[1] > 0:
+                return (f"node {label} pads after the sequence's end ('same' or right padding): its last "
+                        "outputs need frames a stream has not had")
+            if w.pads[0] >= w.span:
+                return f"node {label} pads more steps before the sequence ({w.pads[0]}) than its window spans"
+    return ""
+
+
+def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True) -> GraphExport:
+    """The C sources of the whole model `qg`, their identifiers and files prefixed with c_name(`name`)."""
+    _check(qg)
+    prefix = c_name(name)
+    edges = [next(iter(qg.graph.inputs))]
+    nodes = _nodes(qg, prefix, edges, fully_integral)
+    out_edge = qg.core_outputs[0]
+    if out_edge not in edges[1:]:
+        raise QtoolError("the model's output is its input: there is nothing to export")
+    refusal = _streaming_refusal(qg, nodes)
+    m = _Model(qg, prefix, edges, nodes, edges.index(out_edge), refusal)
+    files: dict[str, bytes | str] = {f: (RUNTIME / f).read_bytes() for f in ("qgru.h", "qgru.c", "qlayers.h")}
+    for n in nodes:
+        if n.gru is not None:
+            files.update({k: v for k, v in n.gru.files.items() if k not in files})
+    tables = [c_table(t, nm, v) for n in nodes for t, nm, v in n.cn.tables] + m.pad_rows()
+    files[f"{prefix}_params.h"] = m.params_h([d for d, _ in tables])
+    files[f"{prefix}_params.c"] = (f"/* {prefix}: integer parameters of the layers, generated by qtool. Do not "
+                                   f'edit. */\n#include "{prefix}_params.h"\n\n' + "\n".join(d for _, d in tables))
+    files[f"{prefix}.h"] = m.header()
+    files[f"{prefix}.c"] = m.source()
+    if fully_integral:
+        from qtool.exporters.c_integral import check_core
+
+        texts = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".c", ".h"))}
+        floats = {f"{p}_{s}" for p in [prefix] + [n.f for n in nodes if n.gru is not None]
+                  for s in ("quantize_input", "dequantize_output", "output_tail")}
+        check_core(texts, floats)
+    layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
+              sorted(n for n in files if n.endswith(".c")))
+    return GraphExport(prefix, files, m.footprint(tables), edges, layout)
+
+
+def graph_sources(out_dir: Path, prefix: str, files) -> list[Path]:
+    """The C files of a whole-model export to compile."""
+    return [out_dir / n for n in sorted(files) if n.endswith(".c") and not n.endswith("_test_main.c")]
+
+
+class _Model:
+    """The C text of the model around its nodes' functions."""
+
+    def __init__(self, qg: QGraph, prefix: str, edges: list[str], nodes: list[_Node], out: int, refusal: str):
+        self.qg, self.p, self.P, self.edges, self.nodes, self.out = qg, prefix, prefix.upper(), edges, nodes, out
+        self.refusal = refusal
+        self.grid = [qg.grids[e] for e in edges]
+        self.t = [ctype(g) for g in self.grid]
+        self.width = [qg.graph.shapes[e][-1] for e in edges]
+        self.seq = [len(qg.graph.shapes[e]) == 2 for e in edges]
+        self.tail = [qg.node(n) for n in qg.tail]
+
+    # ---- pieces --------------------------------------------------------------------------
+    def pad_rows(self) -> list[tuple[str, str]]:
+        """A zero-point frame for each conv1d that pads: what its padded taps read."""
+        rows = []
+        for n in self.nodes:
+            w = n.cn.window
+            if n.cn.kind == "window" and w.pad_value:
+                e = n.ins[0]
+                rows.append(c_table(self.t[e], f"{n.f}_zp_row", np.full(self.width[e], self.grid[e].zp)))
+        return rows
+
+    def frame_call(self, n: _Node, ins: list[str], y: str) -> str:
+        return f"{n.f}({', '.join(ins)}, {y});"
+
+    def params_h(self, decls: list[str]) -> str:
+        guard = f"{self.P}_PARAMS_H"
+        return f"""/* {self.p}: integer parameters of the layers around the GRU(s), generated by qtool. Do not edit.
+ * Every edge's quantization (value = (q - zp) * 2^-exp2_inv):
+{chr(10).join(comment(f" *   {e}: int{g.bits}, exp2_inv {int(g.exp2_inv)}, zp {g.zp}")
+              for e, g in zip(self.edges, self.grid))}
+ */
+#ifndef {guard}
+#define {guard}
+
+#include "qlayers.h"
+
+{chr(10).join(decls)}
+
+#endif /* {guard} */
+"""
+
+    # ---- the header ------------------------------------------------------------------------
+    def state_fields(self) -> list[str]:
+        out = []
+        for n in self.nodes:
+            cn, e_in, e = n.cn, n.ins[0], n.out
+            if n.gru is not None:
+                out.append(f"    {n.f}_state_t {c_name(n.name)}; /* {comment(n.name)} */")
+                out.append(f"    {n.f}_q_t {c_name(n.name)}_y[{n.f.upper()}_OUTPUT_SIZE];")
+            if cn.kind == "window":
+                out.append(f"    {self.t[e_in]} {c_name(n.name)}_ring[{cn.window.span * self.width[e_in]}];")
+                out.append(f"    int32_t {c_name(n.name)}_at[4]; /* next row, rows held, frames to skip, first step */")
+            if cn.kind == "reduce":
+                out.append(f"    {cn.acc_t} {c_name(n.name)}_acc[{self.width[e_in]}];")
+                out.append(f"    int32_t {c_name(n.name)}_count;")
+            out.append(f"    {self.t[e]} e{e}[{self.width[e]}]; /* {comment(self.edges[e])}: its latest frame */")
+        out.append(f"    int32_t valid[{len(self.edges)}]; /* a vector edge holds a value */")
+        return out
+
+    def header(self) -> str:
+        P, p = self.P, self.p
+        gin, gout = self.grid[0], self.grid[self.out]
+        subs = "".join(f'#include "{n.f}.h"\n' for n in self.nodes if n.gru is not None)
+        out_seq = self.seq[self.out]
+        classes = self.width[self.out] if not out_seq and self.width[self.out] >= 2 else 0
+        stream = (f"""/* core, streaming: one input frame x_q [INPUT_SIZE]; returns 1 when it completes an output frame
+ * (written to y_q [OUTPUT_SIZE]{"" if out_seq else ": the output as if the sequence ended here"}), else 0.
+ * A stream of T frames gives the frames {p}_run_sequence gives for them. */
+int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q);
+""" if not self.refusal else f"""/* No {p}_step: {comment(self.refusal)}. Run whole sequences. */
+""")
+        tail_names = f", float tail: {comment(', '.join(n.name for n in self.tail))}" if self.tail else ""
+        step_name = "" if self.refusal else f", {p}_step"
+        tail = (f"/* the float tail ({comment(', '.join(n.op for n in self.tail))}) over `frames` dequantized "
+                f"output frames, in place; needs libm */\nvoid {p}_output_tail(float *y, int32_t frames);\n"
+                if self.tail else "")
+        argmax = ("/* integer argmax of a classifier's output: the first class of the largest integer */\n"
+                  f"int32_t {p}_argmax(const {p}_out_t *y_q);\n" if classes else "")
+        return f"""/*
+ * {p}: a whole model in integers, generated by qtool {__version__}. Do not edit.
+ * {comment(self.qg.graph.name)}: {len(self.nodes)} integer layers{tail_names}.
+ * Three parts: {p}_quantize_input (float in), the integer core ({p}_run_sequence{step_name}),
+ * {p}_dequantize_output (float out). Define QGRU_NO_FLOAT to leave the float parts out.
+ */
+#ifndef {P}_H
+#define {P}_H
+
+#include <stdint.h>
+#include "qgru.h"
+{subs}
+#define {P}_INPUT_SIZE ({self.width[0]})
+#define {P}_OUTPUT_SIZE ({self.width[self.out]})
+#define {P}_OUTPUT_IS_SEQUENCE ({int(out_seq)}) /* else one vector per sequence */
+#define {P}_NUM_EDGES ({len(self.edges)})
+#define {P}_STREAMING ({int(not self.refusal)})
+#define {P}_MAX_STEPS ({self.max_steps()}) /* the longest sequence the integer sums are proved for */
+#define {P}_MODEL_FINGERPRINT "{fingerprint(self.qg)}"
+#define {P}_INPUT_EXP2_INV ({int(gin.exp2_inv)})
+#define {P}_INPUT_ZP ({gin.zp})
+#define {P}_OUTPUT_EXP2_INV ({int(gout.exp2_inv)})
+#define {P}_OUTPUT_ZP ({gout.zp})
+{f"#define {P}_NUM_CLASSES ({classes})" + chr(10) if classes else ""}
+typedef {self.t[0]} {p}_in_t;
+typedef {self.t[self.out]} {p}_out_t;
+
+/* Caller-owned state: allocate statically. */
+typedef struct {{
+{chr(10).join(self.state_fields())}
+}} {p}_state_t;
+
+void {p}_reset({p}_state_t *s);
+#ifndef QGRU_NO_FLOAT
+/* prefix: q = clamp(floor(x * 2^exp2_inv + 0.5) + zp), n values */
+void {p}_quantize_input(const float *x, {p}_in_t *x_q, int32_t n);
+/* suffix: y = (q - zp) * 2^-exp2_inv, n values */
+void {p}_dequantize_output(const {p}_out_t *y_q, float *y, int32_t n);
+{tail}#endif
+/* bytes of the work buffer {p}_run_sequence needs for T steps (-1: T is too short or too long) */
+int32_t {p}_sequence_work(int32_t T);
+/* where {p}_run_sequence leaves edge e (0: the input, in x_q) in work: steps[e] frames of
+ * NUM_EDGES' widths at byte offset[e]; returns the work's bytes, or -1 */
+int32_t {p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset);
+/* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [steps][OUTPUT_SIZE]; returns the output's
+ * steps (1 for a vector), or -1 when T does not fit the model */
+int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work);
+{stream}{argmax}
+#endif /* {P}_H */
+"""
+
+    def max_steps(self) -> int:
+        most = [n.cn.max_steps for n in self.nodes if n.cn.max_steps]
+        return min(most + [(1 << 30)])
+
+    # ---- the source ----------------------------------------------------------------------
+    def steps_code(self) -> list[str]:
+        """C statements computing steps[e] for every edge from T (return -1 where it fails)."""
+        lines = ["    steps[0] = T;"]
+        for n in self.nodes:
+            a, e, w = n.ins[0], n.out, n.cn.window
+            if not self.seq[e]:
+                need = "1" if (n.cn.kind in ("last",) or n.op == "gru") and self.seq[a] else "0"
+                lines.append(f"    if (steps[{a}] < {need}) {{\n        return -1;\n    }}\n    steps[{e}] = 1;")
+                continue
+            if n.cn.kind == "pad":
+                lines.append(f"    steps[{e}] = steps[{a}] + {w.pads[0] + w.pads[1]};")
+            elif n.cn.kind == "window":
+                pads = self.pads_c(w, f"steps[{a}]")
+                lines.append(f"""    {{
+        int32_t left, right;
+{pads}
+        if (steps[{a}] + left + right < {w.span}) {{
+            return -1;
+        }}
+        steps[{e}] = (steps[{a}] + left + right - {w.span}) / {w.stride} + 1;
+    }}""")
+            else:
+                lines.append(f"    steps[{e}] = steps[{a}];")
+                for b in n.ins[1:]:
+                    lines.append(f"    if (steps[{b}] != steps[{a}]) {{\n        return -1;\n    }}")
+        return lines
+
+    @staticmethod
+    def pads_c(w: Window, T: str) -> str:
+        if w.pads != "same":
+            return (f"        left = {w.pads[0]};\n        right = {w.pads[1]};\n"
+                    "        (void)left;\n        (void)right;")
+        # qtool.layers.same_pads: ceil(T / stride) outputs, the odd zero after
+        return f"""        {{
+            int32_t total = ((({T}) + {w.stride - 1}) / {w.stride} - 1) * {w.stride} + {w.span} - ({T});
+            total = total < 0 ? 0 : total;
+            left = total / 2;
+            right = total - left;
+            (void)right;
+        }}"""
+
+    def layout_code(self) -> str:
+        n_regions = len(self.edges) + len(self.nodes)
+        lines = [f"int32_t {self.p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset)", "{",
+                 "    int32_t at = 0;", f"    if (T < 1 || T > {self.P}_MAX_STEPS) {{\n        return -1;\n    }}"]
+        lines += self.steps_code()
+        lines.append("    offset[0] = -1;")
+        for e in range(1, len(self.edges)):
+            size = f"steps[{e}] * {self.width[e] * SIZES[self.t[e]]}"
+            lines.append(f"    offset[{e}] = at;\n    at += ({size} + 3) & ~3;")
+        # a GRU's own work (its run_sequence) and, where its types or grids differ, its input and output
+        for i, n in enumerate(self.nodes):
+            if n.gru is not None:
+                lines.append(f"    offset[{len(self.edges) + i}] = at;\n"
+                             f"    at += (({n.f.upper()}_SEQUENCE_WORK(steps[{n.ins[0]}]) + steps[{n.ins[0]}] * "
+                             f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t)"
+                             " + 3) & ~3;")
+        lines.append("    return at;\n}")
+        self.n_regions = n_regions
+        return "\n".join(lines)
+
+    def ptr(self, e: int, T: str = "") -> str:
+        return "x_q" if e == 0 else f"(({self.t[e]} *)((unsigned char *)work + offset[{e}]))"
+
+    def sequence_node(self, i: int, n: _Node) -> str:
+        """One node of NAME_run_sequence, over whole sequences."""
+        a, e, cn = n.ins[0], n.out, n.cn
+        X = [self.ptr(b) for b in n.ins]
+        Y = self.ptr(e)
+        Wi = [self.width[b] for b in n.ins]
+        Wo = self.width[e]
+        head = f"    /* {comment(self.qg.node(n.name).label)} */\n"
+        if cn.kind == "frame":
+            args = [f"{x} + t * {w}" if self.seq[b] else x for x, w, b in zip(X, Wi, n.ins)]
+            steps = f"steps[{e}]" if self.seq[e] else "1"
+            call = f"{n.f}({', '.join(args)}, {Y} + t * {Wo});"
+            return head + f"    for (t = 0; t < {steps}; t++) {{\n        {call}\n    }}\n"
+        if cn.kind == "last":
+            return head + f"    {n.f}({X[0]} + (steps[{a}] - 1) * {Wi[0]}, {Y});\n"
+        if cn.kind == "pad":
+            L, R = cn.window.pads
+            zp = self.grid[e].zp
+            return head + f"""    for (t = 0; t < steps[{e}]; t++) {{
+        if (t < {L} || t >= {L} + steps[{a}]) {{
+            int32_t c;
+            for (c = 0; c < {Wo}; c++) {{
+                {Y}[t * {Wo} + c] = {lit(zp)};
+            }}
+        }} else {{
+            {n.f}({X[0]} + (t - {L}) * {Wi[0]}, {Y} + t * {Wo});
+        }}
+    }}
+"""
+        if cn.kind == "reduce":
+            return head + f"""    for (t = 0; t < steps[{a}]; t++) {{
+        {n.f}_add(s->{c_name(n.name)}_acc, {X[0]} + t * {Wi[0]}, t);
+    }}
+    {n.f}_out(s->{c_name(n.name)}_acc, steps[{a}], {Y});
+"""
+        if cn.kind == "window":
+            w = cn.window
+            pad = f"{n.f}_zp_row" if w.pad_value else "NULL"
+            return head + f"""    {{
+        int32_t left, right;
+{self.pads_c(w, f"steps[{a}]")}
+        for (t = 0; t < steps[{e}]; t++) {{
+            const {self.t[a]} *rows[{w.taps}];
+            int32_t j, n_real = 0;
+            for (j = 0; j < {w.taps}; j++) {{
+                const int32_t r = t * {w.stride} + j * {w.dilation} - left;
+                rows[j] = (r >= 0 && r < steps[{a}]) ? {X[0]} + r * {Wi[0]} : {pad};
+                n_real += r >= 0 && r < steps[{a}];
+            }}
+            {n.f}(rows, n_real, {Y} + t * {Wo});
+        }}
+    }}
+"""
+        return head + self.gru_sequence(i, n, X[0], Y)
+
+    def gru_sequence(self, i: int, n: _Node, X: str, Y: str) -> str:
+        a, e = n.ins[0], n.out
+        q_t, sub = f"{n.f}_q_t", n.f
+        qm = n.qm
+        H, D = qm.model.hidden_size, qm.model.num_directions
+        h = qm.cells[-1][0].spec["h"]
+        region = f"((unsigned char *)work + offset[{len(self.edges) + i}])"
+        lines = []
+        if act_type(qm) != self.t[a]:  # the GRU computes in its own type: its input copied into it
+            lines.append(f"""    {{
+        {q_t} *xin = ({q_t} *){region} + {sub.upper()}_SEQUENCE_WORK(steps[{a}]) + steps[{a}] * {H * D};
+        for (t = 0; t < steps[{a}] * {self.width[a]}; t++) {{
+            xin[t] = ({q_t}){X}[t];
+        }}
+        gx = xin;
+    }}""")
+        else:
+            lines.append(f"    gx = {X};")
+        lines.append(f"""    {{
+        {q_t} *gwork = ({q_t} *){region};
+        {q_t} *gy = gwork + {sub.upper()}_SEQUENCE_WORK(steps[{a}]); /* its output, after its own work */
+        int32_t c;
+        (void)c;
+        {sub}_run_sequence(&s->{c_name(n.name)}, ({"const " + q_t} *)gx, steps[{a}], gy, gwork);""")
+        if self.seq[e]:
+            lines.append(f"""        for (t = 0; t < steps[{a}] * {H * D}; t++) {{
+            {Y}[t] = {requantize_expr('gy[t]', h, self.grid[e])};
+        }}""")
+        else:  # the final states: forward after the last step, backward at step 0
+            last = f"gy[(steps[{a}] - 1) * {H * D} + c]"
+            first = f"gy[{H} + c]"
+            lines.append(f"""        for (c = 0; c < {H}; c++) {{
+            {Y}[c] = {requantize_expr(last, h, self.grid[e])};
+        }}""")
+            if D == 2:
+                lines.append(f"""        for (c = 0; c < {H}; c++) {{
+            {Y}[{H} + c] = {requantize_expr(first, h, self.grid[e])};
+        }}""")
+        lines.append("    }")
+        return "\n".join(lines) + "\n"
+
+    def run_sequence(self) -> str:
+        p = self.p
+        body = "".join(self.sequence_node(i, n) for i, n in enumerate(self.nodes))
+        grus = any(n.gru is not None for n in self.nodes)
+        out_bytes = f"steps[{self.out}] * {self.width[self.out] * SIZES[self.t[self.out]]}"
+        return f"""int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work)
+{{
+    int32_t steps[{self.P}_NUM_EDGES + {len(self.nodes)}], offset[{self.P}_NUM_EDGES + {len(self.nodes)}], t;
+{"    const void *gx;" + chr(10) if grus else ""}    if ({p}_edge_layout(T, steps, offset) < 0) {{
+        return -1;
+    }}
+    {p}_reset(s);
+{body}    memcpy(y_q, {self.ptr(self.out)}, (size_t)({out_bytes}));
+    return steps[{self.out}];
+}}
+"""
+
+    def reset(self) -> str:
+        lines = []
+        for n in self.nodes:
+            k = c_name(n.name)
+            if n.gru is not None:
+                lines.append(f"    {n.f}_reset(&s->{k});")
+            if n.cn.kind == "window":
+                w, a = n.cn.window, n.ins[0]
+                lines.append(f"    s->{k}_at[0] = {w.pads[0] if w.pads != 'same' else 0};"
+                             f" s->{k}_at[1] = {w.pads[0] if w.pads != 'same' else 0};"
+                             f" s->{k}_at[2] = 0; s->{k}_at[3] = 0;")
+                if w.pad_value:
+                    lines.append(f"    for (i = 0; i < {self.width[a] * w.span}; i++) {{\n"
+                                 f"        s->{k}_ring[i] = {lit(self.grid[a].zp)};\n    }}")
+            if n.cn.kind == "reduce":
+                lines.append(f"    s->{k}_count = 0;")
+        lines.append(f"    for (i = 0; i < {self.P}_NUM_EDGES; i++) {{\n        s->valid[i] = 0;\n    }}")
+        return f"""void {self.p}_reset({self.p}_state_t *s)
+{{
+    int32_t i;
+{chr(10).join(lines)}
+}}
+"""
+
+    def step_node(self, n: _Node) -> str:
+        """One node of NAME_step: it runs when its inputs have a new frame (a vector input: when
+        one of them is new and every one holds a value)."""
+        k, a, e, cn = c_name(n.name), n.ins[0], n.out, n.cn
+        X = ["x_q" if b == 0 else f"s->e{b}" for b in n.ins]
+        Y = f"s->e{e}"
+        if all(self.seq[b] for b in n.ins):
+            cond = " && ".join(f"fresh[{b}]" for b in n.ins)
+        else:
+            cond = ("(" + " || ".join(f"fresh[{b}]" for b in n.ins) + ") && "
+                    + " && ".join(f"s->valid[{b}]" for b in n.ins))
+        head = f"    /* {comment(self.qg.node(n.name).label)} */\n    if ({cond}) {{\n"
+        done = f"        fresh[{e}] = 1;\n        s->valid[{e}] = 1;\n    }}\n"
+        if cn.kind in ("frame", "last", "pad"):
+            return head + f"        {n.f}({', '.join(X)}, {Y});\n" + done
+        if cn.kind == "reduce":
+            return head + (f"        {n.f}_add(s->{k}_acc, {X[0]}, s->{k}_count);\n"
+                           f"        s->{k}_count++;\n        {n.f}_out(s->{k}_acc, s->{k}_count, {Y});\n") + done
+        if cn.kind == "window":
+            w, C = cn.window, self.width[a]
+            L = w.pads[0]
+            real = "1" if w.pad_value else f"at[3] + j * {w.dilation} >= {L}"
+            return head + f"""        int32_t *at = s->{k}_at; /* next row, rows held, frames to skip, first step */
+        memcpy(s->{k}_ring + at[0] * {C}, {X[0]}, sizeof(s->{k}_ring[0]) * {C});
+        at[0] = at[0] + 1 == {w.span} ? 0 : at[0] + 1;
+        if (at[1] < {w.span}) {{
+            at[1]++;
+        }}
+        if (at[1] == {w.span} && at[2] > 0) {{
+            at[2]--;
+        }} else if (at[1] == {w.span}) {{
+            const {self.t[a]} *rows[{w.taps}];
+            int32_t j, n_real = 0;
+            for (j = 0; j < {w.taps}; j++) {{
+                const int32_t row = (at[0] + j * {w.dilation}) % {w.span};
+                const int32_t is_real = {real};
+                rows[j] = is_real ? s->{k}_ring + row * {C} : NULL;
+                n_real += is_real;
+            }}
+            {n.f}(rows, n_real, {Y});
+            at[2] = {w.stride - 1};
+            at[3] = at[3] + {w.stride} > {L} ? {L} : at[3] + {w.stride};
+            fresh[{e}] = 1;
+            s->valid[{e}] = 1;
+        }}
+    }}
+"""
+        qm = n.qm
+        h = qm.cells[-1][0].spec["h"]
+        conv = X[0] if act_type(qm) == self.t[a] else None
+        lines = []
+        if conv is None:
+            lines.append(f"        {n.f}_q_t xin[{self.width[a]}];\n        int32_t c;\n"
+                         f"        for (c = 0; c < {self.width[a]}; c++) {{\n"
+                         f"            xin[c] = ({n.f}_q_t){X[0]}[c];\n        }}")
+            conv = "xin"
+        else:
+            lines.append("        int32_t c;")
+        lines.append(f"        (void){n.f}_step(&s->{k}, {conv}, s->{k}_y);")
+        lines.append(f"        for (c = 0; c < {self.width[e]}; c++) {{\n"
+                     f"            {Y}[c] = {requantize_expr(f's->{k}_y[c]', h, self.grid[e])};\n        }}")
+        return head + "\n".join(lines) + "\n" + done
+
+    def step(self) -> str:
+        if self.refusal:
+            return ""
+        p = self.p
+        body = "".join(self.step_node(n) for n in self.nodes)
+        return f"""int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q)
+{{
+    int32_t fresh[{self.P}_NUM_EDGES] = {{1}}; /* the edges with a new frame in this step */
+{body}    if (!fresh[{self.out}]) {{
+        return 0;
+    }}
+    memcpy(y_q, s->e{self.out}, sizeof(s->e{self.out}));
+    return 1;
+}}
+"""
+
+    def floats(self) -> str:
+        p, gin, gout = self.p, self.grid[0], self.grid[self.out]
+        qmin, qmax = qrange(gin.bits)
+        tail = ""
+        if self.tail:
+            tail = self.tail_code()
+        return f"""#ifndef QGRU_NO_FLOAT
+void {p}_quantize_input(const float *x, {p}_in_t *x_q, int32_t n)
+{{
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        float v = x[i] * {_float_literal(int(gin.exp2_inv))} + 0.5f;
+        int32_t q;
+        if (!(v >= {float(qmin - gin.zp)!r}f)) {{ /* saturate before converting; NaN too */
+            v = {float(qmin - gin.zp)!r}f;
+        }}
+        if (v > {float(qmax - gin.zp)!r}f) {{
+            v = {float(qmax - gin.zp)!r}f;
+        }}
+        q = (int32_t)v; /* truncation; floor: */
+        if ((float)q > v) {{
+            q -= 1;
+        }}
+        x_q[i] = ({p}_in_t)(q + {self.P}_INPUT_ZP);
+    }}
+}}
+
+void {p}_dequantize_output(const {p}_out_t *y_q, float *y, int32_t n)
+{{
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        y[i] = (float)(y_q[i] - {self.P}_OUTPUT_ZP) * {_float_literal(-int(gout.exp2_inv))};
+    }}
+}}
+{tail}#endif
+"""
+
+    def tail_code(self) -> str:
+        C = self.width[self.out]
+        steps = []
+        for node in self.tail:
+            if node.op == "softmax":
+                steps.append(f"""        {{ /* {comment(node.label)} */
+            float m = v[0], sum = 0.0f;
+            for (c = 1; c < {C}; c++) {{
+                m = v[c] > m ? v[c] : m;
+            }}
+            for (c = 0; c < {C}; c++) {{
+                v[c] = expf(v[c] - m);
+                sum += v[c];
+            }}
+            for (c = 0; c < {C}; c++) {{
+                v[c] /= sum;
+            }}
+        }}""")
+            else:
+                eps = float(node.attrs.get("epsilon", 1e-12))
+                steps.append(f"""        {{ /* {comment(node.label)} */
+            float sum = 0.0f, norm;
+            for (c = 0; c < {C}; c++) {{
+                sum += v[c] * v[c];
+            }}
+            norm = sqrtf(sum);
+            norm = norm > {eps!r}f ? norm : {eps!r}f;
+            for (c = 0; c < {C}; c++) {{
+                v[c] /= norm;
+            }}
+        }}""")
+        return f"""
+void {self.p}_output_tail(float *y, int32_t frames)
+{{
+    int32_t t, c;
+    for (t = 0; t < frames; t++) {{
+        float *v = y + t * {C};
+{chr(10).join(steps)}
+    }}
+}}
+"""
+
+    def argmax(self) -> str:
+        if self.seq[self.out] or self.width[self.out] < 2:
+            return ""
+        return f"""
+int32_t {self.p}_argmax(const {self.p}_out_t *y_q)
+{{
+    int32_t c, best = 0;
+    for (c = 1; c < {self.width[self.out]}; c++) {{
+        best = y_q[c] > y_q[best] ? c : best;
+    }}
+    return best;
+}}
+"""
+
+    def source(self) -> str:
+        p = self.p
+        funcs = "\n".join(n.cn.code for n in self.nodes if n.cn.code)
+        return f"""/* {p}: generated by qtool {__version__}. Do not edit. */
+#include <string.h>
+{"#include <math.h>" + chr(10) if self.tail else ""}
+#include "{p}.h"
+#include "{p}_params.h"
+
+/* The layers, one function each: one output frame (the integer semantics of qtool/layers). */
+{funcs}
+{self.reset()}
+{self.floats()}
+{self.layout_code()}
+
+int32_t {p}_sequence_work(int32_t T)
+{{
+    int32_t steps[{self.P}_NUM_EDGES + {len(self.nodes)}], offset[{self.P}_NUM_EDGES + {len(self.nodes)}];
+    return {p}_edge_layout(T, steps, offset);
+}}
+
+{self.run_sequence()}
+{self.step()}{self.argmax()}"""
+
+    def footprint(self, tables) -> GraphFootprint:
+        fp = GraphFootprint(streaming=not self.refusal, streaming_refusal=self.refusal)
+        for n in self.nodes:
+            e, a = n.out, n.ins[0]
+            state = self.width[e] * SIZES[self.t[e]]
+            if n.gru is not None:
+                flash = n.gru.footprint.flash_bytes
+                state += n.gru.footprint.ram_bytes + n.qm.model.output_size * SIZES[act_type(n.qm)]
+            else:
+                flash = sum(np.size(v) * SIZES[t] for t, _, v in n.cn.tables)
+                if n.cn.kind == "window":
+                    state += n.cn.window.span * self.width[a] * SIZES[self.t[a]] + 16
+                    flash += self.width[a] * SIZES[self.t[a]] if n.cn.window.pad_value else 0
+                if n.cn.kind == "reduce":
+                    state += self.width[a] * SIZES[n.cn.acc_t] + 4
+            fp.layers.append(LayerFootprint(n.name, n.op, int(flash), int(state), int(n.cn.macs)))
+        fp.work_bytes_per_step = sum(self.width[e] * SIZES[self.t[e]] for e in range(1, len(self.edges)))
+        return fp

@@ -1,0 +1,202 @@
+"""`qtool verify` of a whole model: compile the export with a main that runs every sequence whole
+(NAME_run_sequence, then every edge's integers as NAME_edge_layout places them) and, where the
+model streams, frame by frame (NAME_step); compare each with the simulator's integers
+(`compare_graph`: the caller, qtool.api, runs the simulator)."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from qtool.exporters import c_target
+from qtool.exporters.c_target import HOST, TARGETS, check_tools, cross_compile
+from qtool.exporters.c_verify import CFLAGS, compile_c
+
+from qtool.errors import QtoolError
+
+MAIN = """#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "{p}.h"
+
+/* usage: verify N T in.bin edges.bin stream.bin y.bin counts.bin: every sequence whole (every
+ * edge's steps and integers, the dequantized output), then frame by frame (the frames NAME_step
+ * completes, and how many) */
+int main(int argc, char **argv)
+{{
+    static {p}_state_t s;
+    int32_t steps[{P}_NUM_EDGES], offset[{P}_NUM_EDGES];
+    size_t n, N, T, e;
+    int32_t bytes, out_steps;
+    float *x, *yf;
+    {p}_in_t *xq;
+    {p}_out_t *y, frame[{P}_OUTPUT_SIZE];
+    void *work;
+    FILE *fin, *fe, *fs, *fy, *fc;
+    static const size_t width[{P}_NUM_EDGES] = {{{widths}}};
+    static const size_t size[{P}_NUM_EDGES] = {{{sizes}}};
+    if (argc != 8 || qgru_check_platform() != 0) {{
+        return 2;
+    }}
+    N = (size_t)atol(argv[1]);
+    T = (size_t)atol(argv[2]);
+    bytes = {p}_edge_layout((int32_t)T, steps, offset);
+    if (bytes < 0) {{
+        return 6;
+    }}
+    x = malloc(sizeof(float) * T * {P}_INPUT_SIZE);
+    xq = malloc(sizeof({p}_in_t) * T * {P}_INPUT_SIZE);
+    y = malloc(sizeof({p}_out_t) * (size_t)steps[{out}] * {P}_OUTPUT_SIZE);
+    yf = malloc(sizeof(float) * (size_t)steps[{out}] * {P}_OUTPUT_SIZE);
+    work = malloc((size_t)bytes + 4);
+    fin = fopen(argv[3], "rb");
+    fe = fopen(argv[4], "wb");
+    fs = fopen(argv[5], "wb");
+    fy = fopen(argv[6], "wb");
+    fc = fopen(argv[7], "wb");
+    if (!x || !xq || !y || !yf || !work || !fin || !fe || !fs || !fy || !fc) {{
+        return 3;
+    }}
+    for (n = 0; n < N; n++) {{
+        int32_t t, count = 0;
+        if (fread(x, sizeof(float), T * {P}_INPUT_SIZE, fin) != T * {P}_INPUT_SIZE) {{
+            return 4;
+        }}
+        {p}_quantize_input(x, xq, (int32_t)(T * {P}_INPUT_SIZE));
+        out_steps = {p}_run_sequence(&s, xq, (int32_t)T, y, work);
+        if (out_steps != steps[{out}]) {{
+            return 6;
+        }}
+        {p}_dequantize_output(y, yf, out_steps * {P}_OUTPUT_SIZE);
+        if (fwrite(steps, sizeof(steps[0]), {P}_NUM_EDGES, fe) != {P}_NUM_EDGES) {{
+            return 5;
+        }}
+        for (e = 0; e < {P}_NUM_EDGES; e++) {{
+            const void *at = e == 0 ? (const void *)xq : (const void *)((unsigned char *)work + offset[e]);
+            const size_t k = (size_t)steps[e] * width[e];
+            if (fwrite(at, size[e], k, fe) != k) {{
+                return 5;
+            }}
+        }}
+        if (fwrite(yf, sizeof(float), (size_t)out_steps * {P}_OUTPUT_SIZE, fy)
+            != (size_t)out_steps * {P}_OUTPUT_SIZE) {{
+            return 5;
+        }}
+#if {P}_STREAMING
+        {p}_reset(&s);
+        for (t = 0; t < (int32_t)T; t++) {{
+            if ({p}_step(&s, xq + t * {P}_INPUT_SIZE, frame)) {{
+                count++;
+                if (fwrite(frame, sizeof(frame[0]), {P}_OUTPUT_SIZE, fs) != {P}_OUTPUT_SIZE) {{
+                    return 5;
+                }}
+            }}
+        }}
+#endif
+        (void)t;
+        (void)frame;
+        if (fwrite(&count, sizeof(count), 1, fc) != 1) {{
+            return 5;
+        }}
+    }}
+    if (fclose(fin) || fclose(fe) || fclose(fs) || fclose(fy) || fclose(fc)) {{
+        return 5;
+    }}
+    free(x);
+    free(xq);
+    free(y);
+    free(yf);
+    free(work);
+    return 0;
+}}
+"""
+
+DTYPES = {"int8_t": np.int8, "int16_t": np.int16}
+
+
+@dataclass
+class GraphCOutputs:
+    target: str
+    sequences: int
+    time_steps: int
+    edges: dict[str, np.ndarray]   # every edge's integers [N, steps, C] (a vector: [N, C])
+    y_float: np.ndarray            # the dequantized output
+    stream: list[np.ndarray] | None  # per sequence, the frames NAME_step completed (None: no NAME_step)
+
+
+def run_graph_c(layout, export_dir: Path, prefix: str, x: np.ndarray, target: str = HOST,
+                timeout: float = 600.0) -> GraphCOutputs:
+    """Compile and run a whole-model export on float `x [N, T, C]`. `layout`: the export's edges,
+    each (name, C type, width, is sequence), the output's index and whether it streams."""
+    edges, out, streaming, sources = layout
+    if target != HOST:
+        check_tools(c_target.target(target))
+    N, T, _ = x.shape
+    main = MAIN.format(p=prefix, P=prefix.upper(), out=out, widths=", ".join(str(w) for _, _, w, _ in edges),
+                       sizes=", ".join("1" if t == "int8_t" else "2" for _, t, _, _ in edges))
+    with tempfile.TemporaryDirectory(prefix="qtool-verify-") as tmp:
+        tmp = Path(tmp)
+        np.ascontiguousarray(x, np.float32).tofile(tmp / "in.bin")
+        (tmp / "verify_main.c").write_text(main)
+        exe = tmp / "verify.elf"
+        srcs = [export_dir / s for s in sources] + [tmp / "verify_main.c"]
+        args = [str(N), str(T), "in.bin", "edges.bin", "stream.bin", "y.bin", "counts.bin"]
+        if target == HOST:
+            compile_c(srcs, exe, export_dir, ["-lm"])
+            res = subprocess.run([str(exe), *args], cwd=tmp, capture_output=True)
+            where = "the compiled C program"
+        else:
+            t = TARGETS[target]
+            cross_compile(t, srcs, exe, export_dir, CFLAGS, ["-lm"])
+            res = c_target.run(t, exe, args, tmp, timeout)
+            where = f"the C program on the emulated {target}"
+        if res.returncode != 0:
+            why = ": the sequences are too short or too long for the model" if res.returncode == 6 else ""
+            raise QtoolError(f"{where} failed (exit {res.returncode}){why}")
+        return _read(tmp, edges, out, N, streaming, target, T)
+
+
+def _read(tmp: Path, edges, out: int, N: int, streaming: bool, target: str, T: int) -> GraphCOutputs:
+    raw = (tmp / "edges.bin").read_bytes()
+    counts = np.fromfile(tmp / "counts.bin", np.int32)
+    frames = np.fromfile(tmp / "stream.bin", DTYPES[edges[out][1]]).reshape(-1, edges[out][2])
+    got: dict[str, list] = {name: [] for name, _, _, _ in edges}
+    at = 0
+    for _ in range(N):
+        steps = np.frombuffer(raw, np.int32, len(edges), at)
+        at += steps.nbytes
+        for (name, t, w, seq), k in zip(edges, steps):
+            a = np.frombuffer(raw, DTYPES[t], int(k) * w, at)
+            at += a.nbytes
+            got[name].append(a.reshape(int(k), w) if seq else a)
+    ends = np.cumsum(counts)
+    stream = [frames[e - c:e].astype(np.int64) for c, e in zip(counts, ends)] if streaming else None
+    y_float = np.fromfile(tmp / "y.bin", np.float32)
+    return GraphCOutputs(target, N, T, {k: np.stack(v).astype(np.int64) for k, v in got.items()}, y_float, stream)
+
+
+def compare_graph(c: GraphCOutputs, q: dict[str, np.ndarray], out_edge: str, y_float: np.ndarray) -> dict:
+    """Count the integers where the C differs from the simulator's `q` (every edge's integers),
+    and the dequantized outputs that differ from `y_float`; streaming: the frames NAME_step gave
+    against the whole sequence's output (a vector: its last frame)."""
+    edges = {}
+    for e, got in c.edges.items():
+        want = np.asarray(q[e], np.int64)
+        edges[e] = int(want.size) if got.shape != want.shape else int(np.count_nonzero(got != want))
+    y_out = np.asarray(q[out_edge], np.int64)
+    stream_bad, stream_values = 0, 0
+    if c.stream is not None:
+        for n, frames in enumerate(c.stream):
+            want = y_out[n] if y_out.ndim == 3 else y_out[n][None]
+            got = frames if y_out.ndim == 3 else frames[-1:]
+            stream_values += want.size
+            stream_bad += want.size if got.shape != want.shape else int(np.count_nonzero(got != want))
+    yf = np.asarray(y_float, np.float32).ravel()
+    deq_bad = yf.size if yf.shape != c.y_float.shape else int(np.count_nonzero(yf != c.y_float))
+    return {"target": c.target, "sequences": c.sequences, "time_steps": c.time_steps,
+            "edge_values": int(sum(np.size(q[e]) for e in c.edges)), "edge_mismatches": int(sum(edges.values())),
+            "edges": edges, "stream_values": int(stream_values), "stream_mismatches": int(stream_bad),
+            "streaming": c.stream is not None, "dequantized_mismatches": deq_bad}
