@@ -44,7 +44,6 @@ class LayerFootprint:
 @dataclass
 class GraphFootprint:
     layers: list[LayerFootprint] = field(default_factory=list)
-    work_bytes_per_step: int = 0  # NAME_run_sequence's work buffer, per input time step (plus what is fixed)
     streaming: bool = True
     streaming_refusal: str = ""
 
@@ -81,6 +80,13 @@ class GraphExport:
     edges: list[str]  # every edge of the core, in NAME_edge_layout's order
 
     layout: tuple = ()  # for verify: ([(edge, C type, width, is sequence)], output index, streams, sources)
+    gru_work: list = field(default_factory=list)  # per GRU: (input edge, its work's values per step, value bytes)
+
+    def work_bytes(self, steps: dict[str, int]) -> int:
+        """What NAME_sequence_work returns, from every edge's steps (NAME_edge_layout's sum)."""
+        edges = self.layout[0]
+        at = sum((steps[e] * w * SIZES[t] + 3) & ~3 for e, t, w, _ in edges[1:])
+        return at + sum((steps[e] * per * size + 3) & ~3 for e, per, size in self.gru_work)
 
     def encoded(self) -> dict[str, bytes]:
         return {n: f if isinstance(f, bytes) else f.encode() for n, f in sorted(self.files.items())}
@@ -170,7 +176,15 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True) -> GraphE
         check_core(texts, floats)
     layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
               sorted(n for n in files if n.endswith(".c")))
-    return GraphExport(prefix, files, m.footprint(tables), edges, layout)
+    gru_work = [(edges[n.ins[0]], _gru_work_per_step(n.qm) + n.qm.model.output_size + m.width[n.ins[0]],
+                 SIZES[act_type(n.qm)]) for n in nodes if n.gru is not None]
+    return GraphExport(prefix, files, m.footprint(tables), edges, layout, gru_work)
+
+
+def _gru_work_per_step(qm) -> int:
+    """The GRU export's NAME_SEQUENCE_WORK(T) / T (c_source.model_h)."""
+    hidden = [cells[0].hidden_size for cells in qm.cells]
+    return 2 * max([qm.model.input_size] + [h * qm.model.num_directions for h in hidden])
 
 
 def graph_sources(out_dir: Path, prefix: str, files) -> list[Path]:
@@ -727,5 +741,4 @@ int32_t {p}_sequence_work(int32_t T)
                 if n.cn.kind == "reduce":
                     state += self.width[a] * SIZES[n.cn.acc_t] + 4
             fp.layers.append(LayerFootprint(n.name, n.op, int(flash), int(state), int(n.cn.macs)))
-        fp.work_bytes_per_step = sum(self.width[e] * SIZES[self.t[e]] for e in range(1, len(self.edges)))
         return fp

@@ -904,6 +904,11 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
     from qtool.exporters.c_vectors import render_test_vectors
     from qtool.io.files import write_files
 
+    if isinstance(qm, QGraph) or (not isinstance(qm, QuantModel) and _h5_format(Path(qm)) == "qtool-qgraph"):
+        if compensation != "table":
+            raise QtoolError("a whole model's GRUs compensate zero points by tables (no `compensation` offset)")
+        return export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
+                              fully_integral=fully_integral)
     qm_path = None
     if not isinstance(qm, QuantModel):
         qm_path = Path(qm)
@@ -921,6 +926,38 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
     replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
     return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, compensation,
                         qm.fingerprint())
+
+
+def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+                   test_vectors: np.ndarray | None = None, force: bool = False,
+                   confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
+    """`export_c` of a whole model (docs/embedded.md, "Whole models"): every layer of its integer
+    core in C, run whole (NAME_run_sequence) and, where every layer is causal, frame by frame
+    (NAME_step). The footprint is per layer (qtool.exporters.c_graph.GraphFootprint)."""
+    from qtool.exporters.c_export import RUNTIME, c_name
+    from qtool.exporters.c_graph import render_graph_c
+    from qtool.exporters.c_graph_vectors import render_graph_test_vectors
+    from qtool.graph.file import fingerprint
+    from qtool.graph.simulate import run_int
+    from qtool.io.files import write_files
+
+    qg_path = None
+    if not isinstance(qg, QGraph):
+        qg_path = Path(qg)
+        qg = load_qgraph(qg_path)
+    prefix = c_name(name or qg.graph.name)
+    if prefix in {p.stem for p in RUNTIME.iterdir()}:
+        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.h; choose another name")
+    rendered = render_graph_c(qg, prefix, fully_integral)
+    if test_vectors is not None:
+        out = qg.core_outputs[0]
+        q = run_int(qg, test_vectors)
+        steps = {e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges}
+        rendered.files.update(render_graph_test_vectors(prefix, rendered.layout[0][rendered.layout[1]][1],
+                                                        test_vectors, q[out], rendered.work_bytes(steps)))
+    files = rendered.encoded()
+    replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
+    return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, "table", fingerprint(qg))
 
 
 def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
@@ -975,6 +1012,9 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     states and dequantized outputs that differ from the simulator's."""
     from qtool.exporters.c_verify import compare, export_fingerprint, run_c
 
+    if isinstance(qm, QGraph) or (not isinstance(qm, QuantModel) and _h5_format(Path(qm)) == "qtool-qgraph"):
+        return verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                            target=target)
     if not isinstance(qm, QuantModel):
         qm = load(Path(qm))
     export_dir = Path(export_dir)
@@ -989,6 +1029,88 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     x = data.chunk(0, n)
     c = run_c(qm, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
     return VerifyResult(**compare(qm, c, *_simulated(qm, x)), name=prefix)
+
+
+@dataclass
+class GraphVerifyResult:
+    """What `verify` compared of a whole model's export `name` on `target`: every edge's integers
+    (run whole), the frames NAME_step gave one input frame at a time (where the model streams),
+    and the dequantized outputs, each against the simulator's."""
+
+    target: str
+    sequences: int
+    time_steps: int
+    edge_values: int
+    edge_mismatches: int
+    edges: dict
+    stream_values: int
+    stream_mismatches: int
+    streaming: bool
+    dequantized_mismatches: int
+    name: str
+
+    @property
+    def mismatches(self) -> int:
+        return self.edge_mismatches + self.stream_mismatches + self.dequantized_mismatches
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
+    """The prefix of the whole-model export in `export_dir`: `name`, else the only one there."""
+    from qtool.exporters.c_export import c_name
+
+    if not export_dir.is_dir():
+        raise QtoolError(f"export directory not found: {export_dir}")
+    if name is not None:
+        return c_name(name)
+    found = sorted(p.stem for p in export_dir.glob("*.h") if "_NUM_EDGES (" in p.read_text(errors="replace"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise QtoolError(f"{export_dir}: no whole-model C export here; run 'qtool export c' on the quantized "
+                         "whole model")
+    if c_name(qg.graph.name) in found:
+        return c_name(qg.graph.name)
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(found)}); choose one with `name`")
+
+
+def verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+                 name: str | None = None, limit: int | None = None, dataset: str | None = None,
+                 time_first: bool = False, target: str = "host") -> GraphVerifyResult:
+    """`verify` of a whole model: compile its export for `target`, run `data` through it whole
+    and frame by frame, and count the integers that differ from the simulator's."""
+    from qtool.exporters.c_graph import render_graph_c
+    from qtool.exporters.c_graph_verify import compare_graph, run_graph_c
+    from qtool.exporters.c_verify import export_fingerprint
+    from qtool.graph.file import fingerprint
+    from qtool.graph.simulate import run_int
+    from qtool.numerics.qparams import dequantize
+
+    if not isinstance(qg, QGraph):
+        qg = load_qgraph(Path(qg))
+    export_dir = Path(export_dir)
+    prefix = _graph_export_prefix(export_dir, name, qg)
+    stamp, mine = export_fingerprint(export_dir, prefix), fingerprint(qg)
+    if stamp is None:
+        raise QtoolError(f"{export_dir}: not a whole-model C export for '{prefix}' (no {prefix}.h with its "
+                         "fingerprint); run 'qtool export c' or pass --name")
+    if stamp != mine:
+        raise QtoolError(f"the export in {export_dir} was made from another model (fingerprint {stamp}, this "
+                         f"model is {mine}); run 'qtool export c' again")
+    layout = render_graph_c(qg, prefix).layout
+    missing = [f for f in layout[3] if not (export_dir / f).is_file()]
+    if missing:
+        raise QtoolError(f"{export_dir}: the export '{prefix}' lacks {', '.join(missing)}; run 'qtool export c' again")
+    data = as_data(data, dataset, time_first)
+    data.check_features(next(iter(qg.graph.inputs.values()))[-1])
+    x = data.chunk(0, count(data, limit))
+    c = run_graph_c(layout, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
+    q = run_int(qg, x)
+    out = qg.core_outputs[0]
+    y = dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp).astype(np.float32)
+    return GraphVerifyResult(**compare_graph(c, q, out, y), name=prefix)
 
 
 @dataclass

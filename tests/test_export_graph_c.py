@@ -150,3 +150,45 @@ def test_short_sequences_are_refused_by_the_c(tmp_path):
     qg = api.calibrate_graph(g, _data(2, 16, 12, 0), method="minmax", check=False)
     with pytest.raises(QtoolError, match="too short or too long"):
         _verify(qg, _data(2, 2, 3, 1), tmp_path)
+
+
+@needs_cc
+def test_cli_exports_and_verifies_a_whole_model(cli, tmp_path):
+    """As a user runs it: `export c` on the quantized whole-model file (per-layer footprint,
+    test vectors whose own main passes), `verify` PASS; a tampered export fails; another model's
+    export is refused in one line."""
+    import json
+    import subprocess
+
+    qg = api.calibrate_graph(causal_graph(), _data(6, 48, 20, 0), method="minmax", check=False)
+    api.save_graph(qg, tmp_path / "q.h5")
+    np.save(tmp_path / "test.npy", _data(6, 5, 13, 3))
+    code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "kws", "--test-vectors")
+    assert code == 0, err
+    assert "footprint by layer" in out and "kws_step runs one frame at a time" in out
+    code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "kws", "--json", "--force")
+    doc = json.loads(out)
+    assert doc["streaming"] and [x["op"] for x in doc["layers"]][:3] == ["conv1d", "activation", "conv1d"]  # bn folded
+    assert doc["flash_bytes"] == sum(x["flash_bytes"] for x in doc["layers"]) > 0
+    exe = tmp_path / "t"
+    srcs = [str(p) for p in (tmp_path / "c").glob("*.c")]
+    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{tmp_path / 'c'}",
+                    *srcs, "-o", str(exe), "-lm"], check=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("PASS: 0 mismatches"), run.stdout
+    code, out, err = cli("verify", tmp_path / "q.h5", tmp_path / "c", tmp_path / "test.npy")
+    assert code == 0 and "PASS" in out and "frame by frame (kws_step): 0 mismatches" in out, (out, err)
+    # the head's weights negated in the export: verify finds the layer
+    params = (tmp_path / "c" / "kws_params.c").read_text()
+    start = params.index("{", params.index("kws_head_W[")) + 1
+    end = params.index("}", start)
+    negated = ", ".join(str(-int(v)) for v in params[start:end].replace("\n", " ").split(","))
+    (tmp_path / "c" / "kws_params.c").write_text(params[:start] + negated + params[end:])
+    code, out, err = cli("verify", tmp_path / "q.h5", tmp_path / "c", tmp_path / "test.npy", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["edges"]["logits"] > 0 and doc["edges"]["mp"] == 0
+    # another model's export
+    other = api.calibrate_graph(final_state_graph(), _data(5, 32, 20, 0), method="minmax", check=False)
+    api.save_graph(other, tmp_path / "other.h5")
+    code, out, err = cli("verify", tmp_path / "other.h5", tmp_path / "c", tmp_path / "test.npy")
+    assert code != 0 and "made from another model" in err and "Traceback" not in err

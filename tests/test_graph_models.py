@@ -98,6 +98,25 @@ def _quantized(g, x_calib: np.ndarray, x_test: np.ndarray, labels=None) -> dict:
     return results
 
 
+def _c_verified(qg, x: np.ndarray, tmp_path, streams: bool) -> None:
+    """The int8 model exported to C and run on held-out sequences, on the host and (where the
+    toolchain is) the emulated Cortex-M4: every edge's integers, the frames NAME_step gives one
+    input frame at a time, and the dequantized outputs equal the simulator's."""
+    import shutil
+
+    from qtool.exporters.c_target import missing_tools
+
+    if shutil.which("cc") is None:
+        return
+    res = api.export_c(qg, tmp_path / "c", name="m")
+    assert res.footprint.streaming == streams, res.footprint.streaming_refusal
+    for target in ["host"] + ([] if missing_tools() else ["cortex-m4"]):
+        v = api.verify(qg, tmp_path / "c", x[:8 if target == "host" else 3], target=target)
+        assert v.edge_values > 0 and v.edge_mismatches == 0, (target, v.edges)
+        assert v.dequantized_mismatches == 0
+        assert v.streaming == streams and v.stream_mismatches == 0 and (v.stream_values > 0) == streams
+
+
 # 1. PyTorch classifier: Linear -> ReLU -> 2-layer GRU -> Linear on the last step, through ONNX
 
 C1, H1, T1, K1 = 8, 24, 30, 5
@@ -151,6 +170,7 @@ def test_torch_gru_classifier(tmp_path):
     api.save_graph(qg, tmp_path / "q.h5")
     again = api.simulate_graph(api.load_qgraph(tmp_path / "q.h5"), x_test, labels=y_test).to_dict()
     assert again == res
+    _c_verified(qg, x_test, tmp_path, streams=True)
 
 
 # 2. Keras: Conv1D (causal) -> BatchNormalization -> ReLU -> ZeroPadding1D -> AveragePooling1D ->
@@ -213,6 +233,8 @@ def test_keras_conv_gru(tmp_path):
         passes = dict(qg.passes)
         assert "bn into conv" in passes["fold_batchnorm"], qg.passes
         assert not any(n.op == "batchnorm" for n in qg.graph.nodes)
+    # ZeroPadding1D pads after the sequence's end: whole sequences only
+    _c_verified(results["int8"][0], x_test, tmp_path, streams=False)
 
 
 # 3. PyTorch block with a skip: y = x + sigmoid(Linear(GRU(Linear(x)))), through ONNX
@@ -254,7 +276,8 @@ def test_torch_skip_block(tmp_path):
     g, _, _ = _imported(path, x_test, want)
     assert [n.op for n in g.nodes].count("add") == 1
 
-    _quantized(g, x_calib, x_test)
+    results = _quantized(g, x_calib, x_test)
+    _c_verified(results["int8"][0], x_test, tmp_path, streams=True)
 
 
 def test_gru_chains_take_the_previous_h_and_cuda_equals_cpu(tmp_path):

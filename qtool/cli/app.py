@@ -564,6 +564,12 @@ def export_c_cmd(
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     output = Path(need(output, "output directory", "--output"))
+    if api.model_file_format(qmodel_path) == "qtool-qgraph":
+        graph_cmds.export_graph_c(qmodel_path, output, name=name, test_vectors=test_vectors, data_path=data_path,
+                                  vectors=vectors, compensation=compensation, fully_integral=fully_integral,
+                                  dataset=dataset, time_first=time_first, force=force, as_json=as_json,
+                                  confirm=confirm_at_terminal())
+        return
     qm = api.load(qmodel_path)
     x = None
     if test_vectors:
@@ -650,9 +656,15 @@ def verify(
     check every output and final-state integer against the simulator's."""
     from qtool import api
 
-    qm = api.load(Path(need(qmodel_path, "quantized model file", "QMODEL")))
+    qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     export_dir = Path(need(export_dir, "exported C directory", "DIR"))
     data_path = Path(need(data_path, "data file", "DATA"))
+    if api.model_file_format(qmodel_path) == "qtool-qgraph":
+        if graph_cmds.verify_graph(qmodel_path, export_dir, data_path, name=name, limit=limit, dataset=dataset,
+                                   time_first=time_first, target=target, as_json=as_json):
+            raise typer.Exit(1)
+        return
+    qm = api.load(qmodel_path)
     res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
                      target=target)
     bad = res.mismatches

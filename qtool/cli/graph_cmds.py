@@ -188,3 +188,74 @@ def refuse_gru_options(**given) -> None:
         if used:
             raise QtoolError(f"{flag} applies to a GRU alone; a whole model takes --method (auto or one method) "
                              "and --bits (--name NAME takes one GRU alone)")
+
+
+def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors: bool, data_path: Path | None,
+                   vectors: int, compensation: str, fully_integral: bool, dataset, time_first: bool, force: bool,
+                   as_json: bool, confirm) -> None:
+    """`qtool export c` of a quantized whole model: the files, and per layer its flash, the RAM
+    NAME_step keeps and its multiply-accumulates per frame."""
+    import numpy as np
+
+    from qtool import api
+
+    qg = api.load_qgraph(qpath)
+    x = None
+    if test_vectors:
+        width = next(iter(qg.graph.inputs.values()))[-1]
+        if data_path is not None:
+            data = api.as_data(data_path, dataset, time_first)
+            data.check_features(width)
+            x = data.chunk(0, min(vectors, data.num_sequences))
+        else:
+            g = qg.grids[next(iter(qg.graph.inputs))]
+            x = np.random.default_rng(0).uniform(g.lo, g.hi, (vectors, 16, width)).astype(np.float32)
+    res = api.export_c(qg, output, name=name, compensation=compensation, test_vectors=x, force=force,
+                       confirm=confirm, fully_integral=fully_integral)
+    fp = res.footprint
+    summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
+               "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes, "ram_bytes": fp.ram_bytes,
+               "macs_per_step": fp.macs_per_step, "streaming": fp.streaming,
+               "streaming_refusal": fp.streaming_refusal, "layers": [vars(x) for x in fp.layers]}
+    if as_json:
+        emit_json(summary)
+        return
+    t = Table(title=f"{res.name}: footprint by layer")
+    t.add_column("layer", overflow="fold", max_width=24)
+    t.add_column("op", no_wrap=True)
+    for col in ("flash B", "RAM B", "MACs/frame"):
+        t.add_column(col, justify="right")
+    for x in fp.layers:
+        t.add_row(escape(x.name), x.op, f"{x.flash_bytes:,}", f"{x.state_bytes:,}", f"{x.macs_per_frame:,}")
+    t.add_row("total", "", f"{fp.flash_bytes:,}", f"{fp.ram_bytes:,}", f"{fp.macs_per_step:,}", style="bold")
+    out.print(t)
+    out.print(f"{res.name}_run_sequence runs whole sequences; "
+              + (f"{res.name}_step runs one frame at a time (RAM above: what it keeps)" if fp.streaming
+                 else f"no {res.name}_step: {escape(fp.streaming_refusal)}"))
+    replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
+    out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
+
+
+def verify_graph(qpath: Path, export_dir: Path, data_path: Path, *, name, limit, dataset, time_first, target,
+                 as_json: bool) -> int:
+    """`qtool verify` of a whole model; returns its mismatches."""
+    from qtool import api
+
+    res = api.verify_graph(qpath, export_dir, data_path, name=name, limit=limit, dataset=dataset,
+                           time_first=time_first, target=target)
+    if as_json:
+        emit_json(res.to_dict())
+        return res.mismatches
+    bad = {e: n for e, n in res.edges.items() if n}
+    out.print(f"{res.target}: {res.sequences} sequences x {res.time_steps} steps, whole: "
+              f"{res.edge_mismatches} mismatches in {res.edge_values:,} integers of {len(res.edges)} edges"
+              + (f" ({', '.join(f'{escape(e)}: {n}' for e, n in bad.items())})" if bad else ""))
+    if res.streaming:
+        out.print(f"frame by frame ({res.name}_step): {res.stream_mismatches} mismatches in "
+                  f"{res.stream_values:,} output integers")
+    else:
+        out.print(f"frame by frame: not exported ({res.name}_step: see {res.name}.h)")
+    out.print(f"dequantized outputs: {res.dequantized_mismatches} mismatches")
+    out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not res.mismatches
+              else "[red]FAIL[/]: the C code differs from the simulator")
+    return res.mismatches
