@@ -1,7 +1,7 @@
 """Footprint and speed of the exported C runtime.
 
-    python benchmarks/bench_c.py [--model sample|large|h256] [--bits int8] [--compensation table|offset]
-                                 [--cmsis-nn DIR]
+    python benchmarks/bench_c.py [--model sample|large|h256|whole-sample|layers] [--bits int8]
+                                 [--compensation table|offset] [--cmsis-nn DIR]
 
 --model sample: the bundled digits GRU (2 layers, C=8, H=64) calibrated on samples/calib.npy;
 --model large: one layer, C=64, H=128, random weights, calibrated on random inputs; --model h256:
@@ -16,6 +16,17 @@ with QEMU's -icount shift=0 (one virtual nanosecond per executed instruction) re
 the board's 25 MHz CMSDK timer (one tick per 40 instructions), over enough steps that the tick
 granularity is below 0.1%. --cmsis-nn DIR also times CMSIS-NN's own int8 matrix-vector kernel
 (arm_nn_vec_mat_mult_t_s8, from a CMSIS-NN source tree) on the same matrices and core.
+
+--model whole-sample: the whole-model C export (qtool.exporters.c_graph) of samples/digits.onnx
+(the 2-layer GRU, its last step, a Linear head 64->10) calibrated on samples/calib.npy: its
+flash/RAM/MACs per layer and the instructions per input frame (NAME_step) and per MAC on the
+emulated Cortex-M4 (-O2, DSP path); then what --model layers prints. --model layers: single-layer
+whole models, int8, random weights, minmax-calibrated on random inputs: dense 64->192 and
+320->768 (the GEMMs 3H x H of the GRU row "sample", H=64, and 3H x (C+H) of the row
+"C=64,H=256") and causal conv1d kernel 3, 32->32: instructions per MAC of NAME_step;
+with --cmsis-nn DIR also CMSIS-NN's arm_fully_connected_s8 on each dense shape (the same int8
+weights, input offset, per-tensor requantization), built and counted the same way.
+A CMSIS-NN tree: git clone https://github.com/ARM-software/CMSIS-NN (only Include/ and Source/ are read).
 """
 
 from __future__ import annotations
@@ -30,10 +41,13 @@ from pathlib import Path
 import numpy as np
 from qtool.exporters import c_target
 from qtool.exporters.c_export import export_c, sources
+from qtool.exporters.c_graph import graph_sources, render_graph_c
 from qtool.exporters.c_types import COMPENSATION, model_types
 from qtool.exporters.c_verify import compile_c
 
+from qtool.api import calibrate_graph
 from qtool.calibration.observe import build_quant_model, collect, new_observers, observe_batch
+from qtool.core.graph import Graph, Node
 from qtool.core.model import GruCell, GruModel
 from qtool.core.tensors import preset_config
 from qtool.importers import import_model
@@ -134,6 +148,72 @@ int main(void)
 }
 """
 
+# NAME_step of a whole-model export (prefix m), one input frame a call
+GRAPH_MAIN = r"""
+#include <stdio.h>
+#include "m.h"
+#define TIMER ((volatile uint32_t *)0x40000000u)
+static m_state_t s;
+int main(void)
+{
+    m_in_t x[M_INPUT_SIZE];
+    m_out_t y[M_OUTPUT_SIZE] = {0};
+    uint32_t t0, t1;
+    int32_t t, i;
+    long check = 0;
+    TIMER[2] = 0xFFFFFFFFu;
+    TIMER[1] = 0xFFFFFFFFu;
+    TIMER[0] = 1u;
+    for (i = 0; i < M_INPUT_SIZE; i++) x[i] = (m_in_t)(i * 7 % 50);
+    m_reset(&s);
+    t0 = TIMER[1];
+    for (t = 0; t < STEPS; t++) {
+        x[t % M_INPUT_SIZE] = (m_in_t)(t % 100 - 50);
+        check += m_step(&s, x, y) + y[0];
+    }
+    t1 = TIMER[1];
+    printf("step %lu %ld\n", (unsigned long)(t0 - t1), check);
+    return 0;
+}
+"""
+
+# CMSIS-NN's int8 fully connected layer on the weights of the dense export m (m_fc_W), one frame a
+# call: input offset -zp_x, output offset zp_y, per-tensor multiplier and shift, int32 bias
+CMSIS_FC_MAIN = r"""
+#include <stdio.h>
+#include "arm_nnfunctions.h"
+#include "m.h"
+#include "m_params.h"
+#define TIMER ((volatile uint32_t *)0x40000000u)
+static int32_t bias[M_OUTPUT_SIZE];
+int main(void)
+{
+    int8_t x[M_INPUT_SIZE], y[M_OUTPUT_SIZE];
+    const cmsis_nn_context ctx = {NULL, 0};
+    const cmsis_nn_fc_params fc = {-M_INPUT_ZP, 0, M_OUTPUT_ZP, {-128, 127}};
+    const cmsis_nn_per_tensor_quant_params q = {1 << 30, -8};
+    const cmsis_nn_dims in = {1, 1, 1, M_INPUT_SIZE}, w = {M_INPUT_SIZE, 1, 1, M_OUTPUT_SIZE};
+    const cmsis_nn_dims b = {1, 1, 1, M_OUTPUT_SIZE}, out = {1, 1, 1, M_OUTPUT_SIZE};
+    uint32_t t0, t1;
+    int32_t t, i;
+    long check = 0;
+    TIMER[2] = 0xFFFFFFFFu;
+    TIMER[1] = 0xFFFFFFFFu;
+    TIMER[0] = 1u;
+    for (i = 0; i < M_INPUT_SIZE; i++) x[i] = (int8_t)(i * 7 % 50);
+    for (i = 0; i < M_OUTPUT_SIZE; i++) bias[i] = i * 37 - 3000;
+    t0 = TIMER[1];
+    for (t = 0; t < STEPS; t++) {
+        x[t % M_INPUT_SIZE] = (int8_t)(t % 100 - 50);
+        arm_fully_connected_s8(&ctx, &fc, &q, &in, x, &w, m_fc_W, &b, bias, &out, y);
+        check += y[0];
+    }
+    t1 = TIMER[1];
+    printf("cmsis %lu %ld\n", (unsigned long)(t0 - t1), check);
+    return 0;
+}
+"""
+
 
 def sample_model(bits: str):
     model = import_model(SAMPLES / "digits_gru.safetensors")
@@ -154,6 +234,69 @@ def large_model(bits: str, C: int = 64, H: int = 128):
 
 MODELS = {"sample": sample_model, "large": large_model,
           "h256": lambda bits: large_model(bits, H=256)}
+
+
+def layer_graph(op: str, c_in: int, c_out: int, kernel: int = 0):
+    """One dense (kernel 0) or causal conv1d node, weights uniform in +-1/sqrt(fan-in), int8,
+    calibrated (minmax) on random inputs."""
+    rng = np.random.default_rng(0)
+    k = 1 / np.sqrt(c_in * max(kernel, 1))
+    shape, attrs = (c_out, c_in), {}
+    if kernel:
+        shape, attrs = (c_out, c_in, kernel), {"kernel": kernel, "padding": "causal"}
+    params = {"W": rng.uniform(-k, k, shape).astype(np.float32), "b": rng.uniform(-k, k, c_out).astype(np.float32)}
+    g = Graph([Node("fc", op, ["x"], ["y"], attrs, params)], {"x": (None, c_in)}, ["y"])
+    x = rng.standard_normal((32, 16, c_in)).astype(np.float32)
+    return calibrate_graph(g, x, bits="int8", method="minmax", check=False)
+
+
+LAYERS = (("dense 64->192", "dense", 64, 192, 0), ("dense 320->768", "dense", 320, 768, 0),
+          ("conv1d k3 32->32 causal", "conv1d", 32, 32, 3))
+
+
+def graph_step(d: Path, qg, opt: str, steps: int):
+    """Export `qg` whole (prefix m) into `d`; NAME_step's instructions per input frame on the
+    Cortex-M4 (DSP path), and the export's footprint."""
+    ex = render_graph_c(qg, "m")
+    for n, data in ex.encoded().items():
+        (d / n).write_bytes(data)
+    c = _qemu_counts(d, GRAPH_MAIN, graph_sources(d, "m", ex.files), ["-std=c99", opt], steps)
+    return c["step"], ex.footprint
+
+
+def print_footprint(fp) -> None:
+    print(f"{'layer':<16} {'op':<10} {'flash B':>8} {'RAM B':>6} {'MACs/frame':>10}")
+    for x in fp.layers:
+        print(f"{x.name:<16} {x.op:<10} {x.flash_bytes:>8} {x.state_bytes:>6} {x.macs_per_frame:>10}")
+    print(f"{'total':<27} {fp.flash_bytes:>8} {fp.ram_bytes:>6} {fp.macs_per_step:>10}")
+
+
+def whole_layers(opt: str, steps: int, cmsis_nn: Path | None) -> None:
+    """Per layer type: qtool's NAME_step, and CMSIS-NN's arm_fully_connected_s8 on each dense."""
+    print(f"\nCortex-M4 {opt}, instructions per MAC (one frame a call; DSP path)")
+    print(f"{'layer (int8)':<26} {'MACs':>7} {'qtool':>7} {'CMSIS-NN':>9}")
+    for label, op, c_in, c_out, kernel in LAYERS:
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            n, fp = graph_step(d, layer_graph(op, c_in, c_out, kernel), opt, steps)
+            macs, cmsis = fp.macs_per_step, "-"
+            if cmsis_nn is not None and op == "dense":
+                srcs = [cmsis_nn / "Source/FullyConnectedFunctions/arm_fully_connected_s8.c",
+                        cmsis_nn / "Source/NNSupportFunctions/arm_nn_vec_mat_mult_t_s8.c", d / "m_params.c"]
+                c = _qemu_counts(d, CMSIS_FC_MAIN, srcs, ["-std=c99", opt, f"-I{cmsis_nn / 'Include'}"], steps)
+                cmsis = f"{c['cmsis'] / macs:.3f}"
+        print(f"{label:<26} {macs:>7} {n / macs:>7.3f} {cmsis:>9}")
+
+
+def whole_sample(bits: str, opt: str, steps: int, cmsis_nn: Path | None) -> None:
+    qg = calibrate_graph(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", bits=bits)
+    with tempfile.TemporaryDirectory() as tmp:
+        n, fp = graph_step(Path(tmp), qg, opt, steps)
+    print(f"whole-sample (samples/digits.onnx, {bits}), whole-model C export:")
+    print_footprint(fp)
+    print(f"Cortex-M4 {opt} DSP (SMLAD): NAME_step {n:,.0f} instructions per input frame, "
+          f"{n / fp.macs_per_step:.3f} per MAC")
+    whole_layers(opt, steps, cmsis_nn)
 
 
 def host_speed(d: Path, macs: int) -> None:
@@ -238,13 +381,22 @@ def object_sizes(d: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="sample", choices=tuple(MODELS))
+    ap.add_argument("--model", default="sample", choices=(*MODELS, "whole-sample", "layers"))
     ap.add_argument("--bits", default="int8")
     ap.add_argument("--compensation", default="table", choices=COMPENSATION)
     ap.add_argument("--opt", default="-O2", help="optimisation flag of the Cortex-M4 build")
     ap.add_argument("--steps", type=int, default=200, help="time steps per Cortex-M4 measurement")
     ap.add_argument("--cmsis-nn", type=Path, help="a CMSIS-NN source tree, to time its kernel too")
     a = ap.parse_args()
+    if a.model in ("whole-sample", "layers"):
+        if c_target.missing_tools():
+            raise SystemExit(f"the whole-model benchmarks need the Cortex-M4 tools: apt-get install "
+                             f"{c_target.PACKAGES}")
+        if a.model == "whole-sample":
+            whole_sample(a.bits, a.opt, a.steps, a.cmsis_nn)
+        else:
+            whole_layers(a.opt, a.steps, a.cmsis_nn)
+        return
     qm = MODELS[a.model](a.bits)
     if qm.model.num_directions != 1:
         raise SystemExit("the step benchmark needs a unidirectional model")
