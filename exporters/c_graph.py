@@ -128,22 +128,59 @@ def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool) -> l
     return out
 
 
-def _streaming_refusal(qg: QGraph, nodes: list[_Node]) -> str:
-    """Why NAME_step cannot give what the whole sequence gives ("" when it can)."""
-    for n in nodes:
-        label = qg.node(n.name).label
-        w = n.cn.window
+@dataclass
+class _Stream:
+    """How NAME_step runs: each window's padding in the stream, `(left, right)` steps and whether
+    they are values (the zero point) rather than absent; the zero_pad1d nodes folded into the
+    window after them (their padding becomes the window's, the node passes frames on)."""
+
+    pads: dict = field(default_factory=dict)  # node index -> ((left, right), values)
+    folded: set = field(default_factory=set)  # node indexes
+    refusal: str = ""
+
+
+def _stream_plan(qg: QGraph, nodes: list[_Node]) -> _Stream:
+    """Why NAME_step cannot give what the whole sequence gives (`refusal`), else how it runs.
+    Left padding is the ring's first rows at reset; right padding is what NAME_finish pushes
+    when the stream ends. A zero_pad1d whose only reader is a window op without padding of its
+    own becomes that window's (value) padding."""
+    plan, readers = _Stream(), {}
+    for i, n in enumerate(nodes):
+        for e in n.ins:
+            readers.setdefault(e, []).append(i)
+    for i, n in enumerate(nodes):
+        label, w = qg.node(n.name).label, n.cn.window
         if n.op == "gru" and n.qm.model.num_directions != 1:
-            return f"node {label} is bidirectional: its backward half reads the sequence from its end"
-        if n.cn.kind == "pad" and w.pads != (0, 0):
-            return f"node {label} pads the sequence with {w.pads} steps, which a stream of frames does not insert"
-        if n.cn.kind == "window":
-            if w.pads == "same" or w.pads[1] > 0:
-                return (f"node {label} pads after the sequence's end ('same' or right padding): its last "
-                        "outputs need frames a stream has not had")
-            if w.pads[0] >= w.span:
-                return f"node {label} pads more steps before the sequence ({w.pads[0]}) than its window spans"
-    return ""
+            plan.refusal = f"node {label} is bidirectional: its backward half reads the sequence from its end"
+        elif n.cn.kind == "pad" and w.pads != (0, 0):
+            nxt = readers.get(n.out, [])
+            target = nodes[nxt[0]] if len(nxt) == 1 and n.out != _out_index(qg, nodes) else None
+            if target is None or target.cn.kind != "window" or target.cn.window.pads not in ((0, 0), "valid"):
+                plan.refusal = (f"node {label} pads the sequence with {w.pads} steps, and no window right "
+                                "after it takes them as its own")
+            else:
+                plan.folded.add(i)
+                plan.pads[nxt[0]] = (w.pads, True)
+        elif n.cn.kind == "window" and i not in plan.pads:
+            if w.pads == "same" and w.stride > 1:
+                plan.refusal = (f"node {label} has 'same' padding with stride {w.stride}: it depends on the "
+                                "sequence's length")
+            else:
+                total = w.span - 1
+                pads = (total // 2, total - total // 2) if w.pads == "same" else w.pads
+                plan.pads[i] = (pads, w.pad_value)
+                if pads[1] and not w.pad_value:
+                    plan.refusal = f"node {label} pools over steps after the sequence's end"
+        if i in plan.pads and plan.pads[i][0][0] >= nodes[i].cn.window.span:
+            plan.refusal = (f"node {qg.node(nodes[i].name).label} pads more steps before the sequence than "
+                            "its window spans")
+        if plan.refusal:
+            return plan
+    return plan
+
+
+def _out_index(qg: QGraph, nodes: list[_Node]) -> int:
+    return next(n.out for n in nodes if qg.node(n.name).outputs[0] == qg.core_outputs[0])
 
 
 def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True) -> GraphExport:
@@ -155,8 +192,9 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True) -> GraphE
     out_edge = qg.core_outputs[0]
     if out_edge not in edges[1:]:
         raise QtoolError("the model's output is its input: there is nothing to export")
-    refusal = _streaming_refusal(qg, nodes)
-    m = _Model(qg, prefix, edges, nodes, edges.index(out_edge), refusal)
+    plan = _stream_plan(qg, nodes)
+    refusal = plan.refusal
+    m = _Model(qg, prefix, edges, nodes, edges.index(out_edge), plan)
     files: dict[str, bytes | str] = {f: (RUNTIME / f).read_bytes() for f in ("qgru.h", "qgru.c", "qlayers.h")}
     for n in nodes:
         if n.gru is not None:
@@ -195,9 +233,9 @@ def graph_sources(out_dir: Path, prefix: str, files) -> list[Path]:
 class _Model:
     """The C text of the model around its nodes' functions."""
 
-    def __init__(self, qg: QGraph, prefix: str, edges: list[str], nodes: list[_Node], out: int, refusal: str):
+    def __init__(self, qg: QGraph, prefix: str, edges: list[str], nodes: list[_Node], out: int, plan: _Stream):
         self.qg, self.p, self.P, self.edges, self.nodes, self.out = qg, prefix, prefix.upper(), edges, nodes, out
-        self.refusal = refusal
+        self.plan, self.refusal = plan, plan.refusal
         self.grid = [qg.grids[e] for e in edges]
         self.t = [ctype(g) for g in self.grid]
         self.width = [qg.graph.shapes[e][-1] for e in edges]
@@ -208,9 +246,9 @@ class _Model:
     def pad_rows(self) -> list[tuple[str, str]]:
         """A zero-point frame for each conv1d that pads: what its padded taps read."""
         rows = []
-        for n in self.nodes:
+        for i, n in enumerate(self.nodes):
             w = n.cn.window
-            if n.cn.kind == "window" and w.pad_value:
+            if n.cn.kind == "window" and (w.pad_value or self.plan.pads.get(i, (0, False))[1]):
                 e = n.ins[0]
                 rows.append(c_table(self.t[e], f"{n.f}_zp_row", np.full(self.width[e], self.grid[e].zp)))
         return rows
@@ -263,6 +301,10 @@ class _Model:
  * (written to y_q [OUTPUT_SIZE]{"" if out_seq else ": the output as if the sequence ended here"}), else 0.
  * A stream of T frames gives the frames {p}_run_sequence gives for them. */
 int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q);
+/* the end of the stream: the frames that padding after the sequence's end completes, at most
+ * {P}_FINISH_FRAMES, written to y_q [FINISH_FRAMES][OUTPUT_SIZE]; returns how many. Then
+ * {p}_reset before the next stream. */
+int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
 """ if not self.refusal else f"""/* No {p}_step: {comment(self.refusal)}. Run whole sequences. */
 """)
         tail_names = f", float tail: {comment(', '.join(n.name for n in self.tail))}" if self.tail else ""
@@ -289,6 +331,7 @@ int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q);
 #define {P}_OUTPUT_IS_SEQUENCE ({int(out_seq)}) /* else one vector per sequence */
 #define {P}_NUM_EDGES ({len(self.edges)})
 #define {P}_STREAMING ({int(not self.refusal)})
+#define {P}_FINISH_FRAMES ({self.finish_frames()}) /* the most frames {p}_finish gives */
 #define {P}_MAX_STEPS ({self.max_steps()}) /* the longest sequence the integer sums are proved for */
 #define {P}_MODEL_FINGERPRINT "{fingerprint(self.qg)}"
 #define {P}_INPUT_EXP2_INV ({int(gin.exp2_inv)})
@@ -322,6 +365,11 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
 {stream}{argmax}
 #endif /* {P}_H */
 """
+
+    def finish_frames(self) -> int:
+        if self.refusal:
+            return 0
+        return max(1, sum(pads[1] for (pads, _) in self.plan.pads.values()))
 
     def max_steps(self) -> int:
         most = [n.cn.max_steps for n in self.nodes if n.cn.max_steps]
@@ -511,13 +559,12 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
             k = c_name(n.name)
             if n.gru is not None:
                 lines.append(f"    {n.f}_reset(&s->{k});")
-            if n.cn.kind == "window":
-                w, a = n.cn.window, n.ins[0]
-                lines.append(f"    s->{k}_at[0] = {w.pads[0] if w.pads != 'same' else 0};"
-                             f" s->{k}_at[1] = {w.pads[0] if w.pads != 'same' else 0};"
-                             f" s->{k}_at[2] = 0; s->{k}_at[3] = 0;")
-                if w.pad_value:
-                    lines.append(f"    for (i = 0; i < {self.width[a] * w.span}; i++) {{\n"
+            if n.cn.kind == "window" and not self.refusal:
+                (left, _), values = self.plan.pads[self.nodes.index(n)]
+                a = n.ins[0]
+                lines.append(f"    s->{k}_at[0] = {left}; s->{k}_at[1] = {left}; s->{k}_at[2] = 0; s->{k}_at[3] = 0;")
+                if values:
+                    lines.append(f"    for (i = 0; i < {self.width[a] * n.cn.window.span}; i++) {{\n"
                                  f"        s->{k}_ring[i] = {lit(self.grid[a].zp)};\n    }}")
             if n.cn.kind == "reduce":
                 lines.append(f"    s->{k}_count = 0;")
@@ -529,7 +576,7 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
 }}
 """
 
-    def step_node(self, n: _Node) -> str:
+    def step_node(self, i: int, n: _Node) -> str:
         """One node of NAME_step: it runs when its inputs have a new frame (a vector input: when
         one of them is new and every one holds a value)."""
         k, a, e, cn = c_name(n.name), n.ins[0], n.out, n.cn
@@ -540,7 +587,7 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
         else:
             cond = ("(" + " || ".join(f"fresh[{b}]" for b in n.ins) + ") && "
                     + " && ".join(f"s->valid[{b}]" for b in n.ins))
-        head = f"    /* {comment(self.qg.node(n.name).label)} */\n    if ({cond}) {{\n"
+        head = f"    /* {comment(self.qg.node(n.name).label)} */\n    if (from <= {i} && {cond}) {{\n"
         done = f"        fresh[{e}] = 1;\n        s->valid[{e}] = 1;\n    }}\n"
         if cn.kind in ("frame", "last", "pad"):
             return head + f"        {n.f}({', '.join(X)}, {Y});\n" + done
@@ -548,34 +595,7 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
             return head + (f"        {n.f}_add(s->{k}_acc, {X[0]}, s->{k}_count);\n"
                            f"        s->{k}_count++;\n        {n.f}_out(s->{k}_acc, s->{k}_count, {Y});\n") + done
         if cn.kind == "window":
-            w, C = cn.window, self.width[a]
-            L = w.pads[0]
-            real = "1" if w.pad_value else f"at[3] + j * {w.dilation} >= {L}"
-            return head + f"""        int32_t *at = s->{k}_at; /* next row, rows held, frames to skip, first step */
-        memcpy(s->{k}_ring + at[0] * {C}, {X[0]}, sizeof(s->{k}_ring[0]) * {C});
-        at[0] = at[0] + 1 == {w.span} ? 0 : at[0] + 1;
-        if (at[1] < {w.span}) {{
-            at[1]++;
-        }}
-        if (at[1] == {w.span} && at[2] > 0) {{
-            at[2]--;
-        }} else if (at[1] == {w.span}) {{
-            const {self.t[a]} *rows[{w.taps}];
-            int32_t j, n_real = 0;
-            for (j = 0; j < {w.taps}; j++) {{
-                const int32_t row = (at[0] + j * {w.dilation}) % {w.span};
-                const int32_t is_real = {real};
-                rows[j] = is_real ? s->{k}_ring + row * {C} : NULL;
-                n_real += is_real;
-            }}
-            {n.f}(rows, n_real, {Y});
-            at[2] = {w.stride - 1};
-            at[3] = at[3] + {w.stride} > {L} ? {L} : at[3] + {w.stride};
-            fresh[{e}] = 1;
-            s->valid[{e}] = 1;
-        }}
-    }}
-"""
+            return head + f"        {self.p}_push_{i}(s, {X[0]}, fresh);\n    }}\n"
         qm = n.qm
         h = qm.cells[-1][0].spec["h"]
         conv = X[0] if act_type(qm) == self.t[a] else None
@@ -592,19 +612,89 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
                      f"            {Y}[c] = {requantize_expr(f's->{k}_y[c]', h, self.grid[e])};\n        }}")
         return head + "\n".join(lines) + "\n" + done
 
+    def push(self, i: int, n: _Node) -> str:
+        """A window's frame into its ring; the window's output frame once the ring holds the
+        window and `stride` frames passed since the last one. Rows before `left` are padding:
+        the zero point (values) or absent (NULL: pooling's own padding)."""
+        k, a, e, w = c_name(n.name), n.ins[0], n.out, n.cn.window
+        C = self.width[a]
+        (left, _), values = self.plan.pads[i]
+        real = "1" if values else f"at[3] + j * {w.dilation} >= {left}"
+        return f"""/* {comment(self.qg.node(n.name).label)}: one frame into its ring */
+static void {self.p}_push_{i}({self.p}_state_t *s, const {self.t[a]} *frame, int32_t *fresh)
+{{
+    int32_t *at = s->{k}_at; /* next row, rows held, frames to skip, the window's first step */
+    memcpy(s->{k}_ring + at[0] * {C}, frame, sizeof(s->{k}_ring[0]) * {C});
+    at[0] = at[0] + 1 == {w.span} ? 0 : at[0] + 1;
+    if (at[1] < {w.span}) {{
+        at[1]++;
+    }}
+    if (at[1] == {w.span} && at[2] > 0) {{
+        at[2]--;
+    }} else if (at[1] == {w.span}) {{
+        const {self.t[a]} *rows[{w.taps}];
+        int32_t j, n_real = 0;
+        for (j = 0; j < {w.taps}; j++) {{
+            const int32_t row = (at[0] + j * {w.dilation}) % {w.span};
+            const int32_t is_real = {real};
+            rows[j] = is_real ? s->{k}_ring + row * {C} : NULL;
+            n_real += is_real;
+        }}
+        {n.f}(rows, n_real, s->e{e});
+        at[2] = {w.stride - 1};
+        at[3] = at[3] + {w.stride} > {left} ? {left} : at[3] + {w.stride};
+        fresh[{e}] = 1;
+        s->valid[{e}] = 1;
+    }}
+}}
+"""
+
     def step(self) -> str:
+        """NAME_step, NAME_finish and what they share: the ring pushes and the nodes run from one
+        of them on."""
         if self.refusal:
             return ""
-        p = self.p
-        body = "".join(self.step_node(n) for n in self.nodes)
-        return f"""int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q)
+        p, P = self.p, self.P
+        pushes = "".join(self.push(i, n) for i, n in enumerate(self.nodes) if n.cn.kind == "window")
+        body = "".join(self.step_node(i, n) for i, n in enumerate(self.nodes))
+        ends = []  # NAME_finish: each right padding, in graph order, then what follows it
+        for i, n in enumerate(self.nodes):
+            if n.cn.kind == "window" and self.plan.pads[i][0][1]:
+                ends.append(f"""    /* {comment(n.name)}: its right padding */
+    for (r = 0; r < {self.plan.pads[i][0][1]}; r++) {{
+        for (e = 0; e < {P}_NUM_EDGES; e++) {{
+            fresh[e] = 0;
+        }}
+        {p}_push_{i}(s, {n.f}_zp_row, fresh);
+        {p}_run_nodes(s, fresh, NULL, {i + 1});
+        if (fresh[{self.out}]) {{
+            memcpy(y_q + frames * {P}_OUTPUT_SIZE, s->e{self.out}, sizeof(s->e{self.out}));
+            frames++;
+        }}
+    }}
+""")
+        finish = "".join(ends) or "    (void)s;\n    (void)y_q;\n    (void)fresh;\n"
+        return f"""{pushes}
+/* every node from `from` on whose inputs have a new frame (`fresh`) */
+static void {p}_run_nodes({p}_state_t *s, int32_t *fresh, const {p}_in_t *x_q, int32_t from)
 {{
-    int32_t fresh[{self.P}_NUM_EDGES] = {{1}}; /* the edges with a new frame in this step */
-{body}    if (!fresh[{self.out}]) {{
+{body}}}
+
+int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q)
+{{
+    int32_t fresh[{P}_NUM_EDGES] = {{1}}; /* the edges with a new frame in this step */
+    {p}_run_nodes(s, fresh, x_q, 0);
+    if (!fresh[{self.out}]) {{
         return 0;
     }}
     memcpy(y_q, s->e{self.out}, sizeof(s->e{self.out}));
     return 1;
+}}
+
+int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
+{{
+    int32_t fresh[{P}_NUM_EDGES], frames = 0{", r, e" if ends else ""};
+{finish}    return frames;
 }}
 """
 

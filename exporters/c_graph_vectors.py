@@ -72,6 +72,17 @@ int main(void)
                     at += {P}_OUTPUT_SIZE;
                 }}
             }}
+            {{ /* the end of the stream: what padding after it completes */
+                static {prefix}_out_t tail[{P}_FINISH_FRAMES * {P}_OUTPUT_SIZE];
+                const long more = {prefix}_finish(&state, tail);
+                for (t = 0; t < more; t++) {{
+                    at = {P}_OUTPUT_IS_SEQUENCE ? at : 0;
+                    for (i = 0; i < {P}_OUTPUT_SIZE && at + i < out_n; i++) {{
+                        y_q[at + i] = tail[t * {P}_OUTPUT_SIZE + i];
+                    }}
+                    at += {P}_OUTPUT_SIZE;
+                }}
+            }}
             for (i = 0; i < out_n; i++) {{
                 mismatches += y_q[i] != want[i];
             }}

@@ -95,6 +95,14 @@ int main(int argc, char **argv)
                 }}
             }}
         }}
+        {{
+            static {p}_out_t tail[{P}_FINISH_FRAMES * {P}_OUTPUT_SIZE];
+            const int32_t more = {p}_finish(&s, tail);
+            count += more;
+            if (fwrite(tail, sizeof(tail[0]), (size_t)more * {P}_OUTPUT_SIZE, fs) != (size_t)more * {P}_OUTPUT_SIZE) {{
+                return 5;
+            }}
+        }}
 #endif
         (void)t;
         (void)frame;

@@ -88,6 +88,21 @@ def whole_graph(seed=1) -> Graph:
     return Graph(n, {"x": (None, 4)}, ["y"], name="whole")
 
 
+def padded_graph(seed=3) -> Graph:
+    """Streams with padding after the end: NAME_finish pushes it. 'same' convolution (stride 1),
+    ZeroPadding1D before an average pool (the Keras model's), explicit right padding."""
+    rng = np.random.RandomState(seed)
+    n = [
+        Node("conv", "conv1d", ["x"], ["c1"], {"kernel": 3, "padding": "same"}, {"W": _w(rng, 6, 4, 3)}),
+        Node("pad", "zero_pad1d", ["c1"], ["z"], {"pad": (1, 1)}),
+        Node("pool", "avg_pool1d", ["z"], ["p1"], {"pool": 2}),
+        _gru(rng, "gru", "p1", "h", 6, 8),
+        Node("conv2", "conv1d", ["h"], ["c2"], {"kernel": 3, "padding": (1, 2)}, {"W": _w(rng, 4, 8, 3)}),
+        Node("pool2", "max_pool1d", ["c2"], ["y"], {"pool": 2, "stride": 1, "padding": (1, 0)}),
+    ]
+    return Graph(n, {"x": (None, 4)}, ["y"], name="padded")
+
+
 def final_state_graph(seed=2) -> Graph:
     rng = np.random.RandomState(seed)
     n = [Node("fc", "dense", ["x"], ["f"], {}, {"W": _w(rng, 8, 5), "b": _w(rng, 8, scale=0.1)}),
@@ -111,7 +126,8 @@ def _verify(qg, x, tmp_path, target="host", name="m"):
     return compare_graph(c, q, out, y), ex
 
 
-GRAPHS = {"causal": (causal_graph, 6), "whole": (whole_graph, 4), "final": (final_state_graph, 5)}
+GRAPHS = {"causal": (causal_graph, 6), "whole": (whole_graph, 4), "final": (final_state_graph, 5),
+          "padded": (padded_graph, 4)}
 
 
 @needs_cc
