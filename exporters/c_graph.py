@@ -16,11 +16,10 @@ module writes the drivers around them:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from qtool.exporters.c_export import RUNTIME, render_c
-from qtool.exporters.c_source import _float_literal, c_name, c_table, comment
+from qtool.exporters.c_source import c_name, c_table, comment, float_wrappers
 from qtool.exporters.c_types import SIZES, act_type
 
 from qtool import __version__
@@ -29,7 +28,6 @@ from qtool.errors import QtoolError
 from qtool.graph.file import fingerprint
 from qtool.layers import layer
 from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
-from qtool.numerics.qparams import qrange
 
 
 @dataclass
@@ -225,11 +223,6 @@ def _gru_work_per_step(qm) -> int:
     return 2 * max([qm.model.input_size] + [h * qm.model.num_directions for h in hidden])
 
 
-def graph_sources(out_dir: Path, prefix: str, files) -> list[Path]:
-    """The C files of a whole-model export to compile."""
-    return [out_dir / n for n in sorted(files) if n.endswith(".c") and not n.endswith("_test_main.c")]
-
-
 class _Model:
     """The C text of the model around its nodes' functions."""
 
@@ -252,9 +245,6 @@ class _Model:
                 e = n.ins[0]
                 rows.append(c_table(self.t[e], f"{n.f}_zp_row", np.full(self.width[e], self.grid[e].zp)))
         return rows
-
-    def frame_call(self, n: _Node, ins: list[str], y: str) -> str:
-        return f"{n.f}({', '.join(ins)}, {y});"
 
     def params_h(self, decls: list[str]) -> str:
         guard = f"{self.P}_PARAMS_H"
@@ -418,7 +408,6 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
         }}"""
 
     def layout_code(self) -> str:
-        n_regions = len(self.edges) + len(self.nodes)
         lines = [f"int32_t {self.p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset)", "{",
                  "    int32_t at = 0;", f"    if (T < 1 || T > {self.P}_MAX_STEPS) {{\n        return -1;\n    }}"]
         lines += self.steps_code()
@@ -434,10 +423,9 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
                              f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t)"
                              " + 3) & ~3;")
         lines.append("    return at;\n}")
-        self.n_regions = n_regions
         return "\n".join(lines)
 
-    def ptr(self, e: int, T: str = "") -> str:
+    def ptr(self, e: int) -> str:
         return "x_q" if e == 0 else f"(({self.t[e]} *)((unsigned char *)work + offset[{e}]))"
 
     def sequence_node(self, i: int, n: _Node) -> str:
@@ -699,41 +687,9 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
 """
 
     def floats(self) -> str:
-        p, gin, gout = self.p, self.grid[0], self.grid[self.out]
-        qmin, qmax = qrange(gin.bits)
-        tail = ""
-        if self.tail:
-            tail = self.tail_code()
-        return f"""#ifndef QGRU_NO_FLOAT
-void {p}_quantize_input(const float *x, {p}_in_t *x_q, int32_t n)
-{{
-    int32_t i;
-    for (i = 0; i < n; i++) {{
-        float v = x[i] * {_float_literal(int(gin.exp2_inv))} + 0.5f;
-        int32_t q;
-        if (!(v >= {float(qmin - gin.zp)!r}f)) {{ /* saturate before converting; NaN too */
-            v = {float(qmin - gin.zp)!r}f;
-        }}
-        if (v > {float(qmax - gin.zp)!r}f) {{
-            v = {float(qmax - gin.zp)!r}f;
-        }}
-        q = (int32_t)v; /* truncation; floor: */
-        if ((float)q > v) {{
-            q -= 1;
-        }}
-        x_q[i] = ({p}_in_t)(q + {self.P}_INPUT_ZP);
-    }}
-}}
-
-void {p}_dequantize_output(const {p}_out_t *y_q, float *y, int32_t n)
-{{
-    int32_t i;
-    for (i = 0; i < n; i++) {{
-        y[i] = (float)(y_q[i] - {self.P}_OUTPUT_ZP) * {_float_literal(-int(gout.exp2_inv))};
-    }}
-}}
-{tail}#endif
-"""
+        p = self.p
+        wrappers = float_wrappers(p, f"{p}_in_t", f"{p}_out_t", self.grid[0], self.grid[self.out])
+        return f"#ifndef QGRU_NO_FLOAT\n{wrappers}{self.tail_code() if self.tail else ''}#endif\n"
 
     def tail_code(self) -> str:
         C = self.width[self.out]

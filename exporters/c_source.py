@@ -325,6 +325,42 @@ def _float_literal(e: int) -> str:
     return f"0x1p{e:+d}f"
 
 
+def float_wrappers(prefix: str, in_t: str, out_t: str, x_spec, y_spec) -> str:
+    """NAME_quantize_input and NAME_dequantize_output (the float prefix and suffix of the core)
+    for an input on `x_spec`'s grid stored as `in_t`, an output on `y_spec`'s as `out_t`."""
+    P = prefix.upper()
+    qmin, qmax = qrange(x_spec.bits)
+    return f"""void {prefix}_quantize_input(const float *x, {in_t} *x_q, int32_t n)
+{{
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        /* x * 2^exp2_inv is exact; + 0.5 is too for the values that do not saturate */
+        float v = x[i] * {_float_literal(int(x_spec.exp2_inv))} + 0.5f;
+        int32_t q;
+        if (!(v >= {float(qmin - x_spec.zp)!r}f)) {{ /* saturate before converting; NaN too */
+            v = {float(qmin - x_spec.zp)!r}f;
+        }}
+        if (v > {float(qmax - x_spec.zp)!r}f) {{
+            v = {float(qmax - x_spec.zp)!r}f;
+        }}
+        q = (int32_t)v; /* truncation; floor: */
+        if ((float)q > v) {{
+            q -= 1;
+        }}
+        x_q[i] = ({in_t})(q + {P}_INPUT_ZP);
+    }}
+}}
+
+void {prefix}_dequantize_output(const {out_t} *y_q, float *y, int32_t n)
+{{
+    int32_t i;
+    for (i = 0; i < n; i++) {{
+        y[i] = (float)(y_q[i] - {P}_OUTPUT_ZP) * {_float_literal(-int(y_spec.exp2_inv))};
+    }}
+}}
+"""
+
+
 def model_c(qm: QuantModel, prefix: str, ty: ModelTypes, cells: list) -> str:
     """NAME.c; `cells`: c_export's, each with its tables' prefix and names."""
     P = prefix.upper()
@@ -358,35 +394,7 @@ void {prefix}_reset({prefix}_state_t *s)
 }}
 
 #ifndef QGRU_NO_FLOAT
-void {prefix}_quantize_input(const float *x, {q} *x_q, int32_t n)
-{{
-    int32_t i;
-    for (i = 0; i < n; i++) {{
-        /* x * 2^exp2_inv is exact; + 0.5 is too for the values that do not saturate */
-        float v = x[i] * {_float_literal(int(x_spec.exp2_inv))} + 0.5f;
-        int32_t q;
-        if (!(v >= {float(qmin - x_spec.zp)!r}f)) {{ /* saturate before converting; NaN too */
-            v = {float(qmin - x_spec.zp)!r}f;
-        }}
-        if (v > {float(qmax - x_spec.zp)!r}f) {{
-            v = {float(qmax - x_spec.zp)!r}f;
-        }}
-        q = (int32_t)v; /* truncation; floor: */
-        if ((float)q > v) {{
-            q -= 1;
-        }}
-        x_q[i] = ({q})(q + {P}_INPUT_ZP);
-    }}
-}}
-
-void {prefix}_dequantize_output(const {q} *y_q, float *y, int32_t n)
-{{
-    int32_t i;
-    for (i = 0; i < n; i++) {{
-        y[i] = (float)(y_q[i] - {P}_OUTPUT_ZP) * {_float_literal(-int(y_spec.exp2_inv))};
-    }}
-}}
-#endif
+{float_wrappers(prefix, q, q, x_spec, y_spec)}#endif
 
 int {prefix}_step({prefix}_state_t *s, const {q} *x_q, {q} *y_q)
 {{
