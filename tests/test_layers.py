@@ -7,8 +7,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # bottom to top: a module imports its own folder and the folders before it (README's Layout)
-LAYERS = ("errors", "core", "numerics", "io", "calibrators", "exporters", "engine", "layers", "simulation", "importers",
-          "calibration", "graph", "report", "advisor", "parallel", "qat", "api", "install", "cli")
+LAYERS = ("errors", "core", "numerics", "io", "calibrators", "engine", "layers", "simulation", "importers",
+          "calibration", "graph", "exporters", "report", "advisor", "parallel", "qat", "api", "install", "cli")
 # what the command line may import besides its own modules (the MPI layer wraps every command)
 CLI_MAY_IMPORT = {"api", "errors", "parallel"}
 
