@@ -349,8 +349,9 @@ int32_t {p}_sequence_work(int32_t T);
 /* where {p}_run_sequence leaves edge e (0: the input, in x_q) in work: steps[e] frames of
  * NUM_EDGES' widths at byte offset[e]; returns the work's bytes, or -1 */
 int32_t {p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset);
-/* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [steps][OUTPUT_SIZE]; returns the output's
- * steps (1 for a vector), or -1 when T does not fit the model */
+/* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [steps][OUTPUT_SIZE]; `work`, 4-byte aligned,
+ * holds {p}_sequence_work(T) bytes; returns the output's steps (1 for a vector), or -1 when T
+ * does not fit the model */
 int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work);
 {stream}{argmax}
 #endif /* {P}_H */
@@ -426,7 +427,8 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
         return "\n".join(lines)
 
     def ptr(self, e: int) -> str:
-        return "x_q" if e == 0 else f"(({self.t[e]} *)((unsigned char *)work + offset[{e}]))"
+        # through void *: the regions are 4-byte aligned in a 4-byte aligned work buffer
+        return "x_q" if e == 0 else f"(({self.t[e]} *)(void *)((unsigned char *)work + offset[{e}]))"
 
     def sequence_node(self, i: int, n: _Node) -> str:
         """One node of NAME_run_sequence, over whole sequences."""
@@ -489,7 +491,7 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
         qm = n.qm
         H, D = qm.model.hidden_size, qm.model.num_directions
         h = qm.cells[-1][0].spec["h"]
-        region = f"((unsigned char *)work + offset[{len(self.edges) + i}])"
+        region = f"((void *)((unsigned char *)work + offset[{len(self.edges) + i}]))"
         lines = []
         if act_type(qm) != self.t[a]:  # the GRU computes in its own type: its input copied into it
             lines.append(f"""    {{
@@ -786,5 +788,6 @@ int32_t {p}_sequence_work(int32_t T)
                     flash += self.width[a] * SIZES[self.t[a]] if n.cn.window.pad_value else 0
                 if n.cn.kind == "reduce":
                     state += self.width[a] * SIZES[n.cn.acc_t] + 4
+            state += 4  # its output edge's `valid` flag
             fp.layers.append(LayerFootprint(n.name, n.op, int(flash), int(state), int(n.cn.macs)))
         return fp

@@ -83,7 +83,8 @@ def cross_compile(t: Target, sources: list[Path], exe: Path, include: Path, cfla
            *[str(s) for s in sources], "-o", str(exe), *link_flags(t), *(extra or [])]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        first = (res.stderr.strip().splitlines() or ["(no message)"])[0]
+        lines = res.stderr.strip().splitlines()
+        first = next((x for x in lines if "error" in x), lines[0] if lines else "(no message)")
         raise QtoolError(f"the exported C did not build for {t.name}: {first}")
 
 

@@ -149,10 +149,10 @@ def test_whole_model_c_equals_simulator(which, bits, tmp_path):
 
 @needs_cc
 @pytest.mark.skipif(bool(missing_tools()), reason="no Cortex-M toolchain or QEMU")
-@pytest.mark.parametrize("which", list(GRAPHS))
-def test_whole_model_c_on_cortex_m4(which, tmp_path):
+@pytest.mark.parametrize("which,bits", [(g, "int8") for g in GRAPHS] + [("causal", "w8a16"), ("whole", "int16")])
+def test_whole_model_c_on_cortex_m4(which, bits, tmp_path):
     make, C = GRAPHS[which]
-    qg = api.calibrate_graph(make(), _data(C, 64, 24, 0), bits="int8", method="minmax", check=False)
+    qg = api.calibrate_graph(make(), _data(C, 64, 24, 0), bits=bits, method="minmax", check=False)
     res, _ = _verify(qg, _data(C, 3, 17, 2), tmp_path, target="cortex-m4")
     assert res["edge_mismatches"] == 0 and res["dequantized_mismatches"] == 0 and res["stream_mismatches"] == 0
 

@@ -557,7 +557,9 @@ def export_c_cmd(
     force: Force = False,
     as_json: JsonOpt = False,
 ):
-    """Write C99 headers with the integer parameters and a portable integer-only GRU."""
+    """Write C99 headers with the integer parameters and a portable integer-only GRU, or a whole
+    model's every layer (a quantized whole-model file: run whole and, where it is causal, frame
+    by frame; docs/embedded.md)."""
     import numpy as np
 
     from qtool import api
