@@ -57,14 +57,18 @@ def const(name, value):
     (dict(inputs=("X", "W", "R", "B", "", "h0"), extra_inits=[const("h0", np.full((1, N, H), 0.7))]),
      "initial_h 'h0', which is not zero"),
     (dict(inputs=("X", "W", "R", "B", "lens")), "sequence_lens"),
-    (dict(activations=["Tanh", "Sigmoid"]), "activations"),
-    (dict(activations=["Sigmoid", "Relu"]), "activations"),
+    (dict(activations=["Tanh", "Sigmoid"]), "activation 'Tanh' for its gates"),
+    (dict(activations=["Sigmoid", "Elu"]), "activation 'Elu' for its candidate"),
+    (dict(activations=["Sigmoid", "Affine"], activation_alpha=[2.0]), r"Affine\(alpha=2, beta=0\) for its candidate"),
+    (dict(activations=["Sigmoid", "Affine"]), "Affine without an activation_alpha"),
+    (dict(activations=["Sigmoid"]), "takes 2"),
+    (dict(activations=["Sigmoid", "Tanh"], activation_alpha=[0.5]), "1 activation_alpha and 0 activation_beta"),
     (dict(clip=5.0), "clip"),
     (dict(direction="reverse"), "direction 'reverse'"),
     (dict(hidden_size=10**9), "hidden_size=1000000000"),
     (dict(dirs=2, direction="forward"), r"expected \[1, 3H, H\]"),
     (dict(layout=1), "layout=1"),  # ONNX Runtime cannot run it either
-    (dict(linear_before_reset=0), "linear_before_reset=0"),
+    (dict(linear_before_reset=2), "linear_before_reset=2; ONNX defines 0 and 1"),
 ])
 def test_attributes_and_inputs_that_change_the_math_are_refused(tmp_path, kw, match):
     with pytest.raises(QtoolError, match=match):

@@ -21,7 +21,7 @@ import numpy as np
 
 from qtool.calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from qtool.calibrators.base import NO_BOUND
-from qtool.core.model import GruCell, GruModel
+from qtool.core.model import GruCell, GruModel, require_integer_form
 from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.core.tensors import BY_NAME, TENSORS, TensorConfig, layer_config
 from qtool.errors import QtoolError
@@ -88,6 +88,7 @@ def as_plan(plan: MethodPlan | str | None) -> MethodPlan:
 
 
 def new_observers(model: GruModel, plan: MethodPlan | str) -> Observers:
+    require_integer_form(model)  # before the float pass, not after it: the integer cell is haste's
     plan = as_plan(plan)
     return [[{n: plan.for_layer(l).observer(n) for n in TRACED} for _ in cells]
             for l, cells in enumerate(model.layers)]

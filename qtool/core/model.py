@@ -1,11 +1,14 @@
 """The canonical float GRU: weights in the layout of docs/numerics.md ("Float GRU"), gate
-blocks z | r | g, and its HDF5 file.
+blocks z | r | g, each cell's formulation (CellForm), and its HDF5 file.
 
-File layout (format "qtool-gru", version 1), documented in docs/file-formats.md:
+File layout (format "qtool-gru", version 1, or 2 when a cell is not the haste form),
+documented in docs/file-formats.md:
 
     /                attrs: format, version, input_size, hidden_size, num_layers, bidirectional,
                             name, source
-    /layer{l}/{fwd,bwd}/W   [3H, C_l]   input weights
+    /layer{l}/{fwd,bwd}     attrs (version 2, each only where it is not the default):
+                            reset_after, gate, gate_alpha, gate_beta, candidate
+                        W   [3H, C_l]   input weights
                         R   [3H, H]     recurrent weights
                         bx  [3H]        input bias
                         br  [3H]        recurrent bias
@@ -13,7 +16,8 @@ File layout (format "qtool-gru", version 1), documented in docs/file-formats.md:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 import h5py
 import numpy as np
@@ -21,8 +25,16 @@ import numpy as np
 from qtool.errors import QtoolError
 
 FORMAT = "qtool-gru"
-VERSION = 1
+VERSION = 2  # the newest this qtool reads; it writes 1 where every cell is the haste form
+HASTE_VERSION = 1  # a file of haste cells only: what qtool before CellForm wrote, byte for byte
 DIRECTIONS = ("fwd", "bwd")
+
+GATE_ACTIVATIONS = ("sigmoid", "hard_sigmoid")
+CANDIDATE_ACTIVATIONS = ("tanh", "relu", "linear")
+# hard_sigmoid = clip(alpha * x + beta, 0, 1): Keras 2 (and ONNX HardSigmoid's defaults) 0.2x + 0.5;
+# Keras 3 relu6(x + 3) / 6, i.e. x / 6 + 0.5 (measured on Keras 3.15: hard_sigmoid(1) = 2/3)
+KERAS2_HARD_SIGMOID = (0.2, 0.5)
+KERAS3_HARD_SIGMOID = (1 / 6, 0.5)
 
 
 def tensor_key(l: int, d: int, name: str) -> str:
@@ -30,14 +42,78 @@ def tensor_key(l: int, d: int, name: str) -> str:
     return f"layer{l}.{DIRECTIONS[d]}.{name}"
 
 
+@dataclass(frozen=True)
+class CellForm:
+    """What a cell computes (docs/numerics.md, "Float GRU"). The default is the haste/PyTorch
+    form, the only one with an integer form so far:
+
+        reset_after True:   g = candidate(Wx_g + r * (R_g h + br_g) + bx_g)   (haste, PyTorch,
+                            Keras reset_after=True, ONNX linear_before_reset=1)
+        reset_after False:  g = candidate(Wx_g + R_g (r * h) + bx_g + br_g)   (Keras
+                            reset_after=False, ONNX linear_before_reset=0, TensorFlow 1's GRUCell)
+
+    z and r are gate(...) of their sums as always: `gate` sigmoid, or hard_sigmoid
+    clip(gate_alpha * v + gate_beta, 0, 1); `candidate` tanh, relu or linear."""
+
+    reset_after: bool = True
+    gate: str = "sigmoid"
+    gate_alpha: float | None = None  # hard_sigmoid only
+    gate_beta: float | None = None
+    candidate: str = "tanh"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reset_after, (bool, np.bool_)):
+            raise QtoolError(f"reset_after must be true or false, got {self.reset_after!r:.40}")
+        if self.gate not in GATE_ACTIVATIONS:
+            raise QtoolError(f"gate activation {self.gate!r:.40} is not one of {', '.join(GATE_ACTIVATIONS)}")
+        if self.candidate not in CANDIDATE_ACTIVATIONS:
+            raise QtoolError(f"candidate activation {self.candidate!r:.40} is not one of "
+                             f"{', '.join(CANDIDATE_ACTIVATIONS)}")
+        params = (self.gate_alpha, self.gate_beta)
+        if self.gate == "sigmoid" and params != (None, None):
+            raise QtoolError("gate_alpha and gate_beta belong to a hard_sigmoid gate, not to sigmoid")
+        if self.gate == "hard_sigmoid" and not (all(_finite(v) for v in params) and self.gate_alpha > 0):
+            raise QtoolError(f"a hard_sigmoid gate needs a finite gate_alpha > 0 and a finite gate_beta, "
+                             f"got {self.gate_alpha!r:.40}, {self.gate_beta!r:.40}")
+        object.__setattr__(self, "reset_after", bool(self.reset_after))
+
+    @property
+    def haste(self) -> bool:
+        return self == HASTE
+
+    def describe(self) -> str:
+        """The settings that differ from the haste form, as a user reads them:
+        `reset_after=False, gate hard_sigmoid(0.2x + 0.5), candidate relu`."""
+        parts = [] if self.reset_after else ["reset_after=False"]
+        if self.gate != "sigmoid":
+            parts.append(f"gate hard_sigmoid({self.gate_alpha:.6g}x + {self.gate_beta:.6g})")
+        if self.candidate != "tanh":
+            parts.append(f"candidate {self.candidate}")
+        return ", ".join(parts) or "the haste form"
+
+    def attrs(self) -> dict:
+        """The settings that differ from the default, by field name (the file's attributes and a
+        graph node's, so that a haste cell adds nothing)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+HASTE = CellForm()
+
+
 @dataclass
 class GruCell:
-    """One direction of one layer: W [3H, C], R [3H, H], bx [3H], br [3H], gates z | r | g."""
+    """One direction of one layer: W [3H, C], R [3H, H], bx [3H], br [3H], gates z | r | g, and
+    what the cell computes with them (`form`, the haste form by default)."""
 
     W: np.ndarray
     R: np.ndarray
     bx: np.ndarray
     br: np.ndarray
+    form: CellForm = HASTE
 
     def __post_init__(self) -> None:
         self.W, self.R = (np.ascontiguousarray(a, np.float32) for a in (self.W, self.R))
@@ -52,6 +128,8 @@ class GruCell:
         for name in ("W", "R", "bx", "br"):
             if not np.all(np.isfinite(getattr(self, name))):
                 raise QtoolError(f"weights '{name}' contain NaN or Inf")
+        if not isinstance(self.form, CellForm):
+            raise QtoolError(f"a cell's form must be a CellForm, got {type(self.form).__name__}")
 
 
 @dataclass
@@ -104,12 +182,32 @@ class GruModel:
     def output_size(self) -> int:
         return self.hidden_size * self.num_directions
 
+    @property
+    def haste(self) -> bool:
+        """Every cell is the haste form (the one the integer path computes so far)."""
+        return all(c.form.haste for cells in self.layers for c in cells)
+
+
+def require_integer_form(model: GruModel) -> None:
+    """The one check in front of everything integer (calibration, simulation, export, QAT, the
+    CUDA engine): the integer cell is the haste form's, so a model with another cell is refused
+    in one line rather than computed as if it were haste."""
+    for l, cells in enumerate(model.layers):
+        for d, cell in enumerate(cells):
+            if not cell.form.haste:
+                where = f" (layer {l}, {DIRECTIONS[d]})" if model.num_layers > 1 or d else ""
+                raise QtoolError(f"GRU '{model.name}'{where} uses {cell.form.describe()}: its integer form is "
+                                 "not built yet (the float model imports and runs; calibrate, simulate, export "
+                                 "and QAT need the haste form)")
+
 
 def write_model(f: h5py.File, model: GruModel) -> None:
-    """Write the float model into an open HDF5 file (root attributes and layer groups)."""
+    """Write the float model into an open HDF5 file (root attributes and layer groups). A model of
+    haste cells is written as version 1, as before CellForm existed; another form makes the file
+    version 2, which a qtool that knows only the haste form refuses instead of misreading."""
     f.attrs.update(
         format=FORMAT,
-        version=VERSION,
+        version=HASTE_VERSION if model.haste else VERSION,
         input_size=model.input_size,
         hidden_size=model.hidden_size,
         num_layers=model.num_layers,
@@ -120,8 +218,32 @@ def write_model(f: h5py.File, model: GruModel) -> None:
     for l, cells in enumerate(model.layers):
         for d, cell in enumerate(cells):
             g = f.create_group(f"layer{l}/{DIRECTIONS[d]}")
+            g.attrs.update(cell.form.attrs())  # nothing for a haste cell
             for name in ("W", "R", "bx", "br"):
                 g.create_dataset(name, data=getattr(cell, name))
+
+
+FORM_ATTRS = {"reset_after": bool, "gate": str, "gate_alpha": float, "gate_beta": float, "candidate": str}
+
+
+def read_form(g: h5py.Group, where: str) -> CellForm:
+    """A cell's CellForm from its group's attributes (absent: the default), each checked."""
+    found = {}
+    for name, kind in FORM_ATTRS.items():
+        if name not in g.attrs:
+            continue
+        if kind is float:
+            v = g.attrs[name]
+            v = v.item() if isinstance(v, np.generic) else v
+            if not _finite(v):
+                raise QtoolError(f"{where}: attribute '{name}' must be a finite number, got {v!r:.40}")
+            found[name] = float(v)
+        else:
+            found[name] = h5_attr(g, name, kind, where)
+    try:
+        return CellForm(**found)
+    except QtoolError as e:
+        raise QtoolError(f"{where}: {e}") from None
 
 
 MAX_LAYERS = 64
@@ -207,7 +329,7 @@ def read_model(f: h5py.File, formats: tuple = (FORMAT,)) -> GruModel:
             H = R_shape[1]
             arrays = [h5_dataset(g, n, shp, "f", g_where) for n, shp in
                       (("W", (3 * H, width)), ("R", (3 * H, H)), ("bx", (3 * H,)), ("br", (3 * H,)))]
-            cells.append(GruCell(*arrays))
+            cells.append(GruCell(*arrays, read_form(g, g_where)))
         layers.append(cells)
         width = cells[0].R.shape[1] * dirs
     model = GruModel(layers, name=h5_attr(f, "name", str, where), source=h5_attr(f, "source", str, where))

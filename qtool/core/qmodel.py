@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtool.core.model import GruModel
+from qtool.core.model import GruModel, require_integer_form
 from qtool.core.tensors import NAMES
 
 QFORMAT = "qtool-qgru"
@@ -72,6 +72,10 @@ class QuantModel:
     model: GruModel
     cells: list[list[CellQuant]]
     info: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # every integer path (calibration's result, a file read back, QAT, the engines) holds one
+        require_integer_form(self.model)
 
     def fingerprint(self) -> str:
         """A hash of everything that decides the integers: the quantization, the integer weights,

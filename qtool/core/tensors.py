@@ -67,6 +67,25 @@ TENSORS = (
     TensorDef("old_contrib", "activation", False, False, "z * h_old"),
     TensorDef("new_contrib", "activation", False, False, "(1 - z) * g"),
 )
+# A reset-before cell (qtool.core.model.CellForm, reset_after False) has no Rh_add_br or rRh: the
+# reset gate multiplies h, `rh = r * h_old`, and R's g rows run on rh (Rh's g block is R_g rh,
+# on Rh's grid). Its integer semantics (intops.gru_gates_reset_before, gru_candidate_reset_before)
+# are written; calibration, the engines and the files do not run it yet (docs/numerics.md).
+RH = TensorDef("rh", "activation", False, False, "r * h_old, the R_g GEMM's input (reset before)")
+TENSORS_RESET_BEFORE = tuple(t for t in TENSORS if t.name not in ("Rh_add_br", "rRh")) + (RH,)
+PARAMS_RESET_BEFORE = (
+    # zero points
+    "zp_x", "zp_h", "zp_Wx", "zp_Rh", "zp_z_pre", "zp_r_pre", "zp_g_pre", "zp_z_out", "zp_r_out",
+    "zp_g_out", "zp_rh", "zp_old_contrib", "zp_new_contrib",
+    # shifts: sh_<from>_<to>; sh_rh = e_r_out + e_h - e_rh, the product r * h_old onto rh's grid
+    "sh_Wx_z_pre", "sh_Rh_z_pre", "sh_Wx_r_pre", "sh_Rh_r_pre", "sh_rh", "sh_Wx_g_pre", "sh_Rh_g_pre",
+    "sh_old_contrib", "sh_new_contrib", "sh_old_contrib_h", "sh_new_contrib_h",
+    "q_1_in_z_scale",
+    "lo_Wx", "hi_Wx", "lo_Rh", "hi_Rh", "lo_z_pre", "hi_z_pre", "lo_r_pre", "hi_r_pre",
+    "lo_g_pre", "hi_g_pre", "lo_z_out", "hi_z_out", "lo_r_out", "hi_r_out", "lo_g_out", "hi_g_out",
+    "lo_rh", "hi_rh", "lo_old_contrib", "hi_old_contrib", "lo_new_contrib", "hi_new_contrib", "lo_h", "hi_h",
+    "lut_shift_z", "lut_shift_r", "lut_shift_g",
+)
 BY_NAME = {t.name: t for t in TENSORS}
 NAMES = tuple(t.name for t in TENSORS)
 # The activations in table order: what the float GRU records per time step (float_gru.TRACED).

@@ -7,6 +7,9 @@ operation in the same order:
     g = tanh(Wx_g + r * (Rh_g + br_g) + bx_g)
     h = z * h_old + (1 - z) * g
 
+The other cell forms (hard_sigmoid gates, relu and linear candidates, the reset gate before the
+recurrent GEMM) are in the functions at the end, for kernels that run them.
+
 Only the GEMMs' summation order and exp/tanh differ from numpy's float32 (by float32 rounding):
 exp is Cephes' expf (a degree-6 polynomial after the reduction by ln 2, within 2 ulp), written
 without branches so that the compiler vectorises the cell across hidden units, which a call to
@@ -87,3 +90,55 @@ def float_cell(Wx_z, Wx_r, Wx_g, Rh_z, Rh_r, Rh_g, h_old, bx_z, bx_r, bx_g, br_z
     h = old_contrib + new_contrib
     return (Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, Rh_add_br, rRh, old_contrib,
             new_contrib, h)
+
+
+# The other cell forms (qtool.core.model.CellForm), by the codes of `form_codes`; the haste
+# cell above stays as it is, the one the integer engines run beside their integers.
+GATE_SIGMOID, GATE_HARD_SIGMOID = 0, 1
+CANDIDATE_TANH, CANDIDATE_RELU, CANDIDATE_LINEAR = 0, 1, 2
+
+
+def form_codes(form) -> tuple[int, np.float32, np.float32, int]:
+    """(gate, alpha, beta, candidate) of a CellForm as the jitted functions below take them."""
+    gate = GATE_HARD_SIGMOID if form.gate == "hard_sigmoid" else GATE_SIGMOID
+    alpha, beta = (form.gate_alpha, form.gate_beta) if gate == GATE_HARD_SIGMOID else (0.0, 0.0)
+    candidate = ("tanh", "relu", "linear").index(form.candidate)
+    return gate, F(alpha), F(beta), candidate
+
+
+@register_jitable
+def gate32(v, gate, alpha, beta):
+    """z's and r's activation: sigmoid, or hard_sigmoid clip(alpha v + beta, 0, 1)."""
+    if gate == GATE_HARD_SIGMOID:
+        return min(max(alpha * v + beta, F(0.0)), ONE)
+    return sigmoid32(v)
+
+
+@register_jitable
+def candidate32(v, candidate):
+    """g's activation: tanh, relu or linear."""
+    if candidate == CANDIDATE_RELU:
+        return max(v, F(0.0))
+    if candidate == CANDIDATE_LINEAR:
+        return v
+    return tanh32(v)
+
+
+@register_jitable(inline="always")
+def float_gates(Wx_z, Wx_r, Rh_z, Rh_r, bx_z, bx_r, br_z, br_r, gate, alpha, beta):
+    """z_pre, r_pre, z and r of one hidden unit at one time step, in any form."""
+    z_pre = Wx_z + Rh_z + bx_z + br_z
+    r_pre = Wx_r + Rh_r + bx_r + br_r
+    return z_pre, r_pre, gate32(z_pre, gate, alpha, beta), gate32(r_pre, gate, alpha, beta)
+
+
+@register_jitable(inline="always")
+def float_candidate_reset_before(Wx_g, Rrh_g, h_old, z, bx_g, br_g, candidate):
+    """The rest of a reset-before unit, once the GEMM `Rrh_g = R_g (r * h_old)` over every unit's
+    r is done (so a kernel runs float_gates for all units, the GEMM, then this): g_pre, g,
+    old_contrib, new_contrib, h."""
+    g_pre = Wx_g + Rrh_g + bx_g + br_g
+    g = candidate32(g_pre, candidate)
+    old_contrib = z * h_old
+    new_contrib = (ONE - z) * g
+    return g_pre, g, old_contrib, new_contrib, old_contrib + new_contrib

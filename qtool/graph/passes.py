@@ -10,9 +10,12 @@ import copy
 import numpy as np
 
 from qtool.core.graph import Graph, Node
+from qtool.core.model import require_integer_form
 from qtool.errors import QtoolError
 from qtool.layers import check, layer
 from qtool.layers.batchnorm import affine
+from qtool.layers.gru import form as gru_form
+from qtool.layers.gru import model as gru_model
 
 
 def _only_reader(graph: Graph, edge: str) -> Node | None:
@@ -81,7 +84,8 @@ def stack_grus(graph: Graph) -> str:
         a = next((n for n in graph.nodes if b.inputs[0] in n.outputs), None)
         if (a is None or a.op != "gru" or _only_reader(graph, b.inputs[0]) is not b
                 or not a.attrs.get("return_sequences", True)
-                or bool(a.attrs.get("bidirectional", False)) != bool(b.attrs.get("bidirectional", False))):
+                or bool(a.attrs.get("bidirectional", False)) != bool(b.attrs.get("bidirectional", False))
+                or gru_form(a) != gru_form(b)):  # a gru node has one cell form
             continue
         layers_a = a.attrs.get("layers", 1)
         for k, v in b.params.items():
@@ -117,6 +121,8 @@ def partition(graph: Graph) -> tuple[list[str], list[str], str]:
             tail.add(n.name)
     for n in graph.nodes:
         mod = layer(n.op, n.label)
+        if n.op == "gru":
+            require_integer_form(gru_model(n))  # before any calibration pass over the data
         if n.name not in tail and getattr(mod, "FLOAT_TAIL", False):
             raise QtoolError(f"node {n.label}: {n.op} runs in float at the model's output only; here layers "
                              "read its result")

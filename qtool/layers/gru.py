@@ -1,8 +1,12 @@
 """gru: a (possibly stacked, possibly bidirectional) GRU, qtool's float GRU
 (qtool.numerics.float_gru: gates z | r | g, `g = tanh(Wx_g + r * (Rh_g + br_g) + bx_g)`, Keras'
-reset_after=True and PyTorch's formulation), zero initial state.
+reset_after=True and PyTorch's formulation, unless the attrs below say otherwise), zero initial state.
 
-Attrs: `layers` (default 1), `bidirectional` (default false), `return_sequences` (default true).
+Attrs: `layers` (default 1), `bidirectional` (default false), `return_sequences` (default true);
+the cell's form (qtool.core.model.CellForm), the same for every layer and direction, each absent
+where it is the default: `reset_after` (default true; false: `g = act(Wx_g + R_g (r * h) + bx_g
++ br_g)`), `gate` (`sigmoid`, `hard_sigmoid` with `gate_alpha` and `gate_beta`: clip(alpha v +
+beta, 0, 1)) and `candidate` (`tanh`, `relu`, `linear`).
 Params `l{k}.{fwd,bwd}.{W,R,bx,br}` for layer k: W [3H, C_k], R [3H, H], bx [3H], br [3H]
 (qtool.core.model's layout); layer k + 1 reads layer k's sequence, [fwd | bwd] channels.
 
@@ -24,15 +28,25 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
-from qtool.core.model import DIRECTIONS, GruCell, GruModel
+from qtool.core.model import DIRECTIONS, CellForm, GruCell, GruModel
 from qtool.core.qmodel import TensorQ
+from qtool.errors import QtoolError
 from qtool.layers import attr_bool, attr_int, fail, only, param, want_inputs
 from qtool.layers.integer import requantize
 from qtool.numerics.float_gru import run_float
 
 OP = "gru"
-ATTRS = ("layers", "bidirectional", "return_sequences")
+FORM = ("reset_after", "gate", "gate_alpha", "gate_beta", "candidate")  # CellForm's fields
+ATTRS = ("layers", "bidirectional", "return_sequences", *FORM)
 MAX_LAYERS = 64
+
+
+def form(node: Node) -> CellForm:
+    """The cell form the node's attrs give (the haste form where they give none)."""
+    try:
+        return CellForm(**{k: node.attrs[k] for k in FORM if k in node.attrs})
+    except QtoolError as e:
+        raise fail(node, str(e)) from None
 
 
 def _attrs(node: Node) -> tuple[int, int, bool]:
@@ -50,6 +64,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     names = _names(layers, dirs)
     only(node, ATTRS, params=tuple(p + w for cells in names for p in cells for w in ("W", "R", "bx", "br")))
     want_inputs(node, shapes, seq=True)
+    form(node)
     width = shapes[0][-1]
     for k, cells in enumerate(names):
         hidden = None
@@ -71,7 +86,8 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
 def model(node: Node) -> GruModel:
     """The node's GRU as qtool's float model (the layout every GRU pass reads)."""
     layers, dirs, _ = _attrs(node)
-    return GruModel([[GruCell(*(node.params[p + w] for w in ("W", "R", "bx", "br"))) for p in cells]
+    cell_form = form(node)
+    return GruModel([[GruCell(*(node.params[p + w] for w in ("W", "R", "bx", "br")), cell_form) for p in cells]
                      for cells in _names(layers, dirs)], name=node.name, source=node.source)
 
 

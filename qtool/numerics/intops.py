@@ -16,6 +16,8 @@ import numpy as np
 from numba.extending import register_jitable
 
 from qtool.numerics.lanes import lane, shl, shr
+
+# RB_*: the reset-before cell's P (rescale.derive_reset_before); RH_PROD there is rh = r * h, RH is Rh
 from qtool.numerics.rescale import (
     CH_QBR,
     CH_QBX,
@@ -47,6 +49,51 @@ from qtool.numerics.rescale import (
     LUT_SHIFT_R,
     LUT_SHIFT_Z,
     Q_1_IN_Z_SCALE,
+    RB_HI_G_PRE,
+    RB_HI_H,
+    RB_HI_NEW_CONTRIB,
+    RB_HI_OLD_CONTRIB,
+    RB_HI_R_PRE,
+    RB_HI_RH,
+    RB_HI_RH_PROD,
+    RB_HI_Z_OUT,
+    RB_HI_Z_PRE,
+    RB_LO_G_PRE,
+    RB_LO_H,
+    RB_LO_NEW_CONTRIB,
+    RB_LO_OLD_CONTRIB,
+    RB_LO_R_PRE,
+    RB_LO_RH,
+    RB_LO_RH_PROD,
+    RB_LO_Z_OUT,
+    RB_LO_Z_PRE,
+    RB_LUT_SHIFT_G,
+    RB_LUT_SHIFT_R,
+    RB_LUT_SHIFT_Z,
+    RB_Q_1_IN_Z_SCALE,
+    RB_SH_NEW_CONTRIB,
+    RB_SH_NEW_CONTRIB_H,
+    RB_SH_OLD_CONTRIB,
+    RB_SH_OLD_CONTRIB_H,
+    RB_SH_RH_G_PRE,
+    RB_SH_RH_PROD,
+    RB_SH_RH_R_PRE,
+    RB_SH_RH_Z_PRE,
+    RB_SH_WX_G_PRE,
+    RB_SH_WX_R_PRE,
+    RB_SH_WX_Z_PRE,
+    RB_ZP_G_OUT,
+    RB_ZP_G_PRE,
+    RB_ZP_H,
+    RB_ZP_NEW_CONTRIB,
+    RB_ZP_OLD_CONTRIB,
+    RB_ZP_R_OUT,
+    RB_ZP_R_PRE,
+    RB_ZP_RH,
+    RB_ZP_RH_PROD,
+    RB_ZP_WX,
+    RB_ZP_Z_OUT,
+    RB_ZP_Z_PRE,
     SH_NEW_CONTRIB,
     SH_NEW_CONTRIB_H,
     SH_OLD_CONTRIB,
@@ -173,3 +220,69 @@ def gru_cell(q_Wx_z, q_Wx_r, q_Wx_g, acc_Rh_z, acc_Rh_r, acc_Rh_g, q_h_old, jz, 
                     + P[ZP_H], P[LO_H], P[HI_H])
     return (q_Rh_z, q_Rh_r, q_Rh_g, q_z_pre, q_r_pre, q_g_pre, q_z, q_r, q_g, q_Rh_add_br,
             q_rRh, q_old_contrib, q_new_contrib, q_h_new)
+
+
+# The reset-before cell (docs/numerics.md, "Integer cell, reset before"): R's g rows multiply
+# rh = r * h_old, which needs every unit's r first, so a step is two passes over the units with
+# the g rows' GEMM between them: gru_gates_reset_before for every unit, the GEMM
+# acc_Rh_g = R_g @ q_rh, then gru_candidate_reset_before for every unit. P is in
+# PARAMS_RESET_BEFORE's order (rescale.RB_*).
+
+
+@register_jitable
+def gru_gates_reset_before(q_Wx_z, q_Wx_r, acc_Rh_z, acc_Rh_r, q_h_old, jz, jr, P, CH, lut_z, lut_r):
+    """z, r and rh = r * h_old of one hidden unit: (q_Rh_z, q_Rh_r, q_z_pre, q_r_pre, q_z, q_r, q_rh).
+    acc_Rh_*: the raw integer GEMM R @ q_h of the z and r rows."""
+    zp_Wx = P[RB_ZP_WX]
+    zp_Rh = P[RB_ZP_RH]
+    q_Rh_z = rescale(acc_Rh_z - CH[CH_R_SUM_MUL_H_ZP, jz], CH[CH_SH_R, jz], zp_Rh, P[RB_LO_RH], P[RB_HI_RH])
+    q_Rh_r = rescale(acc_Rh_r - CH[CH_R_SUM_MUL_H_ZP, jr], CH[CH_SH_R, jr], zp_Rh, P[RB_LO_RH], P[RB_HI_RH])
+
+    # 1. update gate: z_pre = Wx_z + Rh_z + bx_z + br_z (each term rescaled, then added)
+    q_z_pre = clamp(rshift_round(q_Wx_z - zp_Wx, P[RB_SH_WX_Z_PRE])
+                    + rshift_round(q_Rh_z - zp_Rh, P[RB_SH_RH_Z_PRE])
+                    + rshift_round(CH[CH_QBX, jz], CH[CH_SH_BX, jz])
+                    + rshift_round(CH[CH_QBR, jz], CH[CH_SH_BR, jz])
+                    + P[RB_ZP_Z_PRE], P[RB_LO_Z_PRE], P[RB_HI_Z_PRE])
+    q_z = lut_eval(lut_z, q_z_pre - P[RB_LO_Z_PRE], P[RB_LUT_SHIFT_Z])
+
+    # 2. reset gate
+    q_r_pre = clamp(rshift_round(q_Wx_r - zp_Wx, P[RB_SH_WX_R_PRE])
+                    + rshift_round(q_Rh_r - zp_Rh, P[RB_SH_RH_R_PRE])
+                    + rshift_round(CH[CH_QBX, jr], CH[CH_SH_BX, jr])
+                    + rshift_round(CH[CH_QBR, jr], CH[CH_SH_BR, jr])
+                    + P[RB_ZP_R_PRE], P[RB_LO_R_PRE], P[RB_HI_R_PRE])
+    q_r = lut_eval(lut_r, q_r_pre - P[RB_LO_R_PRE], P[RB_LUT_SHIFT_R])
+
+    # 3. rh = r * h_old onto rh's own grid: the input of the g rows' GEMM
+    q_rh = rescale((q_r - P[RB_ZP_R_OUT]) * (q_h_old - P[RB_ZP_H]), P[RB_SH_RH_PROD],
+                   P[RB_ZP_RH_PROD], P[RB_LO_RH_PROD], P[RB_HI_RH_PROD])
+    return q_Rh_z, q_Rh_r, q_z_pre, q_r_pre, q_z, q_r, q_rh
+
+
+@register_jitable
+def gru_candidate_reset_before(q_Wx_g, acc_Rh_g, q_h_old, q_z, jg, P, CH, lut_g):
+    """g and h_new of one hidden unit once acc_Rh_g = sum_k q_R[jg, k] q_rh[k] is known:
+    (q_Rh_g, q_g_pre, q_g, q_old_contrib, q_new_contrib, q_h_new)."""
+    zp_Rh = P[RB_ZP_RH]
+    # R_g rh on Rh's grid: the compensation and shift of row jg are rh's (rescale.derive_reset_before)
+    q_Rh_g = rescale(acc_Rh_g - CH[CH_R_SUM_MUL_H_ZP, jg], CH[CH_SH_R, jg], zp_Rh, P[RB_LO_RH], P[RB_HI_RH])
+
+    # 4. candidate: g = tanh(Wx_g + R_g rh + bx_g + br_g)
+    q_g_pre = clamp(rshift_round(q_Wx_g - P[RB_ZP_WX], P[RB_SH_WX_G_PRE])
+                    + rshift_round(q_Rh_g - zp_Rh, P[RB_SH_RH_G_PRE])
+                    + rshift_round(CH[CH_QBX, jg], CH[CH_SH_BX, jg])
+                    + rshift_round(CH[CH_QBR, jg], CH[CH_SH_BR, jg])
+                    + P[RB_ZP_G_PRE], P[RB_LO_G_PRE], P[RB_HI_G_PRE])
+    q_g = lut_eval(lut_g, q_g_pre - P[RB_LO_G_PRE], P[RB_LUT_SHIFT_G])
+
+    # 5. h_new = z * h_old + (1 - z) * g, as the haste cell's
+    q_old_contrib = rescale((q_z - P[RB_ZP_Z_OUT]) * (q_h_old - P[RB_ZP_H]), P[RB_SH_OLD_CONTRIB],
+                            P[RB_ZP_OLD_CONTRIB], P[RB_LO_OLD_CONTRIB], P[RB_HI_OLD_CONTRIB])
+    q_one_minus_z = clamp(P[RB_Q_1_IN_Z_SCALE] - q_z + P[RB_ZP_Z_OUT], P[RB_LO_Z_OUT], P[RB_HI_Z_OUT])
+    q_new_contrib = rescale((q_one_minus_z - P[RB_ZP_Z_OUT]) * (q_g - P[RB_ZP_G_OUT]), P[RB_SH_NEW_CONTRIB],
+                            P[RB_ZP_NEW_CONTRIB], P[RB_LO_NEW_CONTRIB], P[RB_HI_NEW_CONTRIB])
+    q_h_new = clamp(rshift_round(q_old_contrib - P[RB_ZP_OLD_CONTRIB], P[RB_SH_OLD_CONTRIB_H])
+                    + rshift_round(q_new_contrib - P[RB_ZP_NEW_CONTRIB], P[RB_SH_NEW_CONTRIB_H])
+                    + P[RB_ZP_H], P[RB_LO_H], P[RB_HI_H])
+    return q_Rh_g, q_g_pre, q_g, q_old_contrib, q_new_contrib, q_h_new

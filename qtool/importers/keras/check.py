@@ -20,6 +20,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, one_torch_thread
+from qtool.importers.keras.config import keras_major
 from qtool.importers.keras.copy import inference_config, unloadable, write_copy
 
 SIZE_KEYS = ("units", "filters", "input_dim", "output_dim", "num_heads", "key_dim", "value_dim",
@@ -86,6 +87,26 @@ def _load(keras, path: Path, config: dict):
         return keras.saving.load_model(str(copy), compile=False, safe_mode=True)
 
 
+def keras2_hard_sigmoid(keras, model, major: int | None) -> None:
+    """A file written by Keras 2 was trained with Keras 2's hard_sigmoid, 0.2x + 0.5; Keras 3 loads
+    the name as its own, x / 6 + 0.5. So that the check compares with what the model's author ran,
+    every layer of such a file that Keras 3 gave its hard_sigmoid (a Dense or Activation's
+    `activation`, a GRU cell's `recurrent_activation`) computes Keras 2's instead."""
+    if major is None or major >= 3:
+        return
+
+    def hard_sigmoid(x):
+        return keras.ops.clip(0.2 * x + 0.5, 0.0, 1.0)
+
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for obj in (layer, getattr(layer, "cell", None)):
+            for key in ("activation", "recurrent_activation"):
+                if isinstance(getattr(type(obj), key, None), property):
+                    continue  # a GRU layer's view of its cell's function: the cell is patched
+                if getattr(obj, key, None) is keras.activations.hard_sigmoid:
+                    setattr(obj, key, hard_sigmoid)
+
+
 def _layer(model, name: str):
     for part in name.split("/"):
         # QKeras' QGRU.from_config hands the layer's name to its cell (the layer gets a fresh one)
@@ -103,6 +124,7 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
     keras = _import_keras()
     if '"qkeras>' in json.dumps(config):
         import qkeras  # noqa: F401  (registers QKeras' layers and quantizers with Keras)
+    major = keras_major(path)
     with one_torch_thread():  # a no-op unless Keras runs on PyTorch
         model = _load(keras, path, config)
         y = np.asarray(x, np.float32)
@@ -111,5 +133,6 @@ def run_keras(path: Path, config: dict, names: list[str], x: np.ndarray) -> np.n
             clone = layer.__class__.from_config(_full_sequence_config(layer.get_config()))
             clone.build(y.shape)
             clone.set_weights([np.asarray(w, np.float32) for w in layer.get_weights()])
+            keras2_hard_sigmoid(keras, clone, major)
             y = keras.ops.convert_to_numpy(clone(y))
     return y

@@ -10,9 +10,20 @@ store each layer under its name (`model_weights/{name}`).
 
 from __future__ import annotations
 
+import json
 import re
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from qtool.core.model import (
+    CANDIDATE_ACTIVATIONS,
+    GATE_ACTIVATIONS,
+    HASTE,
+    KERAS2_HARD_SIGMOID,
+    KERAS3_HARD_SIGMOID,
+    CellForm,
+)
 from qtool.errors import QtoolError
 
 MODELS = ("Sequential", "Functional", "Model")
@@ -28,6 +39,7 @@ class Direction:
     use_bias: bool
     reset_after: bool | None  # None: not in the config (old Keras); the bias shape decides
     quantizers: dict | None = None  # a QKeras QGRU's quantized_bits settings by role (W, R, b, h)
+    form: CellForm = HASTE  # gate and candidate activations; reset_after is `reset_after`'s, once known
 
 
 @dataclass
@@ -85,6 +97,67 @@ def _gru_cell(layer: dict, where: str) -> dict | None:
     return None
 
 
+def keras_major(path: Path) -> int | None:
+    """The major version of the Keras that wrote the file (metadata.json of a .keras archive, the
+    `keras_version` attribute of a legacy .h5), or None where it is not recorded. It decides
+    what 'hard_sigmoid' meant when the model was trained (KERAS2_HARD_SIGMOID, KERAS3_HARD_SIGMOID)."""
+    import h5py
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                if "metadata.json" not in z.namelist() or z.getinfo("metadata.json").file_size > 1 << 20:
+                    return None
+                version = json.loads(z.read("metadata.json")).get("keras_version")
+        else:
+            with h5py.File(path, "r") as f:
+                version = f.attrs.get("keras_version")
+    except (OSError, ValueError, AttributeError, zipfile.BadZipFile):
+        return None
+    version = version.decode(errors="replace") if isinstance(version, bytes) else version
+    major = re.match(r"(\d+)\.", version) if isinstance(version, str) else None
+    return int(major.group(1)) if major else None
+
+
+def hard_sigmoid_params(major: int | None, what: str) -> tuple[float, float]:
+    """(alpha, beta) of 'hard_sigmoid' in the Keras that wrote the file: 0.2x + 0.5 before Keras 3,
+    x / 6 + 0.5 from Keras 3 on."""
+    if major is None:
+        raise QtoolError(f"{what} has a 'hard_sigmoid' activation, which Keras 2 computes as 0.2x + 0.5 and "
+                         "Keras 3 as x / 6 + 0.5, and the file does not record which Keras wrote it")
+    return KERAS2_HARD_SIGMOID if major < 3 else KERAS3_HARD_SIGMOID
+
+
+def activation_name(value) -> str | None:
+    """A Keras activation as its name: a string, None (linear), or a serialized function; None
+    for anything else (a quantizer object, a custom callable)."""
+    if value is None:
+        return "linear"
+    if isinstance(value, dict) and value.get("class_name") == "function" and isinstance(value.get("config"), str):
+        value = value["config"]
+    return value if isinstance(value, str) else None
+
+
+def _shown(value) -> str:
+    """A config value as a refusal names it: a serialized object (QKeras' quantized_tanh) by its class."""
+    return repr(value.get("class_name", value) if isinstance(value, dict) else value)
+
+
+def _cell_form(cell: dict, what: str, major: int | None) -> CellForm:
+    """The gate and candidate activations of a Keras GRU cell (reset_after is decided with the
+    bias: keras/reader.py)."""
+    gate = activation_name(cell.get("recurrent_activation", "sigmoid"))
+    candidate = activation_name(cell.get("activation", "tanh"))
+    if gate not in GATE_ACTIVATIONS:
+        raise QtoolError(f"{what} has recurrent_activation={_shown(cell.get('recurrent_activation'))}; qtool's GRU "
+                         f"computes {' or '.join(map(repr, GATE_ACTIVATIONS))} gates")
+    if candidate not in CANDIDATE_ACTIVATIONS:
+        raise QtoolError(f"{what} has activation={_shown(cell.get('activation'))}; qtool's GRU computes "
+                         f"{', '.join(map(repr, CANDIDATE_ACTIVATIONS))} candidates")
+    alpha, beta = hard_sigmoid_params(major, what) if gate == "hard_sigmoid" else (None, None)
+    return CellForm(gate=gate, gate_alpha=alpha, gate_beta=beta, candidate=candidate)
+
+
 def _policy(cfg: dict) -> str | None:
     dtype = cfg.get("dtype")
     if isinstance(dtype, dict):
@@ -92,18 +165,17 @@ def _policy(cfg: dict) -> str | None:
     return dtype
 
 
-def _direction(layer: dict, backwards: bool, where: str) -> Direction:
+def _direction(layer: dict, backwards: bool, where: str, major: int | None) -> Direction:
     """Check one GRU's config against what qtool computes; refuse anything that changes the math."""
     cfg, cell = layer.get("config") or {}, _gru_cell(layer, where)
     what = f"{where}: GRU '{cfg.get('name')}'"
-    for key, want in (("activation", "tanh"), ("recurrent_activation", "sigmoid")):
-        if cell.get(key, want) != want:
-            got = cell.get(key)  # a serialized object (QKeras' quantized_tanh) by its class name
-            got = got.get("class_name", got) if isinstance(got, dict) else got
-            raise QtoolError(f"{what} has {key}={got!r}; qtool's GRU needs {want!r}")
-    if cell.get("reset_after") is False:
-        raise QtoolError(f"{what} has reset_after=False; only reset_after=True (the haste/PyTorch "
-                         "formulation) is supported")
+    if is_qgru(layer):  # QKeras' quantizers are read for the haste form only
+        for key, want in (("activation", "tanh"), ("recurrent_activation", "sigmoid")):
+            if cell.get(key, want) != want:
+                raise QtoolError(f"{what} has {key}={_shown(cell.get(key))}; qtool's GRU needs {want!r}")
+    form = _cell_form(cell, what, major)
+    if cell.get("reset_after") not in (None, True, False):
+        raise QtoolError(f"{what} has reset_after={cell.get('reset_after')!r:.40}; expected true or false")
     if bool(cfg.get("go_backwards", False)) != backwards:
         raise QtoolError(f"{what} has go_backwards={cfg.get('go_backwards')} (it reads and returns "
                          "the sequence reversed); only forward GRUs and Bidirectional wrappers are supported")
@@ -124,14 +196,14 @@ def _direction(layer: dict, backwards: bool, where: str) -> Direction:
         if cell.get("reset_after", False) is not True:  # QGRU's own default is reset_after=False
             raise QtoolError(f"{what} has reset_after={cell.get('reset_after', False)}; only "
                              "reset_after=True (the haste/PyTorch formulation) is supported")
-    return Direction(units, bool(cell.get("use_bias", True)), cell.get("reset_after"), quantizers)
+    return Direction(units, bool(cell.get("use_bias", True)), cell.get("reset_after"), quantizers, form)
 
 
-def _gru_dirs(layer: dict, where: str) -> list[Direction] | None:
+def _gru_dirs(layer: dict, where: str, major: int | None) -> list[Direction] | None:
     """The directions of a GRU layer or a Bidirectional GRU; None for any other layer."""
     cls, cfg = layer.get("class_name"), layer.get("config") or {}
     if _gru_cell(layer, where) is not None:
-        return [_direction(layer, False, where)]
+        return [_direction(layer, False, where, major)]
     if cls != "Bidirectional" or _gru_cell(cfg.get("layer"), where) is None:
         return None
     if cfg.get("merge_mode", "concat") != "concat":
@@ -140,8 +212,8 @@ def _gru_dirs(layer: dict, where: str) -> list[Direction] | None:
     back = cfg.get("backward_layer")
     if back is not None and _gru_cell(back, where) is None:
         raise QtoolError(f"{where}: Bidirectional '{cfg.get('name')}' has a backward layer that is not a GRU")
-    fwd = _direction(cfg["layer"], False, where)
-    return [fwd, _direction(back, True, where) if back is not None else fwd]
+    fwd = _direction(cfg["layer"], False, where, major)
+    return [fwd, _direction(back, True, where, major) if back is not None else fwd]
 
 
 def tensor_refs(value) -> list[tuple[str, int]]:
@@ -205,10 +277,11 @@ def model_layers(model: dict, where: str) -> tuple[str, list]:
     return cls, layers
 
 
-def find_grus(config: dict, where: str) -> list[KerasGru]:
-    """Every GRU of the model, in Keras' own layer order, checked against what qtool supports."""
+def find_grus(config: dict, where: str, major: int | None = None) -> list[KerasGru]:
+    """Every GRU of the model, in Keras' own layer order, checked against what qtool supports
+    (`major`: the version of the Keras that wrote the file, keras_major)."""
     found: list[KerasGru] = []
-    _walk(config, "", "", where, found)
+    _walk(config, "", "", where, found, major)
     masking = _masking(config)
     if found and masking:
         raise QtoolError(f"{where}: layer '{masking}' masks time steps, which changes what a GRU computes; "
@@ -216,7 +289,7 @@ def find_grus(config: dict, where: str) -> list[KerasGru]:
     return found
 
 
-def _walk(model: dict, path: str, prefix: str, where: str, found: list) -> None:
+def _walk(model: dict, path: str, prefix: str, where: str, found: list, major: int | None) -> None:
     cls, layers = model_layers(model, where)
     by_name = {(l.get("config") or {}).get("name", l.get("name")): l for l in layers if isinstance(l, dict)}
     used: dict[str, int] = {}
@@ -226,8 +299,8 @@ def _walk(model: dict, path: str, prefix: str, where: str, found: list) -> None:
         name = lcfg.get("name", layer.get("name"))
         group = f"{path}layers/{_unique(snake_case(str(lcls)), used)}"
         if lcls in MODELS:
-            _walk(layer, group + "/", f"{prefix}{name}/", where, found)
-        dirs = _gru_dirs(layer, where)
+            _walk(layer, group + "/", f"{prefix}{name}/", where, found, major)
+        dirs = _gru_dirs(layer, where, major)
         if dirs is not None:
             source = prev if cls == "Sequential" else _source(layer, by_name, where)
             found.append(KerasGru(prefix + name, group, bool(prefix), source and prefix + source, prefix, dirs))

@@ -28,7 +28,7 @@ from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, one_torch_thread, quiet, reason
-from qtool.importers.keras.check import _import_keras, _load, _oversized
+from qtool.importers.keras.check import _import_keras, _load, _oversized, keras2_hard_sigmoid
 from qtool.importers.keras.config import (
     FLOAT_POLICIES,
     MODELS,
@@ -36,6 +36,8 @@ from qtool.importers.keras.config import (
     _policy,
     _unique,
     find_grus,
+    hard_sigmoid_params,
+    keras_major,
     model_layers,
     snake_case,
 )
@@ -52,8 +54,9 @@ SUPPORTED = tuple(sorted({*COMPUTING, *LAYOUT, *NO_OPS}))
 MERGES = {"Add": "add", "Multiply": "mul", "Concatenate": "concat"}
 POOLS = {"AveragePooling1D": "avg_pool1d", "MaxPooling1D": "max_pool1d",
          "GlobalAveragePooling1D": "global_avg_pool1d", "GlobalMaxPooling1D": "global_max_pool1d"}
-# keras.activations by name -> (op, attrs); "linear" is no node. Keras 3's hard_sigmoid is relu6(x + 3) / 6,
-# its leaky_relu's default slope 0.2, its gelu the exact (erf) one
+# keras.activations by name -> (op, attrs); "linear" is no node. Keras 3's hard_sigmoid is relu6(x + 3) / 6
+# (Keras 2's 0.2x + 0.5: `_activation` takes the file's), its leaky_relu's default slope 0.2, its gelu the
+# exact (erf) one
 ACTIVATIONS = {"relu": ("activation", {"kind": "relu"}), "relu6": ("activation", {"kind": "relu6"}),
                "leaky_relu": ("activation", {"kind": "leaky_relu", "alpha": 0.2}),
                "sigmoid": ("activation", {"kind": "sigmoid"}), "tanh": ("activation", {"kind": "tanh"}),
@@ -87,8 +90,9 @@ class _Entry:
 class _Reader:
     """The state of one import: the open weights file, the edges and shapes so far, the nodes."""
 
-    def __init__(self, where: str, f: h5py.File, legacy: bool, grus: dict[str, KerasGru]):
+    def __init__(self, where: str, f: h5py.File, legacy: bool, grus: dict[str, KerasGru], major: int | None):
         self.where, self.f, self.legacy, self.grus = where, f, legacy, grus
+        self.major = major  # of the Keras that wrote the file (keras/config.py: keras_major)
         self.edge: dict[str, str] = {}  # layer -> the edge holding its output
         self.shapes: dict[str, tuple] = {}
         self.nodes: list[Node] = []
@@ -176,6 +180,9 @@ def _activation(r: _Reader, e: _Entry, value) -> tuple[str, dict] | None:
     """(op, attrs) of a Keras activation given by name; None for linear; refused otherwise."""
     if isinstance(value, dict) and value.get("class_name") == "function" and isinstance(value.get("config"), str):
         value = value["config"]  # a serialized keras.activations function
+    if value == "hard_sigmoid":  # what it meant in the Keras that wrote the file
+        alpha, beta = hard_sigmoid_params(r.major, f"{r.where}: layer {e.label}")
+        return "activation", {"kind": "hard_sigmoid", "alpha": alpha, "beta": beta}
     if value is None or value in ACTIVATIONS:
         return ACTIVATIONS.get(value)
     what = value.get("class_name", value) if isinstance(value, dict) else value
@@ -308,9 +315,12 @@ def _gru(r: _Reader, e: _Entry, src: list[str]) -> None:
         if inner.get(key) or e.cfg.get(key):
             raise r.fail(e, f"has {key}=True; qtool's GRU returns its output only, batch first")
     cells = (_cells_legacy if r.legacy else _cells_keras3)(r.where, r.f, g)
+    if any(c.form != cells[0].form for c in cells):
+        raise r.fail(e, f"computes different cells in its directions ({cells[0].form.describe()}; "
+                     f"{cells[1].form.describe()}); a gru node has one cell form")
     params = {f"l0.{DIRECTIONS[d]}.{k}": getattr(c, k) for d, c in enumerate(cells) for k in ("W", "R", "bx", "br")}
     attrs = {"return_sequences": bool(inner.get("return_sequences", False)), "bidirectional": len(cells) == 2,
-             "layers": 1}
+             "layers": 1, **cells[0].form.attrs()}
     r.add(e, "gru", src, attrs, params)
 
 
@@ -400,12 +410,13 @@ def input_shapes(config: dict, where: str) -> dict[str, tuple[tuple, int | None]
 
 def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
     where = str(path)
-    grus = {g.name: g for g in find_grus(config, where)}  # the GRU importer's checks (settings, masks, states)
+    major = keras_major(path)
+    grus = {g.name: g for g in find_grus(config, where, major)}  # the GRU importer's checks (settings, masks, states)
     entries: dict[str, _Entry] = {}
     _entries(config, "", "", where, entries)
     layers: dict[str, Layer] = {}
     ins, outs = _model(config, "", layers)
-    r = _Reader(where, f, legacy, grus)
+    r = _Reader(where, f, legacy, grus, major)
     inputs = {}
     for start, (edge, (shape, _)) in zip(ins, input_shapes(config, where).items()):
         r.edge[start] = edge
@@ -525,6 +536,7 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
     try:
         with quiet(), one_torch_thread():
             model = _load(keras, path, _float32(config))
+            keras2_hard_sigmoid(keras, model, keras_major(path))
             args = [x[k] for k in specs]
             ys = model(args[0] if len(args) == 1 else args, training=False)
             want = [np.asarray(keras.ops.convert_to_numpy(y), np.float32)

@@ -116,4 +116,4 @@ def fold(cell: GruCell, dr) -> GruCell:
         return cell
     b = np.stack([cell.bx, cell.br])
     b = quantize(q["b"], b) if dr.use_bias else b
-    return GruCell(quantize(q["W"], cell.W.T).T, quantize(q["R"], cell.R.T).T, b[0], b[1])
+    return GruCell(quantize(q["W"], cell.W.T).T, quantize(q["R"], cell.R.T).T, b[0], b[1], cell.form)

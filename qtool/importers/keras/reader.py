@@ -1,5 +1,6 @@
 """Keras GRUs from `.keras` archives (Keras 3) and legacy `.h5` model files, read with h5py alone:
-kernel [C, 3H], recurrent_kernel [H, 3H], bias [2, 3H] (input, recurrent), gates z | r | g.
+kernel [C, 3H], recurrent_kernel [H, 3H], gates z | r | g; bias [2, 3H] (input, recurrent) with
+reset_after=True, one bias [3H] with reset_after=False (Keras 2's default: bx, and br = 0).
 
 The model config says which layers are GRUs and how they are configured (keras_config.py); each
 layer's weights are taken from the group Keras itself assigns to it, never matched by name
@@ -12,6 +13,7 @@ import json
 import shutil
 import tempfile
 import zipfile
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from qtool.importers.checks import (
     reason,
 )
 from qtool.importers.keras.check import run_keras
-from qtool.importers.keras.config import KerasGru, chain, find_grus
+from qtool.importers.keras.config import KerasGru, chain, find_grus, keras_major
 from qtool.importers.keras.graph import Layer, input_from, layer_graph, left_out
 from qtool.importers.stack import Stack
 
@@ -46,26 +48,36 @@ def _dataset(where: str, f: h5py.File, path: str) -> np.ndarray:
     return as_float32(where, path, ds[()])
 
 
+def _reset_after(where: str, g: KerasGru, d: int, bias: np.ndarray | None) -> bool:
+    """The config's reset_after or, where an old config lacks it, what the bias's shape means:
+    [2, 3H] reset_after=True, [3H] reset_after=False."""
+    reset_after = g.dirs[d].reset_after
+    if reset_after is not None:
+        return reset_after
+    if bias is None:
+        raise QtoolError(f"{where}: GRU '{g.name}' has no bias and no reset_after in its config; "
+                         "cannot tell which GRU formulation it uses")
+    return bias.ndim == 2
+
+
 def _cell(where: str, g: KerasGru, d: int, arrays: list, names: list) -> GruCell:
     """One direction's GruCell from its [kernel, recurrent_kernel(, bias)], shapes checked."""
-    units, use_bias, reset_after = g.dirs[d].units, g.dirs[d].use_bias, g.dirs[d].reset_after
+    units, use_bias = g.dirs[d].units, g.dirs[d].use_bias
     if len(arrays) != 2 + use_bias:
         raise QtoolError(f"{where}: GRU '{g.name}' stores {len(arrays)} weight tensors, its config "
                          f"(use_bias={use_bias}) needs {2 + use_bias}")
     kernel, rkernel = arrays[0], expect_shape(where, names[1], arrays[1], (units, 3 * units))
     if kernel.ndim != 2 or kernel.shape[1] != 3 * units:
         raise QtoolError(f"{where}: tensor '{names[0]}' has shape {kernel.shape}, expected [C, {3 * units}]")
+    reset_after = _reset_after(where, g, d, arrays[2] if use_bias else None)
     if not use_bias:
-        if reset_after is None:
-            raise QtoolError(f"{where}: GRU '{g.name}' has no bias and no reset_after in its config; "
-                             "cannot tell which GRU formulation it uses")
         bias = np.zeros((2, 3 * units), np.float32)
-    elif arrays[2].shape == (3 * units,):
-        raise QtoolError(f"{where}: GRU '{g.name}' has a bias of shape {arrays[2].shape}, which means "
-                         "reset_after=False; only reset_after=True (the haste/PyTorch formulation) is supported")
-    else:
+    elif reset_after:
         bias = expect_shape(where, names[2], arrays[2], (2, 3 * units))
-    return GruCell(kernel.T, rkernel.T, bias[0], bias[1])
+    else:  # one bias, added once to each gate's sum: bx, and br = 0
+        bias = np.stack([expect_shape(where, names[2], arrays[2], (3 * units,)), np.zeros(3 * units, np.float32)])
+    form = replace(g.dirs[d].form, reset_after=reset_after)
+    return GruCell(kernel.T, rkernel.T, bias[0], bias[1], form)
 
 
 def _cells_keras3(where: str, f: h5py.File, g: KerasGru) -> list[GruCell]:
@@ -184,7 +196,7 @@ def _read(path: Path, tmp) -> tuple[dict, list[KerasGru], dict]:
         if not isinstance(config, dict):
             raise QtoolError(f"{path}: no model config (a weights-only file): qtool cannot tell the "
                              "GRUs' order and settings; save the whole model (model.save('m.keras'))")
-        grus = find_grus(config, where)
+        grus = find_grus(config, where, keras_major(path))
         read = _cells_legacy if legacy else _cells_keras3
         layers = {g.name: read(where, f, g) for g in grus}
         _refuse_unclaimed(where, f, grus, legacy)

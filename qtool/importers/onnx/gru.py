@@ -1,8 +1,10 @@
-"""ONNX `GRU` nodes with `linear_before_reset=1`: W [dirs, 3H, C], R [dirs, 3H, H],
-B [dirs, 6H] (Wb then Rb), gates z | r | h (the canonical order). Needs the optional `onnx` package.
+"""ONNX `GRU` nodes: W [dirs, 3H, C], R [dirs, 3H, H], B [dirs, 6H] (Wb then Rb), gates z | r | h
+(the canonical order); `linear_before_reset` 1 (the haste form) or 0 (ONNX's default: the reset
+gate on h before the recurrent GEMM; Wb and Rb both simply added); `activations` per direction
+f (Sigmoid, HardSigmoid) and g (Tanh, Relu, Affine(1, 0) = linear). Needs the optional `onnx` package.
 
-Every attribute and input of a GRU node is either supported or refused: activations other than
-Sigmoid/Tanh, clip, direction 'reverse', sequence_lens and a non-zero initial_h change the math.
+Every attribute and input of a GRU node is either supported or refused: other activations, clip,
+direction 'reverse', sequence_lens and a non-zero initial_h change the math.
 Weights may be initializers (inline or in external data beside the model) or computed from them
 (torch.onnx's default exporter concatenates slices of the PyTorch tensors): constant subgraphs are
 evaluated (onnx_fold.py). Several GRU nodes form one stack when each reads the one before's output
@@ -17,16 +19,22 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.core.model import CellForm
 from qtool.errors import QtoolError
 from qtool.importers.checks import expect_shape, hidden_from_recurrent, reason
 from qtool.importers.onnx.graph import Graph, attr
 from qtool.importers.onnx.scope import Scope
 from qtool.importers.stack import Stack
 
-# output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta only
-# parameterise activations other than Sigmoid and Tanh, which are refused
+# output_sequence (GRU-1, GRU-3) only says whether Y is produced; activation_alpha/beta
+# parameterise HardSigmoid and Affine (the other activations that take them are refused)
 ATTRIBUTES = {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size",
               "layout", "linear_before_reset", "output_sequence"}
+GATES = {"sigmoid": "sigmoid", "hardsigmoid": "hard_sigmoid"}  # f, by ONNX name (as ONNX Runtime, any case)
+CANDIDATES = {"tanh": "tanh", "relu": "relu", "affine": "linear"}  # g; Affine only as alpha 1, beta 0
+# (alpha, beta) when the lists run out: HardSigmoid's operator defaults; Affine's alpha differs
+# between runtimes (ONNX Runtime takes 0), so it must be given
+DEFAULTS = {"hardsigmoid": (0.2, 0.5), "affine": (None, 0.0)}
 
 
 def _check_attributes(node, where: str) -> int:
@@ -34,22 +42,65 @@ def _check_attributes(node, where: str) -> int:
     unknown = sorted({a.name for a in node.attribute} - ATTRIBUTES)
     if unknown:
         raise QtoolError(f"{where} has attribute(s) {', '.join(unknown)} that qtool does not know")
-    if attr(node, "linear_before_reset", 0) != 1:
-        raise QtoolError(f"{where} has linear_before_reset=0; only linear_before_reset=1 (the "
-                         "haste/PyTorch formulation) is supported")
+    if attr(node, "linear_before_reset", 0) not in (0, 1):
+        raise QtoolError(f"{where} has linear_before_reset={attr(node, 'linear_before_reset', 0)!r:.40}; "
+                         "ONNX defines 0 and 1")
     direction = attr(node, "direction", "forward")
     if direction not in ("forward", "bidirectional"):
         raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional are supported")
     dirs = 2 if direction == "bidirectional" else 1
-    acts = attr(node, "activations", None)
-    if acts is not None and [str(a).lower() for a in acts] != ["sigmoid", "tanh"] * dirs:
-        raise QtoolError(f"{where} has activations {acts}; qtool's GRU computes Sigmoid, Tanh per direction")
+    forms(node, dirs, where)
     if attr(node, "clip", None) is not None:
         raise QtoolError(f"{where} clips its pre-activations (clip={attr(node, 'clip', None)}); not supported")
     if attr(node, "layout", 0) != 0:  # ONNX Runtime does not run layout=1 either
         raise QtoolError(f"{where} has layout={attr(node, 'layout', 0)}; only layout=0 (time-first) "
                          "is supported")
     return dirs
+
+
+def _parameters(node, names: list[str], where: str) -> list[tuple]:
+    """(alpha, beta) of each activation, taken from activation_alpha and activation_beta in
+    order by the activations that have them (as ONNX Runtime reads them)."""
+    alphas, betas = (list(attr(node, k, [])) for k in ("activation_alpha", "activation_beta"))
+    found = []
+    for name in names:
+        if name not in DEFAULTS:
+            found.append((None, None))
+            continue
+        alpha = alphas.pop(0) if alphas else DEFAULTS[name][0]
+        found.append((alpha, betas.pop(0) if betas else DEFAULTS[name][1]))
+    if alphas or betas:
+        raise QtoolError(f"{where} has {len(alphas)} activation_alpha and {len(betas)} activation_beta values "
+                         f"more than its activations {attr(node, 'activations', None)} take")
+    return found
+
+
+def forms(node, dirs: int, where: str) -> list[CellForm]:
+    """Each direction's CellForm from linear_before_reset and the activations (f, g per direction)."""
+    acts = attr(node, "activations", None)
+    names = ["sigmoid", "tanh"] * dirs if acts is None else [str(a).lower() for a in acts]
+    if len(names) != 2 * dirs:
+        raise QtoolError(f"{where} has activations {acts}; a GRU of {dirs} direction(s) takes {2 * dirs} "
+                         "(f for the gates and g for the candidate, per direction)")
+    params = _parameters(node, names, where)
+    found = []
+    for d in range(dirs):
+        f, g = names[2 * d], names[2 * d + 1]
+        if f not in GATES:
+            raise QtoolError(f"{where} has activation {acts[2 * d]!r} for its gates (f); qtool's GRU computes "
+                             "Sigmoid or HardSigmoid there")
+        if g not in CANDIDATES or g == "affine" and params[2 * d + 1] != (1.0, 0.0):
+            what = repr(acts[2 * d + 1]) if g != "affine" else (
+                "Affine without an activation_alpha (runtimes differ on its default)"
+                if params[2 * d + 1][0] is None else "Affine(alpha={:g}, beta={:g})".format(*params[2 * d + 1]))
+            raise QtoolError(f"{where} has activation {what} for its candidate (g); qtool's GRU computes Tanh, "
+                             "Relu or Affine with alpha 1 and beta 0 (linear) there")
+        alpha, beta = params[2 * d] if f == "hardsigmoid" else (None, None)
+        try:
+            found.append(CellForm(attr(node, "linear_before_reset", 0) == 1, GATES[f], alpha, beta, CANDIDATES[g]))
+        except QtoolError as e:
+            raise QtoolError(f"{where}: {e}") from None
+    return found
 
 
 def _check_inputs(graph: Graph, node, where: str) -> list[str]:
@@ -93,7 +144,7 @@ def _cells(graph: Graph, node, dirs: int, where: str) -> list:
     B = (expect_shape(where, names[2], graph.weight(where, names[2]), (dirs, 6 * H))
          if names[2]
          else np.zeros((dirs, 6 * H), np.float32))
-    return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:]) for d in range(dirs)]
+    return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:], form) for d, form in enumerate(forms(node, dirs, where))]
 
 
 def load_onnx(path: Path):

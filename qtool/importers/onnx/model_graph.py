@@ -908,9 +908,12 @@ class _Reader:
         dirs = _check_attributes(node, where)
         self.notes += _gru_inputs(self.g, node, where)
         cells = _cells(self.g, node, dirs, where)
+        if any(c.form != cells[0].form for c in cells):
+            raise self.fail(node, f"computes different cells in its directions ({cells[0].form.describe()}; "
+                            f"{cells[1].form.describe()}); a gru node has one cell form")
         H = cells[0].R.shape[1]
         params = {f"l0.{DIRECTIONS[d]}.{w}": getattr(c, w) for d, c in enumerate(cells) for w in ("W", "R", "bx", "br")}
-        attrs = {"layers": 1, "bidirectional": dirs == 2}
+        attrs = {"layers": 1, "bidirectional": dirs == 2, **cells[0].form.attrs()}
         seq = lay.replace(axes=("T", 0, "N", 1), cdims=(dirs, H))  # Y: [T, dirs, N, H]
         last = lay.replace(axes=(0, "N", 1), cdims=(dirs, H))  # Y_h: [dirs, N, H]
         if self._used(node, 0):
