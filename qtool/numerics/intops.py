@@ -166,6 +166,17 @@ def lut_eval(table, u, shift):
 
 
 @register_jitable
+def gate_pre(q_Wx, zp_Wx, sh_Wx, q_Rh, zp_Rh, sh_Rh, CH, j, zp_pre, lo, hi):
+    """A gate's pre-activation at channel j: Wx + Rh + bx + br, each term rescaled onto the
+    pre-activation's grid, then added and saturated (z_pre and r_pre; the reset-before g_pre)."""
+    return clamp(rshift_round(q_Wx - zp_Wx, sh_Wx)
+                 + rshift_round(q_Rh - zp_Rh, sh_Rh)
+                 + rshift_round(CH[CH_QBX, j], CH[CH_SH_BX, j])
+                 + rshift_round(CH[CH_QBR, j], CH[CH_SH_BR, j])
+                 + zp_pre, lo, hi)
+
+
+@register_jitable
 def gru_cell(q_Wx_z, q_Wx_r, q_Wx_g, acc_Rh_z, acc_Rh_r, acc_Rh_g, q_h_old, jz, jr, jg,
              P, CH, lut_z, lut_r, lut_g):
     """One hidden unit at one time step: z, r, g and h_new from the spec's integer formulas
@@ -182,19 +193,13 @@ def gru_cell(q_Wx_z, q_Wx_r, q_Wx_g, acc_Rh_z, acc_Rh_r, acc_Rh_g, q_h_old, jz, 
     q_Rh_g = rescale(acc_Rh_g - CH[CH_R_SUM_MUL_H_ZP, jg], CH[CH_SH_R, jg], zp_Rh, P[LO_RH], P[HI_RH])
 
     # 1. update gate: z_pre = Wx_z + Rh_z + bx_z + br_z (each term rescaled, then added)
-    q_z_pre = clamp(rshift_round(q_Wx_z - zp_Wx, P[SH_WX_Z_PRE])
-                    + rshift_round(q_Rh_z - zp_Rh, P[SH_RH_Z_PRE])
-                    + rshift_round(CH[CH_QBX, jz], CH[CH_SH_BX, jz])
-                    + rshift_round(CH[CH_QBR, jz], CH[CH_SH_BR, jz])
-                    + P[ZP_Z_PRE], P[LO_Z_PRE], P[HI_Z_PRE])
+    q_z_pre = gate_pre(q_Wx_z, zp_Wx, P[SH_WX_Z_PRE], q_Rh_z, zp_Rh, P[SH_RH_Z_PRE], CH, jz,
+                       P[ZP_Z_PRE], P[LO_Z_PRE], P[HI_Z_PRE])
     q_z = lut_eval(lut_z, q_z_pre - P[LO_Z_PRE], P[LUT_SHIFT_Z])
 
     # 2. reset gate
-    q_r_pre = clamp(rshift_round(q_Wx_r - zp_Wx, P[SH_WX_R_PRE])
-                    + rshift_round(q_Rh_r - zp_Rh, P[SH_RH_R_PRE])
-                    + rshift_round(CH[CH_QBX, jr], CH[CH_SH_BX, jr])
-                    + rshift_round(CH[CH_QBR, jr], CH[CH_SH_BR, jr])
-                    + P[ZP_R_PRE], P[LO_R_PRE], P[HI_R_PRE])
+    q_r_pre = gate_pre(q_Wx_r, zp_Wx, P[SH_WX_R_PRE], q_Rh_r, zp_Rh, P[SH_RH_R_PRE], CH, jr,
+                       P[ZP_R_PRE], P[LO_R_PRE], P[HI_R_PRE])
     q_r = lut_eval(lut_r, q_r_pre - P[LO_R_PRE], P[LUT_SHIFT_R])
 
     # 3. candidate gate: g = tanh(Wx_g + r * (Rh_g + br_g) + bx_g)
@@ -239,19 +244,13 @@ def gru_gates_reset_before(q_Wx_z, q_Wx_r, acc_Rh_z, acc_Rh_r, q_h_old, jz, jr, 
     q_Rh_r = rescale(acc_Rh_r - CH[CH_R_SUM_MUL_H_ZP, jr], CH[CH_SH_R, jr], zp_Rh, P[RB_LO_RH], P[RB_HI_RH])
 
     # 1. update gate: z_pre = Wx_z + Rh_z + bx_z + br_z (each term rescaled, then added)
-    q_z_pre = clamp(rshift_round(q_Wx_z - zp_Wx, P[RB_SH_WX_Z_PRE])
-                    + rshift_round(q_Rh_z - zp_Rh, P[RB_SH_RH_Z_PRE])
-                    + rshift_round(CH[CH_QBX, jz], CH[CH_SH_BX, jz])
-                    + rshift_round(CH[CH_QBR, jz], CH[CH_SH_BR, jz])
-                    + P[RB_ZP_Z_PRE], P[RB_LO_Z_PRE], P[RB_HI_Z_PRE])
+    q_z_pre = gate_pre(q_Wx_z, zp_Wx, P[RB_SH_WX_Z_PRE], q_Rh_z, zp_Rh, P[RB_SH_RH_Z_PRE], CH, jz,
+                       P[RB_ZP_Z_PRE], P[RB_LO_Z_PRE], P[RB_HI_Z_PRE])
     q_z = lut_eval(lut_z, q_z_pre - P[RB_LO_Z_PRE], P[RB_LUT_SHIFT_Z])
 
     # 2. reset gate
-    q_r_pre = clamp(rshift_round(q_Wx_r - zp_Wx, P[RB_SH_WX_R_PRE])
-                    + rshift_round(q_Rh_r - zp_Rh, P[RB_SH_RH_R_PRE])
-                    + rshift_round(CH[CH_QBX, jr], CH[CH_SH_BX, jr])
-                    + rshift_round(CH[CH_QBR, jr], CH[CH_SH_BR, jr])
-                    + P[RB_ZP_R_PRE], P[RB_LO_R_PRE], P[RB_HI_R_PRE])
+    q_r_pre = gate_pre(q_Wx_r, zp_Wx, P[RB_SH_WX_R_PRE], q_Rh_r, zp_Rh, P[RB_SH_RH_R_PRE], CH, jr,
+                       P[RB_ZP_R_PRE], P[RB_LO_R_PRE], P[RB_HI_R_PRE])
     q_r = lut_eval(lut_r, q_r_pre - P[RB_LO_R_PRE], P[RB_LUT_SHIFT_R])
 
     # 3. rh = r * h_old onto rh's own grid: the input of the g rows' GEMM
@@ -269,11 +268,8 @@ def gru_candidate_reset_before(q_Wx_g, acc_Rh_g, q_h_old, q_z, jg, P, CH, lut_g)
     q_Rh_g = rescale(acc_Rh_g - CH[CH_R_SUM_MUL_H_ZP, jg], CH[CH_SH_R, jg], zp_Rh, P[RB_LO_RH], P[RB_HI_RH])
 
     # 4. candidate: g = tanh(Wx_g + R_g rh + bx_g + br_g)
-    q_g_pre = clamp(rshift_round(q_Wx_g - P[RB_ZP_WX], P[RB_SH_WX_G_PRE])
-                    + rshift_round(q_Rh_g - zp_Rh, P[RB_SH_RH_G_PRE])
-                    + rshift_round(CH[CH_QBX, jg], CH[CH_SH_BX, jg])
-                    + rshift_round(CH[CH_QBR, jg], CH[CH_SH_BR, jg])
-                    + P[RB_ZP_G_PRE], P[RB_LO_G_PRE], P[RB_HI_G_PRE])
+    q_g_pre = gate_pre(q_Wx_g, P[RB_ZP_WX], P[RB_SH_WX_G_PRE], q_Rh_g, zp_Rh, P[RB_SH_RH_G_PRE], CH, jg,
+                       P[RB_ZP_G_PRE], P[RB_LO_G_PRE], P[RB_HI_G_PRE])
     q_g = lut_eval(lut_g, q_g_pre - P[RB_LO_G_PRE], P[RB_LUT_SHIFT_G])
 
     # 5. h_new = z * h_old + (1 - z) * g, as the haste cell's
