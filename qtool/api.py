@@ -146,6 +146,16 @@ def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
     return (None, None) if all(n.op == "gru" for n in g.nodes) else (g, None)
 
 
+def gru_form(node) -> str | None:
+    """A graph node's GRU cell where it is not the haste form (`gru: reset before ...`), for tables."""
+    if node.op != "gru":
+        return None
+    from qtool.layers.gru import form
+
+    f = form(node)
+    return None if f.haste else f"gru: {f.describe()}"
+
+
 def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:
     """A row per edge the integer core writes, in graph order: the layer, its op, the edge's shape
     and grid, how the grid was set, and with a simulation (`simulate_graph`) its distances."""

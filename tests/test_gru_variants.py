@@ -7,6 +7,7 @@ framework's output on held-out data. The model file keeps the form (and haste fi
 everything integer refuses these cells in one line until they have their integer form."""
 
 import json
+import re
 import zipfile
 
 import h5py
@@ -25,6 +26,7 @@ from qtool.core.model import (
     require_integer_form,
     write_model,
 )
+from qtool.core.model import RESET_BEFORE as RESET_BEFORE_TEXT
 from qtool.errors import QtoolError
 from qtool.importers import import_graph, import_model
 from qtool.numerics.float_gru import TRACED_RESET_BEFORE, run_direction, run_float
@@ -55,7 +57,7 @@ def test_cell_form_names_what_differs_from_haste():
     assert HASTE.haste and HASTE.attrs() == {} and HASTE.describe() == "the haste form"
     assert PRECISE.attrs() == {"reset_after": False, "gate": "hard_sigmoid", "gate_alpha": 0.2, "gate_beta": 0.5,
                                "candidate": "linear"}
-    assert PRECISE.describe() == "reset_after=False, gate hard_sigmoid(0.2x + 0.5), candidate linear"
+    assert PRECISE.describe() == f"{RESET_BEFORE_TEXT}, gate hard_sigmoid(0.2x + 0.5), candidate linear"
 
 
 def _with_form(model: GruModel, form: CellForm) -> GruModel:
@@ -205,7 +207,7 @@ def test_every_integer_door_refuses_a_cell_it_does_not_compute():
     x = np.random.default_rng(0).standard_normal((4, 6, 3)).astype(np.float32)
     qm = calibrated(haste, x)
     model = _with_form(haste, PRECISE)
-    msg = "GRU 'v' (layer 0, fwd) uses reset_after=False, gate hard_sigmoid(0.2x + 0.5), candidate linear: " \
+    msg = f"GRU 'v' (layer 0, fwd) uses {RESET_BEFORE_TEXT}, gate hard_sigmoid(0.2x + 0.5), candidate linear: " \
           "its integer form is not built yet"
     for door in (lambda: require_integer_form(model), lambda: calibrated(model, x),
                  lambda: QuantModel(model, qm.cells, {})):  # a file read back, QAT, the engines: all hold one
@@ -223,7 +225,7 @@ def test_cli_imports_the_model_and_calibrate_refuses_it_in_one_line(tmp_path, cl
     code, out, err = cli("calibrate", tmp_path / "m.h5", tmp_path / "calib.npy", "-o", tmp_path / "q.h5")
     text = " ".join((out + err).split())  # rich wraps long lines
     assert code != 0 and "Traceback" not in out + err
-    assert "GRU 'v' uses reset_after=False: its integer form is not built yet" in text
+    assert f"GRU 'v' uses {RESET_BEFORE_TEXT}: its integer form is not built yet" in text
     assert not (tmp_path / "q.h5").exists()
 
 
@@ -413,7 +415,7 @@ def test_keras_whole_model_keeps_its_forms_in_its_file_and_is_not_calibrated(ker
                                                     qtool.layers.run(graph, HELD_OUT).values()))
     passed, _ = run_float_passes(graph)
     assert [n.name for n in passed.nodes if n.op == "gru"] == ["gru_a", "gru_b"]  # other forms: not stacked
-    with pytest.raises(QtoolError, match="GRU 'gru_a' uses reset_after=False, gate hard_sigmoid"):
+    with pytest.raises(QtoolError, match=re.escape(f"GRU 'gru_a' uses {RESET_BEFORE_TEXT}, gate hard_sigmoid")):
         calibrate_graph(graph, HELD_OUT, method="minmax")
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from rich.table import Table
 
-from qtool.api import DIRECTIONS, PARAMS, TENSORS, QuantModel
+from qtool.api import DIRECTIONS, PARAMS, TENSORS, QuantModel, gru_form
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:
@@ -204,14 +204,15 @@ def calibration_summary(qm: QuantModel, title: str) -> Table:
 
 def layer_rows(model) -> list[dict]:
     return [{"layer": l, "direction": DIRECTIONS[d], "W": list(c.W.shape), "R": list(c.R.shape),
-             "bx": list(c.bx.shape), "br": list(c.br.shape)}
+             "bx": list(c.bx.shape), "br": list(c.br.shape), "cell": c.form.describe()}
             for l, cells in enumerate(model.layers) for d, c in enumerate(cells)]
 
 
 def graph_rows(graph) -> list[dict]:
     """A row a layer; `reads` names the layers (or graph inputs) whose outputs it reads."""
     writer = {e: n.name for n in graph.nodes for e in n.outputs}
-    return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind"), "source": n.source, "inputs": list(n.inputs),
+    return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind") or gru_form(n), "source": n.source,
+             "inputs": list(n.inputs),
              "reads": [writer.get(e, e) for e in n.inputs],
              "shape": [None if d is None else d for d in graph.shapes[n.outputs[0]]] if n.outputs else []}
             for n in graph.nodes]
@@ -232,11 +233,13 @@ def graph_table(graph, title: str) -> Table:
 
 def shapes_table(model, title: str) -> Table:
     t = Table(title=title)
-    for col in ("layer", "W", "R", "bx", "br", "hidden"):
-        t.add_column(col, justify="left" if col == "layer" else "right")
-    for r in layer_rows(model):
+    rows = layer_rows(model)
+    forms = any(r["cell"] != "the haste form" for r in rows)  # a column only where a cell differs
+    for col in ("layer", "W", "R", "bx", "br", "hidden", *(("cell",) if forms else ())):
+        t.add_column(col, justify="left" if col in ("layer", "cell") else "right", overflow="fold")
+    for r in rows:
         t.add_row(f"{r['layer']}.{r['direction']}", *("x".join(map(str, r[k])) for k in ("W", "R", "bx", "br")),
-                  str(r["R"][1]))
+                  str(r["R"][1]), *((r["cell"],) if forms else ()))
     return t
 
 

@@ -28,6 +28,7 @@ FORMAT = "qtool-gru"
 VERSION = 2  # the newest this qtool reads; it writes 1 where every cell is the haste form
 HASTE_VERSION = 1  # a file of haste cells only: what qtool before CellForm wrote, byte for byte
 DIRECTIONS = ("fwd", "bwd")
+RESET_BEFORE = "reset before the recurrent matmul (Keras reset_after=False, ONNX linear_before_reset=0)"
 
 GATE_ACTIVATIONS = ("sigmoid", "hard_sigmoid")
 CANDIDATE_ACTIVATIONS = ("tanh", "relu", "linear")
@@ -82,9 +83,9 @@ class CellForm:
         return self == HASTE
 
     def describe(self) -> str:
-        """The settings that differ from the haste form, as a user reads them:
-        `reset_after=False, gate hard_sigmoid(0.2x + 0.5), candidate relu`."""
-        parts = [] if self.reset_after else ["reset_after=False"]
+        """The settings that differ from the haste form, as a user of any framework reads them:
+        `reset before the recurrent matmul, gate hard_sigmoid(0.2x + 0.5), candidate relu`."""
+        parts = [] if self.reset_after else [RESET_BEFORE]
         if self.gate != "sigmoid":
             parts.append(f"gate hard_sigmoid({self.gate_alpha:.6g}x + {self.gate_beta:.6g})")
         if self.candidate != "tanh":
