@@ -19,7 +19,7 @@ import numpy as np
 from qtool.exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h
 from qtool.exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, model_types
 
-from qtool.core.model import DIRECTIONS
+from qtool.core.model import DIRECTIONS, require_haste
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
 from qtool.numerics.passes import folded_biases, report, run_passes
@@ -143,6 +143,7 @@ def render_c(qm: QuantModel, name: str, compensation: str = "table", fully_integ
     the GEMMs x - zp_x and h - zp_h instead (no tables; see NAME_params.h). `fully_integral`:
     refuse a core with a floating-point operation (in the program after qtool.numerics.passes,
     and in the C rendered)."""
+    require_haste(qm.model, "the C export")
     prefix = c_name(name)
     ty = _types(qm, compensation)
     passes = report(run_passes(qm, fully_integral))

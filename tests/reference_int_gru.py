@@ -27,11 +27,22 @@ def sat(q: int, bits: int) -> int:
     return max(-(1 << (bits - 1)), min((1 << (bits - 1)) - 1, q))
 
 
+def apply(func, x: Fraction) -> Fraction:
+    """The activation `func` ("sigmoid", "tanh", "relu", "linear" or ("hard_sigmoid", alpha, beta))
+    at x: exact for the piecewise-linear ones (alpha, beta as the float64 values they are)."""
+    if isinstance(func, tuple):
+        _, alpha, beta = func
+        return min(max(Fraction(alpha) * x + Fraction(beta), Fraction(0)), Fraction(1))
+    if func == "relu":
+        return max(x, Fraction(0))
+    if func == "linear":
+        return x
+    return Fraction(1.0 / (1.0 + exp(-float(x))) if func == "sigmoid" else tanh(float(x)))
+
+
 def exact(func, q_in, src, dst):
-    """Dequantize, apply, requantize (float64 function, exact rounding)."""
-    x = float((q_in - src.zp) * S(src))
-    y = 1.0 / (1.0 + exp(-x)) if func == "sigmoid" else tanh(x)
-    return sat(rnd(Fraction(y) / S(dst)) + dst.zp, dst.bits)
+    """Dequantize, apply, requantize (exact rounding; sigmoid and tanh in float64)."""
+    return sat(rnd(apply(func, (q_in - src.zp) * S(src)) / S(dst)) + dst.zp, dst.bits)
 
 
 def act(func, q_in, src, dst, index_bits=10):
@@ -47,8 +58,17 @@ def act(func, q_in, src, dst, index_bits=10):
     return a + rnd(Fraction((b - a) * f, 1 << s))
 
 
+def functions(form) -> tuple:
+    """The gate's and the candidate's activation of a qtool.core.model.CellForm, as `apply` takes them."""
+    gate = "sigmoid" if form.gate == "sigmoid" else ("hard_sigmoid", form.gate_alpha, form.gate_beta)
+    return gate, form.candidate
+
+
 def cell_forward(cq, qx_seq):
     """qx_seq: list over t of list over n of list over k (ints). Returns q_h per t, n, j."""
+    if not cq.form.reset_after:
+        return cell_forward_reset_before(cq, qx_seq)
+    f_gate, f_cand = functions(cq.form)
     sp = cq.spec
     H = cq.qR.shape[1]
     C = cq.qW.shape[1]
@@ -82,8 +102,8 @@ def cell_forward(cq, qx_seq):
                                + bias(int(cq.qbr[gate_i]), sp["br"], gate_i, dst)
                                + dst.zp, dst.bits)
 
-                q_z = act("sigmoid", pre(z_i, sp["z_pre"]), sp["z_pre"], sp["z_out"])
-                q_r = act("sigmoid", pre(r_i, sp["r_pre"]), sp["r_pre"], sp["r_out"])
+                q_z = act(f_gate, pre(z_i, sp["z_pre"]), sp["z_pre"], sp["z_out"])
+                q_r = act(f_gate, pre(r_i, sp["r_pre"]), sp["r_pre"], sp["r_out"])
                 Rab = sp["Rh_add_br"]
                 q_Rab = sat(term(Rh[g_i], sp["Rh"], Rab) + bias(int(cq.qbr[g_i]), sp["br"], g_i, Rab)
                             + Rab.zp, Rab.bits)
@@ -93,7 +113,7 @@ def cell_forward(cq, qx_seq):
                 gp = sp["g_pre"]
                 q_g_pre = sat(term(Wx[g_i], sp["Wx"], gp) + term(q_rRh, t, gp)
                               + bias(int(cq.qbx[g_i]), sp["bx"], g_i, gp) + gp.zp, gp.bits)
-                q_g = act("tanh", q_g_pre, gp, sp["g_out"])
+                q_g = act(f_cand, q_g_pre, gp, sp["g_out"])
                 zo, ho, oc, nc = sp["z_out"], sp["h"], sp["old_contrib"], sp["new_contrib"]
                 q_old = sat(rnd(S(zo) * S(ho) / S(oc) * (q_z - zo.zp) * (h[n][j] - ho.zp)) + oc.zp,
                             oc.bits)
@@ -101,6 +121,61 @@ def cell_forward(cq, qx_seq):
                 q_omz = sat(q_1 - q_z + zo.zp, zo.bits)
                 q_new = sat(rnd(S(zo) * S(sp["g_out"]) / S(nc) * (q_omz - zo.zp)
                                 * (q_g - sp["g_out"].zp)) + nc.zp, nc.bits)
+                row.append(sat(term(q_old, oc, ho) + term(q_new, nc, ho) + ho.zp, ho.bits))
+            new_h.append(row)
+        h = new_h
+        out.append(h)
+    return out
+
+
+def cell_forward_reset_before(cq, qx_seq):
+    """`cell_forward` of a reset-before cell: rh = r * h_old on rh's grid, R's g rows on rh,
+    both biases of g onto g_pre (docs/numerics.md, "Integer cell, reset before")."""
+    f_gate, f_cand = functions(cq.form)
+    sp = cq.spec
+    H, C = cq.qR.shape[1], cq.qW.shape[1]
+    N = len(qx_seq[0])
+    h = [[sp["h"].zp] * H for _ in range(N)]
+    out = []
+
+    def gemm_rescale(q_w, q_in, src, c, width):
+        acc = sum(int(q_w[c, k]) * q_in[k] for k in range(width))
+        comp = src.zp * sum(int(q_w[c, k]) for k in range(width))
+        dst = sp["Rh"] if q_w is cq.qR else sp["Wx"]
+        w_spec = sp["R"] if q_w is cq.qR else sp["W"]
+        return sat(rnd(Sc(w_spec, c) * S(src) / S(dst) * (acc - comp)) + dst.zp, dst.bits)
+
+    def term(q, t, dst):
+        return rnd(S(t) / S(dst) * (q - t.zp))
+
+    def bias(q, t, c, dst):
+        return rnd(Sc(t, c) / S(dst) * q)
+
+    def pre(c, Wx, Rh, dst):
+        return sat(term(Wx[c], sp["Wx"], dst) + term(Rh, sp["Rh"], dst)
+                   + bias(int(cq.qbx[c]), sp["bx"], c, dst) + bias(int(cq.qbr[c]), sp["br"], c, dst)
+                   + dst.zp, dst.bits)
+
+    def product(a, ta, b, tb, dst):
+        return sat(rnd(S(ta) * S(tb) / S(dst) * (a - ta.zp) * (b - tb.zp)) + dst.zp, dst.bits)
+
+    for qx in qx_seq:
+        new_h = []
+        for n in range(N):
+            Wx = [gemm_rescale(cq.qW, qx[n], sp["x"], c, C) for c in range(3 * H)]
+            Rh = [gemm_rescale(cq.qR, h[n], sp["h"], c, H) for c in range(2 * H)]
+            q_z = [act(f_gate, pre(j, Wx, Rh[j], sp["z_pre"]), sp["z_pre"], sp["z_out"]) for j in range(H)]
+            q_r = [act(f_gate, pre(j + H, Wx, Rh[j + H], sp["r_pre"]), sp["r_pre"], sp["r_out"]) for j in range(H)]
+            q_rh = [product(q_r[j], sp["r_out"], h[n][j], sp["h"], sp["rh"]) for j in range(H)]
+            row = []
+            for j in range(H):
+                g_i = j + 2 * H
+                Rh_g = gemm_rescale(cq.qR, q_rh, sp["rh"], g_i, H)
+                q_g = act(f_cand, pre(g_i, Wx, Rh_g, sp["g_pre"]), sp["g_pre"], sp["g_out"])
+                zo, ho, oc, nc = sp["z_out"], sp["h"], sp["old_contrib"], sp["new_contrib"]
+                q_old = product(q_z[j], zo, h[n][j], ho, oc)
+                q_omz = sat(rnd(1 / S(zo)) + zo.zp - q_z[j] + zo.zp, zo.bits)
+                q_new = product(q_omz, zo, q_g, sp["g_out"], nc)
                 row.append(sat(term(q_old, oc, ho) + term(q_new, nc, ho) + ho.zp, ho.bits))
             new_h.append(row)
         h = new_h

@@ -23,7 +23,7 @@ from qtool.core.model import (
     GruCell,
     GruModel,
     load_model,
-    require_integer_form,
+    require_haste,
     write_model,
 )
 from qtool.core.model import RESET_BEFORE as RESET_BEFORE_TEXT
@@ -197,36 +197,26 @@ def test_engine_float_functions_compute_the_reset_before_cell():
         assert np.abs(got - run_direction(cell, x)).max() < 1e-5
 
 
-# ---- everything integer refuses these cells, in one line
+# ---- the integer paths that compute the haste cell only refuse the others in one line
 
 
-def test_every_integer_door_refuses_a_cell_it_does_not_compute():
-    from qtool.core.qmodel import QuantModel
+def test_the_doors_not_built_for_a_form_refuse_it_in_one_line():
+    from qtool.exporters.c_export import render_c
 
-    haste = random_model(C=3, H=4, layers=2)
+    from qtool.engine.cuda import run_model_cuda
+    from qtool.simulation.fakequant import FakeQuantSide
+
+    model = _with_form(random_model(C=3, H=4, layers=2), PRECISE)
     x = np.random.default_rng(0).standard_normal((4, 6, 3)).astype(np.float32)
-    qm = calibrated(haste, x)
-    model = _with_form(haste, PRECISE)
-    msg = f"GRU 'v' (layer 0, fwd) uses {RESET_BEFORE_TEXT}, gate hard_sigmoid(0.2x + 0.5), candidate linear: " \
-          "its integer form is not built yet"
-    for door in (lambda: require_integer_form(model), lambda: calibrated(model, x),
-                 lambda: QuantModel(model, qm.cells, {})):  # a file read back, QAT, the engines: all hold one
+    qm = calibrated(model, x)  # calibration computes every form
+    head = f"GRU 'v' (layer 0, fwd) uses {RESET_BEFORE_TEXT}, gate hard_sigmoid(0.2x + 0.5), candidate linear: "
+    for what, door in (("the C export", lambda: render_c(qm, "m")),
+                       ("the CUDA engine", lambda: run_model_cuda(qm, x)),
+                       ("the fake-quant GRU", lambda: FakeQuantSide(qm, True, {}))):
         with pytest.raises(QtoolError) as e:
             door()
-        assert str(e.value).startswith(msg) and "\n" not in str(e.value)
-    require_integer_form(haste)
-
-
-def test_cli_imports_the_model_and_calibrate_refuses_it_in_one_line(tmp_path, cli):
-    model = _with_form(random_model(C=3, H=4), RESET_BEFORE)
-    with h5py.File(tmp_path / "m.h5", "w") as f:
-        write_model(f, model)
-    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((8, 5, 3)).astype(np.float32))
-    code, out, err = cli("calibrate", tmp_path / "m.h5", tmp_path / "calib.npy", "-o", tmp_path / "q.h5")
-    text = " ".join((out + err).split())  # rich wraps long lines
-    assert code != 0 and "Traceback" not in out + err
-    assert f"GRU 'v' uses {RESET_BEFORE_TEXT}: its integer form is not built yet" in text
-    assert not (tmp_path / "q.h5").exists()
+        assert str(e.value).startswith(head + what + " computes the haste form only") and "\n" not in str(e.value)
+    require_haste(random_model(C=3, H=4), "anything")
 
 
 # ---- Keras
@@ -289,7 +279,7 @@ def test_keras_gru_variants_import_and_equal_keras(keras_models, name, fmt):
         assert all(not c.br.any() and c.bx.any() for cells in model.layers for c in cells)
 
 
-def test_cli_import_writes_the_form_and_calibrate_refuses_it(keras_models, tmp_path, cli):
+def test_cli_import_writes_the_form_and_calibrate_simulate_run_it(keras_models, tmp_path, cli):
     m, folder = keras_models["precise"]
     code, out, err = cli("import", folder / "m.h5", "-o", tmp_path / "gru.h5")
     assert code == 0, err
@@ -298,9 +288,12 @@ def test_cli_import_writes_the_form_and_calibrate_refuses_it(keras_models, tmp_p
     assert np.abs(run_float(model, HELD_OUT) - m.predict(HELD_OUT, verbose=0)).max() <= TOL
     np.save(tmp_path / "calib.npy", HELD_OUT)
     code, out, err = cli("calibrate", tmp_path / "gru.h5", tmp_path / "calib.npy", "-o", tmp_path / "q.h5")
-    text = " ".join((out + err).split())
-    assert code != 0 and "Traceback" not in out + err and "its integer form is not built yet" in text
-    assert not (tmp_path / "q.h5").exists()
+    assert code == 0, out + err
+    with h5py.File(tmp_path / "q.h5") as f:  # a quantized file of another form is version 2
+        assert f["quant"].attrs["version"] == 2 and "rh" in f["quant/layer0/fwd/spec"]
+    code, out, err = cli("simulate", tmp_path / "q.h5", tmp_path / "calib.npy", "--json")
+    assert code == 0, out + err
+    assert json.loads(out)["output"]["cosine"] > 0.99
 
 
 def test_keras_hard_sigmoid_is_measured_not_assumed(keras):

@@ -50,7 +50,8 @@ from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import TensorConfig
 from qtool.engine.metrics import Distance
 from qtool.io.files import SequenceData
-from qtool.numerics.float_gru import TRACED
+from qtool.numerics.float_gru import TRACED, TRACED_RESET_BEFORE
+from qtool.numerics.lut import cell_gates
 from qtool.numerics.qparams import qrange
 from qtool.simulation.run import Simulation, float_output
 
@@ -59,7 +60,7 @@ FOLDS = 5         # each fold (a fifth of the sequences) is held out once
 HELD_SIM = 1024   # sequences (over all folds) the candidates are simulated on
 # the tensors whose method auto chooses: activations whose grid a method sets (gate outputs
 # always keep min/max; the x of layers l > 0 is the h below)
-CHOSEN = tuple(n for n in TRACED if n not in GATE_OUTPUTS)
+CHOSEN = tuple(n for n in dict.fromkeys(TRACED + TRACED_RESET_BEFORE) if n not in GATE_OUTPUTS)
 
 
 def fold_bounds(n: int) -> list[tuple[int, int]]:
@@ -114,8 +115,8 @@ class MethodViews:
         self.cache: dict = {}
 
     def observers(self, plan: MethodPlan) -> Observers:
-        return [[{n: self.view(l, d, n, plan.for_layer(l).method(n)) for n in TRACED}
-                 for d in range(len(cells))] for l, cells in enumerate(self.hist)]
+        return [[{n: self.view(l, d, n, plan.for_layer(l).method(n)) for n in cell}
+                 for d, cell in enumerate(cells)] for l, cells in enumerate(self.hist)]
 
     def view(self, l: int, d: int, name: str, method: str) -> Observer:
         d = 0 if name == "h" else d
@@ -158,7 +159,7 @@ class AutoChoice:
     note: str = ""
 
     def as_dict(self) -> dict:
-        order = sorted(self.per_tensor, key=lambda k: (k[0], TRACED.index(k[1])))
+        order = sorted(self.per_tensor, key=lambda k: (k[0], CHOSEN.index(k[1])))
         return {"winner": self.winner, "held_out_snr_db": self.held_snr_db, "note": self.note or None,
                 "tensors": [{"layer": l, "tensor": n, "method": self.per_tensor[(l, n)],
                              "held_out_error": self.errors.get((l, n))} for l, n in order]}
@@ -256,8 +257,8 @@ class AutoCalibrator:
                 for d, cell in enumerate(cells):
                     spec = cell_spec(cell, cell_observers(obs, l, d), cfgs[l], fixed.for_layer(l),
                                      weights_cache=self.weights_cache)
-                    bounds = lut_input_bounds(spec, cfgs[l])
-                    for name in CHOSEN:
+                    bounds = lut_input_bounds(spec, cfgs[l], cell_gates(cell.form))
+                    for name in (n for n in CHOSEN if n in spec):
                         if self._fixed(fixed, l, name) or (name == "x" and (l > 0 or d > 0)):
                             continue
                         err = self._held_error(self.held[i][l][d][name], spec[name], bounds.get(name, NO_BOUND))

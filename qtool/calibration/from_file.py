@@ -20,7 +20,7 @@ import numpy as np
 
 from qtool.core.model import DIRECTIONS, GruModel
 from qtool.core.qmodel import QuantModel, TensorQ
-from qtool.core.tensors import BY_NAME, NAMES, TensorConfig
+from qtool.core.tensors import TensorConfig, cell_tensors
 from qtool.errors import QtoolError
 from qtool.importers.ranges import Imported, ImportedRange
 from qtool.numerics.qparams import choose_qparams, grid_range, qrange, round_half_up
@@ -90,12 +90,12 @@ def fixed_spec(imported: Imported, model: GruModel, config: dict[str, TensorConf
     return fixed, rows
 
 
-def missing(fixed: list[list[dict[str, TensorQ]]]) -> list[str]:
+def missing(fixed: list[list[dict[str, TensorQ]]], model: GruModel) -> list[str]:
     """The tensors whose quantization neither the file nor the weights give."""
-    names = [n for n in NAMES if BY_NAME[n].kind == "activation"]
     out = []
     for l, row in enumerate(fixed):
         for d, spec in enumerate(row):
+            names = [t.name for t in cell_tensors(model.layers[l][d].form) if t.kind == "activation"]
             out += [f"layer{l}.{DIRECTIONS[d]}.{n}" for n in names if n not in spec]
     return out
 
@@ -108,7 +108,7 @@ def build_from_file(imported: Imported, model: GruModel, config: dict[str, Tenso
 
     fixed, rows = fixed_spec(imported, model, config, snap)
     if obs is None:
-        gaps = missing(fixed)
+        gaps = missing(fixed, model)
         if gaps:
             raise QtoolError(f"the {imported.kind} file holds no range for {len(gaps)} tensors "
                              f"({_summarise(gaps)}); give calibration data (qtool calibrate MODEL DATA) "

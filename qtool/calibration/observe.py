@@ -21,18 +21,34 @@ import numpy as np
 
 from qtool.calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from qtool.calibrators.base import NO_BOUND
-from qtool.core.model import GruCell, GruModel, require_integer_form
+from qtool.core.model import GruCell, GruModel
 from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
-from qtool.core.tensors import BY_NAME, TENSORS, TensorConfig, layer_config
+from qtool.core.tensors import BY_NAME, TensorConfig, cell_tensors, layer_config
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
-from qtool.numerics.float_gru import TRACED, run_float
-from qtool.numerics.lut import GATES, build_lut
+from qtool.numerics.float_gru import run_float, traced
+from qtool.numerics.lut import GATES, build_lut, cell_gates
 from qtool.numerics.qparams import choose_qparams, grid_range, qrange, quantize
-from qtool.numerics.rescale import derive
+from qtool.numerics.rescale import derive_cell
 
 Observers = list[list[dict[str, Observer]]]
-INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0), "tanh": (math.atanh, -1.0)}
+
+
+def _identity(y: float) -> float:
+    return y
+
+
+# a table function's inverse and its range [f(-inf), f(+inf)]
+INVERSE = {"sigmoid": (lambda y: math.log(y / (1.0 - y)), 0.0, 1.0), "tanh": (math.atanh, -1.0, 1.0),
+           "relu": (_identity, 0.0, math.inf), "linear": (_identity, -math.inf, math.inf)}
+
+
+def inverse(func: str) -> tuple[Callable[[float], float], float, float]:
+    """(f^-1, f(-inf), f(+inf)) of a table function by name (qtool.numerics.lut.function)."""
+    if func.startswith("hard_sigmoid:"):
+        alpha, beta = (float(v) for v in func.split(":")[1:])
+        return (lambda y: (y - beta) / alpha), 0.0, 1.0
+    return INVERSE[func]
 
 
 @dataclass
@@ -88,9 +104,9 @@ def as_plan(plan: MethodPlan | str | None) -> MethodPlan:
 
 
 def new_observers(model: GruModel, plan: MethodPlan | str) -> Observers:
-    require_integer_form(model)  # before the float pass, not after it: the integer cell is haste's
+    """An observer for every tensor each cell's float run records (its form's tensors)."""
     plan = as_plan(plan)
-    return [[{n: plan.for_layer(l).observer(n) for n in TRACED} for _ in cells]
+    return [[{n: plan.for_layer(l).observer(n) for n in traced(cell.form)} for cell in cells]
             for l, cells in enumerate(model.layers)]
 
 
@@ -150,7 +166,7 @@ def _observer(obs: Observers, l: int, d: int, name: str) -> Observer:
 
 def cell_observers(obs: Observers, l: int, d: int) -> dict[str, Observer]:
     """The observers that set one cell's parameters, after the ties."""
-    return {n: _observer(obs, l, d, n) for n in TRACED}
+    return {n: _observer(obs, l, d, n) for n in obs[l][d]}
 
 
 def tensor_q(o: Observer, cfg: TensorConfig, bound: tuple[float, float] = NO_BOUND,
@@ -176,18 +192,20 @@ def saturation_bound(func: str, out: TensorQ, bits_in: int) -> tuple[float, floa
     """Inputs beyond which `func` quantized on the `out` grid no longer changes: below lo (above
     hi) every input rounds to the output integer of f(-inf) (f(+inf)). Widened by the most one
     step of a `bits_in` grid over the bound can be, so rounding the bound itself stays free."""
-    inverse, f_min = INVERSE[func]
+    f_inv, f_min, f_max = inverse(func)
     qmin, qmax = qrange(out.bits)
     step = math.ldexp(1.0, -out.exp2_inv)
 
     def level(y: float) -> int:
+        if math.isinf(y):  # relu's and linear's ends: the grid's own
+            return qmax if y > 0 else qmin
         return int(min(max(math.floor(y / step + 0.5) + out.zp, qmin), qmax))
 
     # round-half-up: y gives level k iff (k - zp - 0.5) step <= y < (k - zp + 0.5) step
-    y_hi = (level(1.0) - out.zp - 0.5) * step
+    y_hi = (level(f_max) - out.zp - 0.5) * step
     y_lo = (level(f_min) - out.zp + 0.5) * step
-    hi = inverse(y_hi) if f_min < y_hi < 1.0 else math.inf
-    lo = inverse(y_lo) if f_min < y_lo < 1.0 else -math.inf
+    hi = f_inv(y_hi) if f_min < y_hi < f_max else math.inf
+    lo = f_inv(y_lo) if f_min < y_lo < f_max else -math.inf
     if math.isinf(lo) or math.isinf(hi) or hi <= lo:
         return NO_BOUND
     margin = (hi - lo) / ((1 << bits_in) - 3)
@@ -208,10 +226,33 @@ def _per_channel(name: str, values: np.ndarray, cfg: TensorConfig, plan: MethodP
     return TensorQ(cfg.bits, True, np.array(e, np.int32), 0, np.array(lo), np.array(hi))
 
 
-def lut_input_bounds(spec: dict[str, TensorQ], config: dict[str, TensorConfig]
+def lut_input_bounds(spec: dict[str, TensorQ], config: dict[str, TensorConfig], gates=GATES
                      ) -> dict[str, tuple[float, float]]:
-    """The saturation bound of each LUT input (z_pre, r_pre, g_pre) from its output's grid."""
-    return {src: saturation_bound(func, spec[dst], config[src].bits) for _, func, src, dst in GATES}
+    """The saturation bound of each LUT input (z_pre, r_pre, g_pre) from its output's grid
+    (`gates`: the cell's, lut.cell_gates)."""
+    return {src: saturation_bound(func, spec[dst], config[src].bits) for _, func, src, dst in gates}
+
+
+def _tied(cell: GruCell) -> tuple[str, ...]:
+    """A relu or linear candidate's g_out takes g_pre's grid: its table is then the identity (relu:
+    above g_pre's zero point, which is the grid's lowest level), exact under interpolation at any
+    input width. For tanh, nothing is tied."""
+    return ("g_out",) if cell.form.candidate in ("relu", "linear") else ()
+
+
+def _identity_candidate(cell: GruCell, g_pre: Observer | TensorQ, cfg: TensorConfig) -> dict[str, TensorQ]:
+    """g_pre's and g_out's grid of a relu or linear candidate. relu's g_pre keeps [0, hi] with its
+    zero point at the lowest level: every negative sum saturates to 0, which relu maps to 0."""
+    if isinstance(g_pre, TensorQ):  # given (imported or trained ranges)
+        return {"g_pre": g_pre, "g_out": g_pre}
+    if cell.form.candidate == "linear" or cfg.symmetric:
+        t = tensor_q(g_pre, cfg, name="g_pre")
+    else:
+        t = tensor_q(g_pre, cfg, (0.0, math.inf), "g_pre")
+        qmin, _ = qrange(cfg.bits)
+        g_lo, g_hi = grid_range(t.exp2_inv, qmin, cfg.bits)
+        t = TensorQ(cfg.bits, False, t.exp2_inv, qmin, max(float(t.lo), 0.0), min(float(t.hi), g_hi))
+    return {"g_pre": t, "g_out": t}
 
 
 def cell_spec(cell: GruCell, observers: dict[str, Observer], config: dict[str, TensorConfig],
@@ -237,9 +278,11 @@ def cell_spec(cell: GruCell, observers: dict[str, Observer], config: dict[str, T
             lo, hi = o.range()
             o = make_observer("minmax", name)
             o.observe(np.array([[lo, hi, 1.0 - hi, 1.0 - lo]]))
-        if name not in ("z_pre", "r_pre", "g_pre"):
+        if name not in ("z_pre", "r_pre", "g_pre", *_tied(cell)):
             spec[name] = tensor_q(o, config[name], name=name)
-    for src, bound in lut_input_bounds(spec, config).items():
+    if _tied(cell) and "g_out" not in spec:
+        spec.update(_identity_candidate(cell, spec.get("g_pre") or observers["g_pre"], config["g_pre"]))
+    for src, bound in lut_input_bounds(spec, config, cell_gates(cell.form)).items():
         if src not in spec:
             spec[src] = tensor_q(observers[src], config[src], bound, src)
     return spec
@@ -256,14 +299,14 @@ def cell_from_spec(cell: GruCell, spec: dict[str, TensorQ]) -> CellQuant:
     """Integer weights, tables and shifts of one cell whose every tensor's quantization is known."""
     q = {n: quantize(getattr(cell, n), spec[n].exp2_inv, 0, spec[n].bits) for n in ("W", "R", "bx", "br")}
     luts, shifts, errors = {}, [], {}
-    for lut, func, src, dst in GATES:
+    for lut, func, src, dst in cell_gates(cell.form):
         a, b = spec[src], spec[dst]
         luts[lut], shift, errors[lut] = build_lut(func, a.bits, a.exp2_inv, a.zp,
                                                   b.bits, b.exp2_inv, b.zp)
         shifts.append(shift)
-    P, CH = derive(spec, q["W"], q["R"], q["bx"], q["br"], tuple(shifts))
-    spec = {t.name: spec[t.name] for t in TENSORS}
-    return CellQuant(spec, q["W"], q["R"], q["bx"], q["br"], P, CH, luts, errors)
+    P, CH = derive_cell(cell.form, spec, q["W"], q["R"], q["bx"], q["br"], tuple(shifts))
+    spec = {t.name: spec[t.name] for t in cell_tensors(cell.form)}
+    return CellQuant(spec, q["W"], q["R"], q["bx"], q["br"], P, CH, luts, errors, cell.form)
 
 
 def model_config(config: dict[str, TensorConfig], num_layers: int) -> list[dict[str, TensorConfig]]:

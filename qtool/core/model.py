@@ -189,17 +189,16 @@ class GruModel:
         return all(c.form.haste for cells in self.layers for c in cells)
 
 
-def require_integer_form(model: GruModel) -> None:
-    """The one check in front of everything integer (calibration, simulation, export, QAT, the
-    CUDA engine): the integer cell is the haste form's, so a model with another cell is refused
-    in one line rather than computed as if it were haste."""
+def require_haste(model: GruModel, what: str) -> None:
+    """The check in front of an integer path that computes the haste cell only so far (`what`
+    names it): a model with another cell is refused in one line rather than computed as if it
+    were haste."""
     for l, cells in enumerate(model.layers):
         for d, cell in enumerate(cells):
             if not cell.form.haste:
                 where = f" (layer {l}, {DIRECTIONS[d]})" if model.num_layers > 1 or d else ""
-                raise QtoolError(f"GRU '{model.name}'{where} uses {cell.form.describe()}: its integer form is "
-                                 "not built yet (the float model imports and runs; calibrate, simulate, export "
-                                 "and QAT need the haste form)")
+                raise QtoolError(f"GRU '{model.name}'{where} uses {cell.form.describe()}: {what} computes the "
+                                 "haste form only so far (calibrate, simulate and verify on the CPU take it)")
 
 
 def write_model(f: h5py.File, model: GruModel) -> None:

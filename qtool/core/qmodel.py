@@ -12,6 +12,7 @@ docs/file-formats.md).
         qbx [3H], qbr [3H]       integer biases (int32)
         W_sum_mul_x_zp [3H], R_sum_mul_h_zp [3H]        zero-point compensation (int64)
         P [len(PARAMS)] (attr names), CH [rows, 3H] (attr rows)   derived rescale parameters
+                                 (a reset-before cell: its own tensors and PARAMS_RESET_BEFORE)
         lut_z, lut_r, lut_g      tables (int16), attrs: shift, max_error_lsb
 
 The file is written and read by qtool.io.qmodel_file, which proves the whole model consistent
@@ -25,11 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtool.core.model import GruModel, require_integer_form
-from qtool.core.tensors import NAMES
+from qtool.core.model import HASTE, CellForm, GruModel
+from qtool.core.tensors import cell_names
 
 QFORMAT = "qtool-qgru"
-QFORMAT_VERSION = 1
+QFORMAT_VERSION = 2  # the newest this qtool reads; a model of haste cells only is written as 1
+HASTE_QFORMAT_VERSION = 1
 LUT_NAMES = ("lut_z", "lut_r", "lut_g")
 
 
@@ -61,6 +63,7 @@ class CellQuant:
     CH: np.ndarray
     luts: dict[str, np.ndarray]
     lut_error: dict[str, float]
+    form: CellForm = HASTE  # what the cell computes: its tensors, P's layout, its tables' functions
 
     @property
     def hidden_size(self) -> int:
@@ -73,18 +76,20 @@ class QuantModel:
     cells: list[list[CellQuant]]
     info: dict = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        # every integer path (calibration's result, a file read back, QAT, the engines) holds one
-        require_integer_form(self.model)
+    @property
+    def haste(self) -> bool:
+        return all(c.form.haste for cells in self.cells for c in cells)
 
     def fingerprint(self) -> str:
         """A hash of everything that decides the integers: the quantization, the integer weights,
         shifts and tables. Two models with the same fingerprint compute the same integers."""
-        h = hashlib.sha256(f"{QFORMAT}/{QFORMAT_VERSION}".encode())
+        h = hashlib.sha256(f"{QFORMAT}/{HASTE_QFORMAT_VERSION}".encode())  # as before cell forms
         for l, cells in enumerate(self.cells):
             for d, c in enumerate(cells):
                 h.update(f"|{l}.{d}".encode())
-                for name in NAMES:
+                if not c.form.haste:  # a haste cell hashes as it did before forms existed
+                    h.update(f"|form:{sorted(c.form.attrs().items())}".encode())
+                for name in cell_names(c.form):
                     t = c.spec[name]
                     h.update(f"|{name}:{t.bits}:{int(t.symmetric)}:{t.zp}:".encode())
                     h.update(np.asarray(t.exp2_inv, np.int64).tobytes())

@@ -69,8 +69,7 @@ TENSORS = (
 )
 # A reset-before cell (qtool.core.model.CellForm, reset_after False) has no Rh_add_br or rRh: the
 # reset gate multiplies h, `rh = r * h_old`, and R's g rows run on rh (Rh's g block is R_g rh,
-# on Rh's grid). Its integer semantics (intops.gru_gates_reset_before, gru_candidate_reset_before)
-# are written; calibration, the engines and the files do not run it yet (docs/numerics.md).
+# on Rh's grid; docs/numerics.md, "Integer cell, reset before").
 RH = TensorDef("rh", "activation", False, False, "r * h_old, the R_g GEMM's input (reset before)")
 TENSORS_RESET_BEFORE = tuple(t for t in TENSORS if t.name not in ("Rh_add_br", "rRh")) + (RH,)
 PARAMS_RESET_BEFORE = (
@@ -86,8 +85,11 @@ PARAMS_RESET_BEFORE = (
     "lo_rh", "hi_rh", "lo_old_contrib", "hi_old_contrib", "lo_new_contrib", "hi_new_contrib", "lo_h", "hi_h",
     "lut_shift_z", "lut_shift_r", "lut_shift_g",
 )
-BY_NAME = {t.name: t for t in TENSORS}
-NAMES = tuple(t.name for t in TENSORS)
+# every tensor any cell has: what bits files and configs may name
+ALL_TENSORS = TENSORS + (RH,)
+BY_NAME = {t.name: t for t in ALL_TENSORS}
+NAMES = tuple(t.name for t in TENSORS)  # the haste cell's
+ALL_NAMES = tuple(t.name for t in ALL_TENSORS)
 # The activations in table order: what the float GRU records per time step (float_gru.TRACED).
 ACTIVATIONS = tuple(t.name for t in TENSORS if t.kind == "activation")
 # The one written order of the cell's tensors: the integer cell's outputs in the order
@@ -102,6 +104,41 @@ TRACE_TENSOR = tuple(n if n in BY_NAME else n.rsplit("_", 1)[0] for n in CELL_TR
 CELL_OUTPUTS = tuple(dict.fromkeys(TRACE_TENSOR))
 # Every tensor the integer GRU computes (and saturates): Wx, the W x GEMM's epilogue, then the cell's.
 COMPUTED = ("Wx", *CELL_OUTPUTS)
+# The reset-before cell's outputs (intops.gru_gates_reset_before, then gru_candidate_reset_before,
+# in the haste cell's order where they share a tensor)
+CELL_TRACE_RESET_BEFORE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
+                           "rh", "old_contrib", "new_contrib", "h")
+TRACE_TENSOR_RESET_BEFORE = tuple(n if n in BY_NAME else n.rsplit("_", 1)[0] for n in CELL_TRACE_RESET_BEFORE)
+COMPUTED_RESET_BEFORE = ("Wx", *dict.fromkeys(TRACE_TENSOR_RESET_BEFORE))
+
+
+def cell_tensors(form) -> tuple[TensorDef, ...]:
+    """The tensor table of a cell of this form (qtool.core.model.CellForm): the haste table, or
+    the reset-before one (rh for Rh_add_br and rRh). The activations do not change the table."""
+    return TENSORS if form.reset_after else TENSORS_RESET_BEFORE
+
+
+def cell_names(form) -> tuple[str, ...]:
+    return tuple(t.name for t in cell_tensors(form))
+
+
+def cell_params(form) -> tuple[str, ...]:
+    """The names of P's entries for a cell of this form (rescale.derive's or derive_reset_before's)."""
+    return PARAMS if form.reset_after else PARAMS_RESET_BEFORE
+
+
+def cell_trace(form) -> tuple[str, ...]:
+    """The integer cell's outputs in the order the engines trace them."""
+    return CELL_TRACE if form.reset_after else CELL_TRACE_RESET_BEFORE
+
+
+def trace_tensor(form) -> tuple[str, ...]:
+    return TRACE_TENSOR if form.reset_after else TRACE_TENSOR_RESET_BEFORE
+
+
+def computed(form) -> tuple[str, ...]:
+    """Every tensor the integer cell computes and saturates, Wx first."""
+    return COMPUTED if form.reset_after else COMPUTED_RESET_BEFORE
 
 # bits per tensor class: (weight, bias, activation)
 PRESETS = {"int8": (8, 32, 8), "w8a16": (8, 32, 16), "int16": (16, 32, 16)}
@@ -120,7 +157,7 @@ def preset_config(preset: str) -> dict[str, TensorConfig]:
         raise QtoolError(f"unknown bits preset '{preset}' (use one of {', '.join(PRESETS)})")
     w, b, a = PRESETS[preset]
     bits = {"weight": w, "bias": b, "activation": a}
-    return {t.name: TensorConfig(bits[t.kind], t.symmetric) for t in TENSORS}
+    return {t.name: TensorConfig(bits[t.kind], t.symmetric) for t in ALL_TENSORS}
 
 
 def _read_config_file(path: Path) -> dict:
@@ -205,7 +242,7 @@ def _tables(path: Path, raw, where: str) -> dict:
         raise QtoolError(f"{path}: '{where}' must be a table/object")
     for name in raw:
         if name not in BY_NAME:
-            raise QtoolError(f"{path}: unknown tensor '{name}' in {where} (known: {', '.join(NAMES)})")
+            raise QtoolError(f"{path}: unknown tensor '{name}' in {where} (known: {', '.join(ALL_NAMES)})")
     return raw
 
 
@@ -265,8 +302,10 @@ def bits_toml(preset: str, per_layer: list[dict[str, TensorConfig]], comment: st
 
     out = [f"# {line}" for line in comment.splitlines()] + [f'preset = "{preset}"']
     by_layer: dict[int, list[str]] = {}
-    for name in NAMES:
-        layers = [l for l in range(len(per_layer)) if name != "x" or l == 0]
+    for name in ALL_NAMES:
+        layers = [l for l in range(len(per_layer)) if (name != "x" or l == 0) and name in per_layer[l]]
+        if not layers:
+            continue
         values = [per_layer[l][name] for l in layers]
         if all(v == values[0] for v in values):
             if values[0] != base[name]:

@@ -26,27 +26,42 @@ from numba.extending import register_jitable
 
 from qtool.core.model import GruCell
 from qtool.core.qmodel import CellQuant, QuantModel
-from qtool.engine.float_cell import float_cell
+from qtool.engine.float_cell import (
+    candidate32,
+    float_candidate_reset_before,
+    float_cell,
+    float_gates,
+    form_codes,
+)
 from qtool.engine.layout import (
     EVERY_TENSOR,
-    H_TENSOR,
     INTS,
-    MEASURED,
     N_STATS,
-    N_TRACE,
-    ROW_TENSOR,
-    ROWS,
     X_TENSOR,
     ModelRun,
+    cell_layout,
     gemm_bound,
     measured_grids,
     quantize_input,
 )
 from qtool.engine.metrics import STAT_MAX_ABS, STATS, add_row
 from qtool.engine.simd import HAS_VNNI, KINDS, MB, gemm_rows, pack, padded, prefer_wide_vectors
-from qtool.numerics.intops import gru_cell, rescale
+from qtool.numerics.intops import gru_candidate_reset_before, gru_cell, gru_gates_reset_before, rescale
 from qtool.numerics.lane_bounds import cell_lane_type, fold_bias_shifts
-from qtool.numerics.rescale import CH_R_SUM_MUL_H_ZP, CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX, sum_mul_zp
+from qtool.numerics.rescale import (
+    CH_R_SUM_MUL_H_ZP,
+    CH_SH_W,
+    CH_W_SUM_MUL_X_ZP,
+    HI_WX,
+    LO_WX,
+    RB_HI_WX,
+    RB_LO_WX,
+    RB_ZP_H,
+    RB_ZP_WX,
+    ZP_H,
+    ZP_WX,
+    sum_mul_zp,
+)
 
 U8_SHIFT = 128  # 8-bit inputs seen as uint8 q + 128 (zero point zp + 128) by vpdpbusd
 
@@ -134,37 +149,63 @@ def gemm_apply(g: Gemm, q_in: np.ndarray, c_out: int) -> np.ndarray:
 
 @dataclass
 class DirectionPlan:
-    """Everything one layer direction's kernel reads: both GEMMs, the spec's constants (P, CH
+    """Everything one layer direction's kernel reads: its GEMMs, the spec's constants (P, CH
     and the tables, in the cell's lane type: qtool.numerics.lanes), the float weights (packed for the
-    float32 micro-kernel) and the grids of the measured tensors."""
+    float32 micro-kernel), the grids of the measured tensors and the cell's form. A reset-before
+    cell's `gh` holds R's z and r rows only and `gg` the g rows, which read rh = r * h_old;
+    for a haste cell `gg` is `gh` (the kernel then never runs it)."""
 
     cq: CellQuant
     gx: Gemm
     gh: Gemm
+    gg: Gemm
     P: np.ndarray
     CH: np.ndarray
     luts: tuple
     fW: np.ndarray
     fR: np.ndarray
+    fRg: np.ndarray
     fwidth: int
+    fgwidth: int
     bx: np.ndarray
     br: np.ndarray
     grids: np.ndarray
+    form: np.ndarray  # [reset_before, gate, candidate] (float_cell.form_codes; -1 for the haste form)
+    alpha_beta: np.ndarray  # a hard_sigmoid gate's (alpha, beta), float32
+    rows: int
+    row_tensor: np.ndarray
 
 
 def plan_direction(cq: CellQuant, cell: GruCell) -> DirectionPlan:
     x, h = cq.spec["x"], cq.spec["h"]
+    H = cq.hidden_size
     gx = gemm_plan(cq.qW, x.bits, x.zp)
-    gh = gemm_plan(cq.qR, h.bits, h.zp)
     CH = fold_bias_shifts(cq.CH)
-    CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, gh.comp  # the GEMMs' own views
+    reset_before = not cq.form.reset_after
+    if reset_before:
+        rh = cq.spec["rh"]
+        gh = gemm_plan(cq.qR[:2 * H], h.bits, h.zp)
+        gg = gemm_plan(cq.qR[2 * H:], rh.bits, rh.zp)
+        comp_R = np.concatenate([gh.comp, gg.comp])
+        fR, _ = pack(cell.R[:2 * H], "f32")
+        fRg, _ = pack(cell.R[2 * H:], "f32")
+    else:
+        gh = gg = gemm_plan(cq.qR, h.bits, h.zp)
+        comp_R = gh.comp
+        fR, _ = pack(cell.R, "f32")
+        fRg = fR
+    CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, comp_R  # the GEMMs' own views
     luts = [cq.luts[k] for k in ("lut_z", "lut_r", "lut_g")]
     lane_t = cell_lane_type(cq, CH, luts)
     fW, _ = pack(cell.W, "f32")
-    fR, _ = pack(cell.R, "f32")
-    return DirectionPlan(cq, gx, gh, cq.P.astype(lane_t), CH.astype(lane_t),
-                         tuple(t.astype(lane_t) for t in luts), fW, fR, padded(cell.R.shape[0], "f32"),
-                         cell.bx, cell.br, measured_grids(cq))
+    gate, alpha, beta, candidate = form_codes(cq.form)
+    form = np.array([-1, 0, 0] if cq.form.haste else [int(reset_before), gate, candidate], np.int64)
+    layout = cell_layout(cq.form)
+    return DirectionPlan(cq, gx, gh, gg, cq.P.astype(lane_t), CH.astype(lane_t),
+                         tuple(t.astype(lane_t) for t in luts), fW, fR, fRg,
+                         padded(2 * H if reset_before else 3 * H, "f32"), padded(H, "f32"),
+                         cell.bx, cell.br, measured_grids(cq), form, np.array([alpha, beta], np.float32),
+                         layout.rows, layout.row_tensor)
 
 
 def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:
@@ -184,19 +225,24 @@ def _gemm_sum(acc, i, c, half):
 @njit(nogil=True, cache=True, noalias=True, error_model="numpy")
 def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                    gx_w, gx_shift, gx_half, ax, accx, gh_w, gh_shift, gh_half, ah, acch,
+                   gg_w, gg_shift, gg_half, arh, accg,
                    P, CH, lut_z, lut_r, lut_g,
-                   level, fW, fR, fax, fah, ffx, ffh, bx, br, ib, fb,
+                   level, fW, fR, fRg, fax, fah, ffx, ffh, frh, ffg, bx, br, form, alpha_beta, ib, fb,
                    grids, row_tensor, stats, step_stats, trace, tmp):
     """Layer direction over all T steps of sequences [n0, n1) of batch-first `xq [N, T, C]`
     (integers; `xf` the float inputs), backwards in time when `rev`; writes h's integers (and
     floats) to columns [col, col + H) of `out_q` (`out_f`). `level`: INTS, OUTPUT or EVERY_TENSOR.
     Block b of MB sequences accumulates its statistics into `stats[b]` and `step_stats[b]`.
-    No two array arguments may share memory (noalias: what lets LLVM vectorise the cells).
+    `form` (DirectionPlan.form): a reset-before cell runs its gates, the g rows' GEMM on rh
+    (`gg_*`, `fRg`), then its candidates. No two array arguments may share memory (noalias:
+    what lets LLVM vectorise the cells).
     """
     prefer_wide_vectors()
     T, C = xq.shape[1], xq.shape[2]
     H = ib.shape[2]
-    zp_h = P[ZP_H]
+    last = ib.shape[1] - 1
+    reset_before = form[0] == 1
+    zp_h = P[RB_ZP_H] if reset_before else P[ZP_H]
     for b0 in range(n0, n1, MB):
         nb = min(MB, n1 - b0)
         blk = b0 // MB  # the block's own rows of statistics
@@ -211,13 +257,22 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                     ax[i, k] = xq[b0 + i, t, k] + gx_shift
             gemm_rows(ax, gx_w, accx)
             gemm_rows(ah, gh_w, acch)
+            if reset_before:
+                for i in range(nb):
+                    _int_gates_rb(i, accx, acch, ah, arh, gx_half, gh_half, gh_shift, gg_shift, H, P, CH,
+                                  lut_z, lut_r, ib)
+                gemm_rows(arh, gg_w, accg)
+                for i in range(nb):
+                    _int_candidates_rb(i, accg, ah, gg_half, gh_shift, H, P, CH, lut_g, ib)
+            else:
+                for i in range(nb):
+                    _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib)
             for i in range(nb):
-                _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, lut_r, lut_g, ib)
                 for j in range(H):
-                    out_q[b0 + i, t, col + j] = ib[i, ROWS - 1, j]
+                    out_q[b0 + i, t, col + j] = ib[i, last, j]
             if trace.shape[0]:
                 for i in range(nb):  # element by element: a slice copy compiles error formatting
-                    for r in range(ROWS):
+                    for r in range(last + 1):
                         for j in range(H):
                             trace[b0 + i, t, r, j] = ib[i, r, j]
             if level == 0:
@@ -227,10 +282,21 @@ def _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                     fax[i, k] = xf[b0 + i, t, k]
             gemm_rows(fax, fW, ffx)
             gemm_rows(fah, fR, ffh)
+            if reset_before:
+                for i in range(nb):
+                    _float_gates_rb(i, ffx, ffh, fah, frh, bx, br, H, form, alpha_beta, fb)
+                gemm_rows(frh, fRg, ffg)
+                for i in range(nb):
+                    _float_candidates_rb(i, ffx, ffg, fah, bx, br, H, form, fb)
+            elif form[0] == 0:
+                for i in range(nb):
+                    _float_cells_form(i, ffx, ffh, fah, bx, br, H, form, alpha_beta, fb)
+            else:
+                for i in range(nb):
+                    _float_cells(i, ffx, ffh, fah, bx, br, H, fb)
             for i in range(nb):
-                _float_cells(i, ffx, ffh, fah, bx, br, H, fb)
                 for j in range(H):
-                    out_f[b0 + i, t, col + j] = fb[i, ROWS - 1, j]
+                    out_f[b0 + i, t, col + j] = fb[i, last, j]
                 _measure(xq[b0 + i, t], xf[b0 + i, t], ib, fb, i, level, grids, row_tensor, stats[blk],
                          step_stats[blk, t], tmp)
 
@@ -244,8 +310,15 @@ def _wx(accx, i, c, half, P, CH):
 
 
 @register_jitable
+def _wx_rb(accx, i, c, half, P, CH):
+    """`_wx` of a reset-before cell: its P has its own order (rescale.RB_*)."""
+    return rescale(_gemm_sum(accx, i, c, half) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c],
+                   P[RB_ZP_WX], P[RB_LO_WX], P[RB_HI_WX])
+
+
+@register_jitable
 def _store_rows(buf, i, j, v):
-    """buf[i, r, j] = v[r] for the ROWS values of one unit, written out so that no store
+    """buf[i, r, j] = v[r] for the 17 values of one haste unit, written out so that no store
     indexes the tuple at run time (which the vectoriser cannot follow)."""
     buf[i, 0, j], buf[i, 1, j], buf[i, 2, j], buf[i, 3, j], buf[i, 4, j], buf[i, 5, j] = v[:6]
     buf[i, 6, j], buf[i, 7, j], buf[i, 8, j], buf[i, 9, j], buf[i, 10, j], buf[i, 11, j] = v[6:12]
@@ -276,6 +349,81 @@ def _int_cells(i, accx, acch, ah, gx_half, gh_half, gh_shift, H, P, CH, lut_z, l
 
 
 @register_jitable
+def _int_gates_rb(i, accx, acch, ah, arh, gx_half, gh_half, gh_shift, gg_shift, H, P, CH, lut_z, lut_r, ib):
+    """The first pass of a reset-before cell over block row i: Wx, z, r and rh = r * h_old of every
+    unit into the rows of `ib` (cell_layout's order), and rh + shift into `arh`, the g rows' GEMM input."""
+    for j in range(H):
+        jr, jg = j + H, j + 2 * H
+        wx_z, wx_r, wx_g = _wx_rb(accx, i, j, gx_half, P, CH), _wx_rb(accx, i, jr, gx_half, P, CH), \
+            _wx_rb(accx, i, jg, gx_half, P, CH)
+        Rh_z, Rh_r, z_pre, r_pre, z, r, rh = gru_gates_reset_before(
+            wx_z, wx_r, _gemm_sum(acch, i, j, gh_half), _gemm_sum(acch, i, jr, gh_half),
+            np.int64(ah[i, j]) - gh_shift, j, jr, P, CH, lut_z, lut_r)
+        ib[i, 0, j], ib[i, 1, j], ib[i, 2, j], ib[i, 3, j], ib[i, 4, j] = wx_z, wx_r, wx_g, Rh_z, Rh_r
+        ib[i, 6, j], ib[i, 7, j], ib[i, 9, j], ib[i, 10, j], ib[i, 12, j] = z_pre, r_pre, z, r, rh
+        arh[i, j] = rh + gg_shift
+
+
+@register_jitable
+def _int_candidates_rb(i, accg, ah, gg_half, gh_shift, H, P, CH, lut_g, ib):
+    """The second pass of a reset-before cell over block row i, once `accg` holds R_g rh: g and
+    h_new of every unit; `ah` receives the next step's GEMM input (h + shift)."""
+    for j in range(H):
+        Rh_g, g_pre, g, old, new, h = gru_candidate_reset_before(
+            np.int64(ib[i, 2, j]), _gemm_sum(accg, i, j, gg_half), np.int64(ah[i, j]) - gh_shift,
+            np.int64(ib[i, 9, j]), j + 2 * H, P, CH, lut_g)
+        ib[i, 5, j], ib[i, 8, j], ib[i, 11, j], ib[i, 13, j], ib[i, 14, j], ib[i, 15, j] = \
+            Rh_g, g_pre, g, old, new, h
+        ah[i, j] = h + gh_shift
+
+
+@register_jitable
+def _float_gates_rb(i, ffx, ffh, fah, frh, bx, br, H, form, alpha_beta, fb):
+    """The float32 first pass of a reset-before cell (as `_int_gates_rb`): r * h_old into `frh`."""
+    for j in range(H):
+        jr, jg = j + H, j + 2 * H
+        z_pre, r_pre, z, r = float_gates(ffx[i, j], ffx[i, jr], ffh[i, j], ffh[i, jr], bx[j], bx[jr],
+                                         br[j], br[jr], form[1], alpha_beta[0], alpha_beta[1])
+        rh = r * fah[i, j]
+        fb[i, 0, j], fb[i, 1, j], fb[i, 2, j], fb[i, 3, j], fb[i, 4, j] = \
+            ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr]
+        fb[i, 6, j], fb[i, 7, j], fb[i, 9, j], fb[i, 10, j], fb[i, 12, j] = z_pre, r_pre, z, r, rh
+        frh[i, j] = rh
+
+
+@register_jitable
+def _float_candidates_rb(i, ffx, ffg, fah, bx, br, H, form, fb):
+    """The float32 second pass of a reset-before cell, once `ffg` holds R_g (r * h_old)."""
+    for j in range(H):
+        jg = j + 2 * H
+        g_pre, g, old, new, h = float_candidate_reset_before(ffx[i, jg], ffg[i, j], fah[i, j], fb[i, 9, j],
+                                                             bx[jg], br[jg], form[2])
+        fb[i, 5, j], fb[i, 8, j], fb[i, 11, j], fb[i, 13, j], fb[i, 14, j], fb[i, 15, j] = \
+            ffg[i, j], g_pre, g, old, new, h
+        fah[i, j] = h
+
+
+@register_jitable
+def _float_cells_form(i, ffx, ffh, fah, bx, br, H, form, alpha_beta, fb):
+    """`_float_cells` for a reset-after cell with other activations (hard_sigmoid gates, a relu
+    or linear candidate): the same rows, each activation the form's."""
+    for j in range(H):
+        jr, jg = j + H, j + 2 * H
+        z_pre, r_pre, z, r = float_gates(ffx[i, j], ffx[i, jr], ffh[i, j], ffh[i, jr], bx[j], bx[jr],
+                                         br[j], br[jr], form[1], alpha_beta[0], alpha_beta[1])
+        Rh_add_br = ffh[i, jg] + br[jg]
+        rRh = r * Rh_add_br
+        g_pre = ffx[i, jg] + rRh + bx[jg]
+        g = candidate32(g_pre, form[2])
+        old = z * fah[i, j]
+        new = (np.float32(1.0) - z) * g
+        h = old + new
+        _store_rows(fb, i, j, (ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr], ffh[i, jg], z_pre,
+                               r_pre, g_pre, z, r, g, Rh_add_br, rRh, old, new, h))
+        fah[i, j] = h
+
+
+@register_jitable
 def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
     """The float32 cell of every unit of block row i, into the rows of `fb` (as `_int_cells`)."""
     for j in range(H):
@@ -283,22 +431,23 @@ def _float_cells(i, ffx, ffh, fah, bx, br, H, fb):
         res = float_cell(ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr], ffh[i, jg],
                          fah[i, j], bx[j], bx[jr], bx[jg], br[j], br[jr], br[jg])
         _store_rows(fb, i, j, (ffx[i, j], ffx[i, jr], ffx[i, jg]) + res)
-        fah[i, j] = res[N_TRACE - 1]
+        fah[i, j] = res[-1]
 
 
 @register_jitable
 def _measure(x_q, x_f, ib, fb, i, level, grids, row_tensor, stats, step_row, tmp):
     """Distances of block row i's tensors at one step: h always (also into the step's row),
     the others at level EVERY_TENSOR."""
-    h = ROWS - 1
+    h = ib.shape[1] - 1  # h is the last row and the last measured tensor
+    h_tensor = stats.shape[0] - 1
     tmp[:] = 0.0
-    add_row(ib[i, h], 0, fb[i, h], grids[H_TENSOR], tmp)
+    add_row(ib[i, h], 0, fb[i, h], grids[h_tensor], tmp)
     for c in range(N_STATS):
         if c == STAT_MAX_ABS:
-            stats[H_TENSOR, c] = max(stats[H_TENSOR, c], tmp[c])
+            stats[h_tensor, c] = max(stats[h_tensor, c], tmp[c])
             step_row[c] = max(step_row[c], tmp[c])
         else:
-            stats[H_TENSOR, c] += tmp[c]
+            stats[h_tensor, c] += tmp[c]
             step_row[c] += tmp[c]
     if level < EVERY_TENSOR:
         return
@@ -337,7 +486,7 @@ def slices(N: int, parts: int) -> list[tuple[int, int]]:
 def run_direction(dp: DirectionPlan, xq, xf, n0: int, n1: int, rev: bool, out_q, out_f, col: int,
                   level: int, stats, step_stats, trace) -> None:
     """One kernel call (see _run_direction) with fresh per-thread buffers."""
-    cq, gx, gh = dp.cq, dp.gx, dp.gh
+    cq, gx, gh, gg = dp.cq, dp.gx, dp.gh, dp.gg
     H, C = cq.hidden_size, xq.shape[2]
 
     def z(cols, dtype):
@@ -346,10 +495,12 @@ def run_direction(dp: DirectionPlan, xq, xf, n0: int, n1: int, rev: bool, out_q,
     _run_direction(xq, xf, n0, n1, rev, out_q, out_f, col,
                    gx.w, gx.shift, gx.half, z(gx.Kp, KINDS[gx.kind][0]), z(gx.width, KINDS[gx.kind][2]),
                    gh.w, gh.shift, gh.half, z(gh.Kp, KINDS[gh.kind][0]), z(gh.width, KINDS[gh.kind][2]),
+                   gg.w, gg.shift, gg.half, z(gg.Kp, KINDS[gg.kind][0]), z(gg.width, KINDS[gg.kind][2]),
                    dp.P, dp.CH, *dp.luts,
-                   level, dp.fW, dp.fR, z(C, np.float32), z(H, np.float32), z(dp.fwidth, np.float32),
-                   z(dp.fwidth, np.float32), dp.bx, dp.br, np.zeros((MB, ROWS, H), np.int32),
-                   np.zeros((MB, ROWS, H), np.float32), dp.grids, ROW_TENSOR, stats, step_stats, trace,
+                   level, dp.fW, dp.fR, dp.fRg, z(C, np.float32), z(H, np.float32), z(dp.fwidth, np.float32),
+                   z(dp.fwidth, np.float32), z(H, np.float32), z(dp.fgwidth, np.float32), dp.bx, dp.br,
+                   dp.form, dp.alpha_beta, np.zeros((MB, dp.rows, H), np.int32),
+                   np.zeros((MB, dp.rows, H), np.float32), dp.grids, dp.row_tensor, stats, step_stats, trace,
                    np.zeros(len(STATS)))
 
 
@@ -371,7 +522,8 @@ def run_model(qm: QuantModel, x: np.ndarray | None, level: int = INTS, plans=Non
               traces: list | None = None, xq: np.ndarray | None = None) -> ModelRun:
     """The whole model on batch-first float `x [N, T, C]`: every layer and direction, each
     thread on its own slice of sequences. `traces` (tests) receives per layer and direction
-    the integers of every step, `[N, T, ROWS, H]` (Wx's three gate rows, then gru_cell's).
+    the integers of every step, `[N, T, rows, H]` (Wx's three gate rows, then the cell's outputs:
+    qtool.engine.layout.cell_layout).
     `xq`: the input's integers on x's grid instead (`x` None; integers only)."""
     plans = plans or plan_model(qm)
     if xq is None:
@@ -388,11 +540,11 @@ def run_model(qm: QuantModel, x: np.ndarray | None, level: int = INTS, plans=Non
         D = len(row)
         out_q = np.empty((N, T, H * D), np.int32)
         out_f = np.empty((N, T, H * D) if level else (0, 0, 0), np.float32)
-        tr = [np.zeros((N, T, ROWS, H) if traces is not None else (0, 0, ROWS, H), np.int32)
-              for _ in row]
+        tr = [np.zeros((N, T, dp.rows, H) if traces is not None else (0, 0, dp.rows, H), np.int32)
+              for dp in row]
         layers.append((out_q, out_f, tr))
     parts = slices(N, threads())
-    stats = [[_stats_rows(len(MEASURED), N) for _ in row] for row in plans]
+    stats = [[_stats_rows(len(dp.grids), N) for dp in row] for row in plans]
     step, scratch = _stats_rows(T, N), _stats_rows(T, N)  # the last layer's h per step; the others'
 
     def work(n0, n1):
@@ -419,7 +571,7 @@ def run_model(qm: QuantModel, x: np.ndarray | None, level: int = INTS, plans=Non
 
 
 def legacy_trace(tr: np.ndarray) -> dict:
-    """A trace `[N, T, ROWS, H]` as time-first Wx `[T, N, 3H]` and cell outputs `[T, N, 14, H]`."""
+    """A trace `[N, T, rows, H]` as time-first Wx `[T, N, 3H]` and cell outputs `[T, N, rows - 3, H]`."""
     t = tr.transpose(1, 0, 2, 3)
     return {"Wx": np.concatenate([t[:, :, g] for g in range(3)], axis=2), "cell": t[:, :, 3:]}
 
@@ -458,10 +610,10 @@ def run_cell(cq: CellQuant, qx: np.ndarray) -> np.ndarray:
     T, N, C = qx.shape
     H = cq.hidden_size
     dp = plan_direction(cq, GruCell(np.zeros((3 * H, C)), np.zeros((3 * H, H)), np.zeros(3 * H),
-                                    np.zeros(3 * H)))
+                                    np.zeros(3 * H), cq.form))
     xq = np.ascontiguousarray(np.asarray(qx, np.int32).transpose(1, 0, 2))
     out = np.empty((N, T, H), np.int32)
     run_direction(dp, xq, np.zeros((0, 0, 0), np.float32), 0, N, False, out,
-                  np.zeros((0, 0, 0), np.float32), 0, INTS, _stats_rows(len(MEASURED), N),
-                  _stats_rows(T, N), np.zeros((0, 0, ROWS, H), np.int32))
+                  np.zeros((0, 0, 0), np.float32), 0, INTS, _stats_rows(len(dp.grids), N),
+                  _stats_rows(T, N), np.zeros((0, 0, dp.rows, H), np.int32))
     return out.transpose(1, 0, 2)

@@ -24,6 +24,7 @@ import math
 import numpy as np
 from numba import config, cuda
 
+from qtool.core.model import require_haste
 from qtool.engine.float_cell import float_cell
 from qtool.engine.layout import (
     H_TENSOR,
@@ -267,6 +268,7 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
 def run_model_cuda(qm, x: np.ndarray | None, level: int = INTS, plans=None, traces: list | None = None,
                    xq: np.ndarray | None = None) -> ModelRun:
     """Same contract as engine_cpu.run_model, on the GPU."""
+    require_haste(qm.model, "the CUDA engine")
     if xq is None:
         x = np.ascontiguousarray(x, np.float32)
         xq = quantize_input(qm, x)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qtool.core.qmodel import CellQuant, QuantModel
-from qtool.core.tensors import CELL_TRACE, COMPUTED, TRACE_TENSOR
+from qtool.core.tensors import CELL_TRACE, COMPUTED, TRACE_TENSOR, cell_trace, computed, trace_tensor
 from qtool.engine.metrics import STATS, grid_row
 from qtool.numerics.qparams import quantize
 
@@ -29,6 +29,31 @@ ROW_TENSOR = np.array([MEASURED.index(n) for n in ("Wx",) * 3 + TRACE_TENSOR], n
 
 
 X_TENSOR, WX_TENSOR, H_TENSOR = (MEASURED.index(n) for n in ("x", "Wx", "h"))
+
+
+@dataclass(frozen=True)
+class CellLayout:
+    """The rows of one cell form's per-step buffers: Wx's three gate rows, then its integer
+    cell's outputs `trace` (the haste cell's CELL_TRACE, or the reset-before cell's; `tensors`
+    names each one's tensor), and the tensors measured, x first and h last (the constants above
+    are the haste cell's)."""
+
+    trace: tuple[str, ...]
+    tensors: tuple[str, ...]
+    measured: tuple[str, ...]
+
+    @property
+    def rows(self) -> int:
+        return 3 + len(self.trace)
+
+    @property
+    def row_tensor(self) -> np.ndarray:
+        return np.array([self.measured.index(n) for n in ("Wx",) * 3 + self.tensors], np.int64)
+
+
+def cell_layout(form) -> CellLayout:
+    """The buffers' rows for a cell of this form (qtool.core.model.CellForm)."""
+    return CellLayout(cell_trace(form), trace_tensor(form), ("x", *computed(form)))
 
 
 N_STATS = len(STATS)
@@ -55,8 +80,9 @@ def gemm_dtype(q_w: np.ndarray, bits_in: int):
 
 
 def measured_grids(cq: CellQuant) -> np.ndarray:
-    """The GRID rows (qtool.engine.metrics) of one layer direction's MEASURED tensors, in order."""
-    return np.stack([grid_row(cq.spec[t].exp2_inv, cq.spec[t].zp, cq.spec[t].bits) for t in MEASURED])
+    """The GRID rows (qtool.engine.metrics) of one layer direction's measured tensors, in order."""
+    return np.stack([grid_row(cq.spec[t].exp2_inv, cq.spec[t].zp, cq.spec[t].bits)
+                     for t in cell_layout(cq.form).measured])
 
 
 def quantize_input(qm: QuantModel, x: np.ndarray) -> np.ndarray:

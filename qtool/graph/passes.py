@@ -10,12 +10,10 @@ import copy
 import numpy as np
 
 from qtool.core.graph import Graph, Node
-from qtool.core.model import require_integer_form
 from qtool.errors import QtoolError
 from qtool.layers import check, layer
 from qtool.layers.batchnorm import affine
 from qtool.layers.gru import form as gru_form
-from qtool.layers.gru import model as gru_model
 
 
 def _only_reader(graph: Graph, edge: str) -> Node | None:
@@ -121,8 +119,6 @@ def partition(graph: Graph) -> tuple[list[str], list[str], str]:
             tail.add(n.name)
     for n in graph.nodes:
         mod = layer(n.op, n.label)
-        if n.op == "gru":
-            require_integer_form(gru_model(n))  # before any calibration pass over the data
         if n.name not in tail and getattr(mod, "FLOAT_TAIL", False):
             raise QtoolError(f"node {n.label}: {n.op} runs in float at the model's output only; here layers "
                              "read its result")

@@ -8,8 +8,17 @@ import numpy as np
 
 from qtool import __version__
 from qtool.core.model import DIRECTIONS, h5_attr, h5_dataset, open_h5, read_model, write_model
-from qtool.core.qmodel import LUT_NAMES, QFORMAT, QFORMAT_VERSION, CellQuant, QuantModel, TensorQ, is_qmodel
-from qtool.core.tensors import BY_NAME, CHANNEL_ROWS, NAMES, PARAMS
+from qtool.core.qmodel import (
+    HASTE_QFORMAT_VERSION,
+    LUT_NAMES,
+    QFORMAT,
+    QFORMAT_VERSION,
+    CellQuant,
+    QuantModel,
+    TensorQ,
+    is_qmodel,
+)
+from qtool.core.tensors import BY_NAME, CHANNEL_ROWS, cell_names, cell_params
 from qtool.errors import QtoolError
 from qtool.numerics.validate import validate
 
@@ -26,7 +35,8 @@ def write_qmodel(f, qm: QuantModel) -> None:
     f.attrs["format"] = QFORMAT
     q = f.create_group("quant")
     # a model read from a file carries that file's version attributes in info: these replace them
-    q.attrs.update({**{k: v for k, v in qm.info.items() if v is not None}, "version": QFORMAT_VERSION,
+    version = HASTE_QFORMAT_VERSION if qm.haste else QFORMAT_VERSION  # haste files as before cell forms
+    q.attrs.update({**{k: v for k, v in qm.info.items() if v is not None}, "version": version,
                     "qtool_version": __version__, "fingerprint": qm.fingerprint()})
     for l, cells in enumerate(qm.cells):
         for d, c in enumerate(cells):
@@ -41,7 +51,7 @@ def write_qmodel(f, qm: QuantModel) -> None:
                 g.create_dataset(name, data=getattr(c, name).astype(_int_storage(c.spec[tensor].bits)))
             g.create_dataset("W_sum_mul_x_zp", data=c.CH[CHANNEL_ROWS.index("W_sum_mul_x_zp")])
             g.create_dataset("R_sum_mul_h_zp", data=c.CH[CHANNEL_ROWS.index("R_sum_mul_h_zp")])
-            g.create_dataset("P", data=c.P).attrs["names"] = list(PARAMS)
+            g.create_dataset("P", data=c.P).attrs["names"] = list(cell_params(c.form))
             g.create_dataset("CH", data=c.CH).attrs["rows"] = list(CHANNEL_ROWS)
             for name in LUT_NAMES:
                 ds = g.create_dataset(name, data=c.luts[name].astype(np.int16))
@@ -70,21 +80,24 @@ def _name_list(g, dataset: str, attr: str) -> list[str] | None:
     return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in v]
 
 
-def _read_cell(g, C: int, H: int, where: str) -> CellQuant:
-    """Read one cell, checking each dataset's presence, shape and dtype before reading it."""
-    spec = {name: _read_spec(g, name, H, where) for name in NAMES}
-    if _name_list(g, "P", "names") != list(PARAMS) or _name_list(g, "CH", "rows") != list(CHANNEL_ROWS):
+def _read_cell(g, cell, where: str) -> CellQuant:
+    """Read one cell of the float cell's form, checking each dataset's presence, shape and dtype
+    before reading it."""
+    C, H = cell.W.shape[1], cell.R.shape[1]
+    params = cell_params(cell.form)
+    spec = {name: _read_spec(g, name, H, where) for name in cell_names(cell.form)}
+    if _name_list(g, "P", "names") != list(params) or _name_list(g, "CH", "rows") != list(CHANNEL_ROWS):
         raise QtoolError(f"{where}: rescale parameters P/CH are missing or were written by an "
                          "incompatible qtool")
     ints = {n: h5_dataset(g, n, shp, "i", where).astype(np.int64) for n, shp in (
         ("qW", (3 * H, C)), ("qR", (3 * H, H)), ("qbx", (3 * H,)), ("qbr", (3 * H,)),
-        ("P", (len(PARAMS),)), ("CH", (len(CHANNEL_ROWS), 3 * H)))}
+        ("P", (len(params),)), ("CH", (len(CHANNEL_ROWS), 3 * H)))}
     luts = {n: h5_dataset(g, n, None, "i", where).astype(np.int64) for n in LUT_NAMES}
     for n, t in luts.items():
         if t.ndim != 1:
             raise QtoolError(f"{where}/{n} must be one-dimensional, got shape {t.shape}")
     return CellQuant(spec, ints["qW"], ints["qR"], ints["qbx"], ints["qbr"], ints["P"], ints["CH"],
-                     luts, {n: 0.0 for n in LUT_NAMES})
+                     luts, {n: 0.0 for n in LUT_NAMES}, cell.form)
 
 
 def _plain(v):
@@ -121,8 +134,7 @@ def read_qmodel(f, where: str) -> QuantModel:
             where = f"{path}: quant/layer{l}/{DIRECTIONS[d]}"
             if f"quant/layer{l}/{DIRECTIONS[d]}" not in f:
                 raise QtoolError(f"{where} is missing")
-            row.append(_read_cell(f[f"quant/layer{l}/{DIRECTIONS[d]}"], cell.W.shape[1],
-                                  cell.R.shape[1], where))
+            row.append(_read_cell(f[f"quant/layer{l}/{DIRECTIONS[d]}"], cell, where))
         cells.append(row)
     info = {k: _plain(v) for k, v in q.attrs.items()}
     qm = QuantModel(model, cells, info)

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtool.core.tensors import COMPUTED
+from qtool.core.tensors import COMPUTED, COMPUTED_RESET_BEFORE, cell_params
 from qtool.errors import QtoolError
 from qtool.numerics.lut import GATES
 from qtool.numerics.passes import folded_biases
 from qtool.numerics.qparams import qrange
-from qtool.numerics.rescale import CHANNEL_ROWS, PARAMS
+from qtool.numerics.rescale import CHANNEL_ROWS
 
 I32 = (-(2**31), 2**31 - 1)
 I64 = (-(2**63), 2**63 - 1)
@@ -39,6 +39,9 @@ I64 = (-(2**63), 2**63 - 1)
 # the statements of the cell (the C cell's integer widths): every computed tensor but the gate
 # outputs, which are table lookups (one statement "lut" for the three), and (1 - z) on z_out's grid
 STATEMENTS = (*(n for n in COMPUTED if n not in {out for *_, out in GATES}), "one_minus_z", "lut")
+# a reset-before cell's: rh for Rh_add_br and rRh
+STATEMENTS_RESET_BEFORE = (*(n for n in COMPUTED_RESET_BEFORE if n not in {out for *_, out in GATES}),
+                           "one_minus_z", "lut")
 
 
 @dataclass(frozen=True)
@@ -180,15 +183,21 @@ def _lut(st: Statement, table: np.ndarray, bits_in: int, shift: int) -> Iv:
 def cell_statements(cq, offset: bool) -> dict[str, Statement]:
     """The bound of every statement of one cell (layer direction); `offset`: the GEMMs read
     q - zp (compensation "offset") instead of q minus a compensation table."""
-    P = {n: int(v) for n, v in zip(PARAMS, cq.P)}
+    P = {n: int(v) for n, v in zip(cell_params(cq.form), cq.P)}
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
     spec = cq.spec
-    st = {s: Statement() for s in STATEMENTS}
+    reset_after = cq.form.reset_after
+    st = {s: Statement() for s in (STATEMENTS if reset_after else STATEMENTS_RESET_BEFORE)}
     H = cq.hidden_size
     blk = [slice(0, H), slice(H, 2 * H), slice(2 * H, 3 * H)]
     Wx = _gemm(st["Wx"], cq.qW, spec["x"], rows["sh_W"], rows["W_sum_mul_x_zp"], offset, P, "Wx", blk)
-    Rh = _gemm(st["Rh"], cq.qR, spec["h"], rows["sh_R"], rows["R_sum_mul_h_zp"], offset, P, "Rh", blk)
-    b_pre, b_rab = folded_biases(rows)
+    if reset_after:
+        Rh = _gemm(st["Rh"], cq.qR, spec["h"], rows["sh_R"], rows["R_sum_mul_h_zp"], offset, P, "Rh", blk)
+    else:  # R's g rows read rh: their own GEMM, after the gates
+        zr = slice(0, 2 * H)
+        Rh = _gemm(st["Rh"], cq.qR[zr], spec["h"], rows["sh_R"][zr], rows["R_sum_mul_h_zp"][zr], offset, P,
+                   "Rh", blk[:2])
+    b_pre, b_rab = folded_biases(rows, reset_after)
     b = [Iv(int(b_pre[s].min()), int(b_pre[s].max())) for s in blk]
     lut = st["lut"]
     gates = {}
@@ -198,17 +207,19 @@ def cell_statements(cq, offset: bool) -> dict[str, Statement]:
                 rshift_round(s, Rh[g] - P["zp_Rh"], P[f"sh_Rh_{name}"]), b[g], P[f"zp_{name}"])
         clamp(s, t, P[f"lo_{name}"], P[f"hi_{name}"])
         gates[k] = _lut(lut, cq.luts[f"lut_{k}"], spec[name].bits, P[f"lut_shift_{k}"])
-    s = st["Rh_add_br"]
-    t = add(s, rshift_round(s, Rh[2] - P["zp_Rh"], P["sh_Rh_Rh_add_br"]),
-            Iv(int(b_rab.min()), int(b_rab.max())), P["zp_Rh_add_br"])
-    rab = clamp(s, t, P["lo_Rh_add_br"], P["hi_Rh_add_br"])
-    rrh = _product(st["rRh"], gates["r"] - P["zp_r_out"], rab - P["zp_Rh_add_br"], P, "rRh", "sh_rRh")
-    s = st["g_pre"]
-    t = add(s, rshift_round(s, Wx[2] - P["zp_Wx"], P["sh_Wx_g_pre"]),
-            rshift_round(s, rrh - P["zp_rRh"], P["sh_rRh_g_pre"]), b[2], P["zp_g_pre"])
-    clamp(s, t, P["lo_g_pre"], P["hi_g_pre"])
-    g = _lut(lut, cq.luts["lut_g"], spec["g_pre"].bits, P["lut_shift_g"])
     qmin_h, qmax_h = qrange(spec["h"].bits)
+    if reset_after:
+        _candidate_pre(st, cq, P, rows, Wx, Rh, b, b_rab, gates)
+    else:
+        _product(st["rh"], gates["r"] - P["zp_r_out"], Iv(qmin_h, qmax_h) - P["zp_h"], P, "rh", "sh_rh")
+        g_rows = slice(2 * H, 3 * H)
+        Rh_g = _gemm(st["Rh"], cq.qR[g_rows], spec["rh"], rows["sh_R"][g_rows], rows["R_sum_mul_h_zp"][g_rows],
+                     offset, P, "Rh", [slice(0, H)])[0]
+        s = st["g_pre"]
+        t = add(s, rshift_round(s, Wx[2] - P["zp_Wx"], P["sh_Wx_g_pre"]),
+                rshift_round(s, Rh_g - P["zp_Rh"], P["sh_Rh_g_pre"]), b[2], P["zp_g_pre"])
+        clamp(s, t, P["lo_g_pre"], P["hi_g_pre"])
+    g = _lut(lut, cq.luts["lut_g"], spec["g_pre"].bits, P["lut_shift_g"])
     old = _product(st["old_contrib"], gates["z"] - P["zp_z_out"], Iv(qmin_h, qmax_h) - P["zp_h"], P,
                    "old_contrib", "sh_old_contrib")
     s = st["one_minus_z"]
@@ -221,6 +232,19 @@ def cell_statements(cq, offset: bool) -> dict[str, Statement]:
             rshift_round(s, new - P["zp_new_contrib"], P["sh_new_contrib_h"]), P["zp_h"])
     clamp(s, t, P["lo_h"], P["hi_h"])
     return st
+
+
+def _candidate_pre(st: dict, cq, P: dict, rows: dict, Wx: list, Rh: list, b: list, b_rab, gates: dict) -> None:
+    """The haste cell's Rh_add_br, rRh and g_pre."""
+    s = st["Rh_add_br"]
+    t = add(s, rshift_round(s, Rh[2] - P["zp_Rh"], P["sh_Rh_Rh_add_br"]),
+            Iv(int(b_rab.min()), int(b_rab.max())), P["zp_Rh_add_br"])
+    rab = clamp(s, t, P["lo_Rh_add_br"], P["hi_Rh_add_br"])
+    rrh = _product(st["rRh"], gates["r"] - P["zp_r_out"], rab - P["zp_Rh_add_br"], P, "rRh", "sh_rRh")
+    s = st["g_pre"]
+    t = add(s, rshift_round(s, Wx[2] - P["zp_Wx"], P["sh_Wx_g_pre"]),
+            rshift_round(s, rrh - P["zp_rRh"], P["sh_rRh_g_pre"]), b[2], P["zp_g_pre"])
+    clamp(s, t, P["lo_g_pre"], P["hi_g_pre"])
 
 
 def _product(s: Statement, a: Iv, b: Iv, P: dict, name: str, sh: str) -> Iv:
@@ -238,7 +262,7 @@ def model_bits(qm, offsets: list[list[bool]]) -> dict[str, int]:
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
             for name, s in cell_statements(cq, offsets[l][d]).items():
-                bits[name] = max(bits[name], s.bits)
+                bits[name] = max(bits.get(name, 32), s.bits)
     if bits["lut"] != 32:  # cannot happen for tables of up to 16-bit inputs and outputs
         raise QtoolError("an activation table needs 64-bit interpolation: not supported")
     return bits

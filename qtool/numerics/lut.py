@@ -1,4 +1,5 @@
-"""Sigmoid and tanh as integer tables, from one quantized domain to another.
+"""The cell's activations (sigmoid, hard_sigmoid, tanh, relu, linear) as integer tables, from one
+quantized domain to another.
 
 Inputs up to LUT_INDEX_BITS wide get the exact table, directly indexed (256 entries for int8).
 Wider inputs get knots every 2^shift inputs, shift = bits_in - LUT_INDEX_BITS, evaluated by
@@ -25,7 +26,28 @@ def sigmoid(v):
         return 1.0 / (1.0 + np.exp(-v))
 
 
-FUNCS = {"sigmoid": sigmoid, "tanh": np.tanh}
+FUNCS = {"sigmoid": sigmoid, "tanh": np.tanh, "relu": lambda v: np.maximum(v, 0.0), "linear": lambda v: v}
+
+
+def hard_sigmoid_name(alpha: float, beta: float) -> str:
+    """A hard_sigmoid's table function by name: `hard_sigmoid:0.2:0.5` (repr: exact round trip)."""
+    return f"hard_sigmoid:{float(alpha)!r}:{float(beta)!r}"
+
+
+def function(func: str):
+    """The float64 function a table is built from, by name (FUNCS, or `hard_sigmoid_name`)."""
+    if func.startswith("hard_sigmoid:"):
+        alpha, beta = (float(v) for v in func.split(":")[1:])
+        return lambda v: np.clip(alpha * np.asarray(v, np.float64) + beta, 0.0, 1.0)
+    return FUNCS[func]
+
+
+def cell_gates(form) -> tuple[tuple[str, str, str, str], ...]:
+    """GATES for a cell of this form (qtool.core.model.CellForm): each table's function follows
+    the form's gate and candidate activations. Every activation is an exact table (directly
+    indexed up to LUT_INDEX_BITS inputs): hard_sigmoid, relu and linear need no other arithmetic."""
+    gate = "sigmoid" if form.gate == "sigmoid" else hard_sigmoid_name(form.gate_alpha, form.gate_beta)
+    return tuple((lut, gate if f == "sigmoid" else form.candidate, src, dst) for lut, f, src, dst in GATES)
 
 
 def exact_outputs(func: str, q_in: np.ndarray, e_in: int, zp_in: int,
@@ -33,7 +55,7 @@ def exact_outputs(func: str, q_in: np.ndarray, e_in: int, zp_in: int,
     """The correctly rounded, saturated output integer for each input integer."""
     x = np.ldexp(np.asarray(q_in, np.float64) - zp_in, -e_in)
     qmin, qmax = qrange(bits_out)
-    return np.clip(round_half_up(np.ldexp(FUNCS[func](x), e_out)) + zp_out, qmin, qmax).astype(np.int64)
+    return np.clip(round_half_up(np.ldexp(function(func)(x), e_out)) + zp_out, qmin, qmax).astype(np.int64)
 
 
 def build_lut(func: str, bits_in: int, e_in: int, zp_in: int,

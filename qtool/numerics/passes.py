@@ -92,15 +92,17 @@ def realize(qm: QuantModel) -> Program:
     return Program(ops)
 
 
-def folded_biases(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def folded_biases(rows: dict[str, np.ndarray], reset_after: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The bias terms of `intops.gru_cell` are constants per channel: fold them at export.
     b_pre [3H]: rshift_round(qbx, sh_bx), plus rshift_round(qbr, sh_br) for the z and r blocks
-    (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g)."""
+    (the g block's br enters Rh_add_br instead); b_Rh_add_br [H]: rshift_round(qbr_g, sh_br_g).
+    A reset-before cell (`reset_after` False) adds both biases of every block to its
+    pre-activation (b_Rh_add_br is then unused)."""
     bx = rshift_round_all(np.asarray(rows["qbx"], np.int64), np.asarray(rows["sh_bx"], np.int64))
     br = rshift_round_all(np.asarray(rows["qbr"], np.int64), np.asarray(rows["sh_br"], np.int64))
     H = bx.size // 3
     b_pre = bx.copy()
-    b_pre[:2 * H] += br[:2 * H]
+    b_pre[:2 * H if reset_after else 3 * H] += br[:2 * H if reset_after else 3 * H]
     return b_pre, br[2 * H:]
 
 

@@ -154,3 +154,9 @@ def _check_shifts(P: np.ndarray, CH: np.ndarray, names: tuple[str, ...] = PARAMS
         if s > MAX_RIGHT or s < -MAX_LEFT:
             raise QtoolError(f"shift {name} = {s} is out of range; the calibrated ranges are "
                              "inconsistent (check the calibration data)")
+
+
+def derive_cell(form, spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.ndarray,
+                lut_shifts: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(P, CH) of a cell of this form (qtool.core.model.CellForm): `derive`, or `derive_reset_before`."""
+    return (derive if form.reset_after else derive_reset_before)(spec, qW, qR, qbx, qbr, lut_shifts)

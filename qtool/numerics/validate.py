@@ -19,11 +19,11 @@ import numpy as np
 
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
-from qtool.core.tensors import BITS_LIMITS, TENSORS
+from qtool.core.tensors import BITS_LIMITS, cell_params, cell_tensors
 from qtool.errors import QtoolError
-from qtool.numerics.lut import GATES, build_lut
+from qtool.numerics.lut import build_lut, cell_gates
 from qtool.numerics.qparams import E_MAX, E_MIN, qrange
-from qtool.numerics.rescale import CH_SH_R, CH_SH_W, CHANNEL_ROWS, PARAMS, derive
+from qtool.numerics.rescale import CH_SH_R, CH_SH_W, CHANNEL_ROWS, derive_cell
 
 INT64_HEADROOM = 62  # every intermediate stays below 2^62 in magnitude
 
@@ -87,33 +87,34 @@ def _check_gemm(q_w: np.ndarray, x: TensorQ, shifts: np.ndarray, what: str, wher
 
 def check_cell(cq: CellQuant, C: int, H: int, where: str) -> None:
     """Prove one cell consistent; fills in `cq.lut_error` from the recomputed tables."""
-    missing = [t.name for t in TENSORS if t.name not in cq.spec]
+    tensors = cell_tensors(cq.form)
+    missing = [t.name for t in tensors if t.name not in cq.spec]
     if missing:
         raise QtoolError(f"{where}: no quantization for {', '.join(missing)}")
-    for td in TENSORS:
+    for td in tensors:
         _check_tensor(cq.spec[td.name], td.kind, td.per_channel, H, f"{where}.{td.name}")
     s = cq.spec
     for name, tensor, shape in (("qW", "W", (3 * H, C)), ("qR", "R", (3 * H, H)),
                                 ("qbx", "bx", (3 * H,)), ("qbr", "br", (3 * H,))):
         _check_ints(getattr(cq, name), shape, s[tensor].bits, f"{where}.{name}")
     shifts = []
-    for lut, func, src, dst in GATES:
+    for lut, func, src, dst in cell_gates(cq.form):
         a, b = s[src], s[dst]
         table, shift, error = build_lut(func, a.bits, int(a.exp2_inv), a.zp, b.bits, int(b.exp2_inv), b.zp)
         got = np.asarray(cq.luts.get(lut, np.zeros(0)))
         if got.shape != table.shape:
             raise QtoolError(f"{where}.{lut}: {got.size} entries, the spec of {src} needs {table.size}")
         if not np.array_equal(got, table):
-            raise QtoolError(f"{where}.{lut}: entries differ from {func} on the grids of {src} and {dst}")
+            raise QtoolError(f"{where}.{lut}: entries differ from {func.split(':')[0]} on the grids of {src} and {dst}")
         cq.lut_error[lut] = error
         shifts.append(shift)
     try:
-        P, CH = derive(s, cq.qW, cq.qR, cq.qbx, cq.qbr, tuple(shifts))
+        P, CH = derive_cell(cq.form, s, cq.qW, cq.qR, cq.qbx, cq.qbr, tuple(shifts))
     except QtoolError as e:
         raise QtoolError(f"{where}: {e}") from None
     if np.shape(cq.P) != P.shape or not np.array_equal(cq.P, P):
         raise QtoolError(f"{where}: P is inconsistent with the spec" if np.shape(cq.P) != P.shape
-                         else f"{where}: P[{_first_difference(cq.P, P, PARAMS)}]")
+                         else f"{where}: P[{_first_difference(cq.P, P, cell_params(cq.form))}]")
     if np.shape(cq.CH) != CH.shape or not np.array_equal(cq.CH, CH):
         if np.shape(cq.CH) != CH.shape:
             raise QtoolError(f"{where}: CH has shape {np.shape(cq.CH)}, expected {CH.shape}")
@@ -121,7 +122,11 @@ def check_cell(cq: CellQuant, C: int, H: int, where: str) -> None:
         raise QtoolError(f"{where}: {CHANNEL_ROWS[row]} is inconsistent with the spec "
                          f"({_first_difference(cq.CH[row], CH[row], range(3 * H))[:80]})")
     _check_gemm(cq.qW, s["x"], CH[CH_SH_W], "W x", where)
-    _check_gemm(cq.qR, s["h"], CH[CH_SH_R], "R h", where)
+    if cq.form.reset_after:
+        _check_gemm(cq.qR, s["h"], CH[CH_SH_R], "R h", where)
+    else:  # R's z and r rows read h, its g rows rh
+        _check_gemm(cq.qR[:2 * H], s["h"], CH[CH_SH_R, :2 * H], "R h", where)
+        _check_gemm(cq.qR[2 * H:], s["rh"], CH[CH_SH_R, 2 * H:], "R_g rh", where)
 
 
 def _same_grid(a: TensorQ, b: TensorQ) -> bool:

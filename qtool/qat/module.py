@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from qtool.calibration.observe import GATES
-from qtool.core.model import GruCell, GruModel
+from qtool.core.model import GruCell, GruModel, require_haste
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.errors import QtoolError
 from qtool.numerics.fakequant import ACTIVATIONS, ROUNDINGS, CellFQ, run_layers
@@ -118,6 +118,7 @@ class QuantGRU(nn.Module):
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}")
         model = qm.model
+        require_haste(model, "QAT")
         self.input_size, self.hidden_size = model.input_size, model.hidden_size
         self.num_layers, self.bidirectional = model.num_layers, model.bidirectional
         self.batch_first, self.dropout, self.rounding = batch_first, dropout, rounding

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qtool.core.model import DIRECTIONS, tensor_key
+from qtool.core.model import DIRECTIONS, HASTE, CellForm, tensor_key
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import CELL_OUTPUTS, NAMES, TRACE_TENSOR
+from qtool.core.tensors import ALL_NAMES, trace_tensor
 from qtool.engine.cpu import plan_model, run_model, time_first_traces
-from qtool.engine.layout import EVERY_TENSOR, H_TENSOR, INTS, MEASURED, OUTPUT
+from qtool.engine.layout import EVERY_TENSOR, INTS, OUTPUT, cell_layout
 from qtool.engine.metrics import Distance, count_clipped, finite_or_none
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
@@ -21,13 +21,14 @@ from qtool.simulation.fakequant import MODES, FakeQuantSide
 from qtool.simulation.fold import merge_stat
 
 
-def int_tensors(trace: dict) -> dict[str, np.ndarray]:
-    """Integer tensors of one direction, `[T, N, width]`, named as in the tensor table
-    (docs/numerics.md)."""
-    cell = trace["cell"]  # row k: CELL_TRACE[k] (Rh as its three gate blocks)
+def int_tensors(trace: dict, form: CellForm = HASTE) -> dict[str, np.ndarray]:
+    """Integer tensors of one direction of a cell of this form, `[T, N, width]`, named as in
+    the tensor table (docs/numerics.md)."""
+    cell = trace["cell"]  # row k: cell_trace(form)[k] (Rh as its three gate blocks)
     out = {"x": trace["x"], "Wx": trace["Wx"]}
-    for name in CELL_OUTPUTS:
-        rows = [cell[:, :, k] for k, t in enumerate(TRACE_TENSOR) if t == name]
+    tensors = trace_tensor(form)
+    for name in dict.fromkeys(tensors):
+        rows = [cell[:, :, k] for k, t in enumerate(tensors) if t == name]
         out[name] = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=2)
     return out
 
@@ -98,7 +99,8 @@ class Simulation:
             self.float_traces(ftr)
         if self.fakequant is not None:
             ints = None if raw is None else \
-                [[int_tensors(tr) for tr in row] for row in time_first_traces(self.qm, x, run, raw)]
+                [[int_tensors(tr, self.qm.cells[l][d].form) for d, tr in enumerate(row)]
+                 for l, row in enumerate(time_first_traces(self.qm, x, run, raw))]
             self.fakequant.run_chunk(x, run.y_float, ftr, run.y_int, ints)
         s = self.qm.cells[-1][0].spec["h"]
         return run.y_float, dequantize(run.y_int, s.exp2_inv, s.zp).astype(np.float32), run.y_int
@@ -106,7 +108,7 @@ class Simulation:
     def _add_stats(self, run) -> None:
         """Folds one chunk's statistics (computed inside the engine's loops) into the
         accumulators with qtool.simulation.fold's merge, as a distributed run folds its chunks."""
-        self._fold(chunk_partial(run, self.per_tensor, self.per_step))
+        self._fold(chunk_partial(run, self.per_tensor, self.per_step, self.qm))
 
     def _fold(self, partial: dict) -> None:
         for field, part in partial.items():
@@ -125,7 +127,7 @@ class Simulation:
         return y_float, y_q, y_int
 
     def results(self) -> dict:
-        order = {name: i for i, name in enumerate(NAMES)}
+        order = {name: i for i, name in enumerate(ALL_NAMES)}
 
         def rank(key: str) -> tuple:
             layer, direction, name = key.split(".")
@@ -152,14 +154,18 @@ def float_output(qm: QuantModel, x: np.ndarray, runner=run_model) -> np.ndarray:
     return runner(qm, x, OUTPUT).y_float
 
 
-def chunk_partial(run, per_tensor: bool, per_step: bool = True) -> dict:
+def chunk_partial(run, per_tensor: bool, per_step: bool = True, qm: QuantModel | None = None) -> dict:
     """One chunk's distances from an engine's statistics `run` (engine_cpu.ModelRun), as the
-    partial of the Simulation's fields (qtool.simulation.fold.STATS)."""
-    return {"output": Distance.of_stats(st[H_TENSOR] for st in run.stats[-1]),  # every direction's h, last layer
+    partial of the Simulation's fields (qtool.simulation.fold.STATS); `qm` names each cell's
+    measured tensors (its form's, qtool.engine.layout.cell_layout; the haste cell's without it)."""
+    def measured(l: int, d: int) -> tuple[str, ...]:
+        return cell_layout(qm.cells[l][d].form if qm is not None else HASTE).measured
+
+    return {"output": Distance.of_stats(st[-1] for st in run.stats[-1]),  # every direction's h (last), last layer
             "steps": [Distance.of_stats([row]) for row in run.step_stats] if per_step else [],
             "tensors": {tensor_key(l, d, name): Distance.of_stats([st[k]])
                         for l, row in enumerate(run.stats) for d, st in enumerate(row)
-                        for k, name in enumerate(MEASURED)} if per_tensor else {}}
+                        for k, name in enumerate(measured(l, d))} if per_tensor else {}}
 
 
 def simulate(qm: QuantModel, data: SequenceData, chunk: int = 256, per_tensor: bool = True,
