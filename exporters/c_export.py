@@ -3,10 +3,11 @@
 `render_c` gives the files by name: qgru.h / qgru.c (the runtime, as stored), NAME_params.h /
 NAME_params.c (the tables: declared in the header, defined once), NAME.h / NAME.c (the model:
 prefix quantize, integer core, suffix dequantize; streaming and whole-sequence APIs; the cell is
-c_runtime/qgru_cell.c.in in the integer types qtool/numerics/interval.py proves enough), with the
-footprint, which `footprint` alone computes from the quantized model (what the advisor counts).
-Neither writes a file: qtool.api.export_c writes the rendered files (`export_c` here is a plain
-writer for tests and scripts). Reads the quantized model only; never recomputes numerics.
+c_runtime/qgru_cell.c.in, or qgru_cell_rb.c.in for a reset-before cell, in the integer types
+qtool/numerics/interval.py proves enough), with the footprint, which `footprint` alone computes
+from the quantized model (what the advisor counts). Neither writes a file: qtool.api.export_c
+writes the rendered files (`export_c` here is a plain writer for tests and scripts). Reads the
+quantized model only; never recomputes numerics.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from qtool.exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h
+from qtool.exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h, rb_hidden, step_extra
 from qtool.exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, model_types
 
-from qtool.core.model import DIRECTIONS, require_haste
+from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
 from qtool.numerics.passes import folded_biases, report, run_passes
@@ -62,10 +63,11 @@ def _cell(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes) -> _Cell:
     offset = ty.offsets[l][d]
     p = f"{prefix}_l{l}_{DIRECTIONS[d]}"
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
-    b_pre, b_rab = folded_biases(rows)
-    tables = [(ty.w_t, "qW", unit_major(cq.qW)), (ty.r_t, "qR", unit_major(cq.qR)), (ty.b_t, "b_pre", b_pre),
-              (ty.b_t, "b_Rh_add_br", b_rab), ("int8_t", "sh_W", rows["sh_W"]),
-              ("int8_t", "sh_R", rows["sh_R"])]
+    reset_after = cq.form.reset_after
+    b_pre, b_rab = folded_biases(rows, reset_after)  # a reset-before cell: every bias in b_pre
+    tables = [(ty.w_t, "qW", unit_major(cq.qW)), (ty.r_t, "qR", unit_major(cq.qR)), (ty.b_t, "b_pre", b_pre)]
+    tables += [(ty.b_t, "b_Rh_add_br", b_rab)] if reset_after else []
+    tables += [("int8_t", "sh_W", rows["sh_W"]), ("int8_t", "sh_R", rows["sh_R"])]
     comps = []  # the initializers of the compensation pointers (NULL: none, zero point 0)
     for k, r in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp")):
         t = int_type([rows[r]], ("int32_t", "int64_t"))
@@ -77,7 +79,9 @@ def _cell(qm: QuantModel, l: int, d: int, prefix: str, ty: ModelTypes) -> _Cell:
             comps.append(f"{p}_{r}" if table and t == "int64_t" else "NULL")
     tables += [("int32_t", "P", cq.P)] + [(ty.lut_t, k, cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
     H, C = cq.qR.shape[1], cq.qW.shape[1]
-    init = (f"    {{{C}, {H}, {int(offset)}, {p}_qW, {p}_qR, {p}_b_pre, {p}_b_Rh_add_br, {p}_sh_W, "
+    form = f"{int(reset_after)}, " if ty.rh_t else ""  # the member reset_after, in a model with such a cell
+    init = (f"    {{{C}, {H}, {int(offset)}, {form}{p}_qW, {p}_qR, {p}_b_pre, "
+            f"{p + '_b_Rh_add_br' if reset_after else 'NULL'}, {p}_sh_W, "
             f"{p}_sh_R, {', '.join(comps)}, {p}_P, {p}_lut_z, {p}_lut_r, {p}_lut_g}}")
     return _Cell(p, tables, init)
 
@@ -108,6 +112,8 @@ def _count(qm: QuantModel, ty: ModelTypes, cells: list[_Cell], passes: dict) -> 
     hidden = [row[0].hidden_size for row in qm.cells]
     state = sum(h * qm.model.num_directions for h in hidden)
     fp.ram_bytes = (state + max(hidden)) * SIZES[ty.q_t]
+    for t, _, _ in step_extra(ty):  # a reset-before cell's rh (and z) buffer, each aligned as C aligns it
+        fp.ram_bytes = -(-fp.ram_bytes // SIZES[t]) * SIZES[t] + rb_hidden(qm) * SIZES[t]
     return fp
 
 
@@ -140,10 +146,10 @@ class CExport:
 def render_c(qm: QuantModel, name: str, compensation: str = "table", fully_integral: bool = True) -> CExport:
     """The C sources for `qm`, their identifiers and files prefixed with c_name(`name`).
     `compensation`: "table" stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp; "offset" feeds
-    the GEMMs x - zp_x and h - zp_h instead (no tables; see NAME_params.h). `fully_integral`:
+    the GEMMs x - zp_x and h - zp_h (a reset-before cell's R_g GEMM rh - zp_rh) instead (no tables;
+    see NAME_params.h). Every cell form exports (qtool.core.model.CellForm). `fully_integral`:
     refuse a core with a floating-point operation (in the program after qtool.numerics.passes,
     and in the C rendered)."""
-    require_haste(qm.model, "the C export")
     prefix = c_name(name)
     ty = _types(qm, compensation)
     passes = report(run_passes(qm, fully_integral))

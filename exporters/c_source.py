@@ -1,7 +1,9 @@
 """The C text of an export: NAME.h (API), NAME.c (the model: one step function per cell from
-c_runtime/qgru_cell.c.in, in the model's integer types with the cell's scalars literal, the GEMM
-kernels, the loops and the float wrappers) and NAME_params.h (the cell type, the tables'
-declarations)."""
+c_runtime/qgru_cell.c.in, or qgru_cell_rb.c.in for a reset-before cell, in the model's integer
+types with the cell's scalars literal, the GEMM kernels, the loops and the float wrappers) and
+NAME_params.h (the cell type, the tables' declarations). What only a reset-before cell needs (its
+kernels, the state's rh buffer, the cell type's reset_after, the indices of its P) is written only
+for a model that has one: a haste model's files stay as they were."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from qtool.exporters.c_types import ModelTypes
 from qtool import __version__
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import CHANNEL_ROWS, COMPUTED, PARAMS, TENSORS
+from qtool.core.tensors import CHANNEL_ROWS, cell_params, cell_tensors, computed
 from qtool.errors import QtoolError
+from qtool.numerics import rescale
 from qtool.numerics.qparams import qrange
 
 RUNTIME = Path(__file__).parent / "c_runtime"
@@ -63,7 +66,7 @@ def _scale_comments(qm: QuantModel) -> str:
     lines = []
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
-            for td in TENSORS:
+            for td in cell_tensors(cq.form):
                 s = cq.spec[td.name]
                 e = np.asarray(s.exp2_inv)
                 scale = (f"2^-{int(e)} = {2.0 ** -int(e):.6g}" if e.ndim == 0 else
@@ -102,6 +105,95 @@ QGRU_INLINE void {prefix}_dot3_{which}(const {w_t} *w, int32_t row_step, const {
 """
 
 
+def _dot_rows_source(prefix: str, name: str, rows: int, w_t: str, v_t: str, acc_t: str, dsp: bool) -> str:
+    """A reset-before cell's GEMM kernels, `_dot3_source` for fewer rows: `rows` 2, the z and r
+    rows of one unit (NAME_dot2_W on x, NAME_dot2_R on h); `rows` 1, one row, its sum returned
+    (the g row: NAME_dot1_W on x, NAME_dot1_rh on rh). The int8 SMLAD kernel where it applies."""
+    sums = [f"s{r}" for r in range(rows)]
+    ptrs = ", ".join(["*w0 = w", "*w1 = w + row_step"][:rows])
+    loop = (f"    const {w_t} {ptrs};\n"
+            f"    {acc_t} {' = 0, '.join(sums)} = 0;\n"
+            "    int32_t k;\n"
+            "    for (k = 0; k < n; k++) {\n"
+            f"        const {acc_t} v_k = ({acc_t})(v[k] + v_offset);\n"
+            + "".join(f"        {x} += w{r}[k] * v_k;\n" for r, x in enumerate(sums)) + "    }\n")
+    if rows == 1:
+        head = (f"QGRU_INLINE {acc_t} {prefix}_dot1_{name}(const {w_t} *w, const {v_t} *v, int32_t n, "
+                "int32_t v_offset)")
+        loop += "    return s0;\n"
+        dsp_call = f"    return {prefix}_dot1_s8_dsp(w, v, n, v_offset);\n"
+        what = "sum_k w[k] * (v[k] + v_offset): the g row"
+    else:
+        pad = " " * len(f"QGRU_INLINE void {prefix}_dot2_{name}(")
+        head = (f"QGRU_INLINE void {prefix}_dot2_{name}(const {w_t} *w, int32_t row_step, const {v_t} *v, "
+                f"int32_t n,\n{pad}int32_t v_offset, {acc_t} acc[2])")
+        loop += "".join(f"    acc[{r}] = {x};\n" for r, x in enumerate(sums))
+        dsp_call = f"    {prefix}_dot2_s8_dsp(w, row_step, v, n, v_offset, acc);\n"
+        what = "sum_k w[row][k] * (v[k] + v_offset) for the rows 0 and row_step of w: the z and r rows"
+    if dsp:
+        loop = f"#if QGRU_DSP\n{dsp_call}#else\n{loop}#endif\n"
+    return (f"/* {what} of one unit\n * ({acc_t}: the exported bound holds every partial sum) */\n"
+            f"{head}\n{{\n{loop}}}\n")
+
+
+DOT2_DSP = """/* qgru_dot3_s8_dsp (qgru.h) for the two rows 0 and row_step of w (the z and r rows of one unit) */
+QGRU_INLINE void PREFIX_dot2_s8_dsp(const int8_t *w, int32_t row_step, const int8_t *v, int32_t n,
+PAD int32_t v_offset, int32_t acc[2])
+{
+    const int16x2_t off = (int16x2_t)((uint32_t)(uint16_t)v_offset * 0x10001u);
+    int32_t s0 = 0, s1 = 0, k;
+    for (k = n >> 2; k > 0; k--) {
+        const int8x4_t x = qgru_read_s8x4(v);
+        const int16x2_t x02 = __sxtab16(off, x);
+        const int16x2_t x13 = qgru_sxtab16_ror8(off, x);
+        int8x4_t a = qgru_read_s8x4(w);
+        s0 = __smlad(__sxtb16(a), x02, s0);
+        s0 = __smlad(qgru_sxtb16_ror8(a), x13, s0);
+        a = qgru_read_s8x4(w + row_step);
+        s1 = __smlad(__sxtb16(a), x02, s1);
+        s1 = __smlad(qgru_sxtb16_ror8(a), x13, s1);
+        v += 4;
+        w += 4;
+    }
+    for (k = n & 3; k > 0; k--) {
+        const int32_t x = *v++ + v_offset;
+        s0 += w[0] * x;
+        s1 += w[row_step] * x;
+        w++;
+    }
+    acc[0] = s0;
+    acc[1] = s1;
+}
+"""
+DOT1_DSP = """/* the same for one row (a unit's g row) */
+QGRU_INLINE int32_t PREFIX_dot1_s8_dsp(const int8_t *w, const int8_t *v, int32_t n, int32_t v_offset)
+{
+    const int16x2_t off = (int16x2_t)((uint32_t)(uint16_t)v_offset * 0x10001u);
+    int32_t s0 = 0, k;
+    for (k = n >> 2; k > 0; k--) {
+        const int8x4_t x = qgru_read_s8x4(v);
+        const int8x4_t a = qgru_read_s8x4(w);
+        s0 = __smlad(__sxtb16(a), __sxtab16(off, x), s0);
+        s0 = __smlad(qgru_sxtb16_ror8(a), qgru_sxtab16_ror8(off, x), s0);
+        v += 4;
+        w += 4;
+    }
+    for (k = n & 3; k > 0; k--) {
+        s0 += *w++ * (*v++ + v_offset);
+    }
+    return s0;
+}
+"""
+
+
+def _dsp_rows_source(prefix: str, rows: tuple[int, ...]) -> str:
+    """The int8 SMLAD kernels of the reset-before cell's GEMMs, qgru_dot3_s8_dsp (qgru.h) for two
+    rows and for one (`rows`: those its kernels call), in NAME.c: qgru.h stays as it is."""
+    pad = " " * (len(f"QGRU_INLINE void {prefix}_dot2_s8_dsp(") - 1)
+    text = {2: DOT2_DSP.replace("PREFIX", prefix).replace("PAD", pad), 1: DOT1_DSP.replace("PREFIX", prefix)}
+    return "#if QGRU_DSP\n" + "\n".join(text[r] for r in rows) + "#endif\n"
+
+
 def _lut_source(prefix: str, lut_t: str) -> str:
     return f"""/* intops.lut_eval: the table at u = q_in - qmin_in; shift > 0: linear interpolation between
  * knots every 2^shift inputs (|b - a| < 2^16 and f < 2^6: int32 is enough, c_bounds.py); shift
@@ -133,38 +225,67 @@ def _sat_bits(P: dict, name: str) -> int:
     return bits
 
 
-def _gemm_rescale(f: str, k: str, row: str, n: int, shifts: np.ndarray, tables: set) -> dict:
-    """How channel c of one GEMM is rescaled in this cell: its compensation table if it has one,
-    its shift a literal where every channel's is the same, else the per-channel table with the
-    branch-free right shift where every channel's is at least 1."""
+def _gemm_rescale(f: str, k: str, row: str, n: int, shifts: np.ndarray, tables: set,
+                  comp: bool | None = None) -> dict:
+    """How channel c of one GEMM is rescaled in this cell: its compensation table if it has one
+    (`comp`: whether these channels subtract it; by default, whether the cell has it), its shift a
+    literal where every channel's is the same, else the per-channel table with the branch-free
+    right shift where every channel's is at least 1."""
     lo, hi = int(shifts.min()), int(shifts.max())
     if lo == hi:
         rshift, sh = f"qgru_rshift_round{n}", _literal(lo)
     else:
         rshift = f"qgru_rshift_right{n}" if lo >= 1 else f"qgru_rshift_round{n}"
-        sh = f"{f}_sh_{k}[c]"
-    comp = f" - {f}_{row}[c]" if row in tables else ""
+        sh = f"{f}_sh_{k[0]}[c]"  # k Rg: R's g rows, in R's table
+    comp = f" - {f}_{row}[c]" if (row in tables if comp is None else comp) else ""
     return {f"rshift_{k}": rshift, f"sh_{k}": sh, f"comp_{k}": comp}
+
+
+def step_extra(ty: ModelTypes) -> list[tuple[str, str, str]]:
+    """The step functions' parameters after (x, h, h_new) in a model with a reset-before cell:
+    (C type, name, member of the state). q_rh: rh of every unit between the two passes; q_z_held:
+    z, where some reset-before cell's z_out is wider than q_t (else h_new holds it)."""
+    if not ty.rh_t:
+        return []
+    return [(ty.rh_t, "q_rh", "rh")] + ([(ty.z_t, "q_z_held", "z")] if ty.z_t else [])
 
 
 def _cell_source(qm: QuantModel, l: int, d: int, f: str, prefix: str, ty: ModelTypes, tables: set) -> str:
     """The step function of layer l, direction d (`f`: its tables' prefix; `tables`: the names it
-    has), its scalars literals."""
+    has), its scalars literals: c_runtime/qgru_cell.c.in, or qgru_cell_rb.c.in for a
+    reset-before cell."""
     cq = qm.cells[l][d]
-    P = {n: int(v) for n, v in zip(PARAMS, cq.P)}
+    reset_after = cq.form.reset_after
+    P = {n: int(v) for n, v in zip(cell_params(cq.form), cq.P)}
     rows = {r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)}
     offset = ty.offsets[l][d]
+    H = cq.hidden_size
     subs = {n: _literal(v) for n, v in P.items()}
-    subs.update({f"bits_{n}": str(_sat_bits(P, n)) for n in COMPUTED})
+    subs.update({f"bits_{n}": str(_sat_bits(P, n)) for n in computed(cq.form)})
     subs.update({f"n_{n}": str(b) for n, b in ty.bits.items()})
     subs.update({f"t_{n}": f"int{b}_t" for n, b in ty.bits.items()})
     subs.update(_gemm_rescale(f, "W", "W_sum_mul_x_zp", ty.bits["Wx"], rows["sh_W"], tables))
-    subs.update(_gemm_rescale(f, "R", "R_sum_mul_h_zp", ty.bits["Rh"], rows["sh_R"], tables))
-    subs.update(f=f, p=prefix, layer=l, direction=DIRECTIONS[d], C=cq.qW.shape[1], H=cq.hidden_size,
+    extra = step_extra(ty)
+    subs.update(extra_params="".join(f", {t} *{n}" for t, n, _ in extra), extra_unused="")
+    if reset_after:
+        subs.update(_gemm_rescale(f, "R", "R_sum_mul_h_zp", ty.bits["Rh"], rows["sh_R"], tables))
+        subs.update(extra_unused="".join(f"    (void){n}; /* a reset-before cell's */\n" for _, n, _ in extra))
+    else:  # R's z and r rows multiply h, its g rows rh: each their own shifts and compensation
+        comp = rows["R_sum_mul_h_zp"]
+        has = "R_sum_mul_h_zp" in tables
+        zr, g = slice(0, 2 * H), slice(2 * H, 3 * H)
+        subs.update(_gemm_rescale(f, "R", "R_sum_mul_h_zp", ty.bits["Rh"], rows["sh_R"][zr], tables,
+                                  has and bool(comp[zr].any())))
+        subs.update(_gemm_rescale(f, "Rg", "R_sum_mul_h_zp", ty.bits["Rh"], rows["sh_R"][g], tables,
+                                  has and bool(comp[g].any())))
+        subs.update(rh_t=ty.rh_t, rh_offset=_literal(-P["zp_rh"] if offset else 0),
+                    z_held="q_z_held" if ty.z_t else "h_new", z_t=ty.z_t or ty.q_t)
+    subs.update(f=f, p=prefix, layer=l, direction=DIRECTIONS[d], C=cq.qW.shape[1], H=H,
                 q_t=ty.q_t, acc_W_t=ty.acc("Wx"), acc_R_t=ty.acc("Rh"),
                 x_offset=_literal(-P["zp_x"] if offset else 0),
                 h_offset=_literal(-P["zp_h"] if offset else 0))
-    return Template((RUNTIME / "qgru_cell.c.in").read_text()).substitute(subs)
+    template = "qgru_cell.c.in" if reset_after else "qgru_cell_rb.c.in"
+    return Template((RUNTIME / template).read_text()).substitute(subs)
 
 
 CELLS_COMMENT = """/* The cells, one step function each, their scalars (P) literals that the compiler folds. A
@@ -174,21 +295,46 @@ CELLS_COMMENT = """/* The cells, one step function each, their scalars (P) liter
  * R h, so nothing is buffered but the new state: every unit reads the old h, so h_new [H]
  * collects the new one until the end. */
 """
+CELLS_COMMENT_RESET_BEFORE = """/* {cells}A reset-before cell's step mirrors intops.gru_gates_reset_before and
+ * gru_candidate_reset_before statement by statement. Its g rows of R multiply rh = r * h_old,
+ * which needs every unit's r, so it makes two passes over the units: the first computes z, r and
+ * rh of every unit from their z and r rows of W x and R h (rh into the state's buffer rh, z
+ * held until the second pass), the second the g rows of W x and R rh, the candidate and the new
+ * state. Nothing else is buffered: h_new [H] collects the new state until the end. */
+"""
+CELLS_GENERAL = """The cells, one step function each, their scalars (P) literals that the compiler folds;
+ * each statement computes in the integer type its exported bound needs (int32_t or int64_t:
+ * qtool/numerics/interval.py, docs/embedded.md).
+ * """
 
 
 def _cells_source(qm: QuantModel, prefix: str, ty: ModelTypes, cells: list) -> str:
     """The GEMM kernels, the table lookup and every cell's step function, then the table of
-    them (layer-major) the loops call."""
+    them (layer-major) the loops call. The kernels are those of the model's cell forms."""
     where = [(l, d) for l, row in enumerate(qm.cells) for d in range(len(row))]  # as `cells`
     steps = [_cell_source(qm, l, d, c.p, prefix, ty, {n for _, n, _ in c.tables})
              for (l, d), c in zip(where, cells)]
     q = f"{prefix}_q_t"
+    extra = "".join(f", {t} *" for t, _, _ in step_extra(ty))
     table = (f"/* every cell's step, layer by layer, directions inner */\n"
-             f"static void (*const {prefix}_cell_steps[{len(cells)}])(const {q} *, {q} *, {q} *) = {{\n"
+             f"static void (*const {prefix}_cell_steps[{len(cells)}])(const {q} *, {q} *, {q} *{extra}) = {{\n"
              + ",\n".join(f"    {c.p}_cell_step" for c in cells) + "\n};\n")
-    return "\n".join([_dot3_source(prefix, "Wx", ty.w_t, ty.q_t, ty.acc("Wx"), ty.dsp("Wx")),
-                      _dot3_source(prefix, "Rh", ty.r_t, ty.q_t, ty.acc("Rh"), ty.dsp("Rh")),
-                      _lut_source(prefix, ty.lut_t), CELLS_COMMENT, *steps, table])
+    forms = {cq.form.reset_after for row in qm.cells for cq in row}
+    kernels = []
+    if True in forms:
+        kernels += [_dot3_source(prefix, "Wx", ty.w_t, ty.q_t, ty.acc("Wx"), ty.dsp("Wx")),
+                    _dot3_source(prefix, "Rh", ty.r_t, ty.q_t, ty.acc("Rh"), ty.dsp("Rh"))]
+    comments = [CELLS_COMMENT] if True in forms else []
+    if False in forms:
+        dsp = [ty.dsp("Wx"), ty.dsp("Rh"), ty.dsp("rh")]
+        rows = tuple(r for r, used in ((2, dsp[0] or dsp[1]), (1, dsp[0] or dsp[2])) if used)
+        kernels += [_dsp_rows_source(prefix, rows)] if rows else []
+        kernels += [_dot_rows_source(prefix, "W", 2, ty.w_t, ty.q_t, ty.acc("Wx"), dsp[0]),
+                    _dot_rows_source(prefix, "W", 1, ty.w_t, ty.q_t, ty.acc("Wx"), dsp[0]),
+                    _dot_rows_source(prefix, "R", 2, ty.r_t, ty.q_t, ty.acc("Rh"), dsp[1]),
+                    _dot_rows_source(prefix, "rh", 1, ty.r_t, ty.rh_t, ty.acc("Rh"), dsp[2])]
+        comments.append(CELLS_COMMENT_RESET_BEFORE.format(cells="" if comments else CELLS_GENERAL))
+    return "\n".join([*kernels, _lut_source(prefix, ty.lut_t), "".join(comments), *steps, table])
 
 
 def _provenance(qm: QuantModel) -> str:
@@ -200,9 +346,35 @@ def _provenance(qm: QuantModel) -> str:
         ("generated by", f"qtool {__version__}")))
 
 
+def rb_params_enum() -> str:
+    """The indices of a reset-before cell's P (rescale.RB_*, qtool.core.tensors.PARAMS_RESET_BEFORE),
+    as qgru.h's enum has the haste cell's; guarded, so that the headers of several models go
+    into one translation unit."""
+    names = sorted((v, k) for k, v in vars(rescale).items() if k.startswith("RB_") and isinstance(v, int))
+    assert [v for v, _ in names] == list(range(len(names)))
+    lines, line = [], "   "
+    for _, k in names:
+        if len(line) + len(k) + 8 > 100:
+            lines.append(line)
+            line = "   "
+        line += f" QGRU_{k},"
+    lines.append(line)
+    return ("/* Indices of a reset-before cell's P (qtool/numerics/rescale.py RB_*: RH is Rh, RH_PROD is rh) */\n"
+            "#ifndef QGRU_RB_PARAMS\n#define QGRU_RB_PARAMS\nenum {\n" + "\n".join(lines)
+            + "\n    QGRU_RB_NUM_PARAMS\n};\n#endif\n\n")
+
+
+RB_STRUCT_COMMENT = """ * A reset-before cell (reset_after = 0; the haste cell has 1): R's g rows multiply
+ * rh = r * h_old, so their sh_R and R_sum_mul_h_zp entries are rh's (zp_rh * sum_k qR[c][k]), and
+ * with offset_inputs = 1 that GEMM reads (rh - zp_rh); b_pre holds both biases of every block,
+ * b_Rh_add_br is NULL, and P holds QGRU_RB_NUM_PARAMS scalars in the order of QGRU_RB_*."""
+
+
 def params_h(qm: QuantModel, prefix: str, ty: ModelTypes, decls: list[str]) -> str:
     guard = f"{prefix.upper()}_PARAMS_H"
     n = sum(len(c) for c in qm.cells)
+    rb = bool(ty.rh_t)
+    rb_enum, rb_comment = (rb_params_enum(), "\n" + RB_STRUCT_COMMENT) if rb else ("", "")
     return f"""/*
  * {prefix}: integer GRU parameters, generated by qtool. Do not edit.
 {_provenance(qm)}
@@ -218,18 +390,19 @@ def params_h(qm: QuantModel, prefix: str, ty: ModelTypes, decls: list[str]) -> s
 #include <stddef.h>
 #include "qgru.h"
 
-/* One direction of one layer, for the application: the model's code ({prefix}.c) reads the tables
+{rb_enum}/* One direction of one layer, for the application: the model's code ({prefix}.c) reads the tables
  * by name, with the scalars P and the tables' presence compiled in. Weights unit-major
  * [H][3][C] and [H][3][H]: unit j's z, r and g rows (rows j, H + j, 2H + j of the model's
  * [3H][C]) one after the other, as the GEMMs read them.
  * Zero-point compensation, two exact ways: with offset_inputs = 0, the precomputed tables
  * W_sum_mul_x_zp / R_sum_mul_h_zp (NULL when the zero point is 0) are subtracted from the raw
  * sums; with offset_inputs = 1 there are no tables and the GEMMs read (x - zp_x) and (h - zp_h)
- * instead: sum_k W[c][k] (x[k] - zp_x) = sum_k W[c][k] x[k] - W_sum_mul_x_zp[c], the same integer. */
+ * instead: sum_k W[c][k] (x[k] - zp_x) = sum_k W[c][k] x[k] - W_sum_mul_x_zp[c], the same integer.{rb_comment} */
 typedef struct {{
     int32_t input_size;
     int32_t hidden_size;
     int32_t offset_inputs;
+{"    int32_t reset_after;" + chr(10) if rb else ""}\
     const {ty.w_t} *qW;
     const {ty.r_t} *qR;
     const {ty.b_t} *b_pre;       /* [3H] rshift_round(qbx, sh_bx) (+ rshift_round(qbr, sh_br) for z, r) */
@@ -251,6 +424,18 @@ extern const {prefix}_cell_t {prefix}_cells[{n}];
 
 #endif /* {guard} */
 """
+
+
+def rb_hidden(qm: QuantModel) -> int:
+    """The widest reset-before cell's H: the length of the state's rh (and z) buffer; 0: none."""
+    return max([cq.hidden_size for row in qm.cells for cq in row if not cq.form.reset_after], default=0)
+
+
+def _state_buffers(qm: QuantModel, ty: ModelTypes) -> str:
+    """The state's buffers of a model with a reset-before cell (NAME_state_t's members after h_new)."""
+    what = {"rh": "rh = r * h_old of a reset-before cell's units, its g rows' GEMM input",
+            "z": "z of a reset-before cell's units between its two passes (wider than h_new)"}
+    return "".join(f"    {t} {m}[{rb_hidden(qm)}]; /* {what[m]} */\n" for t, _, m in step_extra(ty))
 
 
 def model_h(qm: QuantModel, prefix: str, ty: ModelTypes, macs: int, ram: int) -> str:
@@ -297,7 +482,7 @@ typedef {ty.q_t} {prefix}_q_t;
 typedef struct {{
     {prefix}_q_t h[{P}_STATE_SIZE];
     {prefix}_q_t h_new[{P}_MAX_HIDDEN];
-}} {prefix}_state_t;
+{_state_buffers(qm, ty)}}} {prefix}_state_t;
 
 /* h = 0 for every layer (q = zp_h). */
 void {prefix}_reset({prefix}_state_t *s);
@@ -371,6 +556,7 @@ def model_c(qm: QuantModel, prefix: str, ty: ModelTypes, cells: list) -> str:
     x_spec, y_spec = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
     qmin, qmax = qrange(x_spec.bits)
     q = f"{prefix}_q_t"
+    extra = "".join(f", s->{m}" for _, _, m in step_extra(ty))
     return f"""/* {prefix}: generated by qtool {__version__}. Do not edit. */
 #include <string.h>
 
@@ -404,7 +590,7 @@ int {prefix}_step({prefix}_state_t *s, const {q} *x_q, {q} *y_q)
         return -1;
     }}
     for (l = 0; l < {P}_NUM_LAYERS; l++) {{
-        {prefix}_cell_steps[l](in, s->h + off, s->h_new);
+        {prefix}_cell_steps[l](in, s->h + off, s->h_new{extra});
         in = s->h + off;
         off += {prefix}_hidden[l];
     }}
@@ -428,7 +614,7 @@ void {prefix}_run_sequence({prefix}_state_t *s, const {q} *x_q, int32_t T, {q} *
             {q} *h = s->h + off + d * H;
             for (t = 0; t < T; t++) {{
                 const int32_t tt = d == 0 ? t : T - 1 - t; /* backward runs reversed */
-                {prefix}_cell_steps[l * {P}_NUM_DIRECTIONS + d](in + tt * C, h, s->h_new);
+                {prefix}_cell_steps[l * {P}_NUM_DIRECTIONS + d](in + tt * C, h, s->h_new{extra});
                 memcpy(out + tt * out_w + d * H, h, sizeof({q}) * (size_t)H);
             }}
         }}

@@ -32,8 +32,9 @@ COMPENSATION = ("table", "offset")
 
 def offset_inputs(spec: dict, compensation: str) -> bool:
     """Whether a cell compensates zero points by offsetting its GEMM inputs: asked for, and
-    needed (a zero point is not 0). The runtime adds the offset as it reads each input."""
-    return compensation == "offset" and (spec["x"].zp != 0 or spec["h"].zp != 0)
+    needed (a zero point is not 0: x's, h's, or a reset-before cell's rh's, the input of R's g
+    rows). The runtime adds the offset as it reads each input."""
+    return compensation == "offset" and any(spec[n].zp != 0 for n in ("x", "h", "rh") if n in spec)
 
 
 @dataclass
@@ -50,14 +51,19 @@ class ModelTypes:
     lut_t: str     # activation tables
     bits: dict     # statement -> 32 or 64 (c_bounds.STATEMENTS)
     offsets: list  # [layer][direction] -> offset inputs
+    rh_t: str = ""  # a reset-before cell's rh = r * h_old (the input of R's g rows); "": no such cell
+    z_t: str = ""   # where a reset-before cell holds z between its two passes, when z_out is wider
+                    # than q_t in some cell (its own buffer); "": in h_new
 
     def acc(self, gemm: str) -> str:
         return f"int{self.bits[gemm]}_t"
 
     def dsp(self, gemm: str) -> bool:
-        """The int8 SMLAD kernel applies: int8 weights and activations, int32 sums."""
+        """The int8 SMLAD kernel applies: int8 weights and activations, int32 sums. `gemm`: Wx,
+        Rh, or rh (a reset-before cell's R_g rh, whose sums are Rh's statement)."""
         w = self.w_t if gemm == "Wx" else self.r_t
-        return w == "int8_t" and self.q_t == "int8_t" and self.bits[gemm] == 32
+        v = self.rh_t if gemm == "rh" else self.q_t
+        return w == "int8_t" and v == "int8_t" and self.bits["Rh" if gemm == "rh" else gemm] == 32
 
 
 def _comp_tables(qm: QuantModel, row: str, offsets) -> list[np.ndarray]:
@@ -72,16 +78,28 @@ def act_type(qm: QuantModel) -> str:
     return "int8_t" if bits <= 8 else "int16_t"
 
 
+def _storage(bits: list[int]) -> str:
+    """int8_t where every width fits, else int16_t; "" for none."""
+    return "" if not bits else "int8_t" if max(bits) <= 8 else "int16_t"
+
+
 def model_types(qm: QuantModel, compensation: str) -> ModelTypes:
     cqs = [cq for cells in qm.cells for cq in cells]
     offsets = [[offset_inputs(cq.spec, compensation) for cq in cells] for cells in qm.cells]
     rows = [{r: cq.CH[i] for i, r in enumerate(CHANNEL_ROWS)} for cq in cqs]
+    q_t = act_type(qm)
+    rb = [cq for cq in cqs if not cq.form.reset_after]
+    z_fits = all(cq.spec["z_out"].bits <= SIZES[q_t] * 8 for cq in rb)
     return ModelTypes(
-        q_t=act_type(qm),
+        q_t=q_t,
         w_t="int8_t" if max(cq.spec["W"].bits for cq in cqs) <= 8 else "int16_t",
         r_t="int8_t" if max(cq.spec["R"].bits for cq in cqs) <= 8 else "int16_t",
-        b_t=int_type([b for r in rows for b in folded_biases(r)], ("int8_t", "int16_t", "int32_t", "int64_t")),
+        b_t=int_type([b for r, cq in zip(rows, cqs)  # a reset-before cell has b_pre only
+                      for b in folded_biases(r, cq.form.reset_after)[:2 if cq.form.reset_after else 1]],
+                     ("int8_t", "int16_t", "int32_t", "int64_t")),
         comp64={k: int_type(_comp_tables(qm, row, offsets), ("int32_t", "int64_t")) == "int64_t"
                 for k, row in (("W", "W_sum_mul_x_zp"), ("R", "R_sum_mul_h_zp"))},
         lut_t=int_type([cq.luts[k] for cq in cqs for k in cq.luts], ("int8_t", "int16_t")),
-        bits=model_bits(qm, offsets), offsets=offsets)
+        bits=model_bits(qm, offsets), offsets=offsets,
+        rh_t=_storage([cq.spec["rh"].bits for cq in rb]),
+        z_t="" if z_fits else _storage([cq.spec["z_out"].bits for cq in rb]))

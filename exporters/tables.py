@@ -11,8 +11,8 @@ import numpy as np
 from qtool import __version__
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import TENSORS
-from qtool.numerics.rescale import CHANNEL_ROWS, PARAMS
+from qtool.core.tensors import cell_params, cell_tensors
+from qtool.numerics.rescale import CHANNEL_ROWS
 
 
 def parameter_tables(qm: QuantModel) -> dict:
@@ -20,19 +20,22 @@ def parameter_tables(qm: QuantModel) -> dict:
     for l, row in enumerate(qm.cells):
         for d, cq in enumerate(row):
             tensors = {}
-            for td in TENSORS:
+            for td in cell_tensors(cq.form):  # a reset-before cell: rh for Rh_add_br and rRh
                 s = cq.spec[td.name]
                 tensors[td.name] = {
                     "bits": s.bits, "symmetric": s.symmetric, "per_channel": td.per_channel,
                     "exp2_inv": np.asarray(s.exp2_inv).tolist(), "zp": s.zp,
                     "range": [np.asarray(s.lo).tolist(), np.asarray(s.hi).tolist()],
                 }
-            cells.append({
+            cell = {
                 "layer": l, "direction": DIRECTIONS[d], "tensors": tensors,
-                "shifts": {n: int(v) for n, v in zip(PARAMS, cq.P)},
+                "shifts": {n: int(v) for n, v in zip(cell_params(cq.form), cq.P)},
                 "per_channel": {n: cq.CH[i].tolist() for i, n in enumerate(CHANNEL_ROWS)},
                 "lut_max_error_lsb": cq.lut_error,
-            })
+            }
+            if not cq.form.haste:  # the settings that differ from the haste cell (CellForm.attrs)
+                cell["form"] = cq.form.attrs()
+            cells.append(cell)
     return {"format": "qtool-params", "version": 1, "qtool_version": __version__,
             "model": qm.model.name, "fingerprint": qm.fingerprint(), "calibration": qm.info,
             "cells": cells}
@@ -57,6 +60,7 @@ def write_h5(qm: QuantModel, path: Path) -> None:
                 tg = g.create_group(f"tensors/{name}")
                 tg.attrs.update(bits=t["bits"], symmetric=t["symmetric"], zp=t["zp"])
                 tg.create_dataset("exp2_inv", data=np.asarray(t["exp2_inv"], np.int32))
+            g.attrs.update(cell.get("form", {}))
             sg = g.create_group("shifts")
             sg.attrs.update(cell["shifts"])
             for name, values in cell["per_channel"].items():

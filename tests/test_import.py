@@ -1,12 +1,10 @@
 """Importers and the float reference against golden outputs of PyTorch, Keras and ONNX Runtime."""
 
-import re
 
 import numpy as np
 import pytest
 from conftest import GOLDEN, has
 
-from qtool.core.model import RESET_BEFORE
 from qtool.errors import QtoolError
 from qtool.importers import import_model
 from qtool.numerics.float_gru import run_float
@@ -65,18 +63,18 @@ def test_keras_stack_built_second_in_its_process_matches_keras(ext):
     check(model, "keras_order")
 
 
-def test_keras_reset_after_false_imports_and_its_integer_form_is_refused():
-    """Keras' reset_after=False GRU (one bias [3H]) imports as the reset-before cell; until that
-    cell has an integer form, calibration refuses it in one line (tests/test_gru_variants.py
-    holds its numbers against Keras)."""
+def test_keras_reset_after_false_imports_as_the_reset_before_cell_and_calibrates():
+    """Keras' reset_after=False GRU (one bias [3H]) imports as the reset-before cell, which
+    calibrates and runs in integers (tests/test_gru_variants.py holds its numbers against Keras,
+    tests/test_gru_forms_trained.py its integer accuracy)."""
     from conftest import calibrated
 
     model = import_model(GOLDEN / "keras_reset_before.keras")
     cell = model.layers[0][0]
     assert not cell.form.reset_after and cell.form.gate == "sigmoid" and cell.form.candidate == "tanh"
     assert not cell.br.any()  # the one bias is bx
-    with pytest.raises(QtoolError, match=re.escape(f"uses {RESET_BEFORE}: its integer form is not built yet")):
-        calibrated(model, np.zeros((2, 3, model.input_size), np.float32))
+    qm = calibrated(model, np.random.RandomState(0).randn(8, 5, model.input_size).astype(np.float32))
+    assert qm.cells[0][0].form == cell.form and "rh" in qm.cells[0][0].spec
 
 
 @pytest.mark.skipif(not has("onnx"), reason="onnx not installed")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qtool.advisor import pzero
-from qtool.advisor.configs import HIGH, LOW, Unit, all_units, bits_config, flash_bytes
+from qtool.advisor.configs import HIGH, LOW, TIED, Unit, all_units, bits_config, flash_bytes, tied
 from qtool.advisor.predict import Prediction, Predictor
 from qtool.advisor.search import Candidate, Evaluator, Search, threshold_rule
 from qtool.advisor.stats import model_stats, new_estimators
@@ -20,7 +20,7 @@ from qtool.calibrators import GATE_OUTPUTS
 from qtool.calibrators.sampled import GAMMA, K
 from qtool.core.model import DIRECTIONS, GruModel
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import TENSORS, TensorConfig, bits_toml
+from qtool.core.tensors import TensorConfig, bits_toml, cell_tensors
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
 from qtool.simulation.run import simulate, tensor_key
@@ -83,17 +83,21 @@ def tensor_rows(stats, pred: Prediction, measured: dict, qm: QuantModel, choice:
         plan = choice.plan.for_layer(l)
         for d, cq in enumerate(cells):
             st = stats[l][d]
-            for td in TENSORS:
+            for td in cell_tensors(cq.form):
                 name, s = td.name, st[td.name]
                 m = measured["tensors"].get(tensor_key(l, d, name), {}).get("snr_db")
                 method = None if td.kind != "activation" else plan.method(name)
+                if name in GATE_OUTPUTS:
+                    method = "minmax"
+                if tied(cq.form) and name in TIED:  # on the grid of the tensor it is tied to
+                    method = plan.method(TIED[name])
                 rows.append({
                     "layer": l, "direction": DIRECTIONS[d], "tensor": name, "mu": s.mu, "sigma": s.sigma,
                     "M": s.M, "p_zero_8": pzero.p_zero(s, LOW), "p_zero_16": pzero.p_zero(s, HIGH),
                     "predicted_seed_db": pred.pzero_db.get((l, d, name)),
                     "predicted_grid_db": pred.grid_db.get((l, d, name)),
                     "measured_snr_db": m, "bits": cq.spec[name].bits,
-                    "method": method if name not in GATE_OUTPUTS else "minmax"})
+                    "method": method})
     return rows
 
 
@@ -131,7 +135,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
         presets = measured_presets(int8=search.low, w8a16=search.w8a16, int16=search.high)
     else:
         mode = "rule"
-        promoted = threshold_rule(stats, threshold_db)
+        promoted = threshold_rule(stats, threshold_db, model)
         if eval_data is not None:
             chosen = ev(promoted)
             presets = measured_presets(int8=ev(frozenset()), int16=ev(frozenset(all_units(model))))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qtool.advisor import pzero
-from qtool.advisor.configs import HIGH, LOW, all_units, bits_config, flash_bytes, unit_key
+from qtool.advisor.configs import HIGH, LOW, TIED, all_units, bits_config, flash_bytes, unit_key
 from qtool.advisor.search import WEIGHTS, UnitSearch, unit_snr
 from qtool.advisor.stats import model_stats, new_estimators
 from qtool.calibration.observe import model_config, observe_batch
@@ -89,8 +89,10 @@ class Space:
     grus: list[Node]
 
     def config(self, promoted: frozenset) -> BitsConfig:
-        """int8 everywhere, 16 bits on the promoted units."""
-        gru = bits_config(None, frozenset(u for u in promoted if not isinstance(u[0], str)))
+        """int8 everywhere, 16 bits on the promoted units (a GRU layer whose g_out is no unit, tied
+        to g_pre in every GRU, takes g_pre's bits there)."""
+        tied_at = frozenset(l for l, n in self.units if n == TIED["g_out"] and (l, "g_out") not in self.units)
+        gru = bits_config(None, frozenset(u for u in promoted if not isinstance(u[0], str)), tied_at)
         graph: dict[str, dict] = {}
         for name, kind in sorted(u for u in promoted if isinstance(u[0], str)):
             graph.setdefault(name, {})[kind] = HIGH
@@ -133,7 +135,7 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
         obs = new_estimators(m, seed, gamma, repeats)
         for _, x in SequenceData(prep.values[node.inputs[0]][:rows], False, node.name).chunks(chunk):
             observe_batch(m, x, obs)
-        for u, db in unit_snr(model_stats(m, obs, seed, gamma, repeats)).items():
+        for u, db in unit_snr(model_stats(m, obs, seed, gamma, repeats), m).items():
             low(u, db)
     for e in g.inputs:
         edge_unit.setdefault(e, (e, "activation"))

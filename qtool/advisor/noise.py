@@ -14,11 +14,21 @@ outliers at the absmax M carrying the energy the bulk does not explain:
 
 Errors then propagate to first order with independent errors (their powers add):
 `W x` gets `sum_k dW^2 * E[x^2] + sum_k W^2 * N_x` per gate block (the weights' error is
-exact); products `a * b` get `E[a^2] N_b + E[b^2] N_a`; sigmoid and tanh scale by
-`E[f'(v)^2]` over the pre-activation's bulk (Gauss-Hermite); clipping a LUT input beyond the
-saturation bound costs nothing downstream. h starts exact (h0 = 0) and its error is iterated
-over the T time steps, feeding R h and z * h; each tensor's prediction averages the steps.
-The SNR is `10 log10(E[t^2] / N_t)`, E[t^2] the exact mean square over all values.
+exact); products `a * b` get `E[a^2] N_b + E[b^2] N_a`; the activations scale by
+`E[f'(v)^2]` over the pre-activation's bulk N(mu, sigma): sigmoid and tanh by Gauss-Hermite,
+hard_sigmoid by alpha^2 P(v in its linear part), relu by P(v > 0), linear by 1; clipping a LUT
+input beyond the saturation bound costs nothing downstream. h starts exact (h0 = 0) and its
+error is iterated over the T time steps, feeding R h and z * h; each tensor's prediction
+averages the steps. The SNR is `10 log10(E[t^2] / N_t)`, E[t^2] the exact mean square over all values.
+
+Each cell follows its form (qtool.core.model.CellForm). A reset-before cell has no Rh_add_br or
+rRh: `rh = r * h_old` is a product (its own rounding on rh's grid), Rh's g block is `R_g rh`
+(`dR_g^2 E[rh^2] + R_g^2 N_rh` and its rounding from rh's exponent) and g_pre adds Wx_g, that
+block and both biases. A hard_sigmoid gate's outputs 0 and 1 are exact table entries: its own
+error is the rounding of the linear part alone. A relu or linear candidate's g_out shares g_pre's
+grid (its table is the identity): no error of its own, and the clipping on the way to g_pre
+(Wx's, Rh's and g_pre's above its range; all of g_pre's for linear) travels on, since neither
+saturates.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from qtool.calibrators.histogram import HistogramObserver
 from qtool.calibrators.mse import grid_error
 from qtool.calibrators.sampled import BulkStats
 from qtool.core.qmodel import CellQuant
+from qtool.numerics.lut import cell_gates
 from qtool.numerics.qparams import dequantize, grid_range, qrange
 
 GATES = ("z", "r", "g")
@@ -105,11 +116,61 @@ def mean_square_slope(func: str, s: BulkStats) -> float:
     """E[f'(v)^2] for v ~ N(mu, sigma): how sigmoid/tanh scale an input error's power."""
     v = s.mu + s.sigma * _NODES
     if func == "sigmoid":
-        y = 1.0 / (1.0 + np.exp(-v))
+        with np.errstate(over="ignore"):  # exp(-v) overflows to inf for v << 0: sigmoid is 0 there
+            y = 1.0 / (1.0 + np.exp(-v))
         d = y * (1.0 - y)
     else:
         d = 1.0 - np.tanh(v) ** 2
     return float(_WEIGHTS @ (d * d))
+
+
+def _mass(s: BulkStats, a: float, b: float) -> float:
+    """P(a < v < b) for v ~ N(mu, sigma) (a point mass at mu for sigma 0)."""
+    if s.sigma <= 0.0:
+        return 1.0 if a < s.mu < b else 0.0
+    return _cdf((b - s.mu) / s.sigma) - _cdf((a - s.mu) / s.sigma)
+
+
+def hard_sigmoid_params(func: str) -> tuple[float, float]:
+    """(alpha, beta) of a table function named `hard_sigmoid:A:B` (qtool.numerics.lut)."""
+    alpha, beta = (float(v) for v in func.split(":")[1:])
+    return alpha, beta
+
+
+def _linear_part(func: str) -> tuple[float, float, float]:
+    """alpha and the pre-activations (lo, hi) between which hard_sigmoid is alpha v + beta."""
+    alpha, beta = hard_sigmoid_params(func)
+    return alpha, -beta / alpha, (1.0 - beta) / alpha
+
+
+def activation_slope(func: str, s: BulkStats) -> float:
+    """E[f'(v)^2] for v ~ N(mu, sigma), f a table function by name (qtool.numerics.lut.function):
+    how the activation scales an input error's power."""
+    if func in ("sigmoid", "tanh"):
+        return mean_square_slope(func, s)
+    if func == "linear":
+        return 1.0
+    if func == "relu":
+        return _mass(s, 0.0, math.inf)
+    if func.startswith("hard_sigmoid:"):
+        alpha, lo, hi = _linear_part(func)
+        return alpha * alpha * _mass(s, lo, hi)
+    raise ValueError(f"no slope for the activation {func!r}")
+
+
+def hard_gate_error(func: str, pre: BulkStats, out_stats: BulkStats, t) -> float:
+    """A hard_sigmoid gate's own error on its output grid `t`: the outputs 0 and 1 (pre-activations
+    beyond the linear part, by the pre-activation's bulk; each only where the output reached it)
+    are single values, their error exact; the linear part rounds uniformly, s^2 / 12."""
+    _, lo, hi = _linear_part(func)
+    s = _step(t)
+    L, H = grid_range(int(t.exp2_inv), int(t.zp), t.bits)
+    p0 = _mass(pre, -math.inf, lo) if out_stats.lo <= 0.0 else 0.0
+    p1 = _mass(pre, hi, math.inf) if out_stats.hi >= 1.0 else 0.0
+    err = 0.0
+    for y, p in ((0.0, p0), (1.0, p1)):
+        err += p * (y - min(max(math.floor(y / s + 0.5) * s, L), H)) ** 2
+    return err + max(1.0 - p0 - p1, 0.0) * s * s / 12.0
 
 
 def _step(t) -> float:
@@ -148,7 +209,29 @@ def grid_error_of(t, s: BulkStats, o: Observer | None = None) -> tuple[float, fl
     return _gaussian(s, e, zp, t.bits)
 
 
-OwnError = Callable[[str, object], tuple[float, float]]  # (tensor name, its TensorQ) -> (rounding, clipping)
+def clip_above_of(t, s: BulkStats, o: Observer | None = None) -> float:
+    """The part of `grid_error_of`'s clipping above the grid's top: values beyond H."""
+    _, H = grid_range(int(t.exp2_inv), int(t.zp), t.bits)
+    if isinstance(o, HistogramObserver) and not o.empty:
+        h = o.hist
+        counts = h.counts.astype(np.float64)
+        a = (h.start + np.arange(counts.size)) * 2.0**h.w
+        b = a + 2.0**h.w
+        beyond = (np.clip(b - H, 0, None) ** 3 - np.clip(a - H, 0, None) ** 3) / 3.0
+        return float(counts @ (beyond / (b - a))) / counts.sum()
+    if s.sigma <= 0.0:
+        x = min(max(s.mu, s.lo), s.hi)
+        return (x - H) ** 2 if x > H else 0.0
+    lo, hi = max(s.lo, s.mu - 12.0 * s.sigma), min(s.hi, s.mu + 12.0 * s.sigma)
+    mass = _cdf((hi - s.mu) / s.sigma) - _cdf((lo - s.mu) / s.sigma)
+    if mass <= 0.0 or hi <= max(H, lo):
+        return 0.0
+    return _partial(max(H, lo), hi, H, s.mu, s.sigma) / mass
+
+
+# (tensor name, its TensorQ) -> (rounding, clipping); with above=True, the clipping above the
+# grid's top alone (a float)
+OwnError = Callable[..., tuple[float, float]]
 
 
 def _rescale(out, *terms) -> float:
@@ -186,7 +269,11 @@ def predict_cell(cq: CellQuant, w: WeightTerms, r: WeightTerms, st: dict[str, Bu
                  n_x: float | None, steps: int, grid: OwnError) -> dict[str, tuple[float, float]]:
     """(signal power, predicted error power) of every traced tensor of one cell, averaged over
     `steps` time steps, given the error power `n_x` of its input (None: the input is the
-    model's, quantized on x's grid). `grid(name, t)` is a tensor's own error on its grid."""
+    model's, quantized on x's grid). `grid(name, t)` is a tensor's own error on its grid. The
+    cell's form (`cq.form`) sets the propagation (the module's docstring)."""
+    form = cq.form
+    reset_after = form.reset_after
+    saturates = form.candidate == "tanh"  # relu and linear: g_out is g_pre's grid, nothing saturates
     sp = cq.spec
     P = {k: v.mean_square for k, v in st.items()}
     n_x_clip = 0.0
@@ -195,22 +282,43 @@ def predict_cell(cq: CellQuant, w: WeightTerms, r: WeightTerms, st: dict[str, Bu
     terms = {"Wx": (sp["W"].exp2_inv + int(sp["x"].exp2_inv),),
              "Rh": (sp["R"].exp2_inv + int(sp["h"].exp2_inv),),
              "z_pre": (sp["Wx"].exp2_inv, sp["Rh"].exp2_inv, sp["bx"].exp2_inv, sp["br"].exp2_inv),
-             "r_pre": (sp["Wx"].exp2_inv, sp["Rh"].exp2_inv, sp["bx"].exp2_inv, sp["br"].exp2_inv),
-             "g_pre": (sp["Wx"].exp2_inv, sp["rRh"].exp2_inv, sp["bx"].exp2_inv),
-             "Rh_add_br": (sp["Rh"].exp2_inv, sp["br"].exp2_inv),
-             "rRh": (int(sp["r_out"].exp2_inv) + int(sp["Rh_add_br"].exp2_inv),),
-             "old_contrib": (int(sp["z_out"].exp2_inv) + int(sp["h"].exp2_inv),),
-             "new_contrib": (int(sp["z_out"].exp2_inv) + int(sp["g_out"].exp2_inv),),
-             "h": (sp["old_contrib"].exp2_inv, sp["new_contrib"].exp2_inv)}
+             "r_pre": (sp["Wx"].exp2_inv, sp["Rh"].exp2_inv, sp["bx"].exp2_inv, sp["br"].exp2_inv)}
+    if reset_after:
+        terms.update({"g_pre": (sp["Wx"].exp2_inv, sp["rRh"].exp2_inv, sp["bx"].exp2_inv),
+                      "Rh_add_br": (sp["Rh"].exp2_inv, sp["br"].exp2_inv),
+                      "rRh": (int(sp["r_out"].exp2_inv) + int(sp["Rh_add_br"].exp2_inv),)})
+    else:
+        terms.update({"g_pre": (sp["Wx"].exp2_inv, sp["Rh"].exp2_inv, sp["bx"].exp2_inv, sp["br"].exp2_inv),
+                      "rh": (int(sp["r_out"].exp2_inv) + int(sp["h"].exp2_inv),)})
+    terms.update({"old_contrib": (int(sp["z_out"].exp2_inv) + int(sp["h"].exp2_inv),),
+                  "new_contrib": (int(sp["z_out"].exp2_inv) + int(sp["g_out"].exp2_inv),),
+                  "h": (sp["old_contrib"].exp2_inv, sp["new_contrib"].exp2_inv)})
     rnd = {name: _rescale(sp[name], *exps) for name, exps in terms.items()}
+    if not reset_after:  # Rh per gate block: R's g rows multiply rh, on rh's grid
+        e_R = np.asarray(sp["R"].exp2_inv, np.int64)
+        H = e_R.size // 3
+        rnd_Rh = np.array([_rescale(sp["Rh"], e_R[k * H:(k + 1) * H] + int(sp[src].exp2_inv))
+                           for k, src in enumerate(("h", "h", "rh"))])
     # Clipping is counted in each tensor's own SNR. A value clipped on the grid of the input,
     # of a LUT input or of a tensor that only feeds one (Wx, Rh, Rh_add_br, rRh) is far out
-    # where sigmoid and tanh are flat, so that error does not travel on; every other error does.
+    # where sigmoid and tanh are flat, so that error does not travel on; every other error does
+    # (rh's too: R_g's GEMM reads it). A relu or linear candidate does not saturate: the clipping
+    # on g's way travels to g_out.
     clip = {name: grid(name, sp[name])[1] for name in terms}
+    funcs = dict(zip(GATES, (f for _, f, _, _ in cell_gates(form))))
     for g in GATES:
         out = sp[f"{g}_out"]
-        rnd[f"{g}_out"] = sum(grid(f"{g}_out", out)) + _lut(cq, f"lut_{g}", out)
-    slope = {g: mean_square_slope("tanh" if g == "g" else "sigmoid", st[f"{g}_pre"]) for g in GATES}
+        if g == "g" and not saturates:  # the identity table on g_pre's grid: exact
+            own = 0.0
+        elif funcs[g].startswith("hard_sigmoid:"):
+            own = hard_gate_error(funcs[g], st[f"{g}_pre"], st[f"{g}_out"], out)
+        else:
+            own = sum(grid(f"{g}_out", out))
+        rnd[f"{g}_out"] = own + _lut(cq, f"lut_{g}", out)
+    slope = {g: activation_slope(funcs[g], st[f"{g}_pre"]) for g in GATES}
+    g_clip_out = 0.0  # g_pre's clipping that reaches g_out as it is (relu: above; linear: all)
+    if not saturates:
+        g_clip_out = grid("g_pre", sp["g_pre"], above=True) if form.candidate == "relu" else clip["g_pre"]
     p_1mz = 1.0 - 2.0 * st["z_out"].mean + P["z_out"]
     p_h_minus_g = max(P["h"] + P["g_out"] - 2.0 * st["h"].mean * st["g_out"].mean, 0.0)
     total: dict[str, float] = {}
@@ -219,18 +327,32 @@ def predict_cell(cq: CellQuant, w: WeightTerms, r: WeightTerms, st: dict[str, Bu
         N = {"x": n_x + n_x_clip}
         wx = w.err2 * P["x"] + w.sq * n_x + rnd["Wx"]  # per gate block, what travels on
         wx_clip = w.sq * n_x_clip + clip["Wx"]  # and what stays
-        rh = r.err2 * P["h"] + r.sq * n_h + rnd["Rh"]
-        N["Wx"], N["Rh"] = float(np.mean(wx + wx_clip)), float(np.mean(rh)) + clip["Rh"]
-        rab = rh[2] + rnd["Rh_add_br"]
-        N["Rh_add_br"] = rab + clip["Rh_add_br"]
         into = {}
+        if reset_after:
+            rh = r.err2 * P["h"] + r.sq * n_h + rnd["Rh"]
+            N["Wx"], N["Rh"] = float(np.mean(wx + wx_clip)), float(np.mean(rh)) + clip["Rh"]
+            rab = rh[2] + rnd["Rh_add_br"]
+            N["Rh_add_br"] = rab + clip["Rh_add_br"]
+        else:
+            rh = r.err2 * np.array([P["h"], P["h"], 0.0]) + r.sq * n_h + rnd_Rh  # the z and r blocks
         for k, g in enumerate(GATES[:2]):
             into[g] = wx[k] + rh[k] + rnd[f"{g}_pre"]
             N[f"{g}_out"] = slope[g] * into[g] + rnd[f"{g}_out"]
-        rrh = P["r_out"] * rab + P["Rh_add_br"] * N["r_out"] + rnd["rRh"]
-        N["rRh"] = rrh + clip["rRh"]
-        into["g"] = wx[2] + rrh + rnd["g_pre"]
-        N["g_out"] = slope["g"] * into["g"] + rnd["g_out"]
+        if reset_after:
+            rrh = P["r_out"] * rab + P["Rh_add_br"] * N["r_out"] + rnd["rRh"]
+            N["rRh"] = rrh + clip["rRh"]
+            into["g"] = wx[2] + rrh + rnd["g_pre"]
+            on_way = clip["Rh"] + clip["Rh_add_br"] + clip["rRh"]
+        else:
+            N["rh"] = P["r_out"] * n_h + P["h"] * N["r_out"] + rnd["rh"] + clip["rh"]
+            rh[2] = r.err2[2] * P["rh"] + r.sq[2] * N["rh"] + rnd_Rh[2]  # R_g rh
+            N["Wx"], N["Rh"] = float(np.mean(wx + wx_clip)), float(np.mean(rh)) + clip["Rh"]
+            into["g"] = wx[2] + rh[2] + rnd["g_pre"]
+            on_way = clip["Rh"]
+        if saturates:
+            N["g_out"] = slope["g"] * into["g"] + rnd["g_out"]
+        else:
+            N["g_out"] = slope["g"] * (into["g"] + wx_clip[2] + on_way) + g_clip_out + rnd["g_out"]
         for k, g in enumerate(GATES):
             N[f"{g}_pre"] = into[g] + wx_clip[k] + clip[f"{g}_pre"]
         N["old_contrib"] = P["z_out"] * n_h + P["h"] * N["z_out"] + rnd["old_contrib"] + clip["old_contrib"]

@@ -7,12 +7,12 @@ import math
 from dataclasses import dataclass
 
 from qtool.advisor import pzero
-from qtool.advisor.noise import WeightTerms, grid_error_of, predict_cell, snr_db
+from qtool.advisor.noise import WeightTerms, clip_above_of, grid_error_of, predict_cell, snr_db
 from qtool.advisor.stats import Stats
 from qtool.calibration.observe import Observers
-from qtool.core.model import GruModel
+from qtool.core.model import HASTE, CellForm, GruModel
 from qtool.core.qmodel import CellQuant
-from qtool.core.tensors import NAMES
+from qtool.core.tensors import cell_names
 
 
 @dataclass
@@ -25,10 +25,10 @@ class Prediction:
     output_db: float
 
 
-def pzero_cell(stats: dict, spec: dict) -> dict[str, float]:
-    """The P_zero prediction's SNR of every tensor of one cell at the cell's bits."""
+def pzero_cell(stats: dict, spec: dict, form: CellForm = HASTE) -> dict[str, float]:
+    """The P_zero prediction's SNR of every tensor of one cell (of this form) at the cell's bits."""
     bits = {n: t.bits for n, t in spec.items()}
-    return {n: pzero.tensor_snr_db(stats, bits, n) for n in NAMES if n in stats}
+    return {n: pzero.tensor_snr_db(stats, bits, n, form) for n in cell_names(form) if n in stats}
 
 
 class Predictor:
@@ -43,13 +43,14 @@ class Predictor:
 
     def _own_error(self, l: int, d: int):
         """A cell's tensors' own errors on their grids (calibration histograms where given)."""
-        def own(name: str, t) -> tuple[float, float]:
-            key = (l, d, name, t.bits, int(t.exp2_inv), int(t.zp))
+        def own(name: str, t, above: bool = False):
+            key = (l, d, name, t.bits, int(t.exp2_inv), int(t.zp)) + (("above",) if above else ())
             if key not in self._own:
                 o = None
                 if self.hists is not None:
                     o = self.hists[l][0 if name == "x" else d][name]
-                self._own[key] = grid_error_of(t, self.stats[l][d][name], o)
+                error = clip_above_of if above else grid_error_of
+                self._own[key] = error(t, self.stats[l][d][name], o)
             return self._own[key]
         return own
 
@@ -88,5 +89,5 @@ class Predictor:
     def predict(self, cells: list[list[CellQuant]]) -> Prediction:
         grid, out = self.grid(cells)
         pzero_db = {(l, d, n): v for l, row in enumerate(cells) for d, cq in enumerate(row)
-                   for n, v in pzero_cell(self.stats[l][d], cq.spec).items()}
+                   for n, v in pzero_cell(self.stats[l][d], cq.spec, cq.form).items()}
         return Prediction(pzero_db, grid, out)

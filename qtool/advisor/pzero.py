@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from qtool.calibrators.sampled import BulkStats
+from qtool.core.model import HASTE, CellForm
 
 # The products of the GRU cell: output tensor -> its two operands. "one_minus_z" is (1 - z),
 # computed on z_out's grid.
@@ -27,6 +28,16 @@ PRODUCTS = {
     "new_contrib": ("one_minus_z", "g_out"),
 }
 OPERAND_BITS = {"one_minus_z": "z_out"}  # whose bits an operand takes
+# A reset-before cell's products: rh = r * h_old, and R's g rows multiply rh (Rh is then both
+# R h and R rh); no Rh_add_br or rRh.
+PRODUCTS_RESET_BEFORE = (("Wx", ("W", "x")), ("Rh", ("R", "h")), ("Rh", ("R", "rh")), ("rh", ("r_out", "h")),
+                         ("old_contrib", ("z_out", "h")), ("new_contrib", ("one_minus_z", "g_out")))
+
+
+def products(form: CellForm = HASTE) -> tuple[tuple[str, tuple[str, str]], ...]:
+    """The products of a cell of this form: (output tensor, its two operands), a tensor once per
+    product it is the output of."""
+    return tuple(PRODUCTS.items()) if form.reset_after else PRODUCTS_RESET_BEFORE
 
 
 def delta(M: float, bits: int) -> float:
@@ -58,10 +69,17 @@ def operand_stats(stats: dict[str, BulkStats], name: str) -> BulkStats:
     return one_minus(stats["z_out"]) if name == "one_minus_z" else stats[name]
 
 
-def tensor_snr_db(stats: dict[str, BulkStats], bits: dict[str, int], name: str) -> float:
+def product_snr_db(stats: dict[str, BulkStats], bits: dict[str, int], operands: tuple[str, str]) -> float:
+    return snr_db(*(p_zero(operand_stats(stats, n), bits[OPERAND_BITS.get(n, n)]) for n in operands))
+
+
+def tensor_snr_db(stats: dict[str, BulkStats], bits: dict[str, int], name: str, form: CellForm = HASTE) -> float:
     """The P_zero prediction's SNR of one tensor of a cell: the product formula for the outputs
-    of products, the one-vector formula for every other tensor."""
-    if name in PRODUCTS:
+    of products (the lowest, for a tensor of two), the one-vector formula for every other tensor."""
+    if form.reset_after and name in PRODUCTS:
         a, b = PRODUCTS[name]
         return snr_db(*(p_zero(operand_stats(stats, n), bits[OPERAND_BITS.get(n, n)]) for n in (a, b)))
+    pairs = [ops for t, ops in products(form) if t == name]
+    if pairs:
+        return min(product_snr_db(stats, bits, ops) for ops in pairs)
     return snr_db(p_zero(stats[name], bits[name]))

@@ -29,6 +29,7 @@ from qtool.advisor.configs import (
     all_units,
     bits_config,
     flash_bytes,
+    layer_form,
     lut_bits_config,
     mixed_cells,
     unit_key,
@@ -37,16 +38,25 @@ from qtool.advisor.configs import (
 from qtool.advisor.predict import Predictor
 from qtool.advisor.stats import Stats
 from qtool.calibration.auto import AutoCalibrator, AutoChoice
+from qtool.core.model import HASTE, CellForm, GruModel
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import ACTIVATIONS
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
+from qtool.numerics.float_gru import traced
 from qtool.simulation.run import Simulation, float_output
 
 WEIGHTS = ("W", "R", "weight")  # the units w8a16 keeps at 8 bits (a GRU's, a layer's)
 FLOAT_CACHE = 256 << 20  # keep the float outputs of the evaluation data up to this size
 # Tensors that are no operand of a product: the threshold rule's one-vector form decides them.
 SINGLE = tuple(n for n in ACTIVATIONS if not any(n in ops for ops in pzero.PRODUCTS.values()))
+
+
+def single(form: CellForm = HASTE) -> tuple[str, ...]:
+    """SINGLE for a cell of this form (its traced tensors that are no operand of its products)."""
+    if form.reset_after:
+        return SINGLE
+    return tuple(n for n in traced(form) if not any(n in ops for _, ops in pzero.products(form)))
 
 
 @dataclass
@@ -97,30 +107,32 @@ class Evaluator:
         return flash_bytes(qm)
 
 
-def unit_snr(stats: Stats) -> dict[Unit, float]:
+def unit_snr(stats: Stats, model: GruModel | None = None) -> dict[Unit, float]:
     """Per unit, the lowest P_zero SNR (dB) at 8 bits of what it takes part in: each product
-    whose operand it is (the product form), and each tensor that is no operand (one-vector form)."""
+    whose operand it is (the product form), and each tensor that is no operand (one-vector form).
+    The products and tensors are those of each layer's cell form (`model`; None: haste cells)."""
     out: dict[Unit, float] = {}
 
     def low(u: Unit | None, db: float) -> None:
         if u is not None:
             out[u] = min(out.get(u, np.inf), db)
     for l, row in enumerate(stats):
+        form = HASTE if model is None else layer_form(model, l)
         for st in row:
-            for operands in pzero.PRODUCTS.values():
+            for _, operands in pzero.products(form):
                 db = pzero.snr_db(*(pzero.p_zero(pzero.operand_stats(st, n), LOW) for n in operands))
                 for n in operands:
-                    low(unit_of(l, pzero.OPERAND_BITS.get(n, n)), db)
-            for n in SINGLE:
-                low(unit_of(l, n), pzero.snr_db(pzero.p_zero(st[n], LOW)))
+                    low(unit_of(l, pzero.OPERAND_BITS.get(n, n), form), db)
+            for n in single(form):
+                low(unit_of(l, n, form), pzero.snr_db(pzero.p_zero(st[n], LOW)))
     return out
 
 
-def threshold_rule(stats: Stats, threshold_db: float) -> frozenset[Unit]:
+def threshold_rule(stats: Stats, threshold_db: float, model: GruModel | None = None) -> frozenset[Unit]:
     """The threshold rule (docs/advisor.md): a product whose predicted int8 SNR is at most T dB
     gets both its operands at 16 bits; every other tensor whose one-vector SNR at 8 bits is at
-    most T too."""
-    return frozenset(u for u, db in unit_snr(stats).items() if db <= threshold_db)
+    most T too (`model`: its cells' forms; None: haste cells)."""
+    return frozenset(u for u, db in unit_snr(stats, model).items() if db <= threshold_db)
 
 
 class UnitSearch(ABC):

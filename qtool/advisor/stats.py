@@ -1,21 +1,21 @@
 """The precision estimator (docs/advisor.md) on every tensor of the tensor table: observers for
-the traced tensors (fed by calibration's float pass) and the same estimator run once over the
-weights."""
+the traced tensors of each cell's form (fed by calibration's float pass) and the same estimator
+run once over the weights."""
 
 from __future__ import annotations
 
 from qtool.calibration.observe import Observers
 from qtool.calibrators.sampled import GAMMA, BulkStats, K, SampledStatsObserver, observer_seed
 from qtool.core.model import GruModel
-from qtool.numerics.float_gru import TRACED
+from qtool.numerics.float_gru import traced
 
 Stats = list[list[dict[str, BulkStats]]]  # stats[l][d][tensor]
 
 
 def new_estimators(model: GruModel, seed: int = 0, gamma: float = GAMMA, k: int = K) -> Observers:
     """One estimator per traced tensor of every cell, each with its own random stream."""
-    return [[{n: SampledStatsObserver(gamma, k, observer_seed(seed, f"{l}.{d}.{n}")) for n in TRACED}
-             for d in range(len(cells))] for l, cells in enumerate(model.layers)]
+    return [[{n: SampledStatsObserver(gamma, k, observer_seed(seed, f"{l}.{d}.{n}")) for n in traced(cell.form)}
+             for d, cell in enumerate(cells)] for l, cells in enumerate(model.layers)]
 
 
 def model_stats(model: GruModel, obs: Observers, seed: int = 0, gamma: float = GAMMA, k: int = K) -> Stats:

@@ -45,8 +45,8 @@ def tensor_key(l: int, d: int, name: str) -> str:
 
 @dataclass(frozen=True)
 class CellForm:
-    """What a cell computes (docs/numerics.md, "Float GRU"). The default is the haste/PyTorch
-    form, the only one with an integer form so far:
+    """What a cell computes (docs/numerics.md, "Float GRU"); every form has its integer cell
+    (docs/numerics.md, "Integer cell"). The default is the haste/PyTorch form:
 
         reset_after True:   g = candidate(Wx_g + r * (R_g h + br_g) + bx_g)   (haste, PyTorch,
                             Keras reset_after=True, ONNX linear_before_reset=1)
@@ -187,18 +187,6 @@ class GruModel:
     def haste(self) -> bool:
         """Every cell is the haste form (the one the integer path computes so far)."""
         return all(c.form.haste for cells in self.layers for c in cells)
-
-
-def require_haste(model: GruModel, what: str) -> None:
-    """The check in front of an integer path that computes the haste cell only so far (`what`
-    names it): a model with another cell is refused in one line rather than computed as if it
-    were haste."""
-    for l, cells in enumerate(model.layers):
-        for d, cell in enumerate(cells):
-            if not cell.form.haste:
-                where = f" (layer {l}, {DIRECTIONS[d]})" if model.num_layers > 1 or d else ""
-                raise QtoolError(f"GRU '{model.name}'{where} uses {cell.form.describe()}: {what} computes the "
-                                 "haste form only so far (calibrate, simulate and verify on the CPU take it)")
 
 
 def write_model(f: h5py.File, model: GruModel) -> None:

@@ -5,16 +5,21 @@ device functions), so the two engines cannot drift apart.
 
 - `wx_kernel`: Wx for all time steps at once, with zero-point compensation and the rescale fused
   into the epilogue (one thread per output element); `fwx_kernel` the float W x;
-- `step_kernel`: one launch per time step; a block holds one sequence's h (integer and float) in
-  shared memory, each thread computes its hidden unit's three R h sums and both cells, and adds
-  every tensor's distance terms to its own slot of a statistics array (no atomics); the output's
-  per-step terms are summed in the block and added to the step's row atomically;
+- `step_kernel`: one launch per time step of a reset-after cell (haste's, or with other
+  activations: its float reference is the form's); a block holds one sequence's h (integer and
+  float) in shared memory, each thread computes its hidden unit's three R h sums and both cells,
+  and adds every tensor's distance terms to its own slot of a statistics array (no atomics); the
+  output's per-step terms are summed in the block and added to the step's row atomically;
+- `step_kernel_rb`: the same for a reset-before cell, whose g rows of R multiply rh = r * h_old
+  of every unit: one block per sequence, its threads striding over the units, computes every
+  unit's gates and rh into shared memory, then (after a barrier) every unit's R_g rh and candidate;
 - `reduce_kernel`: the per-thread slots summed on the device; a few numbers per layer direction
   and chunk come back to the host.
 
-Integer GEMM sums use the exact arithmetic type chosen by `engine_cpu.gemm_dtype` (float32 where
-a static bound proves it exact). Device buffers are allocated once per direction and batch;
-nothing is copied per time step.
+Every cell form (qtool.core.model.CellForm) runs, with the CPU engine's per-form buffer rows and
+measured tensors (qtool.engine.layout.cell_layout). Integer GEMM sums use the exact arithmetic
+type chosen by `engine_cpu.gemm_dtype` (float32 where a static bound proves it exact). Device
+buffers are allocated once per direction and batch; nothing is copied per time step.
 """
 
 from __future__ import annotations
@@ -24,8 +29,15 @@ import math
 import numpy as np
 from numba import config, cuda
 
-from qtool.core.model import require_haste
-from qtool.engine.float_cell import float_cell
+from qtool.core.model import CellForm
+from qtool.engine.float_cell import (
+    ONE,
+    candidate32,
+    float_candidate_reset_before,
+    float_cell,
+    float_gates,
+    form_codes,
+)
 from qtool.engine.layout import (
     H_TENSOR,
     INTS,
@@ -37,6 +49,7 @@ from qtool.engine.layout import (
     WX_TENSOR,
     X_TENSOR,
     ModelRun,
+    cell_layout,
     gemm_dtype,
     measured_grids,
     quantize_input,
@@ -57,13 +70,32 @@ from qtool.engine.metrics import (
     dequantized,
 )
 from qtool.errors import QtoolError
-from qtool.numerics.intops import gru_cell, rescale
-from qtool.numerics.rescale import CH_SH_W, CH_W_SUM_MUL_X_ZP, HI_WX, LO_WX, ZP_H, ZP_WX
+from qtool.numerics.intops import gru_candidate_reset_before, gru_cell, gru_gates_reset_before, rescale
+from qtool.numerics.rescale import (
+    CH_SH_W,
+    CH_W_SUM_MUL_X_ZP,
+    HI_WX,
+    LO_WX,
+    RB_HI_WX,
+    RB_LO_WX,
+    RB_ZP_H,
+    RB_ZP_WX,
+    ZP_H,
+    ZP_WX,
+)
 
 MAX_SHARED_H = 2048  # hidden units one block keeps in shared memory
 THREADS = 128
 REDUCE_THREADS = 8 if config.ENABLE_CUDASIM else 128  # the simulator runs every thread in Python
 N_MEASURED = len(MEASURED)
+
+# the rows of a reset-before cell's buffers (cell_layout): Wx's three gate rows, then its trace
+_RB_LAYOUT = cell_layout(CellForm(reset_after=False))
+assert _RB_LAYOUT.trace == ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
+                            "rh", "old_contrib", "new_contrib", "h")
+(RB_ROW_RH_Z, RB_ROW_RH_R, RB_ROW_RH_G, RB_ROW_Z_PRE, RB_ROW_R_PRE, RB_ROW_G_PRE, RB_ROW_Z, RB_ROW_R, RB_ROW_G,
+ RB_ROW_RH, RB_ROW_OLD, RB_ROW_NEW, RB_ROW_H) = range(3, _RB_LAYOUT.rows)
+assert cell_layout(CellForm(gate="hard_sigmoid", gate_alpha=0.2, gate_beta=0.5)).rows == ROWS  # step_kernel's
 
 
 def cuda_usable() -> tuple[bool, str]:
@@ -83,16 +115,17 @@ def cuda_usable() -> tuple[bool, str]:
 
 
 @cuda.jit
-def wx_kernel(qx, qW, P, CH, out):
-    """q_Wx[m, c] = rescale(sum_k qW[c, k] qx[m, k] - W_sum_mul_x_zp[c]): the fused epilogue."""
+def wx_kernel(qx, qW, P, CH, zp_wx, lo_wx, hi_wx, out):
+    """q_Wx[m, c] = rescale(sum_k qW[c, k] qx[m, k] - W_sum_mul_x_zp[c]): the fused epilogue.
+    zp_wx, lo_wx, hi_wx: the indices of Wx's zero point and range in P (the cell form's order)."""
     m, c = cuda.grid(2)
     M, K = qx.shape
     if m < M and c < qW.shape[0]:
         s = qW[c, 0] * 0
         for k in range(K):
             s += qW[c, k] * qx[m, k]
-        out[m, c] = rescale(np.int64(s) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c], P[ZP_WX],
-                            P[LO_WX], P[HI_WX])
+        out[m, c] = rescale(np.int64(s) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c], P[zp_wx],
+                            P[lo_wx], P[hi_wx])
 
 
 @cuda.jit
@@ -135,11 +168,30 @@ def add_terms(slot, q, f, grid):
     slot[STAT_SATURATED] += clipped(r, grid[GRID_LO_CLIP], grid[GRID_HI_CLIP])
 
 
+@cuda.jit(device=True)
+def float_cell_form(Wx_z, Wx_r, Wx_g, Rh_z, Rh_r, Rh_g, h_old, bx_z, bx_r, bx_g, br_z, br_r, br_g, form,
+                    alpha_beta):
+    """float_cell for a reset-after cell with other activations (hard_sigmoid gates, a relu or
+    linear candidate; `form` and `alpha_beta` as engine_cpu.DirectionPlan's): the same outputs,
+    as engine_cpu._float_cells_form computes them."""
+    z_pre, r_pre, z, r = float_gates(Wx_z, Wx_r, Rh_z, Rh_r, bx_z, bx_r, br_z, br_r, form[1], alpha_beta[0],
+                                     alpha_beta[1])
+    Rh_add_br = Rh_g + br_g
+    rRh = r * Rh_add_br
+    g_pre = Wx_g + rRh + bx_g
+    g = candidate32(g_pre, form[2])
+    old_contrib = z * h_old
+    new_contrib = (ONE - z) * g
+    return (Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, Rh_add_br, rRh, old_contrib, new_contrib,
+            old_contrib + new_contrib)
+
+
 @cuda.jit
-def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx, br, out_q, out_f,
-                col, h_i, h_f, level, grids, acc, step_stats, trace):
-    """Step s of the run, at time index t: block (unit tile, sequence n); h_old of sequence n in
-    shared memory (integers exactly as float64, and the float reference's float32)."""
+def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
+                out_q, out_f, col, h_i, h_f, level, grids, acc, step_stats, trace):
+    """Step s of the run, at time index t, of a reset-after cell: block (unit tile, sequence n);
+    h_old of sequence n in shared memory (integers exactly as float64, and the float reference's
+    float32). `form[0]` -1: the haste cell's float reference, else the form's activations."""
     n = cuda.blockIdx.y
     j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     tid = cuda.threadIdx.x
@@ -172,8 +224,12 @@ def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx
         if level:
             f_z, f_r, f_g = rh_sums(fR, fs, j, H, np.float32(0.0))
             fx_z, fx_r, fx_g = f_Wx[n, t, j], f_Wx[n, t, jr], f_Wx[n, t, jg]
-            fres = float_cell(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
-                              br[jr], br[jg])
+            if form[0] == -1:
+                fres = float_cell(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
+                                  br[jr], br[jg])
+            else:
+                fres = float_cell_form(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
+                                       br[jr], br[jg], form, alpha_beta)
             f_h = fres[N_TRACE - 1]
             out_f[n, t, col + j] = f_h
             h_f[(s + 1) % 2, n, j] = f_h
@@ -189,50 +245,201 @@ def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx
         for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
             add_terms(acc[n, j, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])  # j: this thread's slot
     if level:
-        cuda.syncthreads()
-        if tid == 0:
-            for c in range(N_STATS):
-                v = part[0, c]
-                for i in range(1, cuda.blockDim.x):
-                    v = max(v, part[i, c]) if c == STAT_MAX_ABS else v + part[i, c]
-                if c == STAT_MAX_ABS:
-                    cuda.atomic.max(step_stats, (t, c), v)
-                else:
-                    cuda.atomic.add(step_stats, (t, c), v)
+        block_step_terms(part, tid, t, step_stats)
+
+
+@cuda.jit(device=True)
+def add_row_terms(slot, row, q, f, grids, row_tensor):
+    """add_terms of buffer row `row`'s value to its tensor's statistics row of `slot`."""
+    tensor = row_tensor[row]
+    add_terms(slot[tensor], q, f, grids[tensor])
+
+
+@cuda.jit(device=True)
+def block_step_terms(part, tid, t, step_stats):
+    """The block's per-thread step terms `part` summed (max for STAT_MAX_ABS) by thread 0 and
+    added to the step's row atomically; after a barrier."""
+    cuda.syncthreads()
+    if tid == 0:
+        for c in range(N_STATS):
+            v = part[0, c]
+            for i in range(1, cuda.blockDim.x):
+                v = max(v, part[i, c]) if c == STAT_MAX_ABS else v + part[i, c]
+            if c == STAT_MAX_ABS:
+                cuda.atomic.max(step_stats, (t, c), v)
+            else:
+                cuda.atomic.add(step_stats, (t, c), v)
+
+
+@cuda.jit
+def step_kernel_rb(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
+                   out_q, out_f, col, h_i, h_f, z_i, z_f, level, grids, row_tensor, acc, step_stats, trace):
+    """Step s of the run, at time index t, of a reset-before cell: block n holds sequence n, its
+    threads stride over the units. First every unit's gates (intops.gru_gates_reset_before) and
+    rh = r * h_old into shared memory (z into `z_i`, `z_f`: read back by the same thread), then,
+    after a barrier, every unit's R_g rh and candidate (intops.gru_candidate_reset_before); the
+    float reference likewise (float_cell.float_gates, float_candidate_reset_before). A thread's
+    statistics go to its own slot acc[n, tid]; the buffers' rows are cell_layout's."""
+    n = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    H = qR.shape[1]
+    hs = cuda.shared.array(MAX_SHARED_H, np.int32)  # h_old and rh: integers on at most 16 bits
+    rhs = cuda.shared.array(MAX_SHARED_H, np.int32)
+    fs = cuda.shared.array(MAX_SHARED_H, np.float32)
+    frs = cuda.shared.array(MAX_SHARED_H, np.float32)
+    part = cuda.shared.array((THREADS, N_STATS), np.float64)
+    for k in range(tid, H, nt):
+        hs[k] = np.int32(h_i[s % 2, n, k])
+        fs[k] = h_f[s % 2, n, k]
+    for c in range(N_STATS):
+        part[tid, c] = 0.0
+    cuda.syncthreads()
+    h_tensor = row_tensor[RB_ROW_H]
+    for j in range(tid, H, nt):  # pass 1: the gates and rh
+        jr = j + H
+        s_z = qR[j, 0] * 0
+        s_r = qR[j, 0] * 0
+        for k in range(H):
+            hv = hs[k]
+            s_z += qR[j, k] * hv
+            s_r += qR[jr, k] * hv
+        wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, j + 2 * H]
+        Rh_z, Rh_r, z_pre, r_pre, z, r, rh = gru_gates_reset_before(
+            np.int64(wz), np.int64(wr), np.int64(s_z), np.int64(s_r), np.int64(hs[j]), j, jr, P, CH, lut_z, lut_r)
+        rhs[j] = rh
+        z_i[n, j] = z
+        if trace.shape[0]:
+            trace[n, t, 0, j] = wz
+            trace[n, t, 1, j] = wr
+            trace[n, t, 2, j] = wg
+            trace[n, t, RB_ROW_RH_Z, j] = Rh_z
+            trace[n, t, RB_ROW_RH_R, j] = Rh_r
+            trace[n, t, RB_ROW_Z_PRE, j] = z_pre
+            trace[n, t, RB_ROW_R_PRE, j] = r_pre
+            trace[n, t, RB_ROW_Z, j] = z
+            trace[n, t, RB_ROW_R, j] = r
+            trace[n, t, RB_ROW_RH, j] = rh
+        if level:
+            f_z = np.float32(0.0)
+            f_r = np.float32(0.0)
+            for k in range(H):
+                fv = fs[k]
+                f_z += fR[j, k] * fv
+                f_r += fR[jr, k] * fv
+            fx_z, fx_r = f_Wx[n, t, j], f_Wx[n, t, jr]
+            fz_pre, fr_pre, fz, fr = float_gates(fx_z, fx_r, f_z, f_r, bx[j], bx[jr], br[j], br[jr], form[1],
+                                                 alpha_beta[0], alpha_beta[1])
+            frh = fr * fs[j]
+            frs[j] = frh
+            z_f[n, j] = fz
+            if level == 2:
+                slot = acc[n, tid]
+                add_row_terms(slot, 0, wz, fx_z, grids, row_tensor)
+                add_row_terms(slot, 1, wr, fx_r, grids, row_tensor)
+                add_row_terms(slot, 2, wg, f_Wx[n, t, j + 2 * H], grids, row_tensor)
+                add_row_terms(slot, RB_ROW_RH_Z, Rh_z, f_z, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_RH_R, Rh_r, f_r, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_Z_PRE, z_pre, fz_pre, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_R_PRE, r_pre, fr_pre, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_Z, z, fz, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_R, r, fr, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_RH, rh, frh, grids, row_tensor)
+    cuda.syncthreads()
+    for j in range(tid, H, nt):  # pass 2: R_g rh, the candidate and h
+        jg = j + 2 * H
+        s_g = qR[jg, 0] * 0
+        for k in range(H):
+            s_g += qR[jg, k] * rhs[k]
+        Rh_g, g_pre, g, old, new, q_h = gru_candidate_reset_before(
+            np.int64(q_Wx[n, t, jg]), np.int64(s_g), np.int64(hs[j]), np.int64(z_i[n, j]), jg, P, CH, lut_g)
+        out_q[n, t, col + j] = q_h
+        h_i[(s + 1) % 2, n, j] = q_h
+        if trace.shape[0]:
+            trace[n, t, RB_ROW_RH_G, j] = Rh_g
+            trace[n, t, RB_ROW_G_PRE, j] = g_pre
+            trace[n, t, RB_ROW_G, j] = g
+            trace[n, t, RB_ROW_OLD, j] = old
+            trace[n, t, RB_ROW_NEW, j] = new
+            trace[n, t, RB_ROW_H, j] = q_h
+        if level:
+            f_g = np.float32(0.0)
+            for k in range(H):
+                f_g += fR[jg, k] * frs[k]
+            fg_pre, fg, f_old, f_new, f_h = float_candidate_reset_before(f_Wx[n, t, jg], f_g, fs[j], z_f[n, j],
+                                                                         bx[jg], br[jg], form[2])
+            out_f[n, t, col + j] = f_h
+            h_f[(s + 1) % 2, n, j] = f_h
+            add_terms(part[tid], q_h, f_h, grids[h_tensor])
+            add_terms(acc[n, tid, h_tensor], q_h, f_h, grids[h_tensor])
+            if level == 2:
+                slot = acc[n, tid]
+                add_row_terms(slot, RB_ROW_RH_G, Rh_g, f_g, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_G_PRE, g_pre, fg_pre, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_G, g, fg, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_OLD, old, f_old, grids, row_tensor)
+                add_row_terms(slot, RB_ROW_NEW, new, f_new, grids, row_tensor)
+    if level == 2:
+        for k in range(tid, qx.shape[2], nt):
+            add_terms(acc[n, tid, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])
+    if level:
+        block_step_terms(part, tid, t, step_stats)
 
 
 @cuda.jit
 def reduce_kernel(acc, out):
-    """out[tensor, stat] = the sum (or max) of every thread slot acc[n, j, tensor, stat]:
-    block (tensor, stat), a strided sum per thread, then a tree in shared memory."""
-    tensor, stat = cuda.blockIdx.x, cuda.blockIdx.y
+    """out[tensor, stat] = the sum (or max) of every thread slot acc[n, j, tensor, stat]: block
+    `tensor`, every stat at once (each slot's row is contiguous): a strided sum per thread, then
+    a tree in shared memory (one barrier per level for all stats: the simulator's barriers are slow)."""
+    tensor = cuda.blockIdx.x
     tid = cuda.threadIdx.x
-    buf = cuda.shared.array(REDUCE_THREADS, np.float64)
+    buf = cuda.shared.array((REDUCE_THREADS, N_STATS), np.float64)
     N, J = acc.shape[0], acc.shape[1]
-    v = 0.0
-    for i in range(tid, N * J, cuda.blockDim.x):
-        w = acc[i // J, i % J, tensor, stat]
-        v = max(v, w) if stat == STAT_MAX_ABS else v + w
-    buf[tid] = v
+    for stat in range(N_STATS):
+        v = 0.0
+        for i in range(tid, N * J, cuda.blockDim.x):
+            w = acc[i // J, i % J, tensor, stat]
+            v = max(v, w) if stat == STAT_MAX_ABS else v + w
+        buf[tid, stat] = v
     cuda.syncthreads()
     width = cuda.blockDim.x // 2
     while width > 0:
         if tid < width:
-            buf[tid] = max(buf[tid], buf[tid + width]) if stat == STAT_MAX_ABS else buf[tid] + buf[tid + width]
+            for stat in range(N_STATS):
+                a, b = buf[tid, stat], buf[tid + width, stat]
+                buf[tid, stat] = max(a, b) if stat == STAT_MAX_ABS else a + b
         cuda.syncthreads()
         width //= 2
     if tid == 0:
-        out[tensor, stat] = buf[0]
+        for stat in range(N_STATS):
+            out[tensor, stat] = buf[0, stat]
+
+
+def _gemm_dtype_R(cq, reset_before: bool):
+    """The exact arithmetic of the R GEMMs: R h, and for a reset-before cell R_g rh on rh's bits
+    (one copy of R on the device: the wider of the two)."""
+    H = cq.hidden_size
+    if not reset_before:
+        return gemm_dtype(cq.qR, cq.spec["h"].bits)
+    types = (gemm_dtype(cq.qR[:2 * H], cq.spec["h"].bits), gemm_dtype(cq.qR[2 * H:], cq.spec["rh"].bits))
+    for t in (np.int64, np.float64):
+        if t in types:
+            return t
+    return np.float32
 
 
 def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, trace):
-    """One layer direction over all steps; returns its statistics [MEASURED, STATS] (or None)."""
+    """One layer direction over all steps; returns its statistics [measured tensors, STATS]
+    (cell_layout(form).measured; or None)."""
     N, T, C = d_qx.shape
     H = cq.hidden_size
     if H > MAX_SHARED_H:
         raise QtoolError(f"the CUDA engine supports hidden sizes up to {MAX_SHARED_H}, got {H}")
+    reset_before = not cq.form.reset_after
+    layout = cell_layout(cq.form)
+    n_measured = len(layout.measured)
     dt_W = gemm_dtype(cq.qW, cq.spec["x"].bits)
-    dt_R = gemm_dtype(cq.qR, cq.spec["h"].bits)
+    dt_R = _gemm_dtype_R(cq, reset_before)
     if dt_R is np.int64 or dt_W is np.int64:
         raise QtoolError("a GEMM of this model can exceed 2^53; the CUDA engine cannot prove it exact "
                          "(use `backend` cpu)")
@@ -240,35 +447,48 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     d_luts = [cuda.to_device(cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
     d_Wx = cuda.device_array((N * T, 3 * H), np.int32)
     grid = (math.ceil(N * T / 16), math.ceil(3 * H / 16))
+    wx_idx = (RB_ZP_WX, RB_LO_WX, RB_HI_WX) if reset_before else (ZP_WX, LO_WX, HI_WX)  # P's order is the form's
     # the sums in float64 or int64 (int32 inputs times the weights' type): exact below 2^53
-    wx_kernel[grid, (16, 16)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, d_Wx)
+    wx_kernel[grid, (16, 16)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, *wx_idx,
+                              d_Wx)
     d_fWx = cuda.device_array((N * T, 3 * H) if level else (1, 3 * H), np.float32)
     if level:
         fwx_kernel[grid, (16, 16)](d_xf.reshape(N * T, C), cuda.to_device(cell.W), d_fWx)
     h_i = np.zeros((2, N, H), np.float64)  # integers, exact in float64
-    h_i[0] = cq.P[ZP_H]  # h0 = 0 exactly
+    h_i[0] = cq.P[RB_ZP_H if reset_before else ZP_H]  # h0 = 0 exactly
     d_hi, d_hf = cuda.to_device(h_i), cuda.to_device(np.zeros((2, N, H), np.float32))
     threads = min(THREADS, 32 * math.ceil(max(H, C if level == 2 else 1) / 32))
-    blocks = (math.ceil(H / threads), N)
-    width = blocks[0] * threads
-    d_acc = cuda.to_device(np.zeros((N, width, N_MEASURED, N_STATS) if level else (1, 1, 1, N_STATS)))
-    args = (d_qx, d_xf, d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else
+    # a reset-before step needs every unit's rh before R_g rh: one block per sequence
+    blocks = N if reset_before else (math.ceil(H / threads), N)
+    width = threads if reset_before else blocks[0] * threads
+    d_acc = cuda.to_device(np.zeros((N, width, n_measured, N_STATS) if level else (1, 1, 1, N_STATS)))
+    gate, alpha, beta, candidate = form_codes(cq.form)
+    form = np.array([-1, 0, 0] if cq.form.haste else [int(reset_before), gate, candidate], np.int64)
+    head = (d_qx, d_xf, d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else
             d_fWx.reshape(1, 1, 3 * H), cuda.to_device(cq.qR.astype(dt_R)), cuda.to_device(cell.R), d_P,
-            d_CH, *d_luts, cuda.to_device(cell.bx), cuda.to_device(cell.br), d_out_q, d_out_f, col,
-            d_hi, d_hf, level, cuda.to_device(measured_grids(cq)), d_acc, d_step, trace)
+            d_CH, *d_luts, cuda.to_device(cell.bx), cuda.to_device(cell.br), cuda.to_device(form),
+            cuda.to_device(np.array([alpha, beta], np.float32)), d_out_q, d_out_f, col, d_hi, d_hf)
+    d_grids = cuda.to_device(measured_grids(cq))
+    if reset_before:
+        z_scratch = (cuda.device_array((N, H), np.int32), cuda.device_array((N, H), np.float32))
+        args = (*head, *z_scratch, level, d_grids, cuda.to_device(layout.row_tensor), d_acc, d_step, trace)
+        kernel = step_kernel_rb
+    else:
+        args = (*head, level, d_grids, d_acc, d_step, trace)
+        kernel = step_kernel
     for s in range(T):  # launches queue on the stream; nothing is copied per step
-        step_kernel[blocks, threads](T - 1 - s if rev else s, s, *args)
+        kernel[blocks, threads](T - 1 - s if rev else s, s, *args)
     if not level:
         return None
-    d_st = cuda.device_array((N_MEASURED, N_STATS), np.float64)
-    reduce_kernel[(N_MEASURED, N_STATS), REDUCE_THREADS](d_acc, d_st)
+    d_st = cuda.device_array((n_measured, N_STATS), np.float64)
+    reduce_kernel[n_measured, REDUCE_THREADS](d_acc, d_st)
     return d_st.copy_to_host()
 
 
 def run_model_cuda(qm, x: np.ndarray | None, level: int = INTS, plans=None, traces: list | None = None,
                    xq: np.ndarray | None = None) -> ModelRun:
-    """Same contract as engine_cpu.run_model, on the GPU."""
-    require_haste(qm.model, "the CUDA engine")
+    """Same contract as engine_cpu.run_model, on the GPU, for every cell form: per layer
+    direction the buffers' rows and the measured tensors of cell_layout(form)."""
     if xq is None:
         x = np.ascontiguousarray(x, np.float32)
         xq = quantize_input(qm, x)
@@ -287,7 +507,8 @@ def run_model_cuda(qm, x: np.ndarray | None, level: int = INTS, plans=None, trac
         last = l == len(qm.cells) - 1
         row, tr_row = [], []
         for d, cq in enumerate(cells):
-            d_tr = cuda.device_array((N, T, ROWS, H) if traces is not None else (0, 0, ROWS, H), np.int32)
+            rows = cell_layout(cq.form).rows
+            d_tr = cuda.device_array((N, T, rows, H) if traces is not None else (0, 0, rows, H), np.int32)
             step = d_step if last else cuda.to_device(np.zeros((T, N_STATS)))
             row.append(_direction(cq, qm.model.layers[l][d], d_qx, d_xf, d == 1, d_out_q, d_out_f,
                                   d * H, level, step, d_tr))

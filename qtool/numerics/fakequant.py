@@ -15,6 +15,13 @@ Two roundings (docs/qat.md):
   scales whenever the float sums are exact (always in float64).
 
 The difference between the two is what the integer arithmetic itself costs.
+
+Every cell form (qtool.core.model.CellForm) runs: the haste cell, or the reset-before cell
+(`rh = r * h_old` rounded once onto rh's grid, then `Rh_g = R_g rh` rounded once onto Rh's grid
+and `g_pre = Wx_g + Rh_g + bx_g + br_g` a sum of four terms, as intops.gru_gates_reset_before and
+gru_candidate_reset_before compute them); the gates and the candidate are the form's activations
+(lut.cell_gates: "tensor" rounding evaluates `lut.function`, "integer" rounding reads the
+model's tables).
 """
 
 from __future__ import annotations
@@ -23,16 +30,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qtool.core.model import HASTE, CellForm
 from qtool.core.qmodel import LUT_NAMES, CellQuant, QuantModel, TensorQ
-from qtool.core.tensors import BY_NAME, NAMES
+from qtool.core.tensors import BY_NAME, NAMES, cell_params, cell_tensors
 from qtool.numerics.intops import lut_eval
-from qtool.numerics.lut import FUNCS
+from qtool.numerics.lut import cell_gates, function
 from qtool.numerics.qparams import dequantize, qrange
-from qtool.numerics.rescale import LUT_SHIFT_G, LUT_SHIFT_R, LUT_SHIFT_Z
 
 ROUNDINGS = ("tensor", "integer")
-# tensors whose grids the cell reads (weights and biases come fake-quantized as values)
+# tensors whose grids the haste cell reads (weights and biases come fake-quantized as values)
 ACTIVATIONS = tuple(n for n in NAMES if BY_NAME[n].kind == "activation")
+LUT_SHIFTS = {"lut_z": "lut_shift_z", "lut_r": "lut_shift_r", "lut_g": "lut_shift_g"}  # P's entries
+
+
+def activations(form: CellForm) -> tuple[str, ...]:
+    """The grids a cell of this form reads: its tensor table's activations (rh for Rh_add_br and
+    rRh in a reset-before cell)."""
+    return tuple(t.name for t in cell_tensors(form) if t.kind == "activation")
 
 
 def qdq(xp, v, inv, zp, qmin: int, qmax: int):
@@ -75,7 +89,8 @@ class Grid:
 @dataclass
 class CellFQ:
     """One layer direction as the fake-quant cell reads it: fake-quantized constants (canonical
-    gate order z | r | g), the activation grids, and for "integer" rounding the tables."""
+    gate order z | r | g), the activation grids, for "integer" rounding the tables, and the form
+    the cell computes (its tensors and its gates' functions)."""
 
     W: object
     R: object
@@ -83,6 +98,13 @@ class CellFQ:
     br: object
     grids: dict
     luts: dict  # lut name -> (table padded by one entry, interpolation shift)
+    form: CellForm = HASTE
+
+    @property
+    def funcs(self) -> dict[str, str]:
+        """Each table's function by name (lut.cell_gates): sigmoid, tanh, relu, linear or
+        hard_sigmoid:ALPHA:BETA."""
+        return {lut: func for lut, func, _, _ in cell_gates(self.form)}
 
 
 class NumpyOps:
@@ -100,7 +122,7 @@ class NumpyOps:
         return y_table  # no gradients here: the table's value is all there is
 
     def act(self, func: str, v):
-        return FUNCS[func](v)
+        return function(func)(v)
 
     def to_int(self, v):
         return v.astype(np.int64)
@@ -127,7 +149,8 @@ def add(ops, terms: tuple, g: Grid, rounding: str):
 
 
 def gate(ops, func: str, v, g_in: Grid, g_out: Grid, lut):
-    """sigmoid/tanh onto the output grid: f(v) rounded ("tensor"), or the table itself."""
+    """A gate's or the candidate's activation (`func`, lut.function's name) onto the output grid:
+    f(v) rounded ("tensor"), or the table itself."""
     if lut is None:
         return ops.qdq(ops.act(func, v), g_out)
     table, shift = lut
@@ -138,30 +161,43 @@ def gate(ops, func: str, v, g_in: Grid, g_out: Grid, lut):
 
 
 def cell_step(ops, c: CellFQ, Wx, h, rounding: str) -> dict:
-    """One time step of the spec's formulas on fake-quantized values; returns every tensor."""
+    """One time step of the spec's formulas on fake-quantized values; returns every tensor of the
+    cell's form."""
     g = c.grids
     H = h.shape[-1]
+    func = c.funcs
     lut = {name: (c.luts[name] if rounding == "integer" else None) for name in LUT_NAMES}
-    Rh = ops.qdq(h @ c.R.T, g["Rh"])
     Wx_z, Wx_r, Wx_g = Wx[..., :H], Wx[..., H:2 * H], Wx[..., 2 * H:]
-    Rh_z, Rh_r, Rh_g = Rh[..., :H], Rh[..., H:2 * H], Rh[..., 2 * H:]
     bx_z, bx_r, bx_g = c.bx[:H], c.bx[H:2 * H], c.bx[2 * H:]
     br_z, br_r, br_g = c.br[:H], c.br[H:2 * H], c.br[2 * H:]
+    if c.form.reset_after:
+        Rh = ops.qdq(h @ c.R.T, g["Rh"])
+    else:  # R's g rows read rh, known only after r: the z and r rows first
+        Rh = ops.qdq(h @ c.R[:2 * H].T, g["Rh"])
+    Rh_z, Rh_r = Rh[..., :H], Rh[..., H:2 * H]
     z_pre = add(ops, (Wx_z, Rh_z, bx_z, br_z), g["z_pre"], rounding)
-    z = gate(ops, "sigmoid", z_pre, g["z_pre"], g["z_out"], lut["lut_z"])
+    z = gate(ops, func["lut_z"], z_pre, g["z_pre"], g["z_out"], lut["lut_z"])
     r_pre = add(ops, (Wx_r, Rh_r, bx_r, br_r), g["r_pre"], rounding)
-    r = gate(ops, "sigmoid", r_pre, g["r_pre"], g["r_out"], lut["lut_r"])
-    Rh_add_br = add(ops, (Rh_g, br_g), g["Rh_add_br"], rounding)
-    rRh = ops.qdq(r * Rh_add_br, g["rRh"])  # a product is rounded once, as in the integers
-    g_pre = add(ops, (Wx_g, rRh, bx_g), g["g_pre"], rounding)
-    g_out = gate(ops, "tanh", g_pre, g["g_pre"], g["g_out"], lut["lut_g"])
+    r = gate(ops, func["lut_r"], r_pre, g["r_pre"], g["r_out"], lut["lut_r"])
+    if c.form.reset_after:
+        Rh_g = Rh[..., 2 * H:]
+        Rh_add_br = add(ops, (Rh_g, br_g), g["Rh_add_br"], rounding)
+        rRh = ops.qdq(r * Rh_add_br, g["rRh"])  # a product is rounded once, as in the integers
+        g_pre = add(ops, (Wx_g, rRh, bx_g), g["g_pre"], rounding)
+        own = {"Rh_add_br": Rh_add_br, "rRh": rRh}
+    else:
+        rh = ops.qdq(r * h, g["rh"])  # the product rounded once onto rh's grid
+        Rh_g = ops.qdq(rh @ c.R[2 * H:].T, g["Rh"])  # the g rows' GEMM, onto Rh's grid
+        Rh = ops.concat([Rh, Rh_g])
+        g_pre = add(ops, (Wx_g, Rh_g, bx_g, br_g), g["g_pre"], rounding)
+        own = {"rh": rh}
+    g_out = gate(ops, func["lut_g"], g_pre, g["g_pre"], g["g_out"], lut["lut_g"])
     old_contrib = ops.qdq(z * h, g["old_contrib"])
     one_minus_z = ops.qdq(1.0 - z, g["z_out"])  # (1 - z) in z_out's own grid
     new_contrib = ops.qdq(one_minus_z * g_out, g["new_contrib"])
     h_new = add(ops, (old_contrib, new_contrib), g["h"], rounding)
     return {"Rh": Rh, "z_pre": z_pre, "r_pre": r_pre, "g_pre": g_pre, "z_out": z, "r_out": r,
-            "g_out": g_out, "Rh_add_br": Rh_add_br, "rRh": rRh, "old_contrib": old_contrib,
-            "new_contrib": new_contrib, "h": h_new}
+            "g_out": g_out, **own, "old_contrib": old_contrib, "new_contrib": new_contrib, "h": h_new}
 
 
 def run_direction(ops, c: CellFQ, x, rounding: str, trace: dict | None = None):
@@ -208,20 +244,21 @@ def run_layers(ops, cells: list, x, rounding: str, traces: list | None = None, b
 
 def numpy_cell(cq: CellQuant) -> CellFQ:
     """A quantized model's cell for the numpy backend: the constants are its integer weights
-    dequantized (the fake-quant on constants, folded), the tables its own."""
+    dequantized (the fake-quant on constants, folded), the tables and the form its own."""
     s = cq.spec
-    shifts = {"lut_z": LUT_SHIFT_Z, "lut_r": LUT_SHIFT_R, "lut_g": LUT_SHIFT_G}
-    luts = {n: (np.append(cq.luts[n], cq.luts[n][-1]), int(cq.P[shifts[n]])) for n in LUT_NAMES}
+    params = cell_params(cq.form)
+    luts = {n: (np.append(cq.luts[n], cq.luts[n][-1]), int(cq.P[params.index(LUT_SHIFTS[n])]))
+            for n in LUT_NAMES}
     return CellFQ(dequantize(cq.qW, s["W"].exp2_inv, 0), dequantize(cq.qR, s["R"].exp2_inv, 0),
                   dequantize(cq.qbx, s["bx"].exp2_inv, 0), dequantize(cq.qbr, s["br"].exp2_inv, 0),
-                  {n: Grid.of(s[n]) for n in ACTIVATIONS}, luts)
+                  {n: Grid.of(s[n]) for n in activations(cq.form)}, luts, cq.form)
 
 
 def run_fakequant(qm: QuantModel, x: np.ndarray, traces: list | None = None,
                   rounding: str = "tensor") -> np.ndarray:
     """The fake-quant GRU on batch-first float `x [N, T, C]` in float64; returns `y [N, T, H * D]`
     on the output grid. `traces[l][d]` receives every tensor `[T, N, width]`, named as in the
-    tensor table (docs/numerics.md), like `float_gru.run_float`'s traces."""
+    tensor table of each cell's form (docs/numerics.md), like `float_gru.run_float`'s traces."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}")
     cells = [[numpy_cell(cq) for cq in layer] for layer in qm.cells]

@@ -9,7 +9,8 @@ operations it removed:
 
 - `fold_constants`: a fake-quant on a constant becomes the constant's integers (qW, qR, qbx, qbr
   in the model file), and the per-step shifts of the bias terms, rshift_round(qbx, sh_bx) and
-  rshift_round(qbr, sh_br), become the folded per-channel constants b_pre and b_Rh_add_br;
+  rshift_round(qbr, sh_br), become the folded per-channel constants b_pre and b_Rh_add_br (a
+  reset-before cell, whose g block adds both biases to g_pre: b_pre alone);
 - `elide_requantize`: a dequantize/quantize pair whose shift is 0 and whose zero points agree is
   the identity (x of layer l + 1 is h of layer l: calibration ties them), so the integers pass
   through; any other pair would be a requantize, which qtool's engines do not run;
@@ -62,15 +63,37 @@ def _cell_ops(qm: QuantModel, l: int, d: int) -> list[Op]:
     H, C = cq.hidden_size, cq.qW.shape[1]
     ops = [Op("fake_quant", where, n, False, getattr(cq, "q" + n).size) for n in ("W", "R", "bx", "br")]
     ops += [Op("constant", where, n, True, 3 * H) for n in ("W_sum_mul_x_zp", "R_sum_mul_h_zp")]
+    if not cq.form.reset_after:
+        return ops + _reset_before_ops(cq.form, where, H, C)
     ops += [Op("gemm", where, "Wx = W x", True, 3 * H * C, True), Op("rescale", where, "Wx", True, 3 * H, True),
             Op("gemm", where, "Rh = R h", True, 3 * H * H, True), Op("rescale", where, "Rh", True, 3 * H, True)]
     ops += [Op("rescale", where, f"{b} -> {dst}", True, H, True)
             for b, dst in (("bx_z", "z_pre"), ("br_z", "z_pre"), ("bx_r", "r_pre"), ("br_r", "r_pre"),
                            ("bx_g", "g_pre"), ("br_g", "Rh_add_br"))]
-    ops += [Op("add", where, "z_pre", True, H, True), Op("lut", where, "z_out = sigmoid(z_pre)", True, H, True),
-            Op("add", where, "r_pre", True, H, True), Op("lut", where, "r_out = sigmoid(r_pre)", True, H, True),
+    ops += [Op("add", where, "z_pre", True, H, True), Op("lut", where, f"z_out = {cq.form.gate}(z_pre)", True, H, True),
+            Op("add", where, "r_pre", True, H, True),
+            Op("lut", where, f"r_out = {cq.form.gate}(r_pre)", True, H, True),
             Op("add", where, "Rh_add_br", True, H, True), Op("mul", where, "rRh = r Rh_add_br", True, H, True),
-            Op("add", where, "g_pre", True, H, True), Op("lut", where, "g_out = tanh(g_pre)", True, H, True),
+            Op("add", where, "g_pre", True, H, True),
+            Op("lut", where, f"g_out = {cq.form.candidate}(g_pre)", True, H, True),
+            Op("mul", where, "old_contrib = z h", True, H, True), Op("add", where, "1 - z", True, H, True),
+            Op("mul", where, "new_contrib = (1 - z) g", True, H, True), Op("add", where, "h", True, H, True)]
+    return ops
+
+
+def _reset_before_ops(form, where: str, H: int, C: int) -> list[Op]:
+    """The per-step operations of a reset-before cell (intops.gru_gates_reset_before, the g rows'
+    GEMM on rh, gru_candidate_reset_before): rh = r h_old feeds R's g rows, and both biases of
+    every block go to its pre-activation (no Rh_add_br, no rRh)."""
+    ops = [Op("gemm", where, "Wx = W x", True, 3 * H * C, True), Op("rescale", where, "Wx", True, 3 * H, True),
+           Op("gemm", where, "Rh_zr = R_zr h", True, 2 * H * H, True), Op("rescale", where, "Rh_zr", True, 2 * H, True)]
+    ops += [Op("rescale", where, f"{b}_{g} -> {g}_pre", True, H, True) for g in "zrg" for b in ("bx", "br")]
+    ops += [Op("add", where, "z_pre", True, H, True), Op("lut", where, f"z_out = {form.gate}(z_pre)", True, H, True),
+            Op("add", where, "r_pre", True, H, True), Op("lut", where, f"r_out = {form.gate}(r_pre)", True, H, True),
+            Op("mul", where, "rh = r h", True, H, True),
+            Op("gemm", where, "Rh_g = R_g rh", True, H * H, True), Op("rescale", where, "Rh_g", True, H, True),
+            Op("add", where, "g_pre", True, H, True),
+            Op("lut", where, f"g_out = {form.candidate}(g_pre)", True, H, True),
             Op("mul", where, "old_contrib = z h", True, H, True), Op("add", where, "1 - z", True, H, True),
             Op("mul", where, "new_contrib = (1 - z) g", True, H, True), Op("add", where, "h", True, H, True)]
     return ops
@@ -115,7 +138,9 @@ def fold_constants(p: Program, qm: QuantModel) -> list[Op]:
         for d, cq in enumerate(row):
             where, H = f"layer{l}.{DIRECTIONS[d]}", cq.hidden_size
             folded += [Op("constant", where, n, True, getattr(cq, "q" + n).size) for n in ("W", "R")]
-            folded += [Op("constant", where, "b_pre", True, 3 * H), Op("constant", where, "b_Rh_add_br", True, H)]
+            folded.append(Op("constant", where, "b_pre", True, 3 * H))
+            if cq.form.reset_after:  # a reset-before cell folds every bias into b_pre
+                folded.append(Op("constant", where, "b_Rh_add_br", True, H))
     p.ops = folded + [op for op in p.ops if op not in removed]
     return removed
 

@@ -9,22 +9,30 @@ otherwise), `bits`, `symmetric` and the calibrated `range_lo`/`range_hi`. Slots:
 `weight_hh_l{k}`, `bias_ih_l{k}`, `bias_hh_l{k}` (W, R, bx, br), `x_l0`, `h_l{k}` (one h for both
 directions; x of layer k > 0 is h of layer k - 1), and the others per direction, `z_pre_l{k}`,
 `z_pre_l{k}_reverse`, ...
+
+Cell forms (qtool.core.model.CellForm): the module computes the form of each cell of the model it
+is built from, and keeps it when it writes the model back (`to_quant_model`, `to_qtool`). A
+reset-before cell has the slots of its own tensor table (`rh_l{k}` for `Rh_add_br_l{k}` and
+`rRh_l{k}`); a relu or linear candidate calibrated with g_out on g_pre's grid (calibration ties
+them: the table is the identity) has no `g_out` slot, g_pre's quantizer serves both, and relu's
+g_pre keeps its zero point at the grid's lowest level (a buffer, not learned). The float weights
+keep nn.GRU's names and layout whatever the form.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from qtool.calibration.observe import GATES
-from qtool.core.model import GruCell, GruModel, require_haste
-from qtool.core.qmodel import QuantModel, TensorQ
+from qtool.core.model import CellForm, GruCell, GruModel
+from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.errors import QtoolError
-from qtool.numerics.fakequant import ACTIVATIONS, ROUNDINGS, CellFQ, run_layers
-from qtool.numerics.lut import build_lut
+from qtool.numerics.fakequant import ROUNDINGS, CellFQ, activations, run_layers
+from qtool.numerics.lut import build_lut, cell_gates
 from qtool.numerics.qparams import choose_qparams, qrange
 from qtool.qat.ops import TorchGrid, TorchOps, ste_round
 
@@ -35,6 +43,15 @@ SHARED = ("x", "h")  # one quantizer per layer, not per direction
 def torch_rows(H: int) -> np.ndarray:
     """Row k of qtool's z | r | g order is row torch_rows(H)[k] of PyTorch's r | z | n."""
     return np.concatenate([np.arange(H, 2 * H), np.arange(H), np.arange(2 * H, 3 * H)])
+
+
+def ties_g_out(cq: CellQuant) -> bool:
+    """g_out is on g_pre's grid in a relu or linear candidate (as calibration ties them): one
+    quantizer then serves both, so the table stays the identity however training moves it."""
+    a, b = cq.spec["g_pre"], cq.spec["g_out"]
+    same = (a.bits, bool(a.symmetric), int(a.exp2_inv), int(a.zp)) == \
+        (b.bits, bool(b.symmetric), int(b.exp2_inv), int(b.zp))
+    return cq.form.candidate in ("relu", "linear") and same
 
 
 def slot(name: str, layer: int, direction: int) -> str:
@@ -48,9 +65,11 @@ def slot(name: str, layer: int, direction: int) -> str:
 class TensorQuantizer(nn.Module):
     """One tensor's grid: learned exp2_inv (and zero point), rounded in the forward pass; or, for
     the 32-bit biases (`follow=True`), the calibration rule applied to the current values, so
-    that a bias never saturates however far training moves it."""
+    that a bias never saturates however far training moves it. `learn_zp=False` keeps the zero
+    point as calibrated (relu's g_pre: the grid's lowest level)."""
 
-    def __init__(self, t: TensorQ, rows: np.ndarray | None = None, follow: bool = False):
+    def __init__(self, t: TensorQ, rows: np.ndarray | None = None, follow: bool = False,
+                 learn_zp: bool = True):
         super().__init__()
         self.follow = follow
         e = np.asarray(t.exp2_inv, np.float64)
@@ -65,7 +84,7 @@ class TensorQuantizer(nn.Module):
         else:
             self.exp2_inv = nn.Parameter(e)
         zp = torch.tensor(float(t.zp))
-        if t.symmetric:
+        if t.symmetric or not learn_zp:
             self.register_buffer("zero_point", zp)
         else:
             self.zero_point = nn.Parameter(zp)
@@ -110,7 +129,9 @@ class TensorQuantizer(nn.Module):
 class QuantGRU(nn.Module):
     """An `nn.GRU` that runs qtool's quantized GRU: every tensor of the tensor table on its
     power-of-two grid, rounded as the integer engine rounds ("integer", the default) or once per
-    tensor ("tensor", simulated quantization). Build it with `QuantGRU.from_float`."""
+    tensor ("tensor", simulated quantization). Build it with `QuantGRU.from_float`, or from a
+    quantized model, `QuantGRU(qm)`, whose cells may be of any form (qtool.core.model.CellForm):
+    each cell computes its own."""
 
     def __init__(self, qm: QuantModel, batch_first: bool = False, dropout: float = 0.0,
                  rounding: str = "integer"):
@@ -118,12 +139,14 @@ class QuantGRU(nn.Module):
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}")
         model = qm.model
-        require_haste(model, "QAT")
         self.input_size, self.hidden_size = model.input_size, model.hidden_size
         self.num_layers, self.bidirectional = model.num_layers, model.bidirectional
         self.batch_first, self.dropout, self.rounding = batch_first, dropout, rounding
         self.info = dict(qm.info)
         self._luts: dict = {}
+        # what each cell computes, and the cells whose g_out is g_pre's quantizer (ties_g_out)
+        self.forms: list[list[CellForm]] = [[cq.form for cq in row] for row in qm.cells]
+        self._tied = {(l, d) for l, row in enumerate(qm.cells) for d, cq in enumerate(row) if ties_g_out(cq)}
         for l, row in enumerate(qm.cells):
             H = row[0].hidden_size
             for d, cq in enumerate(row):
@@ -135,11 +158,12 @@ class QuantGRU(nn.Module):
                     self.register_parameter(f"{alias}_l{l}{sfx}", nn.Parameter(torch.tensor(values)))
                     self.add_module(f"{slot(name, l, d)}_fake_quant",
                                     TensorQuantizer(cq.spec[name], torch_rows(H), follow=name in ("bx", "br")))
-                for name in ACTIVATIONS:
+                for name in activations(cq.form):
                     key = f"{slot(name, l, d)}_fake_quant"
-                    if (name == "x" and l > 0) or hasattr(self, key):
-                        continue  # tied: x of layer l > 0 is h of layer l - 1; h is shared
-                    self.add_module(key, TensorQuantizer(cq.spec[name]))
+                    if (name == "x" and l > 0) or hasattr(self, key) or (name == "g_out" and (l, d) in self._tied):
+                        continue  # tied: x of layer l > 0 is h of layer l - 1; h is shared; g_out above
+                    relu_pre = name == "g_pre" and cq.form.candidate == "relu"
+                    self.add_module(key, TensorQuantizer(cq.spec[name], learn_zp=not relu_pre))
 
     @classmethod
     def from_float(cls, gru: nn.GRU, calib, bits: str = "int8", method: str = "minmax",
@@ -177,6 +201,8 @@ class QuantGRU(nn.Module):
     def _quantizer(self, name: str, l: int, d: int) -> TensorQuantizer:
         if name == "x" and l > 0:
             return getattr(self, f"{slot('h', l - 1, 0)}_fake_quant")
+        if name == "g_out" and (l, d) in self._tied:
+            return getattr(self, f"{slot('g_pre', l, d)}_fake_quant")
         return getattr(self, f"{slot(name, l, d)}_fake_quant")
 
     def _float(self, name: str, l: int, d: int) -> torch.Tensor:
@@ -201,12 +227,13 @@ class QuantGRU(nn.Module):
             v = values[torch.as_tensor(rows)]
             g = self._quantizer(name, l, d).grid(rows, column=v.dim() == 2, values=values)
             consts.append(ops.qdq(v, g))
-        grids = {n: self._quantizer(n, l, d).grid() for n in ACTIVATIONS}
+        form = self.forms[l][d]
+        grids = {n: self._quantizer(n, l, d).grid() for n in activations(form)}
         luts = {}
         if self.rounding == "integer":
-            for lut, func, src, dst in GATES:
+            for lut, func, src, dst in cell_gates(form):
                 luts[lut] = self._lut(func, grids[src], grids[dst], consts[0].device)
-        return CellFQ(*consts, grids, luts)
+        return CellFQ(*consts, grids, luts, form)
 
     def hidden_size_of(self, l: int) -> int:
         return self._float("R", l, 0).shape[1]
@@ -234,12 +261,15 @@ class QuantGRU(nn.Module):
         return y, torch.stack(finals)
 
     def float_model(self) -> GruModel:
-        """The current float weights as qtool's model (gate order z | r | g)."""
-        return GruModel(_layers(self), name="quant_gru", source="qtool.qat.QuantGRU")
+        """The current float weights as qtool's model (gate order z | r | g), each cell of its form."""
+        layers = [[replace(cell, form=self.forms[l][d]) for d, cell in enumerate(row)]
+                  for l, row in enumerate(_layers(self))]
+        return GruModel(layers, name="quant_gru", source="qtool.qat.QuantGRU")
 
     def to_quant_model(self) -> QuantModel:
         """The quantized model this module computes: its grids, the integer weights quantized on
-        them, the tables and shifts from `rescale.derive` (via calibration.cell_from_spec)."""
+        them, the tables and shifts from `rescale.derive_cell` (via calibration.cell_from_spec),
+        each cell of the form it was built with."""
         from qtool.calibration.observe import cell_from_spec
 
         model = self.float_model()
@@ -251,7 +281,7 @@ class QuantGRU(nn.Module):
                 for n in ("bx", "br"):
                     self._quantizer(n, l, d).fit(self._float(n, l, d))
                 spec = {n: self._quantizer(n, l, d).tensor_q(rows) for n, _ in WEIGHTS}
-                spec.update({n: self._quantizer(n, l, d).tensor_q() for n in ACTIVATIONS})
+                spec.update({n: self._quantizer(n, l, d).tensor_q() for n in activations(cell.form)})
                 row.append(cell_from_spec(cell, spec))
             cells.append(row)
         return QuantModel(model, cells, dict(self.info))

@@ -12,6 +12,10 @@ the step s = 2^-exp2_inv, so ds/dexp2_inv = -ln 2 s):
 
 the grid gradients scaled by 1 / sqrt(values x qmax), as LSQ does, so their size does not grow
 with the tensor.
+
+The activations are the cell form's (qtool.numerics.lut.cell_gates names them): sigmoid, tanh,
+relu, linear and hard_sigmoid clip(alpha v + beta, 0, 1); a table's gradient is the float
+function's slope (relu: 1 above 0; hard_sigmoid: alpha where it does not clip).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def _reduce(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 def _lsq(ctx, gy, needs_e: bool, needs_zp: bool):
     """Gradients of y = qdq(v) saved by `_save`: straight-through for v, LSQ for exp2_inv and zp."""
-    v, e, zp, inv, t = ctx.saved_tensors
+    v, e, zp, inv, t = ctx.saved_tensors[:5]
     qmin, qmax = ctx.bounds
     inside = (t >= qmin) & (t <= qmax)
     s = 1.0 / inv
@@ -52,9 +56,52 @@ def _lsq(ctx, gy, needs_e: bool, needs_zp: bool):
     return gy * inside, ge, gzp
 
 
-def _save(ctx, v, e, zp, inv, qmin: int, qmax: int) -> None:
-    ctx.save_for_backward(v, e, zp, inv, torch.floor(v * inv + 0.5) + zp)  # t: before saturation
+def _save(ctx, v, e, zp, inv, qmin: int, qmax: int, *extra) -> None:
+    ctx.save_for_backward(v, e, zp, inv, torch.floor(v * inv + 0.5) + zp, *extra)  # t: before saturation
     ctx.bounds = (qmin, qmax)
+
+
+def hard_sigmoid_params(func: str) -> tuple[float, float]:
+    """(alpha, beta) of a table function named `hard_sigmoid:ALPHA:BETA` (lut.hard_sigmoid_name)."""
+    alpha, beta = (float(v) for v in func.split(":")[1:])
+    return alpha, beta
+
+
+def activation(func: str, v: torch.Tensor) -> torch.Tensor:
+    """A table's function (lut.function's names) in torch, differentiable: what "tensor" rounding
+    rounds onto the output grid."""
+    if func == "sigmoid":
+        return torch.sigmoid(v)
+    if func == "tanh":
+        return torch.tanh(v)
+    if func == "relu":
+        return torch.relu(v)
+    if func == "linear":
+        return v
+    if func.startswith("hard_sigmoid:"):
+        alpha, beta = hard_sigmoid_params(func)
+        return torch.clamp(alpha * v + beta, 0.0, 1.0)
+    raise ValueError(f"unknown activation {func!r}")
+
+
+def slope(func: str, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f(v), f'(v)) of a table's function, without autograd; at a kink the slope torch's autograd
+    gives `activation` there (relu 0 at 0, torch.clamp alpha at hard_sigmoid's ends)."""
+    if func == "sigmoid":
+        f = torch.sigmoid(v)
+        return f, f * (1.0 - f)
+    if func == "tanh":
+        f = torch.tanh(v)
+        return f, 1.0 - f * f
+    if func == "relu":
+        return torch.relu(v), (v > 0).to(v.dtype)
+    if func == "linear":
+        return v, torch.ones_like(v)
+    if func.startswith("hard_sigmoid:"):
+        alpha, beta = hard_sigmoid_params(func)
+        u = alpha * v + beta
+        return torch.clamp(u, 0.0, 1.0), ((u >= 0) & (u <= 1)).to(v.dtype) * alpha
+    raise ValueError(f"unknown activation {func!r}")
 
 
 class FakeQuant(torch.autograd.Function):
@@ -92,21 +139,22 @@ class IntegerSum(torch.autograd.Function):
 
 class TableGate(torch.autograd.Function):
     """A gate output from its table (the integer program's value); gradients of qdq(f(v)) on the
-    output grid: f'(v) where f(v) is inside the grid, LSQ for the output grid."""
+    output grid: f'(v) where f(v) is inside the grid, LSQ for the output grid. `func` is the
+    table's function by name (lut.cell_gates), or a bool: tanh (True) or sigmoid (False)."""
 
     @staticmethod
-    def forward(ctx, v, e_out, zp_out, qmin: int, qmax: int, y_table, tanh: bool):
-        f = torch.tanh(v) if tanh else torch.sigmoid(v)
+    def forward(ctx, v, e_out, zp_out, qmin: int, qmax: int, y_table, func):
+        if isinstance(func, bool):
+            func = "tanh" if func else "sigmoid"
+        f, df = slope(func, v)
         inv = torch.exp2(e_out).to(v.dtype)
-        _save(ctx, f, e_out, zp_out, inv, qmin, qmax)
-        ctx.tanh = tanh
+        _save(ctx, f, e_out, zp_out, inv, qmin, qmax, df)
         return y_table.to(v.dtype)
 
     @staticmethod
     def backward(ctx, gy):
         gf, ge, gzp = _lsq(ctx, gy, *ctx.needs_input_grad[1:3])
-        f = ctx.saved_tensors[0]
-        df = 1.0 - f * f if ctx.tanh else f * (1.0 - f)
+        df = ctx.saved_tensors[5]
         return gf * df, ge, gzp, None, None, None, None
 
 
@@ -136,10 +184,10 @@ class TorchOps:
 
     def table_gate(self, func: str, v, g_out: TorchGrid, y_table):
         return TableGate.apply(v, g_out.exp2_inv, g_out.zp.to(v.dtype), g_out.qmin, g_out.qmax,
-                               y_table.detach(), func == "tanh")
+                               y_table.detach(), func)
 
     def act(self, func: str, v):
-        return torch.sigmoid(v) if func == "sigmoid" else torch.tanh(v)
+        return activation(func, v)
 
     def to_int(self, v):
         return v.detach().to(torch.int64)

@@ -19,7 +19,7 @@ import numpy as np
 
 from qtool.calibrators.histogram import Histogram
 from qtool.core.qmodel import QuantModel, TensorQ
-from qtool.core.tensors import BY_NAME, NAMES
+from qtool.core.tensors import BY_NAME, cell_names
 from qtool.io.files import SequenceData
 from qtool.numerics.rescale import qrange
 from qtool.simulation.run import Simulation, tensor_key
@@ -178,7 +178,7 @@ def collect(qm: QuantModel, data: SequenceData, n: int, *, keep: int = 3, batch_
     results = sim.results()
     tensors = [_view(tensor_key(l, d, name), name, cq.spec[name], sim.hists[tensor_key(l, d, name)],
                      results["tensors"][tensor_key(l, d, name)])
-               for l, cells in enumerate(qm.cells) for d, cq in enumerate(cells) for name in NAMES]
+               for l, cells in enumerate(qm.cells) for d, cq in enumerate(cells) for name in cell_names(cq.form)]
     y_float = np.concatenate([a for a, _ in sim.kept])
     y_quant = np.concatenate([b for _, b in sim.kept])
     steps = [{**s.as_dict(), "rms_error": math.sqrt(s.err2 / s.count)} for s in sim.steps]

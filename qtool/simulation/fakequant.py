@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qtool.core.model import require_haste, tensor_key
+from qtool.core.model import tensor_key
 from qtool.core.qmodel import QuantModel
 from qtool.engine.metrics import Distance, count_clipped, finite_or_none
 from qtool.numerics.fakequant import run_fakequant, to_int
@@ -44,10 +44,11 @@ class Agreement:
 
 
 class FakeQuantSide:
-    """Accumulates the fake-quant GRU's distances from float, and its agreement with the integers."""
+    """Accumulates the fake-quant GRU's distances from float, and its agreement with the integers
+    (every cell form: each cell's tensors are its form's, in the float traces, the fake-quant
+    traces and the engine's alike)."""
 
     def __init__(self, qm: QuantModel, per_tensor: bool, static: dict[str, Distance]):
-        require_haste(qm.model, "the fake-quant GRU")
         self.qm = qm
         self.per_tensor = per_tensor
         self.output = Distance()
