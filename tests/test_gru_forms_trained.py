@@ -2,11 +2,15 @@
 hard_sigmoid gates (both reset forms) and a relu candidate, and an ONNX GRU with
 linear_before_reset=0, each trained on a task this test makes, saved by its framework, imported
 with the check on (float = framework to 1e-4), then calibrated and simulated on held-out data:
-the output's cosine to the float model >= 0.99 (int8), 0.999 (w8a16), 0.9999 (int16)."""
+the output's cosine to the float model >= 0.99 (int8), 0.999 (w8a16), 0.9999 (int16); the int8
+C export computes the simulator's integers exactly on the host and on an emulated Cortex-M4."""
+
+import shutil
 
 import numpy as np
 import pytest
 from conftest import keras_on_torch
+from qtool.exporters import c_target
 
 from qtool import api
 from qtool.importers import import_model
@@ -52,25 +56,38 @@ def trained(tmp_path_factory):
     return out
 
 
-def _bar(model, float_out, x_test) -> dict[str, float]:
+def _bar(model, x_test) -> dict:
+    """Each preset's quantized model, its output's cosine held to COSINE."""
     x_cal, _ = task(256, 1)
     got = {}
     for bits, floor in COSINE.items():
         qm = api.calibrate(model, x_cal, bits=bits)
         res = api.simulate(qm, x_test, per_tensor=False).to_dict()["output"]
-        got[bits] = res["cosine"]
-        print(f"{bits}: cosine {res['cosine']:.6f}, SNR {res['snr_db']:.2f} dB")
+        print(f"{bits}: cosine {res['cosine']:.6f}, SNR {res['snr_db']:.2f} dB")  # pytest -s
         assert res["cosine"] >= floor, (bits, res)
+        got[bits] = qm
     return got
 
 
+def _c_exact(qm, x_test, tmp_path) -> None:
+    """The int8 export verified with 0 mismatches on the host and (where the toolchain is) on
+    an emulated Cortex-M4."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    api.export_c(qm, tmp_path / "c", name="m")
+    targets = ["host"] + ([] if c_target.missing_tools() else ["cortex-m4"])
+    for target in targets:
+        res = api.verify(qm, tmp_path / "c", x_test[:4 if target == "host" else 2], name="m", target=target)
+        assert res.output_values and res.mismatches == 0, (target, res.to_dict())
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_trained_keras_forms_meet_the_bar(trained, name):
+def test_trained_keras_forms_meet_the_bar(trained, name, tmp_path):
     m, path = trained[name]
     model = import_model(path)
     assert model.extra["check"]["checked"] and model.extra["check"]["max_abs_diff"] <= TOL
     x_test, _ = task(128, 2)  # held out
-    _bar(model, m.predict(x_test, verbose=0), x_test)
+    _c_exact(_bar(model, x_test)["int8"], x_test, tmp_path)
 
 
 def test_trained_onnx_linear_before_reset_0_meets_the_bar(trained, tmp_path):
@@ -102,4 +119,4 @@ def test_trained_onnx_linear_before_reset_0_meets_the_bar(trained, tmp_path):
     x_test, _ = task(128, 2)
     y_onnx = __import__("onnxruntime").InferenceSession(str(path)).run(None, {"X": x_test.transpose(1, 0, 2)})[0]
     assert np.abs(y_onnx.transpose(1, 0, 2) - m.predict(x_test, verbose=0)).max() <= TOL  # the same network
-    _bar(model, m.predict(x_test, verbose=0), x_test)
+    _c_exact(_bar(model, x_test)["int8"], x_test, tmp_path)
