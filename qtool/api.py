@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from qtool.core.graph import Graph
-from qtool.core.model import DIRECTIONS, GruModel  # noqa: F401 (DIRECTIONS, PARAMS, TENSORS: for the CLI's tables)
+from qtool.core.model import DIRECTIONS, GruModel  # noqa: F401 (DIRECTIONS: for the CLI's tables)
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import PARAMS, TENSORS  # noqa: F401
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
 from qtool.parallel import world

@@ -23,6 +23,7 @@ from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import TensorConfig, bits_toml, cell_tensors
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
+from qtool.numerics.float_gru import traced
 from qtool.simulation.run import simulate, tensor_key
 
 # The threshold rule's T (dB) on the P_zero prediction's int8 SNR, chosen by the experiment in
@@ -68,7 +69,8 @@ def file_configs(model: GruModel, promoted: frozenset[Unit], plan) -> list[dict[
     cfgs = model_config(bits_config(model, promoted), model.num_layers)
     for l, cfg in enumerate(cfgs):
         p = plan.for_layer(l)
-        for name in CHOSEN:
+        mine = {n for c in model.layers[l] for n in traced(c.form)}  # this layer's cells' tensors
+        for name in (n for n in CHOSEN if n in mine):
             cfg[name] = TensorConfig(cfg[name].bits, cfg[name].symmetric, p.method(name))
     return cfgs
 

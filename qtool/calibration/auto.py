@@ -50,7 +50,7 @@ from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import TensorConfig
 from qtool.engine.metrics import Distance
 from qtool.io.files import SequenceData
-from qtool.numerics.float_gru import TRACED, TRACED_RESET_BEFORE
+from qtool.numerics.float_gru import TRACED, TRACED_RESET_BEFORE, traced
 from qtool.numerics.lut import cell_gates
 from qtool.numerics.qparams import qrange
 from qtool.simulation.run import Simulation, float_output
@@ -318,8 +318,8 @@ def grids_key(qm: QuantModel) -> bytes:
 
 def all_fixed(model: GruModel, plan: MethodPlan) -> bool:
     """Whether a bits file already names the method of every tensor auto would choose."""
-    return all(AutoCalibrator._fixed(plan, l, n) for l in range(model.num_layers) for n in CHOSEN
-               if n != "x" or l == 0)
+    return all(AutoCalibrator._fixed(plan, l, n) for l, cells in enumerate(model.layers)
+               for n in CHOSEN if (n != "x" or l == 0) and any(n in traced(c.form) for c in cells))
 
 
 def calibrate_auto(model: GruModel, data: SequenceData, n: int, config: dict[str, TensorConfig],

@@ -7,7 +7,8 @@ import math
 import numpy as np
 from rich.table import Table
 
-from qtool.api import DIRECTIONS, PARAMS, TENSORS, QuantModel, gru_form
+from qtool.api import DIRECTIONS, QuantModel, gru_form
+from qtool.core.tensors import cell_params, cell_tensors
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:
@@ -133,7 +134,7 @@ def spec_rows(qm: QuantModel) -> list[dict]:
     rows = []
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
-            for td in TENSORS:
+            for td in cell_tensors(cq.form):
                 s = cq.spec[td.name]
                 rows.append({
                     "layer": l, "direction": DIRECTIONS[d], "tensor": td.name, "bits": s.bits,
@@ -150,7 +151,7 @@ def spec_table(qm: QuantModel, title: str) -> Table:
         t.add_column(col, justify="left" if col in ("layer", "tensor") else "right")
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
-            for td in TENSORS:
+            for td in cell_tensors(cq.form):
                 s = cq.spec[td.name]
                 lo, hi = np.asarray(s.lo), np.asarray(s.hi)
                 rng = (f"[{float(lo.min()):.4g}, {float(hi.max()):.4g}]")
@@ -166,7 +167,7 @@ def lut_table(qm: QuantModel) -> Table:
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
             for name, shift_idx in (("lut_z", "z"), ("lut_r", "r"), ("lut_g", "g")):
-                shift = int(cq.P[PARAMS.index(f"lut_shift_{shift_idx}")])
+                shift = int(cq.P[cell_params(cq.form).index(f"lut_shift_{shift_idx}")])
                 t.add_row(f"{l}.{DIRECTIONS[d]}", name, str(len(cq.luts[name])), str(shift),
                           f"{cq.lut_error[name]:g}")
     return t
