@@ -16,7 +16,11 @@ reset-before cell has the slots of its own tensor table (`rh_l{k}` for `Rh_add_b
 `rRh_l{k}`); a relu or linear candidate calibrated with g_out on g_pre's grid (calibration ties
 them: the table is the identity) has no `g_out` slot, g_pre's quantizer serves both, and relu's
 g_pre keeps its zero point at the grid's lowest level (a buffer, not learned). The float weights
-keep nn.GRU's names and layout whatever the form.
+keep nn.GRU's names and layout whatever the form; the form itself is a buffer per cell that is
+not the haste cell, `cell_form_l{k}[_reverse]` (qtool.importers.torch.forms: int64, exact through
+float()/half()), which the torch importer reads; a haste module's state is what it always was.
+`float_forward` runs the float GRU of the module's weights and forms (`float_gru`, torch): the
+import check of such a checkpoint, where nn.GRU cannot compute the form.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from torch import nn
 from qtool.core.model import CellForm, GruCell, GruModel
 from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
 from qtool.errors import QtoolError
+from qtool.importers.torch.forms import decode_form, encode_form, form_key
 from qtool.numerics.fakequant import ROUNDINGS, CellFQ, activations, run_layers
 from qtool.numerics.lut import build_lut, cell_gates
 from qtool.numerics.qparams import choose_qparams, qrange
@@ -158,12 +163,39 @@ class QuantGRU(nn.Module):
                     self.register_parameter(f"{alias}_l{l}{sfx}", nn.Parameter(torch.tensor(values)))
                     self.add_module(f"{slot(name, l, d)}_fake_quant",
                                     TensorQuantizer(cq.spec[name], torch_rows(H), follow=name in ("bx", "br")))
+                if not cq.form.haste:  # the form, in the checkpoint (a haste cell adds nothing)
+                    self.register_buffer(form_key(l, d), torch.from_numpy(encode_form(cq.form)))
                 for name in activations(cq.form):
                     key = f"{slot(name, l, d)}_fake_quant"
                     if (name == "x" and l > 0) or hasattr(self, key) or (name == "g_out" and (l, d) in self._tied):
                         continue  # tied: x of layer l > 0 is h of layer l - 1; h is shared; g_out above
                     relu_pre = name == "g_pre" and cq.form.candidate == "relu"
                     self.add_module(key, TensorQuantizer(cq.spec[name], learn_zp=not relu_pre))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        """A checkpoint's cell forms must be this module's (the keys alone cannot tell a relu from
+        a linear candidate, or two hard_sigmoid constants): another form is an error, as a wrong
+        shape is, and the module keeps its own form."""
+        mine = {form_key(l, d): form for l, row in enumerate(self.forms) for d, form in enumerate(row)
+                if not form.haste}
+        for name, form in mine.items():
+            if prefix + name not in state_dict:
+                continue
+            try:
+                got = decode_form(state_dict[prefix + name].detach().cpu().numpy(), prefix + name)
+            except QtoolError as e:
+                error_msgs.append(str(e))
+                continue
+            if got != form:
+                error_msgs.append(f"{prefix + name}: the checkpoint's cell is {got.describe()}, this "
+                                  f"module's {form.describe()}; build QuantGRU from a model of the "
+                                  "checkpoint's form")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        with torch.no_grad():
+            for name, form in mine.items():
+                getattr(self, name).copy_(torch.from_numpy(encode_form(form)))
 
     @classmethod
     def from_float(cls, gru: nn.GRU, calib, bits: str = "int8", method: str = "minmax",
@@ -260,6 +292,14 @@ class QuantGRU(nn.Module):
         y = y.transpose(0, 1) if self.batch_first else y
         return y, torch.stack(finals)
 
+    def float_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The float GRU this module quantizes (its float weights, each cell of its form, no
+        rounding), as nn.GRU's y: `[N, T, D H]` (batch_first) or `[T, N, D H]`."""
+        seq = x if self.batch_first else x.transpose(0, 1)
+        weights = dict(self.named_parameters(recurse=False))
+        y = float_gru(weights, self.forms, seq)
+        return y if self.batch_first else y.transpose(0, 1)
+
     def float_model(self) -> GruModel:
         """The current float weights as qtool's model (gate order z | r | g), each cell of its form."""
         layers = [[replace(cell, form=self.forms[l][d]) for d, cell in enumerate(row)]
@@ -310,3 +350,46 @@ def _layers(module: nn.Module) -> list[list[GruCell]]:
 def gru_model(gru: nn.GRU) -> GruModel:
     """An nn.GRU's weights as qtool's float model (via the PyTorch importer's gate reordering)."""
     return GruModel(_layers(gru), name="gru", source="torch.nn.GRU")
+
+
+def float_gru(weights: dict, forms: list[list[CellForm]], x: torch.Tensor) -> torch.Tensor:
+    """The float GRU of every cell form in torch, from nn.GRU's own parameters (`weight_ih_l0`,
+    ..., gate order r | z | n; no biases: zero) on batch-first `x [N, T, C]`; `forms[l][d]` is each
+    cell's. Written from CellForm's definition (docs/numerics.md, "Float GRU") with PyTorch's
+    names and layout, apart from qtool's importer and its numpy reference: the import check of a
+    QuantGRU checkpoint runs it against them."""
+    seq = x
+    for l, row in enumerate(forms):
+        outs = []
+        for d, form in enumerate(row):
+            sfx = f"_l{l}" + ("_reverse" if d else "")
+            w_ih, w_hh = (weights[k + sfx].to(x.dtype) for k in ("weight_ih", "weight_hh"))
+            H = w_hh.shape[1]
+            b_ih, b_hh = (weights[k + sfx].to(x.dtype) if k + sfx in weights else x.new_zeros(3 * H)
+                          for k in ("bias_ih", "bias_hh"))
+            if form.gate == "sigmoid":
+                gate = torch.sigmoid
+            else:
+                alpha, beta = form.gate_alpha, form.gate_beta
+                gate = lambda v, a=alpha, b=beta: torch.clamp(a * v + b, 0.0, 1.0)  # noqa: E731
+            candidate = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda v: v}[form.candidate]
+            xs = torch.flip(seq, (1,)) if d else seq
+            gx = xs @ w_ih.T + b_ih  # [N, T, 3H]: r | z | n
+            h = x.new_zeros((x.shape[0], H))
+            hs = []
+            for t in range(xs.shape[1]):
+                x_r, x_z, x_n = gx[:, t].split(H, dim=-1)
+                if form.reset_after:  # n = candidate(W_n x + b_in + r * (R_n h + b_hn))
+                    h_r, h_z, h_n = (h @ w_hh.T + b_hh).split(H, dim=-1)
+                    r, z = gate(x_r + h_r), gate(x_z + h_z)
+                    n = candidate(x_n + r * h_n)
+                else:  # n = candidate(W_n x + b_in + R_n (r * h) + b_hn)
+                    h_r, h_z = (h @ w_hh[:2 * H].T + b_hh[:2 * H]).split(H, dim=-1)
+                    r, z = gate(x_r + h_r), gate(x_z + h_z)
+                    n = candidate(x_n + (r * h) @ w_hh[2 * H:].T + b_hh[2 * H:])
+                h = (1.0 - z) * n + z * h
+                hs.append(h)
+            y = torch.stack(hs, 1)
+            outs.append(torch.flip(y, (1,)) if d else y)
+        seq = torch.cat(outs, -1)
+    return seq

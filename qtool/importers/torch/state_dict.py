@@ -1,13 +1,16 @@
 """PyTorch `nn.GRU` state_dicts from `.pt`/`.pth` (weights_only) and `.safetensors`.
 
 PyTorch stores gates r | z | n; the canonical order is z | r | g, so blocks are reordered. Only
-the tensors named like nn.GRU's parameters are read, each checked for size and dtype first.
+the tensors named like nn.GRU's parameters are read, each checked for size and dtype first, and a
+QuantGRU checkpoint's cell forms (`cell_form_l{k}`, qtool.importers.torch.forms): a GRU with them
+has its cells' forms and is checked against QuantGRU's float forward instead of nn.GRU.
 """
 
 from __future__ import annotations
 
 import re
 import zipfile
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -146,7 +149,9 @@ def _load_pt(path: Path, keep, order: list) -> dict:
             raise QtoolError(f"{path}: tensor '{k}' is {v.dtype} ({v.layout}); expected dense real numbers")
         if _is_gru_key(k) and not v.dtype.is_floating_point:
             raise QtoolError(f"{path}: tensor '{k}' is {v.dtype}; GRU weights must be real floating point")
-        out[k] = v.detach().to(torch.float32 if v.dtype.is_floating_point else torch.int64).numpy()
+        keep64 = v.dtype == torch.float64 and not _is_gru_key(k)  # a QuantGRU's recorded ranges, exactly
+        out[k] = v.detach().to(v.dtype if keep64 else torch.float32 if v.dtype.is_floating_point
+                               else torch.int64).numpy()
     return out
 
 
@@ -192,26 +197,59 @@ def gru_layers(state: dict, where: str) -> list:
     return layers
 
 
+def cell_forms(forms: dict, layers: list, where: str) -> list:
+    """`layers` with each cell of the form its `cell_form_l{k}[_reverse]` buffer names (a
+    QuantGRU checkpoint, qtool.importers.torch.forms; names without the module prefix); a
+    buffer for a cell the GRU does not have is refused."""
+    from qtool.importers.torch.forms import FORM_KEY, decode_form
+
+    out = [list(row) for row in layers]
+    for key, value in forms.items():
+        m = FORM_KEY.match(key)
+        l, d = int(m["layer"]), int(bool(m["rev"]))
+        if l >= len(out) or d >= len(out[l]):
+            raise QtoolError(f"{where}: cell form '{key}' is for a cell the GRU does not have ({len(out)} "
+                             f"layer(s), {'bidirectional' if len(out[0]) > 1 else 'one direction'})")
+        out[l][d] = replace(out[l][d], form=decode_form(value, f"{where}: '{key}'"))
+    return out
+
+
 def read_torch(path: Path, fmt: str) -> dict[str, Stack]:
-    from qtool.importers.torch.check import run_torch
+    from qtool.importers.torch.check import run_quant_gru_float, run_torch
+    from qtool.importers.torch.forms import FORM_KEY
 
     order: list[tuple[str, tuple]] = []
-    tensors = load_tensors(path, fmt, order=order)
+    tensors = load_tensors(path, fmt, keep=lambda k: _is_gru_key(k) or FORM_KEY.match(k) is not None,
+                           order=order)
+    form_keys = {k: FORM_KEY.match(k) for k in tensors if not _is_gru_key(k)}
+    form_values = {k: tensors.pop(k) for k in form_keys}  # integers stay integers (load_tensors)
     groups: dict[str, dict] = {}
     for key, val in tensors.items():
         m = KEY.match(key)
         groups.setdefault(m["prefix"].rstrip("."), {})[key[len(m["prefix"]):]] = val
-    from qtool.importers.torch.slots import SLOT
+    forms: dict[str, dict] = {}
+    for key, m in form_keys.items():
+        if m["prefix"].rstrip(".") not in groups:
+            raise QtoolError(f"{path}: cell form '{key}' belongs to no GRU (no weights under "
+                             f"'{m['prefix'] or 'the top level'}')")
+        forms.setdefault(m["prefix"].rstrip("."), {})[key[len(m["prefix"]):]] = form_values[key]
+    from qtool.importers.torch.slots import SLOT, check_slots
 
-    others = [k for k, _ in order if k not in tensors and not SLOT.match(k)]  # quantizers are read as ranges
-    out = {}
+    others = [k for k, _ in order if k not in tensors and k not in form_keys and not SLOT.match(k)]
+    out = {}  # quantizers (SLOT) are read as ranges, cell forms as the cells' forms
     for prefix, state in groups.items():
         where = f"{path}: GRU '{prefix}'" if prefix else f"{path}: GRU"
         name = ROOT if not prefix and len(groups) > 1 else prefix  # "" means "the only GRU"
         state = {k: as_float32(where, k, v) for k, v in state.items()}
         rest = [f"{p or ROOT} (GRU)" for p in groups if p != prefix]
-        out[name] = Stack(gru_layers(state, where), "PyTorch nn.GRU", partial(run_torch, state),
-                          took=[prefix or ROOT], left_out=rest + modules(others),
+        layers = cell_forms(forms.get(prefix, {}), gru_layers(state, where), where)
+        check_slots([k for k, _ in order], f"{prefix}." if prefix else "", layers, where)
+        if not forms.get(prefix):  # chosen by the file's keys, not by how the forms were read
+            framework, run = "PyTorch nn.GRU", partial(run_torch, state)
+        else:  # nn.GRU computes the haste cell only: QuantGRU's float forward computes the forms
+            framework, run = "PyTorch QuantGRU.float_forward", partial(run_quant_gru_float, state,
+                                                                       forms.get(prefix, {}))
+        out[name] = Stack(layers, framework, run, took=[prefix or ROOT], left_out=rest + modules(others),
                           input_from=_before(order, tensors, others, prefix))
     return out
 
