@@ -30,6 +30,7 @@ from qtool.core.graph import Graph
 from qtool.core.model import DIRECTIONS, GruModel  # noqa: F401 (DIRECTIONS: for the CLI's tables)
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
+from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (for the CLI's tables)
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
 from qtool.parallel import world

@@ -7,8 +7,7 @@ import math
 import numpy as np
 from rich.table import Table
 
-from qtool.api import DIRECTIONS, QuantModel, gru_form
-from qtool.core.tensors import cell_params, cell_tensors
+from qtool.api import DIRECTIONS, QuantModel, cell_params, cell_tensors, gru_form
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:

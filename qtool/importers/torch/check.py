@@ -1,7 +1,7 @@
 """The PyTorch side of the import check: the state dict as read from the file, loaded by PyTorch
 itself into an `nn.GRU` (strict: every name and shape as nn.GRU defines them) and run; a QuantGRU
 checkpoint whose cells are of another form (`cell_form_l{k}` buffers), which nn.GRU cannot
-compute, through `qtool.qat.QuantGRU`'s float forward (`qtool.qat.module.float_gru`: torch, nn.GRU's
+compute, through `qtool.qat.QuantGRU`'s float forward (`qtool.importers.torch.float_gru`: torch, nn.GRU's
 names and r | z | n layout, the forms read here from the buffers by their own names), not through
 the importer's reordering or qtool's numpy reference that the check compares it with."""
 
@@ -34,8 +34,8 @@ def run_quant_gru_float(state: dict, forms: dict, x: np.ndarray) -> np.ndarray:
     import torch  # ImportError: PyTorch is not installed, nothing to check against
 
     from qtool.core.model import HASTE
+    from qtool.importers.torch.float_gru import float_gru
     from qtool.importers.torch.forms import decode_form, form_key
-    from qtool.qat.module import float_gru
 
     layers = 1 + max(int(re.search(r"_l(\d+)", k)[1]) for k in state)
     dirs = 2 if "weight_ih_l0_reverse" in state else 1
