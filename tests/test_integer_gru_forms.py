@@ -136,3 +136,42 @@ def test_the_lane_proof_covers_the_reset_before_cell(preset):
             dp.P, dp.CH, dp.luts = dp.P.astype(np.int64), dp.CH.astype(np.int64), tuple(
                 t.astype(np.int64) for t in dp.luts)
     assert np.array_equal(run_model(qm, x, plans=plans).y_int, y32)
+
+
+def test_the_report_draws_a_tensor_of_zeros():
+    """Keras' reset_after=False cell has br = 0: its histogram is as fine as a grid gets, and the
+    report's bins over the 32-bit bias grid must still add up (they overflowed a shift)."""
+    from qtool.calibrators.histogram import Histogram
+
+    from qtool.report.data import display_bins
+
+    h = Histogram()
+    h.add(np.zeros(48, np.float32))
+    edges, counts = display_bins(h, -2.3e9, 2.3e9)
+    assert counts.sum() == 48 and edges[0] <= 0.0 < edges[-1]
+    assert counts[np.searchsorted(edges, 0.0, side="right") - 1] == 48  # all in the bin holding 0
+
+
+@pytest.mark.parametrize("text, form, match", [
+    ("[tensors.rh]\nbits = 16\n", None, r"b.toml: rh: no GRU cell of this model has it \(rh belongs to a reset-before"),
+    ("[layers.1.rh]\nbits = 16\n", "layer0", r"layers.1.rh: no GRU cell of layer 1 of this model has it"),
+    ("[tensors.rRh]\nbits = 16\n", RESET_BEFORE, r"rRh: no GRU cell of this model has it"),
+    ("[tensors.g_out]\nbits = 16\n", AFTER_RELU, r"g_out: a relu or linear candidate's g_out takes g_pre's grid"),
+])
+def test_a_bits_file_naming_what_the_cells_do_not_have_is_refused(tmp_path, text, form, match):
+    """Otherwise the setting would be silently ignored."""
+    from qtool.core.tensors import load_bits
+
+    model = random_model(C=3, H=4, layers=2)
+    if form == "layer0":  # a reset-before layer 0, a haste layer 1
+        model.layers[0] = [GruCell(c.W, c.R, c.bx, c.br, RESET_BEFORE) for c in model.layers[0]]
+    elif form is not None:
+        model = with_form(model, form)
+    (tmp_path / "b.toml").write_text(text)
+    _, config = load_bits(str(tmp_path / "b.toml"))
+    with pytest.raises(QtoolError, match=match):
+        calibrated(model, np.random.RandomState(0).randn(4, 5, 3).astype(np.float32), config=config)
+    (tmp_path / "ok.toml").write_text("[tensors.rh]\nbits = 16\n")  # rh of a reset-before model: taken
+    qm = calibrated(with_form(model, RESET_BEFORE), np.random.RandomState(0).randn(4, 5, 3).astype(np.float32),
+                    config=load_bits(str(tmp_path / "ok.toml"))[1])
+    assert qm.cells[1][0].spec["rh"].bits == 16

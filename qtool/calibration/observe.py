@@ -23,7 +23,7 @@ from qtool.calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from qtool.calibrators.base import NO_BOUND
 from qtool.core.model import GruCell, GruModel
 from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
-from qtool.core.tensors import BY_NAME, TensorConfig, cell_tensors, layer_config
+from qtool.core.tensors import BY_NAME, TensorConfig, cell_names, cell_tensors, layer_config
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
 from qtool.numerics.float_gru import run_float, traced
@@ -320,6 +320,30 @@ def model_config(config: dict[str, TensorConfig], num_layers: int) -> list[dict[
     return cfgs
 
 
+def check_named(model: GruModel, config: dict[str, TensorConfig]) -> None:
+    """A bits file that names a tensor no cell of the model (or of the layer it names) has, or a
+    g_out of other bits than its g_pre where a relu or linear candidate ties the two, is refused
+    in one line: it would otherwise be silently ignored."""
+    source, named = getattr(config, "named", None) or ("", set())
+    cfgs = None
+    for l, name in sorted(named, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
+        layers = range(model.num_layers) if l is None else [l]
+        where = "" if l is None else f"layers.{l}."
+        cells = [c for ll in layers if ll < model.num_layers for c in model.layers[ll]]
+        if not any(name in cell_names(c.form) for c in cells):
+            forms = "a reset-before cell" if name == "rh" else "a haste-form (reset-after) cell"
+            scope = "" if l is None else f"of layer {l} "
+            raise QtoolError(f"{source}: {where}{name}: no GRU cell {scope}of this model has it ({name} belongs "
+                             f"to {forms})")
+        if name == "g_out":
+            cfgs = cfgs or model_config(config, model.num_layers)
+            for ll in layers:
+                tied = any(_tied(c) for c in model.layers[ll])
+                if tied and cfgs[ll]["g_out"].bits != cfgs[ll]["g_pre"].bits:
+                    raise QtoolError(f"{source}: {where}g_out: a relu or linear candidate's g_out takes g_pre's "
+                                     f"grid (its table is the identity); set g_pre's bits instead")
+
+
 def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, TensorConfig],
                       info: dict, plan: MethodPlan | str | None = None,
                       fixed: list[list[dict[str, TensorQ]]] | None = None,
@@ -327,6 +351,7 @@ def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, 
     """Turn observations into a QuantModel. Layers l > 0 take their x bits from h. `fixed[l][d]`
     holds tensors whose quantization is already known (the ties must hold among them); with every
     tensor fixed, `obs` may be None."""
+    check_named(model, config)
     plan = as_plan(plan)
     cells = []
     for l, (layer, cfg) in enumerate(zip(model.layers, model_config(config, model.num_layers))):

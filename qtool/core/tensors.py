@@ -180,10 +180,12 @@ class BitsConfig(dict):
     file's `[layers.L.NAME]` tables). A plain dict is a config without overrides."""
 
     def __init__(self, base: dict[str, TensorConfig], layers: dict[int, dict[str, TensorConfig]] | None = None,
-                 graph: dict[str, dict] | None = None):
+                 graph: dict[str, dict] | None = None, named: tuple[str, set] | None = None):
         super().__init__(base)
         self.layers = layers or {}
         self.graph = graph or {}  # a whole model's layer (or input) name -> {weight, bias, activation, method}
+        # (file name, {(layer or None, tensor)}): what a bits file names, checked against the model's cells
+        self.named = named
 
 
 GRAPH_KEYS = {"weight": "weight", "bias": "bias", "activation": "activation"}
@@ -282,8 +284,9 @@ def load_bits(spec: str) -> tuple[str, BitsConfig]:
     config = preset_config(raw.get("preset", "int8"))
     for name, entry in _tables(path, raw.get("tensors") or {}, "tensors").items():
         config[name] = _entry(path, "tensor", name, entry, config[name])
-    return path.name, BitsConfig(config, _layer_overrides(path, raw.get("layers") or {}, config),
-                                 _graph_entries(path, raw.get("graph") or {}))
+    layers = _layer_overrides(path, raw.get("layers") or {}, config)
+    named = {(None, n) for n in raw.get("tensors") or {}} | {(l, n) for l, t in layers.items() for n in t}
+    return path.name, BitsConfig(config, layers, _graph_entries(path, raw.get("graph") or {}), (path.name, named))
 
 
 def bits_toml(preset: str, per_layer: list[dict[str, TensorConfig]], comment: str = "") -> str:

@@ -91,7 +91,11 @@ def display_bins(h: Histogram, lo: float, hi: float, bins: int = DISPLAY_BINS) -
     exactly into each wider bin."""
     W = max(h.w, math.ceil(math.log2(max(hi - lo, 2.0**h.w) / bins)))
     first, last = math.floor(lo / 2.0**W), math.floor(hi / 2.0**W)
-    idx = np.floor_divide(np.arange(h.start, h.start + h.counts.size), 1 << (W - h.w)) - first
+    k = np.arange(h.start, h.start + h.counts.size)
+    if W - h.w < 63:
+        idx = np.floor_divide(k, 1 << (W - h.w)) - first
+    else:  # a histogram this fine holds a tensor of zeros (an unused bias): its bins fall at 0
+        idx = np.floor(k * 2.0 ** (h.w - W)).astype(np.int64) - first
     counts = np.bincount(idx, weights=h.counts, minlength=last - first + 1).astype(np.int64)
     return (first + np.arange(counts.size + 1)) * 2.0**W, counts
 
