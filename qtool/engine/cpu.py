@@ -27,9 +27,9 @@ from numba.extending import register_jitable
 from qtool.core.model import GruCell
 from qtool.core.qmodel import CellQuant, QuantModel
 from qtool.engine.float_cell import (
-    candidate32,
     float_candidate_reset_before,
     float_cell,
+    float_cell_form,
     float_gates,
     form_codes,
 )
@@ -409,18 +409,10 @@ def _float_cells_form(i, ffx, ffh, fah, bx, br, H, form, alpha_beta, fb):
     or linear candidate): the same rows, each activation the form's."""
     for j in range(H):
         jr, jg = j + H, j + 2 * H
-        z_pre, r_pre, z, r = float_gates(ffx[i, j], ffx[i, jr], ffh[i, j], ffh[i, jr], bx[j], bx[jr],
-                                         br[j], br[jr], form[1], alpha_beta[0], alpha_beta[1])
-        Rh_add_br = ffh[i, jg] + br[jg]
-        rRh = r * Rh_add_br
-        g_pre = ffx[i, jg] + rRh + bx[jg]
-        g = candidate32(g_pre, form[2])
-        old = z * fah[i, j]
-        new = (np.float32(1.0) - z) * g
-        h = old + new
-        _store_rows(fb, i, j, (ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr], ffh[i, jg], z_pre,
-                               r_pre, g_pre, z, r, g, Rh_add_br, rRh, old, new, h))
-        fah[i, j] = h
+        res = float_cell_form(ffx[i, j], ffx[i, jr], ffx[i, jg], ffh[i, j], ffh[i, jr], ffh[i, jg], fah[i, j],
+                              bx[j], bx[jr], bx[jg], br[j], br[jr], br[jg], form, alpha_beta)
+        _store_rows(fb, i, j, (ffx[i, j], ffx[i, jr], ffx[i, jg]) + res)
+        fah[i, j] = res[-1]
 
 
 @register_jitable

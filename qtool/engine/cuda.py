@@ -31,10 +31,9 @@ from numba import config, cuda
 
 from qtool.core.model import CellForm
 from qtool.engine.float_cell import (
-    ONE,
-    candidate32,
     float_candidate_reset_before,
     float_cell,
+    float_cell_form,
     float_gates,
     form_codes,
 )
@@ -166,24 +165,6 @@ def add_terms(slot, q, f, grid):
     slot[STAT_MAX_ABS] = max(slot[STAT_MAX_ABS], abs(e))
     slot[STAT_COUNT] += 1.0
     slot[STAT_SATURATED] += clipped(r, grid[GRID_LO_CLIP], grid[GRID_HI_CLIP])
-
-
-@cuda.jit(device=True)
-def float_cell_form(Wx_z, Wx_r, Wx_g, Rh_z, Rh_r, Rh_g, h_old, bx_z, bx_r, bx_g, br_z, br_r, br_g, form,
-                    alpha_beta):
-    """float_cell for a reset-after cell with other activations (hard_sigmoid gates, a relu or
-    linear candidate; `form` and `alpha_beta` as engine_cpu.DirectionPlan's): the same outputs,
-    as engine_cpu._float_cells_form computes them."""
-    z_pre, r_pre, z, r = float_gates(Wx_z, Wx_r, Rh_z, Rh_r, bx_z, bx_r, br_z, br_r, form[1], alpha_beta[0],
-                                     alpha_beta[1])
-    Rh_add_br = Rh_g + br_g
-    rRh = r * Rh_add_br
-    g_pre = Wx_g + rRh + bx_g
-    g = candidate32(g_pre, form[2])
-    old_contrib = z * h_old
-    new_contrib = (ONE - z) * g
-    return (Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, Rh_add_br, rRh, old_contrib, new_contrib,
-            old_contrib + new_contrib)
 
 
 @cuda.jit

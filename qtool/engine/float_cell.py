@@ -142,3 +142,21 @@ def float_candidate_reset_before(Wx_g, Rrh_g, h_old, z, bx_g, br_g, candidate):
     old_contrib = z * h_old
     new_contrib = (ONE - z) * g
     return g_pre, g, old_contrib, new_contrib, old_contrib + new_contrib
+
+
+@register_jitable(inline="always")
+def float_cell_form(Wx_z, Wx_r, Wx_g, Rh_z, Rh_r, Rh_g, h_old, bx_z, bx_r, bx_g, br_z, br_r, br_g, form,
+                    alpha_beta):
+    """`float_cell` for a reset-after cell with other activations (hard_sigmoid gates, a relu or
+    linear candidate; `form` [reset_before, gate, candidate] and `alpha_beta` as the engines'
+    plans hold them): the same outputs in the same order."""
+    z_pre, r_pre, z, r = float_gates(Wx_z, Wx_r, Rh_z, Rh_r, bx_z, bx_r, br_z, br_r, form[1], alpha_beta[0],
+                                     alpha_beta[1])
+    Rh_add_br = Rh_g + br_g
+    rRh = r * Rh_add_br
+    g_pre = Wx_g + rRh + bx_g
+    g = candidate32(g_pre, form[2])
+    old_contrib = z * h_old
+    new_contrib = (ONE - z) * g
+    return (Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, Rh_add_br, rRh, old_contrib, new_contrib,
+            old_contrib + new_contrib)

@@ -154,12 +154,13 @@ def float_output(qm: QuantModel, x: np.ndarray, runner=run_model) -> np.ndarray:
     return runner(qm, x, OUTPUT).y_float
 
 
-def chunk_partial(run, per_tensor: bool, per_step: bool = True, qm: QuantModel | None = None) -> dict:
+def chunk_partial(run, per_tensor: bool, per_step: bool, qm: QuantModel) -> dict:
     """One chunk's distances from an engine's statistics `run` (engine_cpu.ModelRun), as the
-    partial of the Simulation's fields (qtool.simulation.fold.STATS); `qm` names each cell's
-    measured tensors (its form's, qtool.engine.layout.cell_layout; the haste cell's without it)."""
+    partial of the Simulation's fields (qtool.simulation.fold.STATS); each cell's measured
+    tensors are its form's (qtool.engine.layout.cell_layout)."""
+
     def measured(l: int, d: int) -> tuple[str, ...]:
-        return cell_layout(qm.cells[l][d].form if qm is not None else HASTE).measured
+        return cell_layout(qm.cells[l][d].form).measured
 
     return {"output": Distance.of_stats(st[-1] for st in run.stats[-1]),  # every direction's h (last), last layer
             "steps": [Distance.of_stats([row]) for row in run.step_stats] if per_step else [],
