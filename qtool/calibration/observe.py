@@ -250,7 +250,7 @@ def _identity_candidate(cell: GruCell, g_pre: Observer | TensorQ, cfg: TensorCon
     else:
         t = tensor_q(g_pre, cfg, (0.0, math.inf), "g_pre")
         qmin, _ = qrange(cfg.bits)
-        g_lo, g_hi = grid_range(t.exp2_inv, qmin, cfg.bits)
+        _, g_hi = grid_range(t.exp2_inv, qmin, cfg.bits)
         t = TensorQ(cfg.bits, False, t.exp2_inv, qmin, max(float(t.lo), 0.0), min(float(t.hi), g_hi))
     return {"g_pre": t, "g_out": t}
 

@@ -21,14 +21,14 @@ from collections.abc import Callable
 import numpy as np
 
 from qtool.core.model import CellForm, GruCell, GruModel
-from qtool.core.tensors import ACTIVATIONS
+from qtool.core.tensors import ACTIVATIONS, TENSORS_RESET_BEFORE
 
 # Tensors that the float run can record per time step, named as in the tensor table
 # (docs/numerics.md).
 TRACED = ACTIVATIONS
 # What a reset-before cell records: no Rh_add_br or rRh; rh = r * h_old, and Rh's g block is
 # R_g rh (the recurrent GEMM reads rh there)
-TRACED_RESET_BEFORE = tuple(n for n in ACTIVATIONS if n not in ("Rh_add_br", "rRh")) + ("rh",)
+TRACED_RESET_BEFORE = tuple(t.name for t in TENSORS_RESET_BEFORE if t.kind == "activation")
 
 
 def traced(form: CellForm) -> tuple[str, ...]:
