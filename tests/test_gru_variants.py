@@ -390,6 +390,11 @@ def test_keras_whole_model_keeps_its_forms_in_its_file_and_runs_in_integers(kera
     assert all(not f.haste for f in forms.values()) and forms["gru_a"].gate == "hard_sigmoid"
     outs = simulate_graph(qg, HELD_OUT).to_dict()["outputs"]
     assert outs and all(o["cosine"] > 0.999 for o in outs.values()), outs
+    # a bits file for both forms' tensors: each is some GRU's (gru_a's rh, gru_b's rRh), so it is taken
+    (tmp_path / "b.toml").write_text("[tensors.rh]\nbits = 16\n\n[tensors.rRh]\nbits = 16\n")
+    qg = calibrate_graph(graph, calib, bits=str(tmp_path / "b.toml"), method="minmax")
+    cell = {n: qg.qparams[n]["qm"].cells[0][0] for n in ("gru_a", "gru_b")}
+    assert cell["gru_a"].spec["rh"].bits == 16 and cell["gru_b"].spec["rRh"].bits == 16
 
 
 # ---- ONNX

@@ -157,6 +157,7 @@ def test_the_report_draws_a_tensor_of_zeros():
     ("[layers.1.rh]\nbits = 16\n", "layer0", r"layers.1.rh: no GRU cell of layer 1 of this model has it"),
     ("[tensors.rRh]\nbits = 16\n", RESET_BEFORE, r"rRh: no GRU cell of this model has it"),
     ("[tensors.g_out]\nbits = 16\n", AFTER_RELU, r"g_out: a relu or linear candidate's g_out takes g_pre's grid"),
+    ("[graph.head]\nweight = 16\n", None, r"b.toml: \[graph.head\]: graph tables set a whole model's layers; this"),
 ])
 def test_a_bits_file_naming_what_the_cells_do_not_have_is_refused(tmp_path, text, form, match):
     """Otherwise the setting would be silently ignored."""

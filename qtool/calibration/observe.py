@@ -23,7 +23,7 @@ from qtool.calibrators import DEFAULT_PERCENTILE, Observer, make_observer
 from qtool.calibrators.base import NO_BOUND
 from qtool.core.model import GruCell, GruModel
 from qtool.core.qmodel import CellQuant, QuantModel, TensorQ
-from qtool.core.tensors import BY_NAME, TensorConfig, cell_names, cell_tensors, layer_config
+from qtool.core.tensors import BY_NAME, BitsConfig, TensorConfig, cell_names, cell_tensors, layer_config
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
 from qtool.numerics.float_gru import run_float, traced
@@ -320,28 +320,39 @@ def model_config(config: dict[str, TensorConfig], num_layers: int) -> list[dict[
     return cfgs
 
 
-def check_named(model: GruModel, config: dict[str, TensorConfig]) -> None:
-    """A bits file that names a tensor no cell of the model (or of the layer it names) has, or a
-    g_out of other bits than its g_pre where a relu or linear candidate ties the two, is refused
-    in one line: it would otherwise be silently ignored."""
+def check_named(models: list[GruModel], config: dict[str, TensorConfig], whole: bool = False) -> None:
+    """A bits file that names a tensor no cell of the models (or of the layer it names) has, a
+    g_out of other bits than its g_pre where a relu or linear candidate ties the two, or (`whole`
+    False: a GRU alone) `graph` tables, is refused in one line: it would otherwise be silently
+    ignored. `models`: every GRU the config quantizes (a whole model's GRUs share it)."""
     source, named = getattr(config, "named", None) or ("", set())
-    cfgs = None
+    if source and getattr(config, "graph", None) and not whole:
+        raise QtoolError(f"{source}: [graph.{next(iter(config.graph))}]: graph tables set a whole model's layers; "
+                         "this is a GRU alone")
     for l, name in sorted(named, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
-        layers = range(model.num_layers) if l is None else [l]
         where = "" if l is None else f"layers.{l}."
-        cells = [c for ll in layers if ll < model.num_layers for c in model.layers[ll]]
+        cells = [c for m in models for ll, row in enumerate(m.layers) if l in (None, ll) for c in row]
         if not any(name in cell_names(c.form) for c in cells):
             forms = "a reset-before cell" if name == "rh" else "a haste-form (reset-after) cell"
             scope = "" if l is None else f"of layer {l} "
             raise QtoolError(f"{source}: {where}{name}: no GRU cell {scope}of this model has it ({name} belongs "
                              f"to {forms})")
-        if name == "g_out":
-            cfgs = cfgs or model_config(config, model.num_layers)
-            for ll in layers:
-                tied = any(_tied(c) for c in model.layers[ll])
-                if tied and cfgs[ll]["g_out"].bits != cfgs[ll]["g_pre"].bits:
-                    raise QtoolError(f"{source}: {where}g_out: a relu or linear candidate's g_out takes g_pre's "
-                                     f"grid (its table is the identity); set g_pre's bits instead")
+        if name != "g_out":
+            continue
+        for m in models:
+            cfgs = model_config(config, m.num_layers)
+            if any(l in (None, ll) and any(_tied(c) for c in row) and cfgs[ll]["g_out"].bits != cfgs[ll]["g_pre"].bits
+                   for ll, row in enumerate(m.layers)):
+                raise QtoolError(f"{source}: {where}g_out: a relu or linear candidate's g_out takes g_pre's "
+                                 f"grid (its table is the identity); set g_pre's bits instead")
+
+
+def checked_once(config: dict[str, TensorConfig]) -> dict[str, TensorConfig]:
+    """The config with what a bits file named already checked (`check_named` over every GRU of a
+    whole model): each GRU's own build then skips the check that only the whole can make."""
+    if not getattr(config, "named", None):
+        return config
+    return BitsConfig(dict(config), config.layers, config.graph)
 
 
 def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, TensorConfig],
@@ -351,7 +362,7 @@ def build_quant_model(model: GruModel, obs: Observers | None, config: dict[str, 
     """Turn observations into a QuantModel. Layers l > 0 take their x bits from h. `fixed[l][d]`
     holds tensors whose quantization is already known (the ties must hold among them); with every
     tensor fixed, `obs` may be None."""
-    check_named(model, config)
+    check_named([model], config)
     plan = as_plan(plan)
     cells = []
     for l, (layer, cfg) in enumerate(zip(model.layers, model_config(config, model.num_layers))):

@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtool.calibration.observe import MethodPlan, build_quant_model, cell_from_spec, collect, tensor_q
+from qtool.calibration.observe import (
+    MethodPlan,
+    build_quant_model,
+    cell_from_spec,
+    check_named,
+    checked_once,
+    collect,
+    tensor_q,
+)
 from qtool.calibrators import make_observer
 from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
@@ -167,7 +175,11 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
 def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
                    chunk: int, info: dict | None) -> QGraph:
     """Every grid and layer integer from the first `rows` sequences of the prepared values."""
+    from qtool.layers.gru import model as gru_model
+
     g, core, tail, done = prep.graph, prep.core, prep.tail, list(prep.passes)
+    check_named([gru_model(n) for n in g.nodes if n.name in core and n.op == "gru"], config, whole=True)
+    config = checked_once(config)
     values = {e: v[:rows] for e, v in prep.values.items()}
     node_bits: dict[str, list[int]] = {}
     chosen = getattr(config, "graph", {})
