@@ -54,8 +54,17 @@ def model(C: int, F: int, H: int, classes: int = 12, seed: int = 0) -> Graph:
     return check(Graph(nodes, {"x": (None, C)}, ["y"], "kws"))
 
 
-def timed_run(qg, x: np.ndarray) -> dict[str, float]:
-    """run_int with each node timed; the input quantization and the float tail too."""
+def gemm_path(node, qp: dict, q: np.ndarray, g) -> str:
+    """How a dense or conv1d node computes its sums: the dtype of its exact GEMM (and conv1d's way)."""
+    if node.op == "dense":
+        return np.dtype(layer("dense", node.label).gemm_path(qp, q)[0]).name
+    dt, how, _ = layer("conv1d", node.label).gemm_path(node, qp, q, g)
+    return f"{np.dtype(dt).name} {how}"
+
+
+def timed_run(qg, x: np.ndarray, paths: dict | None = None) -> dict[str, float]:
+    """run_int with each node timed; the input quantization and the float tail too; `paths` gets
+    each dense or conv1d node's GEMM path."""
     t = {}
     t0 = time.perf_counter()
     e = next(iter(qg.graph.inputs))
@@ -64,6 +73,8 @@ def timed_run(qg, x: np.ndarray) -> dict[str, float]:
     t["quantize input"] = time.perf_counter() - t0
     for name in qg.core:
         node = qg.node(name)
+        if paths is not None and node.op in ("dense", "conv1d"):
+            paths[name] = gemm_path(node, qg.qparams[name], q[node.inputs[0]], qg.grids[node.inputs[0]])
         t0 = time.perf_counter()
         outs = layer(node.op, node.label).forward_int(node, qg.qparams[name], [q[i] for i in node.inputs],
                                                       [qg.grids[i] for i in node.inputs],
@@ -86,7 +97,8 @@ def main() -> None:
     x = np.random.default_rng(1).standard_normal((2 * a.N, a.T, a.C)).astype(np.float32)
     qg = calibrate_graph(g, SequenceData(x[:a.N], False, "calib"), a.N, load_bits(a.bits)[1], "minmax")
     test = x[a.N:]
-    timed_run(qg, test[:8])  # compile and warm
+    paths: dict[str, str] = {}
+    timed_run(qg, test, paths)  # compile and warm; each GEMM's path on the timed data
     runs, floats = [], []
     for _ in range(a.repeat):
         runs.append(timed_run(qg, test))
@@ -103,6 +115,7 @@ def main() -> None:
         print(f"| {k} | {ms:.1f} | {100 * ms / 1e3 / med_total:.1f}% |")
     print(f"| **integer model** | **{med_total * 1e3:.1f}** | {1e6 * med_total / (a.N * a.T):.2f} us per step |")
     print(f"| float graph (numpy) | {statistics.median(floats) * 1e3:.1f} | |")
+    print("GEMM paths: " + ", ".join(f"{k}: {v}" for k, v in paths.items()))
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

@@ -19,10 +19,19 @@ from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
 from qtool.layers.c import CNode, Window, gemm_c
-from qtool.layers.integer import EXACT_FLOAT, LayerBits, gemm_params, matmul, rescale
+from qtool.layers.integer import (
+    GEMM_CHUNK_BYTES,
+    LayerBits,
+    abs_max,
+    gemm_dtype,
+    gemm_params,
+    gemm_rescale,
+    rescale_into,
+)
 
 OP = "conv1d"
 ATTRS = ("kernel", "stride", "dilation", "groups", "padding")
+IM2COL_BYTES = 1 << 26  # the most one sequence's windows may take as GEMM rows; beyond, a tap at a time
 
 
 def _attrs(node: Node) -> tuple[int, int, int, int, str | tuple[int, int]]:
@@ -84,34 +93,80 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
     return gemm_params(node.params["W"], node.params.get("b"), g_in[0], g_out[0], bits)
 
 
+def gemm_path(node: Node, qp: dict, q_x: np.ndarray, g_in: TensorQ) -> tuple[type, str, int]:
+    """How forward_int computes: (the GEMM's dtype, "im2col" or "taps", the bound on its partial
+    sums). The windows read q_x padded with its zero point, so the bound is
+    kernel * C_in/groups * max(|q_x|, |zp| where padded) * max|q_W| (gemm_dtype). "im2col": one
+    GEMM per group over the windows, a chunk of sequences at a time, where one sequence's windows
+    fit in IM2COL_BYTES and a window has more than one channel; otherwise "taps": a tap at a time
+    (depthwise: elementwise)."""
+    kernel, stride, dilation, _, _ = _attrs(node)
+    q_W = qp["q_W"]
+    c_g = q_W.shape[1]
+    max_x = max(abs_max(q_x), abs(g_in.zp) if any(_pads(node, q_x.shape[1])) else 0)
+    bound = kernel * c_g * max_x * abs_max(q_W)
+    dt = gemm_dtype(bound)
+    t_out = max(0, (q_x.shape[1] + sum(_pads(node, q_x.shape[1])) - (kernel - 1) * dilation - 1) // stride + 1)
+    fits = t_out * kernel * c_g * np.dtype(dt).itemsize <= IM2COL_BYTES
+    return dt, "im2col" if fits and c_g > 1 else "taps", bound
+
+
+def _window_view(node: Node, xp: np.ndarray, kernel: int, stride: int, dilation: int) -> np.ndarray:
+    """The windows of a padded, C-contiguous `xp [N, T, C]` as a read-only view `[N, T', kernel, C]`
+    (qtool.layers.windows without its copy)."""
+    span = (kernel - 1) * dilation + 1
+    if xp.shape[1] < span:
+        raise fail(node, f"{xp.shape[1]} steps (after padding) are fewer than the window's {span}")
+    t_out = (xp.shape[1] - span) // stride + 1
+    s0, s1, s2 = xp.strides
+    return np.lib.stride_tricks.as_strided(xp, (xp.shape[0], t_out, kernel, xp.shape[2]),
+                                           (s0, stride * s1, dilation * s1, s2), writeable=False)
+
+
+def _tap_sum(taps: np.ndarray, W: np.ndarray, groups: int) -> np.ndarray:
+    """sum_j taps[:, :, j] (by group) @ W[:, :, j].T, a tap at a time: [n, T', C_out] in W's dtype."""
+    c_out, c_g, kernel = W.shape
+    per = c_out // groups
+    acc = np.zeros((*taps.shape[:2], c_out), W.dtype)
+    for j in range(kernel):
+        xs = taps[:, :, j]  # [n, T', C_in]
+        if c_g == 1:  # depthwise: each output channel reads one input channel
+            acc += (np.repeat(xs, per, axis=-1) if per > 1 else xs) * W[:, 0, j]
+            continue
+        for g in range(groups):
+            acc[..., g * per:(g + 1) * per] += xs[..., g * c_g:(g + 1) * c_g] @ W[g * per:(g + 1) * per, :, j].T
+    return acc
+
+
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
+    """Exact integers in the cheapest exact dtype (gemm_path): the input padded with its zero point
+    in that dtype, its windows a strided view, then per group one GEMM over a chunk of sequences'
+    windows (im2col, copied a chunk at a time) or a tap at a time, each chunk rescaled in place."""
     kernel, stride, dilation, groups, _ = _attrs(node)
-    q_W = qp["q_W"]
+    q_W, x, zp = qp["q_W"], np.asarray(qs[0]), g_in[0].zp
     c_out, c_g = q_W.shape[:2]
-    bound = kernel * c_g * int(np.abs(qs[0]).max(initial=0) + abs(g_in[0].zp)) * int(np.abs(q_W).max(initial=0))
-    if bound >= EXACT_FLOAT:  # beyond float64's exact integers: the windows in int64
-        taps = _taps(node, np.asarray(qs[0], np.int64), g_in[0].zp)  # [N, T', groups, K]
-        Wg = _by_group(q_W, groups)
-        acc = np.concatenate([matmul(taps[:, :, g], Wg[g]) for g in range(groups)], axis=-1)
-    else:  # a tap at a time, through BLAS: every partial sum is an exact integer below 2^53
-        x = np.pad(np.asarray(qs[0], np.float64), ((0, 0), _pads(node, qs[0].shape[1]), (0, 0)),
-                   constant_values=g_in[0].zp)
-        span = (kernel - 1) * dilation + 1
-        if x.shape[1] < span:
-            raise fail(node, f"{x.shape[1]} steps (after padding) are fewer than the window's {span}")
-        t_out = (x.shape[1] - span) // stride + 1
-        W, per = q_W.astype(np.float64), c_out // groups
-        acc = np.zeros((x.shape[0], t_out, c_out))
-        for j in range(kernel):
-            xs = x[:, j * dilation: j * dilation + (t_out - 1) * stride + 1: stride]  # [N, T', C_in]
-            if c_g == 1:  # depthwise: each output channel reads one input channel
-                acc += np.repeat(xs, per, axis=-1) * W[:, 0, j]
-                continue
-            for g in range(groups):
-                acc[..., g * per:(g + 1) * per] += xs[..., g * c_g:(g + 1) * c_g] @ W[g * per:(g + 1) * per, :, j].T
-        acc = acc.astype(np.int64)
-    return [rescale(acc - qp["W_sum_mul_x_zp"] + qp["q_b"], qp["sh_acc"], g_out[0])]
+    per = c_out // groups
+    dt, path, bound = gemm_path(node, qp, x, g_in[0])
+    left, right = _pads(node, x.shape[1])
+    xp = np.empty((x.shape[0], left + x.shape[1] + right, x.shape[2]), dt)
+    xp[:, :left] = zp
+    xp[:, left + x.shape[1]:] = zp
+    xp[:, left:left + x.shape[1]] = x
+    taps = _window_view(node, xp, kernel, stride, dilation)  # [N, T', kernel, C_in]
+    out = np.empty((*taps.shape[:2], c_out), np.int64)
+    add, sh = qp["q_b"] - qp["W_sum_mul_x_zp"], np.broadcast_to(np.asarray(qp["sh_acc"], np.int64), (c_out,))
+    if path == "im2col":
+        Wg = _by_group(q_W, groups).astype(dt)  # [groups, C_out / groups, kernel * C_in / groups]
+        for g in range(groups):
+            cs = slice(g * per, (g + 1) * per)
+            gemm_rescale(taps[..., g * c_g:(g + 1) * c_g], Wg[g], add[cs], sh[cs], g_out[0], out[..., cs], bound)
+    else:
+        W = q_W.astype(dt)
+        rows = max(1, GEMM_CHUNK_BYTES // (taps.shape[1] * c_out * (W.itemsize + 8) or 1))
+        for i in range(0, len(taps), rows):
+            rescale_into(out[i:i + rows], _tap_sum(taps[i:i + rows], W, groups), add, sh, g_out[0], bound)
+    return [out]
 
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:

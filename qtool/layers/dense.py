@@ -17,7 +17,7 @@ from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
 from qtool.layers import f32, fail, only, param, want_inputs, with_channels
 from qtool.layers.c import CNode, gemm_c
-from qtool.layers.integer import LayerBits, gemm_params, matmul, rescale
+from qtool.layers.integer import LayerBits, abs_max, gemm_dtype, gemm_params, gemm_rescale
 
 OP = "dense"
 
@@ -43,10 +43,24 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
     return gemm_params(node.params["W"], node.params.get("b"), g_in[0], g_out[0], bits)
 
 
+def gemm_path(qp: dict, q_x: np.ndarray) -> tuple[type, int]:
+    """forward_int's GEMM dtype and the bound on its partial sums, C_in * max|q_x| * max|q_W| (the
+    raw q_x: its zero point is W_sum_mul_x_zp's)."""
+    q_W = qp["q_W"]
+    bound = q_W.shape[1] * abs_max(q_x) * abs_max(q_W)
+    return gemm_dtype(bound), bound
+
+
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
-    acc = matmul(qs[0], qp["q_W"]) - qp["W_sum_mul_x_zp"] + qp["q_b"]
-    return [rescale(acc, qp["sh_acc"], g_out[0])]
+    """One GEMM in the cheapest exact dtype (gemm_path), a chunk of rows at a time, each rescaled
+    in place."""
+    q_W, x = qp["q_W"], np.asarray(qs[0])
+    dt, bound = gemm_path(qp, x)
+    out = np.empty((*x.shape[:-1], len(q_W)), np.int64)
+    gemm_rescale(x.reshape(-1, x.shape[-1]), q_W.astype(dt), qp["q_b"] - qp["W_sum_mul_x_zp"], qp["sh_acc"],
+                 g_out[0], out.reshape(-1, len(q_W)), bound)
+    return [out]
 
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:

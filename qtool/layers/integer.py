@@ -20,7 +20,9 @@ from qtool.core.qmodel import TensorQ
 from qtool.numerics.qparams import choose_qparams, dequantize, qrange, quantize
 from qtool.numerics.rescale import sum_mul_zp
 
+EXACT_FLOAT32 = 1 << 24  # integer sums below this are exact in float32, so sgemm may compute them
 EXACT_FLOAT = 1 << 53  # integer sums below this are exact in float64, so BLAS may compute them
+GEMM_CHUNK_BYTES = 1 << 22  # a GEMM's rows and results taken at a time (to stay in cache while rescaled)
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,70 @@ def gemm_params(W: np.ndarray, b: np.ndarray | None, g_x: TensorQ, g_y: TensorQ,
             "W_sum_mul_x_zp": sum_mul_zp(q_W.reshape(len(q_W), -1), g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}
 
 
+def abs_max(q) -> int:
+    """max |q| as a Python int (0 for an empty array)."""
+    q = np.asarray(q)
+    return max(-int(q.min()), int(q.max())) if q.size else 0
+
+
+def gemm_dtype(bound: int) -> type:
+    """The cheapest dtype in which a GEMM whose every partial sum is at most `bound` in magnitude
+    is exact, whatever order BLAS sums in: float32 (sgemm) below 2^24, float64 below 2^53, int64
+    (numpy's own loop) otherwise. For integer operands the bound is count * max|x| * max|W|: any
+    partial sum is a sum of some of the products, so at most the sum of their magnitudes, and a
+    float holds every integer below its bound, so each product and each addition (fused or not)
+    is exact."""
+    if bound < EXACT_FLOAT32:
+        return np.float32
+    return np.float64 if bound < EXACT_FLOAT else np.int64
+
+
 def matmul(q_x: np.ndarray, q_W: np.ndarray) -> np.ndarray:
-    """Exact `q_x @ q_W.T` over the last axis: through float64 BLAS while every partial sum is
-    below 2^53 (int8 and int16 layers of any real width), in int64 otherwise."""
-    bound = q_W.shape[1] * (int(np.abs(q_x).max(initial=0)) * int(np.abs(q_W).max(initial=0)))
-    if bound < EXACT_FLOAT:
-        return (q_x.astype(np.float64) @ q_W.T.astype(np.float64)).astype(np.int64)
-    return np.asarray(q_x, np.int64) @ np.asarray(q_W, np.int64).T
+    """Exact `q_x @ q_W.T` over the last axis, in int64: through float32 or float64 BLAS while
+    every partial sum is below 2^24 or 2^53 (gemm_dtype), in int64 otherwise."""
+    q_x, q_W = np.asarray(q_x), np.asarray(q_W)
+    dt = gemm_dtype(q_W.shape[1] * abs_max(q_x) * abs_max(q_W))
+    return (q_x.astype(dt, copy=False) @ q_W.astype(dt, copy=False).T).astype(np.int64, copy=False)
+
+
+def rescale_into(out: np.ndarray, acc: np.ndarray, add: np.ndarray, n: np.ndarray, g_out: TensorQ,
+                 bound: int) -> None:
+    """out[...] = rescale(acc + add, n, g_out), bit for bit, for an exact integer `acc` (int64,
+    or a float holding integers of magnitude <= bound) and per channel `add` and `n` (the last
+    axis). Where every n is in 0..62 rshift_round is (v + 2^(n-1)) >> n (no clamp, no left shift),
+    so its half joins `add` and the sum is made in one pass (in float64 where acc + add is
+    exact there), then shifted, offset and clamped in place; rescale itself otherwise."""
+    add = np.asarray(add, np.int64)
+    n = np.broadcast_to(np.asarray(n, np.int64), add.shape)
+    if not np.all((n >= 0) & (n <= 62)):
+        out[...] = rescale(np.asarray(acc).astype(np.int64, copy=False) + add, n, g_out)
+        return
+    add = add + np.where(n > 0, np.left_shift(np.int64(1), np.maximum(n - 1, 0)), 0)
+    if acc.dtype.kind == "f" and bound + abs_max(add) < EXACT_FLOAT:
+        np.add(acc, add, out=out, dtype=np.float64, casting="unsafe")
+    else:
+        np.add(acc.astype(np.int64, copy=False), add, out=out)
+    np.right_shift(out, n, out=out)
+    if g_out.zp:
+        np.add(out, g_out.zp, out=out)
+    np.clip(out, *qrange(g_out.bits), out=out)
+
+
+def gemm_rescale(cols: np.ndarray, W: np.ndarray, add: np.ndarray, n: np.ndarray, g_out: TensorQ,
+                 out: np.ndarray, bound: int) -> None:
+    """out[...] = rescale(cols @ W.T + add, n, g_out) exactly, GEMM_CHUNK_BYTES of rows and results
+    at a time along cols' first axis: cols [M, ..., K] may be any view (a window view is copied
+    chunk by chunk into its GEMM's rows), W [C, K] is in the GEMM's dtype (gemm_dtype of a
+    `bound` on every partial sum), out [M, ..., C] int64."""
+    if not len(cols):
+        return
+    per = max(1, GEMM_CHUNK_BYTES // (cols[0].size * W.itemsize + out[0].size * (W.itemsize + 8) or 1))
+    for i in range(0, len(cols), per):
+        c = cols[i:i + per]
+        o = out[i:i + per]
+        if c.dtype != W.dtype:
+            c = c.astype(W.dtype)
+        rescale_into(o, (c.reshape(-1, W.shape[1]) @ W.T).reshape(o.shape), add, n, g_out, bound)
 
 
 def table(f, g_in: TensorQ, g_out: TensorQ) -> np.ndarray:
