@@ -217,12 +217,14 @@ def _one_input_graph(model: Graph | str | os.PathLike, check: bool) -> tuple[Gra
 def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
                     method: str = "auto", percentile: float = 99.99, batch_size: int = 64,
                     limit: int | None = None, dataset: str | None = None, time_first: bool = False,
-                    check: bool = True, progress: Progress | None = None) -> QGraph:
+                    check: bool = True, snap: str = "up", progress: Progress | None = None) -> QGraph:
     """Quantize a whole model (a graph, a whole-model file or a Keras/ONNX file) on calibration
     data `[N, T, C]` of its input: every edge's grid, each GRU calibrated on its own input
     (docs/graph.md). `method`: auto (per-edge, minmax and mse scored at the output on the last
     20% of the data, the best calibrated on all), per-edge (per edge the method with the least
-    error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema."""
+    error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema. A QDQ file's
+    fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's imported
+    ranges); the calibration sets the rest."""
     from qtool.calibrators import METHODS
     from qtool.graph.calibrate import calibrate_graph as run_calibration
 
@@ -230,6 +232,8 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
         raise QtoolError(f"unknown `method` '{method}' (use auto, per-edge or one of {', '.join(METHODS)})")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
+    if snap not in ("up", "nearest"):
+        raise QtoolError(f"`snap` must be up or nearest, got '{snap}'")
     label, config = _bits_config(bits)
     model, source = _one_input_graph(model, check)
     data = as_data(data, dataset, time_first)
@@ -243,8 +247,8 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
     if method == "auto":
         from qtool.graph.calibrate import calibrate_auto_graph
 
-        return calibrate_auto_graph(model, data, n, config, percentile, batch_size, tick, info)
-    return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info)
+        return calibrate_auto_graph(model, data, n, config, percentile, batch_size, tick, info, snap)
+    return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info, snap)
 
 
 def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.ndarray:
@@ -1173,19 +1177,28 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
 
 def _graph_report(qg: QGraph | str | os.PathLike, data: DataLike, out: str | os.PathLike, *, limit, backend,
                   batch_size, force, confirm, dataset, time_first, progress) -> ReportResult:
-    """A whole model's page (qtool.report.graph_page): the graph with each edge's error."""
+    """A whole model's page (qtool.report.graph_page): the graph with each edge's error, and each
+    GRU's tensors measured on its own input (qtool.report.data.collect_graph)."""
+    from qtool.engine.backend import select_backend
     from qtool.io.files import write_bytes
+    from qtool.report.data import collect_graph
     from qtool.report.graph_page import render
 
     inputs = [p for p in (qg, data) if isinstance(p, (str, os.PathLike))]
     out = claim_output(out, force, inputs, confirm)
-    sim = simulate_graph(qg, data, batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                         backend=backend, progress=progress)
+    runner, label, reason = select_backend(backend)
     if not isinstance(qg, QGraph):
         qg = load_qgraph(qg)
-    res = sim.to_dict()
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
     name = Path(data).name if isinstance(data, (str, os.PathLike)) else "the data"
-    page = render(qg, qgraph_rows(qg, sim), res, name).encode()
+    data = as_data(data, dataset, time_first)
+    n = count(data, limit)
+    sim, grus = collect_graph(qg, data, n, batch_size=batch_size, runner=runner,
+                              progress=(lambda done: progress(done, n)) if progress else None)
+    sim.backend, sim.backend_reason = label, reason
+    res = sim.to_dict()
+    page = render(qg, qgraph_rows(qg, sim), res, name, grus).encode()
     write_bytes(out, page)
     first = next(iter(res["outputs"].values()))
     return ReportResult(out, first, [], sim.samples, len(page), sim.backend)

@@ -3,15 +3,29 @@ tensor, by the threshold rule or by a measured search; the bits file it writes r
 model it measured, to the flash byte and the output SNR."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import SAMPLES
 
 from qtool import api
-from qtool.advisor.graph import advise_graph, graph_flash
+from qtool.advisor.graph import advise_graph, graph_flash, space
+from qtool.calibration.observe import model_config
 from qtool.core.graph import Graph, Node
+from qtool.core.tensors import (
+    METHOD_NAMES,
+    BitsConfig,
+    TensorConfig,
+    bits_from_table,
+    bits_table,
+    load_bits,
+    preset_config,
+    table_toml,
+)
 from qtool.errors import QtoolError
+from qtool.graph.calibrate import prepare, quantize_graph
+from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db
 from qtool.io.files import SequenceData
 from qtool.layers import check
@@ -88,6 +102,119 @@ def test_the_bits_file_rebuilds_the_measured_model(searched):
     assert graph_flash(qg) == adv.chosen.flash
     assert output_snr_db(api.simulate_graph(qg, test.chunk(0, 40))) == adv.chosen.snr_db
     assert all(np.array_equal(qg.grids[e].exp2_inv, adv.chosen.qg.grids[e].exp2_inv) for e in qg.grids)
+    assert fingerprint(qg) == fingerprint(adv.chosen.qg)  # every layer's bits too, those of no unit included
+
+
+def outliers(n: int, seed: int) -> SequenceData:
+    """Gaussian inputs with 1% of the values 8 times larger: at 8 bits some edges are best on a
+    clipped grid (mse), others on their min/max, and the GRU's tensors differ too."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 10, C))
+    x[rng.random(x.shape) < 0.01] *= 8.0
+    return SequenceData(x.astype(np.float32), False, f"outliers{seed}")
+
+
+def same_model(a, b) -> None:
+    """Integer for integer: every edge's grid, every layer's bits and integers, each GRU's."""
+    assert a.grids.keys() == b.grids.keys()
+    for e in a.grids:
+        assert (a.grids[e].bits, int(a.grids[e].exp2_inv), int(a.grids[e].zp)) == \
+            (b.grids[e].bits, int(b.grids[e].exp2_inv), int(b.grids[e].zp)), e
+    assert a.info["layer_bits"] == b.info["layer_bits"]
+    for name in a.core:
+        pa, pb = a.qparams[name], b.qparams[name]
+        assert pa.keys() == pb.keys(), name
+        for k in pa:
+            if k == "qm":
+                assert pa[k].fingerprint() == pb[k].fingerprint(), name
+            else:
+                assert np.array_equal(np.asarray(pa[k]), np.asarray(pb[k])), (name, k)
+    assert fingerprint(a) == fingerprint(b)
+
+
+@pytest.fixture(scope="module")
+def per_edge(tmp_path_factory):
+    """A target search whose chosen model auto calibrated per edge, with methods that differ."""
+    g, calib, test = model(), outliers(60, 2), outliers(40, 102)
+    int8 = api.calibrate_graph(g, calib.chunk(0, 60))
+    target = output_snr_db(api.simulate_graph(int8, test.chunk(0, 40))) + 3.0
+    path = tmp_path_factory.mktemp("adv") / "bits.toml"
+    adv = api.advise(g, calib.chunk(0, 60), test.chunk(0, 40), target_snr=target, output=path)
+    return g, calib, test, adv, path
+
+
+@pytest.mark.parametrize("method", ["auto", "per-edge", "minmax", "mse"])
+def test_the_bits_file_names_every_method_so_any_method_rebuilds_the_model(per_edge, method):
+    g, calib, test, adv, path = per_edge
+    info = adv.chosen.qg.info
+    assert info["auto"]["chosen"] == "per-edge" and adv.chosen.promoted  # bits and methods both to rebuild
+    edges = {e: m for e, m in info["edge_methods"].items() if m in METHOD_NAMES}
+    gru = {m for layer in info["gru_methods"]["gru"] for m in layer.values()}
+    assert len(set(edges.values())) > 1 and len(gru) > 1  # no single --method rebuilds this model
+    file = load_bits(str(path))[1]
+    assert {n: t["method"] for n, t in file.graph.items()} == {"x": edges["x"], "front": edges["f"], "head": edges["y"]}
+    assert {(l, n): t.method for l, t in file.layers.items() for n, t in t.items()} | \
+        {(0, n): t.method for n, t in file.items() if t.method} == \
+        {(0, n): m for n, m in info["gru_methods"]["gru"][0].items()}  # every tensor auto chooses
+    qg = api.calibrate_graph(g, calib.chunk(0, 60), bits=str(path), method=method)
+    same_model(qg, adv.chosen.qg)
+    assert output_snr_db(api.simulate_graph(qg, test.chunk(0, 40))) == adv.chosen.snr_db
+
+
+def test_grus_that_choose_differently_get_the_model_the_file_rebuilds(tmp_path):
+    """Two GRUs share the file's tensors table: where their auto choices differ, the file names
+    the first one's, and advise reports (and measures) the model that file rebuilds."""
+    rng = np.random.default_rng(7)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def gru(c):
+        return {f"l0.fwd.{k}": v for k, v in (("W", w(3 * H, c)), ("R", w(3 * H, H)), ("bx", w(3 * H) / 4),
+                                              ("br", w(3 * H) / 4))}
+    g = check(Graph([Node("g1", "gru", ["x"], ["h1"], {}, gru(C)),
+                     Node("mid", "dense", ["h1"], ["m"], {}, {"W": w(H, H), "b": w(H)}),
+                     Node("g2", "gru", ["m"], ["h2"], {}, gru(H)), Node("last", "last_step", ["h2"], ["l"]),
+                     Node("head", "dense", ["l"], ["y"], {}, {"W": w(K, H), "b": w(K)})], {"x": (None, C)}, ["y"]))
+    calib, test, path = outliers(60, 1), outliers(40, 100), tmp_path / "bits.toml"
+    adv = api.advise(g, calib.chunk(0, 60), test.chunk(0, 40), output=path)
+    methods = adv.chosen.qg.info["gru_methods"]
+    assert methods["g1"][0] == {**methods["g2"][0], "x": methods["g1"][0]["x"]}  # g2's x is g1's h, grid and all
+    for method in ("auto", "minmax"):
+        qg = api.calibrate_graph(g, calib.chunk(0, 60), bits=str(path), method=method)
+        same_model(qg, adv.chosen.qg)
+        assert output_snr_db(api.simulate_graph(qg, test.chunk(0, 40))) == adv.chosen.snr_db
+
+
+def test_a_layer_keeps_its_bits_where_the_file_sets_the_grus_w_and_h_to_16(tmp_path):
+    """A layer's bits default to the GRUs' W and h (`[tensors.W]`, `[tensors.h]`): where those are
+    16 bits and the layer's units are not, the file says 8 for it."""
+    prep = prepare(model(), data(60, 0), 60, BitsConfig(preset_config("int8")))
+    sp = space(prep, 60, 0, 0.01, 5, 64)
+    promoted = frozenset({(0, "W"), (0, "h"), ("head", "activation")})
+    path = tmp_path / "bits.toml"
+    path.write_text(table_toml(sp.table(promoted)))
+    text = path.read_text()
+    assert "[tensors.h]\nbits = 16" in text and "[tensors.W]\nbits = 16" in text
+    assert '[graph."front"]\nweight = 8\nactivation = 8\n' in text and '[graph."head"]\nweight = 8\n' in text
+    qg = quantize_graph(prep, 60, load_bits(str(path))[1], "minmax", 99.99, 64, {})
+    same_model(qg, quantize_graph(prep, 60, sp.config(promoted), "minmax", 99.99, 64, {}))
+    assert qg.info["layer_bits"]["front"] == [8, 32, 8] and qg.info["layer_bits"]["head"] == [8, 32, 16]
+    assert (qg.grids["x"].bits, qg.grids["f"].bits, qg.grids["h"].bits, qg.grids["y"].bits) == (8, 8, 16, 16)
+
+
+def test_methods_that_differ_between_layers_leave_the_bits_in_the_tensors_table():
+    """A whole model's file keeps a tensor's bits under [tensors.NAME] where only its layers'
+    methods differ (its layers' defaults are the file's W and h); a GRU alone's file is as before."""
+    int8 = preset_config("int8")
+    cfgs = [{**int8, "h": TensorConfig(16, False, m)} for m in ("minmax", "mse")]
+    apart = bits_table("int8", cfgs, methods_apart=True)
+    assert apart["tensors"] == {"h": {"bits": 16}}
+    assert apart["layers"] == {0: {"h": {"method": "minmax"}}, 1: {"h": {"method": "mse"}}}
+    config = bits_from_table(apart, Path("bits.toml"))
+    assert config["h"].bits == 16 and [c["h"] for c in model_config(config, 2)] == [c["h"] for c in cfgs]
+    assert bits_table("int8", cfgs) == {"preset": "int8", "tensors": {}, "layers": {
+        0: {"h": {"bits": 16, "method": "minmax"}}, 1: {"h": {"bits": 16, "method": "mse"}}}}
 
 
 def test_the_budget_search_stays_within_the_budget(searched):

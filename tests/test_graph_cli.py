@@ -2,10 +2,11 @@
 against the framework; a weights-only file says why it has no graph."""
 
 import json
+import re
 
 import numpy as np
 import pytest
-from conftest import SAMPLES, keras_on_torch
+from conftest import SAMPLES, has, keras_on_torch
 
 import qtool
 from qtool.layers import run
@@ -109,7 +110,8 @@ def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digit
     code, out, err = cli("inspect", d / "q.h5")
     assert code == 0 and "stack_grus" in out and "/head/Gemm" in out, err
     compare = ["--compare", "minmax,mse", "--eval", SAMPLES / "test.npy"]
-    for args, says in ((compare, "--compare applies to a GRU alone"), (["--snap", "nearest"], "--snap applies")):
+    for args, says in ((compare, "--compare applies to a GRU alone"),
+                       (["--method-weights", "mse"], "--method-weights applies")):
         code, _, err = cli("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "-o", tmp_path / "x.h5",
                            "--no-check", *args)
         assert code == 2 and says in err and err.count("\n") == 1, err
@@ -186,7 +188,10 @@ def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp
     page = (tmp_path / "r.html").read_text()
     sim = qtool.simulate_graph(qtool.load_qgraph(d / "q.h5"), SAMPLES / "test.npy").to_dict()
     assert res["metrics"]["cosine"] == sim["outputs"]["logits"]["cosine"]
-    assert page.count("<svg") == 1 and "Written by qtool" in page
+    drawn = re.sub(r"<script>.*?</script>", "", page, flags=re.S)  # plotly.js, for the GRU's histograms
+    assert drawn.count("<svg") == 1 and "Written by qtool" in page
+    assert "GRU /gru/GRU: its tensors" in page  # its two layers' histograms and channels, with plotly
+    assert page.count("Plotly.newPlot(") == (2 * 2 if has("plotly") else 0)
     for edge, m in sim["edges"].items():  # every edge drawn with its SNR, and in the table
         label = "exact" if m["exact"] else f"{m['snr_db']:.1f} dB"
         assert f"<title>{edge}</title>" in page or edge == "logits", edge

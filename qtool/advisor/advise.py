@@ -14,7 +14,7 @@ from qtool.advisor.configs import HIGH, LOW, TIED, Unit, all_units, bits_config,
 from qtool.advisor.predict import Prediction, Predictor
 from qtool.advisor.search import Candidate, Evaluator, Search, threshold_rule
 from qtool.advisor.stats import model_stats, new_estimators
-from qtool.calibration.auto import CHOSEN, AutoCalibrator, AutoChoice
+from qtool.calibration.auto import AutoCalibrator, AutoChoice, chosen_methods
 from qtool.calibration.observe import model_config
 from qtool.calibrators import GATE_OUTPUTS
 from qtool.calibrators.sampled import GAMMA, K
@@ -23,7 +23,6 @@ from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import TensorConfig, bits_toml, cell_tensors
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
-from qtool.numerics.float_gru import traced
 from qtool.simulation.run import simulate, tensor_key
 
 # The threshold rule's T (dB) on the P_zero prediction's int8 SNR, chosen by the experiment in
@@ -66,12 +65,15 @@ class Advice:
 def file_configs(model: GruModel, promoted: frozenset[Unit], plan) -> list[dict[str, TensorConfig]]:
     """Per layer: the bits, and the method auto chose for every tensor it chooses, so that
     `qtool calibrate --bits FILE` rebuilds the very same model in one pass."""
-    cfgs = model_config(bits_config(model, promoted), model.num_layers)
-    for l, cfg in enumerate(cfgs):
-        p = plan.for_layer(l)
-        mine = {n for c in model.layers[l] for n in traced(c.form)}  # this layer's cells' tensors
-        for name in (n for n in CHOSEN if n in mine):
-            cfg[name] = TensorConfig(cfg[name].bits, cfg[name].symmetric, p.method(name))
+    return with_methods(model_config(bits_config(model, promoted), model.num_layers), chosen_methods(model, plan))
+
+
+def with_methods(cfgs: list[dict[str, TensorConfig]], methods: list[dict[str, str]]) -> list[dict[str, TensorConfig]]:
+    """The per-layer configs `cfgs` naming, per layer, the method of each tensor in `methods[l]`
+    (`chosen_methods`: a GRU alone's, or each GRU of a whole model's)."""
+    for cfg, named in zip(cfgs, methods):
+        for name, m in named.items():
+            cfg[name] = TensorConfig(cfg[name].bits, cfg[name].symmetric, m)
     return cfgs
 
 

@@ -6,21 +6,23 @@ the GRU's: the P_zero prediction at 8 bits (qtool.advisor.pzero) of every produc
 conv or batchnorm layer's weights times its input; the GRU's own products) and of every other
 tensor; a unit whose lowest prediction is at most T dB gets 16 bits. With held-out data the
 search measures (qtool.advisor.search.UnitSearch), promoting units in the order of that
-prediction, lowest first. Every configuration is calibrated by `--method auto`, so that
-`qtool calibrate --bits FILE` rebuilds the very same model.
+prediction, lowest first. Every configuration is calibrated by `--method auto`; the bits file
+names the method of every edge and GRU tensor that calibration chose, so that `qtool calibrate
+--bits FILE` (any --method) rebuilds the very same model.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from qtool.advisor import pzero
+from qtool.advisor.advise import with_methods
 from qtool.advisor.configs import HIGH, LOW, TIED, all_units, bits_config, flash_bytes, unit_key
 from qtool.advisor.search import WEIGHTS, UnitSearch, unit_snr
 from qtool.advisor.stats import model_stats, new_estimators
@@ -29,9 +31,10 @@ from qtool.calibrators.sampled import SampledStatsObserver, observer_seed
 from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import TensorQ
-from qtool.core.tensors import BitsConfig, bits_toml, preset_config
+from qtool.core.tensors import METHOD_NAMES, BitsConfig, bits_from_table, bits_table, preset_config, table_toml
 from qtool.errors import QtoolError
 from qtool.graph.calibrate import Prepared, auto_graph, prepare, quantize_graph
+from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db, simulate_graph
 from qtool.io.files import SequenceData
 from qtool.layers import layer
@@ -39,6 +42,7 @@ from qtool.layers.gru import model as gru_model
 from qtool.numerics.qparams import dequantize
 
 Progress = Callable[[str, int, int | None], None]
+ADVISED = Path("the advised bits file")  # what errors in the file `Space.table` writes would name
 
 
 def storage(bits: int) -> int:
@@ -88,15 +92,46 @@ class Space:
     predicted: dict[tuple, float]
     grus: list[Node]
 
-    def config(self, promoted: frozenset) -> BitsConfig:
-        """int8 everywhere, 16 bits on the promoted units (a GRU layer whose g_out is no unit, tied
-        to g_pre in every GRU, takes g_pre's bits there)."""
+    def table(self, promoted: frozenset, qg: QGraph | None = None) -> dict:
+        """The bits file of a configuration (as `bits_table`): int8 everywhere, 16 bits on the
+        promoted units (a GRU layer whose g_out is no unit, tied to g_pre in every GRU, takes
+        g_pre's bits there): the GRUs' tensors, and a [graph.NAME] table per layer whose bits differ
+        from a layer's default (the file's W and h). With `qg`, calibrated on this configuration,
+        also the method qg's calibration gave every observed edge and every GRU tensor (the file
+        sets a tensor once for all GRUs: where they chose differently, the first GRU's), so that
+        `qtool calibrate --bits FILE` rebuilds qg whatever its --method."""
+        layers = max((gru_model(n).num_layers for n in self.grus), default=1)
         tied_at = frozenset(l for l, n in self.units if n == TIED["g_out"] and (l, "g_out") not in self.units)
-        gru = bits_config(None, frozenset(u for u in promoted if not isinstance(u[0], str)), tied_at)
+        cfgs = model_config(bits_config(None, frozenset(u for u in promoted if not isinstance(u[0], str)), tied_at),
+                            layers)
         graph: dict[str, dict] = {}
-        for name, kind in sorted(u for u in promoted if isinstance(u[0], str)):
-            graph.setdefault(name, {})[kind] = HIGH
-        return BitsConfig(dict(gru), gru.layers, graph)
+        if qg is not None:
+            methods: list[dict[str, str]] = [{} for _ in range(layers)]
+            for node in self.grus:
+                for l, named in enumerate(qg.info["gru_methods"][node.name]):
+                    for name, m in named.items():
+                        methods[l].setdefault(name, m)
+            with_methods(cfgs, methods)
+            g = self.prep.graph
+            owner = {e: e for e in g.inputs} | {e: n.name for n in g.nodes for e in n.outputs}
+            for e, m in qg.info["edge_methods"].items():
+                if m in METHOD_NAMES:  # not a GRU's edge, a shared or a file's grid
+                    graph.setdefault(owner[e], {})["method"] = m
+        table = bits_table("int8", cfgs, methods_apart=True)  # the methods leave the layers' defaults as they are
+        base = bits_from_table(table, ADVISED)
+        default = {"weight": base["W"].bits, "activation": base["h"].bits}  # a layer's (qtool.graph.calibrate)
+        for name, kind in (u for u in self.units if isinstance(u[0], str)):
+            bits = HIGH if (name, kind) in promoted else LOW
+            if bits != default[kind]:
+                graph.setdefault(name, {})[kind] = bits
+        table["graph"] = {name: {k: graph[name][k] for k in ("weight", "activation", "method") if k in graph[name]}
+                          for name in sorted(graph)}
+        return table
+
+    def config(self, promoted: frozenset, qg: QGraph | None = None) -> BitsConfig:
+        """The configuration as its bits file (`table`) reads: what `qtool calibrate --bits FILE`
+        calibrates."""
+        return bits_from_table(self.table(promoted, qg), ADVISED)
 
 
 def _stats(values: np.ndarray, key: str, seed: int, gamma: float, repeats: int):
@@ -252,14 +287,17 @@ def unit_rows(sp: Space, chosen: GraphCandidate, measured: dict[str, float]) -> 
     return rows
 
 
-def graph_toml(sp: Space, promoted: frozenset, comment: str) -> str:
-    """The bits file of a configuration: the GRUs' tensors, then a [graph.NAME] table per layer."""
-    layers = max((gru_model(n).num_layers for n in sp.grus), default=1)
-    config = sp.config(promoted)
-    out = bits_toml("int8", model_config(config, layers), comment).rstrip("\n")
-    for name, entry in config.graph.items():
-        out += f"\n\n[graph.{json.dumps(name)}]\n" + "\n".join(f"{k} = {v}" for k, v in entry.items())
-    return out + "\n"
+def as_file_builds(sp: Space, chosen: GraphCandidate, data: SequenceData | None, percentile: float, chunk: int,
+                   info: dict) -> GraphCandidate:
+    """The chosen model as its bits file (`Space.table` with its methods) rebuilds it: the same
+    model, or (GRUs that chose differently for a tensor the file sets once) the rebuilt one,
+    measured anew."""
+    qg = quantize_graph(sp.prep, sp.rows, sp.config(chosen.promoted, chosen.qg), "minmax", percentile, chunk,
+                        {**info, "method": "bits file"})
+    if fingerprint(qg) == fingerprint(chosen.qg):
+        return chosen
+    snr = output_snr_db(simulate_graph(qg, data)) if data is not None else math.nan
+    return GraphCandidate(chosen.promoted, qg, graph_flash(qg), snr)
 
 
 def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceData | None = None,
@@ -291,6 +329,7 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
     else:
         mode = "rule"
         chosen = ev(frozenset(u for u in sp.units if sp.predicted.get(u, math.inf) <= threshold_db))
+    chosen = as_file_builds(sp, chosen, eval_data, 99.99, chunk, info)
     if eval_data is not None:
         presets = {k: {"flash_bytes": c.flash, "snr_db": c.snr_db}
                    for k, c in (("int8", search.low), ("w8a16", search.w8a16), ("int16", search.high))}
@@ -309,7 +348,7 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
     comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "
                f"{len(sp.units)} units at 16 bits")
     return GraphAdvice(mode, chosen, measured_on, unit_rows(sp, chosen, measured), presets,
-                       graph_toml(sp, chosen.promoted, comment), threshold_db, ev.simulations,
+                       table_toml(sp.table(chosen.promoted, chosen.qg), comment), threshold_db, ev.simulations,
                        time.perf_counter() - t0, target_db, max_flash)
 
 

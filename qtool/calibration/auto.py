@@ -316,6 +316,18 @@ def grids_key(qm: QuantModel) -> bytes:
 
 
 
+def chosen_methods(model: GruModel, plan: MethodPlan) -> list[dict[str, str]]:
+    """Per layer, the method `plan` gives each tensor of the layer's cells whose method auto
+    chooses (CHOSEN): what a bits file names so that `qtool calibrate --bits FILE` rebuilds the
+    model in one pass, whatever its --method."""
+    out = []
+    for l, cells in enumerate(model.layers):
+        p = plan.for_layer(l)
+        mine = {n for c in cells for n in traced(c.form)}  # this layer's cells' tensors
+        out.append({n: p.method(n) for n in CHOSEN if n in mine})
+    return out
+
+
 def all_fixed(model: GruModel, plan: MethodPlan) -> bool:
     """Whether a bits file already names the method of every tensor auto would choose."""
     return all(AutoCalibrator._fixed(plan, l, n) for l, cells in enumerate(model.layers)

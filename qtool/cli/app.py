@@ -229,13 +229,14 @@ def calibrate(
     model_path = Path(need(model_path, "model file", "MODEL"))
     if name is None and _whole_model(model_path):
         graph_cmds.refuse_gru_options(**{"--compare": compare is not None, "--eval": eval_path is not None,
-                                         "--snap": snap != "up", "--method-weights": method_weights != "minmax"})
+                                         "--method-weights": method_weights != "minmax"})
         data_path = Path(need(data_path, "calibration data file", "DATA"))
         output = Path(need(output, "output quantized model file (.h5)", "--output"))
         api.claim_output(output, force, [model_path, data_path], confirm_at_terminal())
         graph_cmds.calibrate_graph(model_path, data_path, output, bits=bits, method=method,
                                    percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                                   time_first=time_first, check=not no_check, force=True, as_json=as_json)
+                                   time_first=time_first, check=not no_check, snap=snap, force=True,
+                                   as_json=as_json)
         return
     model = api.load_model_for_data(model_path, name=name, check=not no_check)
     note_what_was_left_out(model)
@@ -468,7 +469,8 @@ def report(
     grid, the output error by time step, float vs integer output traces (needs: pip install "qtool\\[report]").
 
     A quantized whole model: the graph as a picture with each edge's error, every edge's grid and
-    distances, the passes and the model's output (no extra needed)."""
+    distances, the passes and the model's output, then each GRU's tensors measured on its own
+    input (their histograms need plotly; without it, their table)."""
     from qtool import api
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
@@ -499,7 +501,7 @@ def inspect(
     """Show what a model or quantized model file holds: shapes, bits, scales, ranges, tables.
 
     A whole model: every layer (--graph for a Keras or ONNX file), and once quantized every
-    edge's grid and the passes."""
+    edge's grid, each GRU's tensors and the passes."""
     from qtool import api
     from qtool.cli.tables import layer_rows, lut_table, provenance_table, shapes_table, spec_rows, spec_table
 

@@ -70,6 +70,11 @@ def show_graph(g, path: Path) -> None:
     stored = api.model_file_format(path) in ("qtool-graph", "qtool-qgraph")
     out.print(("as stored in the file, from its first import: " if stored else "")
               + escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+    if g.ranges is not None:
+        out.print(f"{len(g.ranges.edges)} edge(s) carry the {g.ranges.kind} file's grids, which `qtool calibrate` "
+                  "keeps (--snap)", highlight=False)
+        for note in g.ranges.notes:
+            out.print(f"note: {escape(note)}", highlight=False)
 
 
 def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
@@ -95,14 +100,15 @@ def import_graph(src: Path, output: Path, check: bool) -> None:
 
 def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: str,
                     method: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
-                    check: bool, force: bool, as_json: bool) -> None:
+                    check: bool, snap: str, force: bool, as_json: bool) -> None:
     from qtool import api
+    from qtool.cli.tables import ranges_table
 
     t0 = time.perf_counter()
     with Bar("calibrating", 1) as bar:
         qg = api.calibrate_graph(model_path, data_path, bits=bits, method=method, percentile=percentile,
                                  batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                                 check=check, progress=bar.update)
+                                 check=check, snap=snap, progress=bar.update)
     g = qg.graph
     api.save_graph(qg, output, force, inputs=[model_path, data_path])
     elapsed = time.perf_counter() - t0
@@ -117,6 +123,14 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
     out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}, {info['samples']} sequences", False))
     for line in passes_lines(qg):
         out.print(escape(line), highlight=False)
+    if "imported" in info:
+        imp = info["imported"]
+        used = [r for r in imp["rows"] if r["used"]]
+        out.print(ranges_table(used, f"grids from the {imp['kind']} file (snap {imp['snap']}; every other edge: "
+                                     f"calibrated on {data_path.name})"))
+        notes = imp["notes"] + [f"{r['source']} is not used: {r['why']}" for r in imp["rows"] if not r["used"]]
+        for note in dict.fromkeys(notes):
+            out.print(f"note: {escape(note)}", highlight=False)
     if "auto" in info:
         a = info["auto"]
         scores = ", ".join(f"{m} {v:.2f} dB" for m, v in a["output_snr_db"].items())
@@ -166,16 +180,21 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
 
 def inspect_qgraph(path: Path, as_json: bool) -> None:
     from qtool import api
+    from qtool.cli.tables import spec_rows, spec_table
 
     qg = api.load_qgraph(path)
     rows = api.qgraph_rows(qg)
+    grus = {n: qg.qparams[n]["qm"] for n in qg.grus}
     if as_json:
         emit_json({"name": qg.graph.name, "source": qg.graph.source, "core": qg.core, "tail": qg.tail,
-                   "passes": dict(qg.passes), "edges": rows, "quant": qg.info})
+                   "passes": dict(qg.passes), "edges": rows, "quant": qg.info,
+                   "gru_tensors": {n: spec_rows(qm) for n, qm in grus.items()}})
         return
     info = qg.info
     out.print(qgraph_table(rows, f"{qg.graph.name}: {info.get('bits')}, {info.get('method')}, "
                                  f"{info.get('samples')} sequences of {info.get('data_file')}", False))
+    for name, qm in grus.items():  # each GRU's own tensors, as `inspect` shows a GRU alone
+        out.print(spec_table(qm, f"{escape(name)}: its tensors"))
     for line in passes_lines(qg):
         out.print(escape(line), highlight=False)
     if qg.tail:
@@ -186,8 +205,8 @@ def refuse_gru_options(**given) -> None:
     """Options of a GRU alone that mean nothing for a whole model: one line naming the first."""
     for flag, used in given.items():
         if used:
-            raise QtoolError(f"{flag} applies to a GRU alone; a whole model takes --method (auto or one method) "
-                             "and --bits (--name NAME takes one GRU alone)")
+            raise QtoolError(f"{flag} applies to a GRU alone; a whole model takes --method (auto or one method), "
+                             "--bits and --snap (--name NAME takes one GRU alone)")
 
 
 def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors: bool, data_path: Path | None,

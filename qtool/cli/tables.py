@@ -103,13 +103,17 @@ def both_table(results: dict, title: str) -> Table:
 def ranges_table(rows: list[dict], title: str) -> Table:
     """The ranges a quantized model file held: where each came from, qtool's power-of-two grid for
     it, and how far the step moved (dB of expected noise; + is coarser)."""
+    edges = bool(rows) and "edge" in rows[0]  # a whole model's: by edge
     t = Table(title=title)
-    for col in ("layer", "tensor", "from", "bits", "exp2_inv", "zp", "moved dB", "clips"):
-        t.add_column(col, justify="left" if col in ("layer", "tensor", "from") else "right")
+    for col in ("edge",) if edges else ("layer", "tensor"):
+        t.add_column(col)
+    for col in ("from", "bits", "exp2_inv", "zp", "moved dB", "clips"):
+        t.add_column(col, justify="left" if col == "from" else "right")
     for r in rows:
         moved = "-" if r["moved_db"] is None else f"{r['moved_db']:+.2f}"
-        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], r["source"], str(r["bits"]),
-                  _span(r["exp2_inv"]), str(r["zp"]), moved, "yes" if r["clips"] else "no")
+        where = [r["edge"]] if edges else [f"{r['layer']}.{r['direction']}", r["tensor"]]
+        t.add_row(*where, r["source"], str(r["bits"]), _span(r["exp2_inv"]), str(r["zp"]), moved,
+                  "yes" if r["clips"] else "no")
     return t
 
 
@@ -145,9 +149,12 @@ def spec_rows(qm: QuantModel) -> list[dict]:
 
 
 def spec_table(qm: QuantModel, title: str) -> Table:
+    """A row per tensor of every layer direction: its grid and range (also a whole model's GRUs,
+    one table each). At 80 columns the names stay whole and a long range folds."""
     t = Table(title=title)
     for col in ("layer", "tensor", "bits", "sym", "exp2_inv", "zp", "range"):
-        t.add_column(col, justify="left" if col in ("layer", "tensor") else "right")
+        t.add_column(col, justify="left" if col in ("layer", "tensor") else "right",
+                     no_wrap=col in ("layer", "tensor"), overflow="fold")
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
             for td in cell_tensors(cq.form):

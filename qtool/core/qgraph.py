@@ -31,6 +31,11 @@ class QGraph:
         return next(n for n in self.graph.nodes if n.name == name)
 
     @property
+    def grus(self) -> list[str]:
+        """The GRU nodes of the core, in order; each one's QuantModel is `qparams[name]["qm"]`."""
+        return [n for n in self.core if self.node(n).op == "gru"]
+
+    @property
     def core_outputs(self) -> list[str]:
         """The edges dequantized: the core's edges the tail reads or the model outputs."""
         made = {e for n in self.core for e in self.node(n).outputs} | set(self.graph.inputs)

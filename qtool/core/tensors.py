@@ -275,7 +275,12 @@ def load_bits(spec: str) -> tuple[str, BitsConfig]:
     path = Path(spec)
     if not path.is_file():
         raise QtoolError(f"`bits` '{spec}' is neither a preset ({', '.join(PRESETS)}) nor a file")
-    raw = _read_config_file(path)
+    return path.name, bits_from_table(_read_config_file(path), path)
+
+
+def bits_from_table(raw, path: Path) -> BitsConfig:
+    """A bits file's contents, read (its TOML or JSON as a dict), as `load_bits` returns them;
+    `path` names the file in errors."""
     if not isinstance(raw, dict):
         raise QtoolError(f"{path}: the config must be a table/object")
     unknown = set(raw) - {"preset", "tensors", "layers", "graph"}
@@ -286,36 +291,58 @@ def load_bits(spec: str) -> tuple[str, BitsConfig]:
         config[name] = _entry(path, "tensor", name, entry, config[name])
     layers = _layer_overrides(path, raw.get("layers") or {}, config)
     named = {(None, n) for n in raw.get("tensors") or {}} | {(l, n) for l, t in layers.items() for n in t}
-    return path.name, BitsConfig(config, layers, _graph_entries(path, raw.get("graph") or {}), (path.name, named))
+    return BitsConfig(config, layers, _graph_entries(path, raw.get("graph") or {}), (path.name, named))
+
+
+def bits_table(preset: str, per_layer: list[dict[str, TensorConfig]], methods_apart: bool = False) -> dict:
+    """The contents of a bits file (what `bits_from_table` reads, `bits_toml` writes) for per-layer
+    configs `per_layer[l]`: entries that all layers share under tensors, the others under
+    layers[l]; only what differs from the preset. The x of layers l > 0 is the h of layer l - 1
+    and is left out. With `methods_apart`, a tensor's bits and its method are shared or not each
+    on its own (bits under tensors, methods under layers where only the methods differ), so that
+    the methods never move the tensors table's bits (a whole model's layers default to its W and
+    h)."""
+    base = preset_config(preset)
+    parts = (("bits", "symmetric"), ("method",)) if methods_apart else (("bits", "symmetric", "method"),)
+
+    def entry(name: str, c: TensorConfig) -> dict:
+        e: dict = {"bits": c.bits}
+        if c.symmetric != BY_NAME[name].symmetric:
+            e["symmetric"] = c.symmetric
+        if c.method:
+            e["method"] = c.method
+        return e
+
+    tensors: dict[str, dict] = {}
+    by_layer: dict[int, dict[str, dict]] = {}
+    for name in ALL_NAMES:
+        layers = [l for l in range(len(per_layer)) if (name != "x" or l == 0) and name in per_layer[l]]
+        for part in parts if layers else ():
+            values = [{k: v for k, v in entry(name, per_layer[l][name]).items() if k in part} for l in layers]
+            default = {k: v for k, v in entry(name, base[name]).items() if k in part}
+            if all(v == values[0] for v in values):
+                if values[0] != default:
+                    tensors.setdefault(name, {}).update(values[0])
+                continue
+            for l, v in zip(layers, values):
+                if v != default:
+                    by_layer.setdefault(l, {}).setdefault(name, {}).update(v)
+    return {"preset": preset, "tensors": tensors, "layers": {l: by_layer[l] for l in sorted(by_layer)}}
+
+
+def table_toml(table: dict, comment: str = "") -> str:
+    """A bits file's contents (`bits_table`, and a whole model's `graph`) as TOML, read by
+    `load_bits`: [tensors.NAME], [layers.L.NAME], [graph."NAME"], in the dict's order."""
+    def one(header: str, entry: dict) -> str:
+        return "\n".join([f"[{header}]", *(f"{k} = {json.dumps(v)}" for k, v in entry.items())])
+
+    out = [f"# {line}" for line in comment.splitlines()] + [f'preset = "{table["preset"]}"']
+    out += [one(f"tensors.{name}", e) for name, e in table.get("tensors", {}).items()]
+    out += [one(f"layers.{l}.{name}", e) for l, t in table.get("layers", {}).items() for name, e in t.items()]
+    out += [one(f"graph.{json.dumps(name)}", e) for name, e in table.get("graph", {}).items()]
+    return "\n\n".join(out) + "\n"
 
 
 def bits_toml(preset: str, per_layer: list[dict[str, TensorConfig]], comment: str = "") -> str:
-    """A bits file (TOML, read by `load_bits`) for per-layer configs `per_layer[l]`: entries that
-    all layers share under [tensors.NAME], the others under [layers.L.NAME]; only what differs
-    from the preset is written. The x of layers l > 0 is the h of layer l - 1 and is left out."""
-    base = preset_config(preset)
-
-    def table(header: str, c: TensorConfig) -> str:
-        lines = [f"[{header}]", f"bits = {c.bits}"]
-        if c.symmetric != BY_NAME[header.rsplit(".", 1)[1]].symmetric:
-            lines.append(f"symmetric = {str(c.symmetric).lower()}")
-        if c.method:
-            lines.append(f'method = "{c.method}"')
-        return "\n".join(lines)
-
-    out = [f"# {line}" for line in comment.splitlines()] + [f'preset = "{preset}"']
-    by_layer: dict[int, list[str]] = {}
-    for name in ALL_NAMES:
-        layers = [l for l in range(len(per_layer)) if (name != "x" or l == 0) and name in per_layer[l]]
-        if not layers:
-            continue
-        values = [per_layer[l][name] for l in layers]
-        if all(v == values[0] for v in values):
-            if values[0] != base[name]:
-                out.append(table(f"tensors.{name}", values[0]))
-            continue
-        for l in layers:
-            if per_layer[l][name] != base[name]:
-                by_layer.setdefault(l, []).append(table(f"layers.{l}.{name}", per_layer[l][name]))
-    out += [t for l in sorted(by_layer) for t in by_layer[l]]
-    return "\n\n".join(out) + "\n"
+    """A bits file (TOML, read by `load_bits`) for per-layer configs `per_layer[l]` (`bits_table`)."""
+    return table_toml(bits_table(preset, per_layer), comment)

@@ -109,8 +109,9 @@ def observed_grid(values: np.ndarray, bits: int, method: str, percentile: float,
 
 
 def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percentile: float, chunk: int,
-                  info: dict) -> QuantModel:
-    """The node's GRU calibrated on its input `x` as `qtool calibrate` does a GRU alone."""
+                  info: dict) -> tuple[QuantModel, MethodPlan]:
+    """The node's GRU calibrated on its input `x` as `qtool calibrate` does a GRU alone, and the
+    method of each of its tensors (auto's choice, or `method` under the config's own)."""
     from qtool.layers.gru import model
 
     gru = model(node)
@@ -118,17 +119,53 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
     if method in ("auto", "per-edge"):
         from qtool.calibration.auto import calibrate_auto
 
-        return calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info)[0]
+        qm, choice = calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info)
+        return qm, choice.plan
     plan = MethodPlan.from_config(config, method, "minmax", percentile)
-    return build_quant_model(gru, collect(gru, data, plan, chunk), config, info, plan)
+    return build_quant_model(gru, collect(gru, data, plan, chunk), config, info, plan), plan
 
 
-def with_input_grid(qm: QuantModel, g: TensorQ) -> QuantModel:
-    """The GRU with x on grid `g` (an edge another layer already fixed, such as the h of the GRU
-    before it): x's grid sets only its own shift and compensation, which are derived anew."""
-    cells = [[cell_from_spec(cell, {**cq.spec, "x": g}) for cell, cq in zip(qm.model.layers[0], qm.cells[0])],
-             *qm.cells[1:]]
+def with_edge_grids(qm: QuantModel, x: TensorQ | None = None, h: TensorQ | None = None) -> QuantModel:
+    """The GRU with its input x (of its first layer) and its output h (of its last layer) on
+    grids fixed elsewhere: the h of the GRU before it, a QDQ file's grid. Everything a grid sets
+    (shifts, compensations, tables) is derived anew from the cell's spec."""
+    cells = [list(row) for row in qm.cells]
+    for l, name, g in ((0, "x", x), (len(cells) - 1, "h", h)):
+        if g is not None:
+            cells[l] = [cell_from_spec(cell, {**cq.spec, name: g}) for cell, cq in zip(qm.model.layers[l], cells[l])]
     return QuantModel(qm.model, cells, qm.info)
+
+
+@dataclass
+class FileGrids:
+    """A QDQ file's ranges on the graph's edges (`Graph.ranges`), snapped onto power-of-two grids
+    as a GRU's imported ranges are (qtool.calibration.from_file); `rows` says what became of each."""
+
+    ranges: object  # qtool.importers.ranges.GraphRanges
+    snap: str
+    rows: list[dict] = field(default_factory=list)
+
+    def grid(self, edge: str, bits: int) -> TensorQ | None:
+        from qtool.calibration.from_file import snap_range
+
+        r = self.ranges.edges.get(edge) if self.ranges is not None else None
+        if r is None:
+            return None
+        t, row = snap_range(r, TensorConfig(bits, False), self.snap)
+        self.rows.append({"edge": edge, "bits": t.bits, "exp2_inv": int(t.exp2_inv), "zp": int(t.zp), **row,
+                          "used": True})
+        return t
+
+    def unused(self, edge: str, why: str) -> None:
+        r = self.ranges.edges.get(edge) if self.ranges is not None else None
+        if r is not None:
+            self.rows.append({"edge": edge, "source": r.source, "used": False, "why": why})
+
+    def info(self) -> dict:
+        if self.ranges is None:
+            return {}
+        return {"imported": {"kind": self.ranges.kind, "snap": self.snap, "rows": self.rows,
+                             "notes": list(self.ranges.notes)}}
 
 
 @dataclass
@@ -144,8 +181,9 @@ class Prepared:
     grus: dict = field(default_factory=dict)  # calibrated GRUs by (node, rows, config, method)
 
     def gru(self, node: Node, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
-            chunk: int, info: dict) -> QuantModel:
-        """The node's GRU calibrated on its input's first `rows` sequences, once per config."""
+            chunk: int, info: dict) -> tuple[QuantModel, MethodPlan]:
+        """The node's GRU calibrated on its input's first `rows` sequences, once per config, and
+        its tensors' methods (`calibrate_gru`)."""
         key = (node.name, rows, method, percentile, repr(sorted(config.items())),
                repr(sorted(getattr(config, "layers", {}).items())))
         if key not in self.grus:
@@ -157,6 +195,9 @@ class Prepared:
 def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig], chunk: int = 64,
             progress: Callable[[int], None] | None = None) -> Prepared:
     g, done = run_float_passes(graph)
+    if g.ranges is not None:
+        for edge in [e for e in g.ranges.edges if e not in g.shapes]:
+            g.ranges.drop(edge, "the passes removed the edge it rounds")
     core, tail, what = partition(g)
     done.append(("partition", what))
     data.check_features(next(iter(g.inputs.values()))[-1])
@@ -166,15 +207,18 @@ def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorCo
 
 def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
                     method: str = "auto", percentile: float = 99.99, chunk: int = 64,
-                    progress: Callable[[int], None] | None = None, info: dict | None = None) -> QGraph:
+                    progress: Callable[[int], None] | None = None, info: dict | None = None,
+                    snap: str = "up") -> QGraph:
     """The quantized graph of `graph` calibrated on the first `n` sequences of `data`."""
     return quantize_graph(prepare(graph, data, n, config, chunk, progress), n, config, method, percentile, chunk,
-                          info)
+                          info, snap)
 
 
 def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
-                   chunk: int, info: dict | None) -> QGraph:
-    """Every grid and layer integer from the first `rows` sequences of the prepared values."""
+                   chunk: int, info: dict | None, snap: str = "up") -> QGraph:
+    """Every grid and layer integer from the first `rows` sequences of the prepared values; an
+    edge a QDQ file quantizes (`Graph.ranges`) takes the file's grid (`snap` as for a GRU's)."""
+    from qtool.calibration.auto import chosen_methods
     from qtool.layers.gru import model as gru_model
 
     g, core, tail, done = prep.graph, prep.core, prep.tail, list(prep.passes)
@@ -186,13 +230,19 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     grids: dict[str, TensorQ] = {}
     qparams: dict[str, dict] = {}
     methods: dict[str, str] = {}
+    gru_methods: dict[str, list[dict[str, str]]] = {}  # a GRU -> per layer, its tensors' methods
+    files = FileGrids(g.ranges, snap)
     for node in (g_node for g_node in g.nodes if g_node.name in core and g_node.op == "gru"):
-        qm = prep.gru(node, rows, config, method, percentile, chunk, info or {})
-        if node.inputs[0] in grids:  # another GRU's h
-            qm = with_input_grid(qm, grids[node.inputs[0]])
-        grids[node.inputs[0]] = qm.cells[0][0].spec["x"]
-        grids[node.outputs[0]] = qm.cells[-1][0].spec["h"]
-        methods[node.inputs[0]] = methods[node.outputs[0]] = f"{node.name}'s calibration"
+        qm, plan = prep.gru(node, rows, config, method, percentile, chunk, info or {})
+        gru_methods[node.name] = chosen_methods(gru_model(node), plan)
+        x_in, h_out = node.inputs[0], node.outputs[0]
+        x_file = None if x_in in grids else files.grid(x_in, config["x"].bits)
+        h_file = files.grid(h_out, config["h"].bits)
+        if x_in in grids or x_file is not None or h_file is not None:  # x: another GRU's h, or the file's
+            qm = with_edge_grids(qm, grids.get(x_in, x_file), h_file)
+        grids[x_in], grids[h_out] = qm.cells[0][0].spec["x"], qm.cells[-1][0].spec["h"]
+        for edge, fixed in ((x_in, x_file), (h_out, h_file)):
+            methods[edge] = "the file's" if fixed is not None else f"{node.name}'s calibration"
         qparams[node.name] = {"qm": qm}
     for name in chosen:  # a GRU's x or h has the GRU's bits: a graph entry there would be ignored
         edges = [name] if name in g.inputs else next(n.outputs for n in g.nodes if n.name == name)
@@ -203,8 +253,13 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     for edge in g.inputs:
         if edge not in grids:
             own = layer_bits(config, edge)
-            grids[edge], methods[edge] = observed_grid(values[edge], own.activation,
-                                                       chosen.get(edge, {}).get("method", method), percentile, edge)
+            grids[edge] = files.grid(edge, own.activation)
+            if grids[edge] is not None:
+                methods[edge] = "the file's"
+            else:
+                grids[edge], methods[edge] = observed_grid(values[edge], own.activation,
+                                                           chosen.get(edge, {}).get("method", method), percentile,
+                                                           edge)
     for node in (g_node for g_node in g.nodes if g_node.name in core):
         own = layer_bits(config, node.name)
         for edge in node.outputs:
@@ -213,6 +268,9 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             if node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ()) and node.name not in chosen:
                 grids[edge], methods[edge] = grids[node.inputs[0]], "shared"
                 shared.append(edge)
+                files.unused(edge, f"{node.name} only moves values, so its output keeps its input's grid")
+            elif (fixed := files.grid(edge, own.activation)) is not None:
+                grids[edge], methods[edge] = fixed, "the file's"
             else:
                 grids[edge], methods[edge] = observed_grid(
                     values[edge], own.activation, chosen.get(node.name, {}).get("method", method), percentile, edge)
@@ -221,10 +279,16 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
                                               own)
             node_bits[node.name] = [own.weight, own.bias, own.activation]
+    if files.ranges is not None:
+        used = [r["edge"] for r in files.rows if r["used"]]
+        kind = files.ranges.kind
+        done.append(("fold_fake_quant", f"{len(used)} edge(s) on the {kind} file's grids: {', '.join(used)}"
+                     if used else f"none of the {kind} file's grids is used"))
     done.append(("share_grids", f"{len(shared)} edge(s) keep their input's grid: {', '.join(shared)}"
                  if shared else "no edge to share"))
     return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods,
-                                                        "layer_bits": node_bits})
+                                                        "gru_methods": gru_methods, "layer_bits": node_bits,
+                                                        **files.info()})
 
 
 AUTO_CANDIDATES = ("per-edge", "minmax", "mse")
@@ -233,13 +297,13 @@ HELD_OUT = 0.2  # the share of the data auto scores its candidates on
 
 def calibrate_auto_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
                          percentile: float = 99.99, chunk: int = 64, progress: Callable[[int], None] | None = None,
-                         info: dict | None = None) -> QGraph:
+                         info: dict | None = None, snap: str = "up") -> QGraph:
     """`method` auto for a whole model (`auto_graph`), from the float passes on."""
-    return auto_graph(prepare(graph, data, n, config, chunk, progress), n, config, percentile, chunk, info)
+    return auto_graph(prepare(graph, data, n, config, chunk, progress), n, config, percentile, chunk, info, snap)
 
 
 def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
-               chunk: int = 64, info: dict | None = None) -> QGraph:
+               chunk: int = 64, info: dict | None = None, snap: str = "up") -> QGraph:
     """Each candidate (AUTO_CANDIDATES) calibrated on the first 80% of the sequences and scored
     by the output SNR on the rest; the best one calibrated on all of them. With fewer than 10
     sequences, per-edge without the check."""
@@ -247,12 +311,13 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
 
     fit = n - max(1, int(n * HELD_OUT))
     if n < 10:
-        return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info)
+        return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap)
     held = SequenceData(prep.values[next(iter(prep.graph.inputs))][fit:n], False, "the held-out calibration data")
     scores = {}
     for m in AUTO_CANDIDATES:
-        scores[m] = output_snr_db(simulate_graph(quantize_graph(prep, fit, config, m, percentile, chunk, info), held))
+        scores[m] = output_snr_db(simulate_graph(quantize_graph(prep, fit, config, m, percentile, chunk, info, snap),
+                                                  held))
     best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
-    qg = quantize_graph(prep, n, config, best, percentile, chunk, info)
+    qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
     return qg

@@ -31,6 +31,7 @@ from qtool.core.model import DIRECTIONS, open_h5
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
+from qtool.importers.ranges import GraphRanges
 from qtool.io.qmodel_file import read_qmodel, write_qmodel
 from qtool.layers import check, layer
 from qtool.layers import gru as gru_layer
@@ -57,6 +58,7 @@ def file_format(f) -> str | None:
 def write_graph(f, graph: Graph) -> None:
     desc = {"name": graph.name, "source": graph.source, "inputs": {k: list(v) for k, v in graph.inputs.items()},
             "outputs": graph.outputs, "check": graph.check_result,
+            **({"ranges": graph.ranges.to_json()} if graph.ranges is not None else {}),
             "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
                        "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
     f.attrs.update(format=GFORMAT, version=GVERSION, qtool_version=__version__,
@@ -103,7 +105,22 @@ def read_graph(f, where: str) -> Graph:
     except (KeyError, TypeError, AttributeError) as e:
         raise QtoolError(f"{where}: the graph description is malformed ({type(e).__name__}: {e})") from None
     graph.check_result = desc.get("check") if isinstance(desc.get("check"), dict) else None
+    if "ranges" in desc:
+        graph.ranges = _ranges(desc["ranges"], where)
     return check(graph, where)
+
+
+def _ranges(d, where: str) -> GraphRanges:
+    """A QDQ file's grids on the graph's edges, as `write_graph` stored them."""
+    try:
+        ranges = GraphRanges.from_json(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise QtoolError(f"{where}: the graph's ranges are malformed ({type(e).__name__}: {e})") from None
+    for edge, r in ranges.edges.items():
+        if not (np.isfinite(r.lo) and np.isfinite(r.hi) and r.lo <= 0 <= r.hi and r.step > 0 and 2 <= r.bits <= 16):
+            raise QtoolError(f"{where}: the graph's range of '{edge}' is not a grid's range ([{r.lo}, {r.hi}], "
+                             f"step {r.step}, {r.bits} bits)")
+    return ranges
 
 
 def fingerprint(qg: QGraph) -> str:

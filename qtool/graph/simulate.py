@@ -108,12 +108,16 @@ def classes(qg: QGraph) -> int | None:
 
 
 def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None,
-                  mode: str = "integer") -> GraphSimulation:
-    """One chunk of sequences, measured on its own (fold the chunks in order with `fold`)."""
+                  mode: str = "integer", observe: Callable[[dict], None] | None = None) -> GraphSimulation:
+    """One chunk of sequences, measured on its own (fold the chunks in order with `fold`);
+    `observe` sees the chunk's float reference, every edge's values (the report reads each GRU's
+    input there)."""
     out0 = qg.graph.outputs[0]
     part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, len(x),
                            labelled=labels is not None, is_classifier=classes(qg) is not None, mode=mode)
     ref = run(qg.graph, x, keep=True)
+    if observe is not None:
+        observe(ref)
     sides = []  # (edge distances, output distances, core values, integers)
     if mode != "fakequant":
         q = run_int(qg, x, runner)
@@ -201,15 +205,15 @@ def check_inputs(qg: QGraph, data: SequenceData, n: int, labels: np.ndarray | No
 
 def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: int = 256,
                    labels: np.ndarray | None = None, keep: bool = False,
-                   progress: Callable[[int], None] | None = None, runner=None, mode: str = "integer"
-                   ) -> GraphSimulation:
+                   progress: Callable[[int], None] | None = None, runner=None, mode: str = "integer",
+                   observe: Callable[[dict], None] | None = None) -> GraphSimulation:
     """The integer model against the float graph over the first `n` sequences of `data`."""
     n = data.num_sequences if n is None else min(n, data.num_sequences)
     check_inputs(qg, data, n, labels)
     total = None
     for start, x in data.chunks(chunk, n):
         lab = None if labels is None else labels[start:start + len(x)]
-        total = fold(total, measure_chunk(qg, x, lab, keep, runner, mode))
+        total = fold(total, measure_chunk(qg, x, lab, keep, runner, mode, observe))
         if progress:
             progress(start + len(x))
     return finish(total)

@@ -68,3 +68,42 @@ def learned_range(step, zp, qmin: int, qmax: int) -> tuple:
     """The interval a file's grid covers."""
     step = np.asarray(step, np.float64)
     return (qmin - np.asarray(zp)) * step, (qmax - np.asarray(zp)) * step
+
+
+@dataclass
+class GraphRanges:
+    """The quantizers a whole-model file holds on its edges (a QDQ file's QuantizeLinear ->
+    DequantizeLinear pairs between layers), by qtool edge. A graph carries them
+    (`Graph.ranges`) to its calibration, which takes them as those edges' grids."""
+
+    kind: str
+    edges: dict[str, ImportedRange] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, edge: str, r: ImportedRange) -> None:
+        """A second quantizer of one edge (a pair after a value-moving op) widens its range."""
+        old = self.edges.get(edge)
+        if old is None:
+            self.edges[edge] = r
+            return
+        if (old.lo, old.hi, old.step, old.bits) == (r.lo, r.hi, r.step, r.bits):
+            return  # the same grid again (a pair on each side of a value-moving op)
+        self.notes.append(f"{r.source} quantizes the values {old.source} does; the union of their ranges is used")
+        self.edges[edge] = ImportedRange(min(old.lo, r.lo), max(old.hi, r.hi), f"{old.source} + {r.source}",
+                                         max(old.step, r.step), max(old.bits, r.bits))
+
+    def drop(self, edge: str, why: str) -> None:
+        r = self.edges.pop(edge, None)
+        if r is not None:
+            self.notes.append(f"{r.source} is not used: {why}")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "notes": self.notes,
+                "edges": {e: [float(r.lo), float(r.hi), float(r.step), int(r.bits), r.source]
+                          for e, r in self.edges.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> GraphRanges:
+        edges = {str(e): ImportedRange(float(lo), float(hi), str(src), float(step), int(bits))
+                 for e, (lo, hi, step, bits, src) in d["edges"].items()}
+        return cls(str(d["kind"]), edges, [str(n) for n in d.get("notes", [])])

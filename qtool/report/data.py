@@ -8,21 +8,28 @@ adds what the pictures need, kept in bounded memory however much data it runs ov
   grid's representable interval and the calibrated range;
 - per weight channel, the float range, the calibrated range and the grid;
 - the float and the dequantized integer output of the first few sequences.
+A quantized whole model's report (`collect_graph`) gathers the same for each of its GRUs, each
+on its own input.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qtool.calibrators.histogram import Histogram
+from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.core.tensors import BY_NAME, cell_names
 from qtool.io.files import SequenceData
 from qtool.numerics.rescale import qrange
 from qtool.simulation.run import Simulation, tensor_key
+
+if TYPE_CHECKING:
+    from qtool.graph.simulate import GraphSimulation
 
 DISPLAY_BINS = 160  # bars per histogram: enough to see a shape, small enough for the page
 GRID_VIEW = 4.0     # a grid wider than this many times the data's span is noted, not drawn
@@ -168,23 +175,59 @@ def _channels(qm: QuantModel) -> list[ChannelView]:
     return out
 
 
+class Collector:
+    """`collect` a chunk at a time, from wherever the chunks come (`add`), then `finish`."""
+
+    def __init__(self, qm: QuantModel, keep: int = 3, runner=None):
+        from qtool.engine.cpu import run_model
+
+        self.qm = qm
+        self.sim = ReportSimulation(qm, runner or run_model, keep)
+        self.samples = 0
+
+    def add(self, x: np.ndarray) -> None:
+        self.sim.run_chunk(x)
+        self.samples += len(x)
+
+    def finish(self) -> ReportData:
+        qm, sim = self.qm, self.sim
+        results = sim.results()
+        tensors = [_view(tensor_key(l, d, name), name, cq.spec[name], sim.hists[tensor_key(l, d, name)],
+                         results["tensors"][tensor_key(l, d, name)])
+                   for l, cells in enumerate(qm.cells) for d, cq in enumerate(cells) for name in cell_names(cq.form)]
+        y_float = np.concatenate([a for a, _ in sim.kept])
+        y_quant = np.concatenate([b for _, b in sim.kept])
+        steps = [{**s.as_dict(), "rms_error": math.sqrt(s.err2 / s.count)} for s in sim.steps]
+        return ReportData(results, steps, tensors, _channels(qm),
+                          y_float, y_quant, self.samples)
+
+
 def collect(qm: QuantModel, data: SequenceData, n: int, *, keep: int = 3, batch_size: int = 256,
             runner=None, progress=None) -> ReportData:
     """Run the integer and the float GRU over the first `n` sequences of `data` (in chunks of
     `batch_size`, so memory stays bounded) and gather everything the report draws."""
-    from qtool.engine.cpu import run_model
-
-    sim = ReportSimulation(qm, runner or run_model, keep)
+    c = Collector(qm, keep, runner)
     for start, x in data.chunks(batch_size, n):
-        sim.run_chunk(x)
+        c.add(x)
         if progress:
             progress(start + len(x), n)
-    results = sim.results()
-    tensors = [_view(tensor_key(l, d, name), name, cq.spec[name], sim.hists[tensor_key(l, d, name)],
-                     results["tensors"][tensor_key(l, d, name)])
-               for l, cells in enumerate(qm.cells) for d, cq in enumerate(cells) for name in cell_names(cq.form)]
-    y_float = np.concatenate([a for a, _ in sim.kept])
-    y_quant = np.concatenate([b for _, b in sim.kept])
-    steps = [{**s.as_dict(), "rms_error": math.sqrt(s.err2 / s.count)} for s in sim.steps]
-    return ReportData(results, steps, tensors, _channels(qm),
-                      y_float, y_quant, n)
+    return c.finish()
+
+
+def collect_graph(qg: QGraph, data: SequenceData, n: int, *, batch_size: int = 256, runner=None,
+                  progress=None) -> tuple[GraphSimulation, dict[str, ReportData]]:
+    """A whole model's simulation (qtool.graph.simulate, as `simulate` runs it) and, per GRU node
+    of its core, what the report of that GRU alone draws (`collect`), run on the GRU's own input:
+    the float graph's values at its input edge, which the simulation computes for its reference
+    chunk by chunk (the input the GRU was calibrated on, qtool.graph.calibrate). So each GRU's
+    tensors are measured on their own, free of the error the layers before it pass on."""
+    from qtool.graph.simulate import simulate_graph
+
+    grus = {name: Collector(qg.qparams[name]["qm"], 1, runner) for name in qg.grus}
+
+    def observe(ref: dict[str, np.ndarray]) -> None:
+        for name, c in grus.items():
+            c.add(np.ascontiguousarray(ref[qg.node(name).inputs[0]], np.float32))
+
+    sim = simulate_graph(qg, data, n, batch_size, progress=progress, runner=runner, observe=observe)
+    return sim, {name: c.finish() for name, c in grus.items()}

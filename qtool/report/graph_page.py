@@ -1,6 +1,8 @@
 """The HTML report of a whole model: a picture of the graph with each edge's error (an SVG drawn
 here, no plotting library), every edge's grid and distances, the passes, and the model's output
-metrics. One self-contained page."""
+metrics; then per GRU node its own tensors as the report of a GRU alone shows them
+(qtool.report.html: every tensor's grid, ranges and error, and with plotly their histograms).
+One self-contained page."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import html
 
 from qtool import __version__
 from qtool.core.qgraph import QGraph
+from qtool.errors import QtoolError
+from qtool.report.data import ReportData
 
 BOX_W, BOX_H, GAP_X, GAP_Y = 190, 42, 40, 58
 
@@ -47,8 +51,10 @@ def layout(qg: QGraph) -> dict[str, tuple[int, int]]:
     return place
 
 
-def svg(qg: QGraph, edges: dict[str, dict]) -> str:
-    """The graph, top to bottom; each edge a line coloured and labelled by its SNR."""
+def svg(qg: QGraph, edges: dict[str, dict], links: dict[str, str] | None = None) -> str:
+    """The graph, top to bottom; each edge a line coloured and labelled by its SNR; a node in
+    `links` (its name -> an id on the page) links there."""
+    links = links or {}
     place = layout(qg)
     writer = {e: f"input:{e}" for e in qg.graph.inputs} | {e: n.name for n in qg.graph.nodes for e in n.outputs}
 
@@ -91,9 +97,10 @@ def svg(qg: QGraph, edges: dict[str, dict]) -> str:
             node = qg.node(key)
             title, sub = key, node.attrs.get("kind") or node.op
             fill = "#fff" if key in qg.core else "#f4f4f4"  # the float tail in grey
-        parts.append(f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="6" fill="{fill}" stroke="#555"/>'
-                     f'<text x="{x + 8}" y="{y + 17}" class="name">{_e(title[:26])}</text>'
-                     f'<text x="{x + 8}" y="{y + 34}" class="op">{_e(sub)}</text>')
+        box = (f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="6" fill="{fill}" stroke="#555"/>'
+               f'<text x="{x + 8}" y="{y + 17}" class="name">{_e(title[:26])}</text>'
+               f'<text x="{x + 8}" y="{y + 34}" class="op">{_e(sub)}</text>')
+        parts.append(f'<a href="#{links[key]}">{box}</a>' if key in links else box)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}">{"".join(parts)}</svg>')
 
@@ -101,11 +108,55 @@ def svg(qg: QGraph, edges: dict[str, dict]) -> str:
 CSS = ("body{font-family:system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:12px 0}"
        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,td:nth-child(2){text-align:left}"
        "svg .name{font:13px sans-serif}svg .op{font:12px sans-serif;fill:#555}svg .lbl{font:11px sans-serif}"
-       ".note{color:#666}")
+       ".note{color:#666}.wide{overflow-x:auto}.clip{color:#c92a2a;font-weight:600}")
 
 
-def render(qg: QGraph, rows: list[dict], sim: dict, data_name: str) -> str:
-    """The page: `rows` from qtool.api.qgraph_rows with the simulation, `sim` its to_dict()."""
+def gru_anchor(i: int) -> str:
+    """The id of the section of the core's `i`th GRU node (QGraph.grus)."""
+    return f"gru{i}"
+
+
+def gru_sections(qg: QGraph, grus: dict[str, ReportData]) -> tuple[list, bool]:
+    """Per GRU node, what the report of that GRU alone shows of its tensors (qtool.report.html):
+    the histograms of every layer direction when plotly is installed, and the table of every
+    tensor. Returns the sections (qtool.report.html.page_body's) and whether they draw figures."""
+    from qtool.report.html import INSTALL, _db, layer_sections, plotly_modules, tensor_table
+
+    try:
+        plotly_modules()
+        figures = True
+    except QtoolError:
+        figures = False
+    sections = []
+    for i, (name, rd) in enumerate(grus.items()):
+        qm, anchor = qg.qparams[name]["qm"], gru_anchor(i) + "-"
+        node, m = qg.node(name), rd.results["output"]
+        sections.append(
+            f'<h2 id="{gru_anchor(i)}">GRU {_e(name)}: its tensors</h2><p class="note">This GRU alone, in '
+            f"integers against float, on its own input: the float model's values at <code>{_e(node.inputs[0])}</code> "
+            f"({rd.samples} sequences), the input it was calibrated on, so each tensor's error is its own and not "
+            f"what the layers before it pass on (the edges above measure that). Its output: SNR {_e(_db(m))}, "
+            f"cosine {m['cosine']:.6f}, saturated {100 * m['saturated']:.2f}%.</p>")
+        if figures:
+            sections += layer_sections(qm, rd, anchor, level=3)[0]
+        else:
+            sections.append(f'<p class="note">Histograms of the tensors need plotly: {_e(INSTALL)}</p>')
+        sections.append(f'<div class="wide">{tensor_table(rd.tensors, anchor if figures else None)}</div>')
+    return sections, figures and bool(grus)
+
+
+def render(qg: QGraph, rows: list[dict], sim: dict, data_name: str,
+           grus: dict[str, ReportData] | None = None) -> str:
+    """The page: `rows` from qtool.api.qgraph_rows with the simulation, `sim` its to_dict(),
+    `grus` per GRU node its report data on its own input (qtool.report.data.collect_graph)."""
+    from qtool.report.html import page_body, plotly_modules
+
+    grus = grus or {}
+    sections, figures = gru_sections(qg, grus)
+    gru_body, script = page_body(sections)
+    plotly_js = f"<script>{plotly_modules()[2]()}</script>" if figures else ""
+    script = f"<script>{script}</script>" if figures else ""
+    links = {name: gru_anchor(i) for i, name in enumerate(grus)}
     edges = {**sim["outputs"], **{r["edge"]: r for r in rows}}
     head = ["layer", "op", "bits", "exp2_inv", "zp", "set by", "SNR", "cosine", "saturated"]
     body = "".join(
@@ -123,11 +174,12 @@ def render(qg: QGraph, rows: list[dict], sim: dict, data_name: str) -> str:
     info = qg.info
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="generator" content="qtool {__version__}"><title>qtool report: {_e(qg.graph.name)}</title>'
-            f"<style>{CSS}</style></head><body><h1>{_e(qg.graph.name)}</h1>"
+            f"<style>{CSS}</style>{plotly_js}</head><body><h1>{_e(qg.graph.name)}</h1>"
             f"<p>{_e(info.get('bits'))}, calibrated ({_e(info.get('method'))}) on {_e(info.get('samples'))} sequences "
             f"of {_e(info.get('data_file'))}; measured on {sim['samples']} sequences of {_e(data_name)}.</p>"
             f"<h2>Output</h2><ul>{outputs}</ul><h2>The graph</h2><p class=note>Each edge: the integer model's "
             "SNR against float there (green from 30 dB, amber from 20, red below); grey boxes run in float after "
-            f"the dequantize.</p>{svg(qg, edges)}<h2>Every edge</h2><table><tr>"
+            f"the dequantize{'; a GRU links to its tensors, below' if links else ''}.</p>{svg(qg, edges, links)}"
+            "<h2>Every edge</h2><table><tr>"
             + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table><h2>Passes</h2><ul>{passes}</ul>"
-            f'<p class="note">Written by qtool {__version__}.</p></body></html>\n')
+            f'{gru_body}<p class="note">Written by qtool {__version__}.</p>{script}</body></html>\n')

@@ -236,7 +236,9 @@ def _channel_figure(views: list[ChannelView]):
     return fig
 
 
-def _tensor_table(views: list[TensorView]) -> str:
+def tensor_table(views: list[TensorView], anchor: str | None = "") -> str:
+    """Every tensor's grid, ranges, SNR and clipped share; each row links to its layer's section
+    (`anchor` prefixes the ids, as in `layer_sections`; None: no links, a page without them)."""
     rows = []
     for v in views:
         layer, direction, _ = v.key.split(".")
@@ -244,7 +246,9 @@ def _tensor_table(views: list[TensorView]) -> str:
         clip = _pct(d["saturated"])
         cal = "-" if v.calibrated is None else f"[{_num(v.calibrated[0])}, {_num(v.calibrated[1])}]"
         unit = " levels" if v.levels else ""
-        rows.append([f'<a href="#{layer}.{direction}">{layer[5:]}.{direction}</a>', _e(v.name),
+        where = f"{layer[5:]}.{direction}"
+        link = where if anchor is None else f'<a href="#{_e(anchor)}{layer}.{direction}">{where}</a>'
+        rows.append([link, _e(v.name),
                      _e(_grid_text(v)), f"[{_num(v.grid[0])}, {_num(v.grid[1])}){unit}", cal,
                      f"[{_num(v.data[0])}, {_num(v.data[1])}]{unit}", _db(d),
                      f'<span class="clip">{clip}</span>' if d["saturated"] else clip])
@@ -252,32 +256,36 @@ def _tensor_table(views: list[TensorView]) -> str:
                          "float values seen", "SNR", "clipped"], cls="tensors")
 
 
-def render(qm: QuantModel, data: ReportData, source: str, units: int = 4) -> str:
-    """The whole page as one string."""
-    _, _, get_plotlyjs = plotly_modules()
-    figures = []  # (div id, figure)
-    sections = [_header(qm, data, source),
-                '<h2 id="steps">Output error by time step</h2>', ("steps", _steps_figure(data)),
-                f'<h2 id="traces">Float vs integer output, first {len(data.y_float)} sequences</h2>'
-                '<p class="note">Solid: the float GRU; dotted: the integer GRU, dequantized.</p>',
-                ("traces", _traces_figure(data, qm, units))]
-    layers = []
+TENSORS_NOTE = ("Bars: the float values (the reference the integers are measured "
+                "against); green: the values the grid holds, [(qmin - zp - 1/2) s, (qmax - zp + 1/2) s); "
+                "dashed: the calibrated range; clipped: the share of values outside the grid. "
+                "W, R, bx, br are per output channel and shown in units of their channel's step. "
+                "The pre-activations z_pre, r_pre, g_pre are calibrated to where their sigmoid or tanh "
+                "saturates on its output grid: what is clipped beyond costs nothing.")
+
+
+def layer_sections(qm: QuantModel, data: ReportData, anchor: str = "", level: int = 2) -> tuple[list, list[str]]:
+    """Per layer direction of `qm`: its heading (`<h{level}>`), its tensors' histograms against
+    their grids and its weights per channel; as the sections `page_body` takes, and the layers'
+    tags (`layer0.fwd`). `anchor` prefixes every id, so that one page holds several GRUs."""
+    sections, layers = [], []
     for l, cells in enumerate(qm.cells):
         for d in range(len(cells)):
             tag = f"layer{l}.{DIRECTIONS[d]}"
             layers.append(tag)
             views = [v for v in data.tensors if v.key.startswith(tag + ".")]
-            sections += [f'<h2 id="{tag}">Layer {l}, {DIRECTIONS[d]}: tensors</h2>'
-                         '<p class="note">Bars: the float values (the reference the integers are measured '
-                         "against); green: the values the grid holds, [(qmin - zp - 1/2) s, (qmax - zp + 1/2) s); "
-                         "dashed: the calibrated range; clipped: the share of values outside the grid. "
-                         "W, R, bx, br are per output channel and shown in units of their channel's step. "
-                         "The pre-activations z_pre, r_pre, g_pre are calibrated to where their sigmoid or tanh "
-                         "saturates on its output grid: what is clipped beyond costs nothing.</p>",
-                         (f"hist-{tag}", _tensor_figure(views)),
-                         (f"chan-{tag}", _channel_figure([c for c in data.channels if c.key.startswith(tag + ".")]))]
-    sections += ['<h2 id="tensors">All tensors</h2>', f'<div class="wide">{_tensor_table(data.tensors)}</div>']
-    body = []
+            sections += [f'<h{level} id="{_e(anchor)}{tag}">Layer {l}, {DIRECTIONS[d]}: tensors</h{level}>'
+                         f'<p class="note">{TENSORS_NOTE}</p>',
+                         (f"hist-{anchor}{tag}", _tensor_figure(views)),
+                         (f"chan-{anchor}{tag}",
+                          _channel_figure([c for c in data.channels if c.key.startswith(tag + ".")]))]
+    return sections, layers
+
+
+def page_body(sections: list) -> tuple[str, str]:
+    """The page's HTML from sections (HTML strings, or (div id, plotly figure)), and the script
+    that draws the figures into their divs."""
+    figures, body = [], []  # (div id, figure)
     for part in sections:
         if isinstance(part, str):
             body.append(part)
@@ -285,14 +293,29 @@ def render(qm: QuantModel, data: ReportData, source: str, units: int = 4) -> str
         div, fig = part
         figures.append((div, fig))
         body.append(f'<div id="fig-{div}" class="plot"></div>')
-    nav = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in (
-        ("model", "model"), ("steps", "error by step"), ("traces", "traces"),
-        *((t, t[5:]) for t in layers), ("tensors", "all tensors")))
     config = json.dumps({"responsive": True, "displaylogo": False})
     script = "\n".join(f"Plotly.newPlot({json.dumps('fig-' + div)}, {{...{fig.to_json()}, config: {config}}});"
                        for div, fig in figures)
+    return "".join(body), script
+
+
+def render(qm: QuantModel, data: ReportData, source: str, units: int = 4) -> str:
+    """The whole page as one string."""
+    _, _, get_plotlyjs = plotly_modules()
+    sections = [_header(qm, data, source),
+                '<h2 id="steps">Output error by time step</h2>', ("steps", _steps_figure(data)),
+                f'<h2 id="traces">Float vs integer output, first {len(data.y_float)} sequences</h2>'
+                '<p class="note">Solid: the float GRU; dotted: the integer GRU, dequantized.</p>',
+                ("traces", _traces_figure(data, qm, units))]
+    per_layer, layers = layer_sections(qm, data)
+    sections += per_layer
+    sections += ['<h2 id="tensors">All tensors</h2>', f'<div class="wide">{tensor_table(data.tensors)}</div>']
+    body, script = page_body(sections)
+    nav = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in (
+        ("model", "model"), ("steps", "error by step"), ("traces", "traces"),
+        *((t, t[5:]) for t in layers), ("tensors", "all tensors")))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="generator" content="qtool {__version__}">'
             f"<title>qtool report: {_e(qm.model.name)}</title><style>{CSS}</style>"
-            f"<script>{get_plotlyjs()}</script></head><body><nav>{nav}</nav>{''.join(body)}"
+            f"<script>{get_plotlyjs()}</script></head><body><nav>{nav}</nav>{body}"
             f'<p class="note">Written by qtool {__version__}.</p><script>{script}</script></body></html>\n')

@@ -107,6 +107,27 @@ def keras2_hard_sigmoid(keras, model, major: int | None) -> None:
                     setattr(obj, key, hard_sigmoid)
 
 
+def float_activations(keras, model) -> int:
+    """The model as qtool's float graph computes it (the import check): every QKeras quantizer on
+    the data (a QActivation's, or a layer's `activation=`) replaced by its float function, the
+    identity for quantized_bits (a relu without keep_negative), a relu for quantized_relu; in
+    place. Returns how many were replaced. Weight quantizers stay: qtool folds them."""
+    try:
+        from qkeras.quantizers import quantized_bits, quantized_relu
+    except ImportError:
+        return 0
+    count = 0
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        q = getattr(layer, "activation", None)
+        if isinstance(getattr(type(layer), "activation", None), property) or type(q) not in (quantized_bits,
+                                                                                           quantized_relu):
+            continue
+        relu = type(q) is quantized_relu or not q.keep_negative
+        layer.activation = keras.activations.relu if relu else keras.activations.linear
+        count += 1
+    return count
+
+
 def _layer(model, name: str):
     for part in name.split("/"):
         # QKeras' QGRU.from_config hands the layer's name to its cell (the layer gets a fresh one)

@@ -14,6 +14,7 @@ safe mode, float32) and compares it with `qtool.layers.run` on random inputs.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import zipfile
@@ -28,7 +29,7 @@ from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, one_torch_thread, quiet, reason
-from qtool.importers.keras.check import _import_keras, _load, _oversized, keras2_hard_sigmoid
+from qtool.importers.keras.check import _import_keras, _load, _oversized, float_activations, keras2_hard_sigmoid
 from qtool.importers.keras.config import (
     FLOAT_POLICIES,
     MODELS,
@@ -42,14 +43,17 @@ from qtool.importers.keras.config import (
     snake_case,
 )
 from qtool.importers.keras.graph import NO_OPS, Layer, _model
+from qtool.importers.keras.quantizers import activation_grid, is_quantizer, quantize, quantizer_config
 from qtool.importers.keras.reader import SPOOL_BYTES, _cells_keras3, _cells_legacy, _dataset, _open
+from qtool.importers.ranges import GraphRanges, ImportedRange
 from qtool.layers import same_pads
 
 GRUS = ("GRU", "Bidirectional", "RNN")  # RNN: one GRUCell; Bidirectional: of a GRU
 LAYOUT = ("Flatten", "Reshape", "Permute")  # only where they leave the layout as it is
+QKERAS = ("QDense", "QConv1D", "QActivation")  # QKeras layers (.h5 files name them 'qkeras>QDense')
 COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "BatchNormalization", "Activation", "ReLU", "LeakyReLU",
              "Softmax", "UnitNormalization", "Add", "Multiply", "Concatenate", "AveragePooling1D",
-             "MaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "ZeroPadding1D", *GRUS)
+             "MaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "ZeroPadding1D", *GRUS, *QKERAS)
 SUPPORTED = tuple(sorted({*COMPUTING, *LAYOUT, *NO_OPS}))
 MERGES = {"Add": "add", "Multiply": "mul", "Concatenate": "concat"}
 POOLS = {"AveragePooling1D": "avg_pool1d", "MaxPooling1D": "max_pool1d",
@@ -96,6 +100,7 @@ class _Reader:
         self.edge: dict[str, str] = {}  # layer -> the edge holding its output
         self.shapes: dict[str, tuple] = {}
         self.nodes: list[Node] = []
+        self.ranges = GraphRanges("QKeras")  # QKeras quantizers on the data, by qtool edge
 
     def fail(self, e: _Entry, why: str) -> QtoolError:
         return QtoolError(f"{self.where}: layer {e.label} {why}")
@@ -103,13 +108,22 @@ class _Reader:
     def add(self, e: _Entry, op: str, inputs: list[str], attrs: dict | None = None, params: dict | None = None,
             activation=None) -> None:
         """Node `op` for layer `e` writing the edge named after it; a separate activation node
-        (`<layer>/activation`) after it for a layer's fused activation other than linear."""
-        act = _activation(self, e, activation)
+        (`<layer>/activation`) after it for a layer's fused activation other than linear. A QKeras
+        quantizer as the activation is its float function there, its grid that edge's range."""
+        q = activation_grid(f"{self.where}: layer {e.label}", "activation", activation) \
+            if is_quantizer(activation) else None
+        act = _activation(self, e, q.kind if q else activation)
         out = f"{e.name}/preactivation" if act else e.name
         self._node(Node(e.name, op, inputs, [out], attrs or {}, params or {}, e.cls))
         if act:
             self._node(Node(f"{e.name}/activation", act[0], [out], [e.name], dict(act[1]), {}, e.cls))
         self.edge[e.name] = e.name
+        if q:
+            self.quantized(e.name, q, f"{e.cls} '{e.name}' activation ({q.label})")
+
+    def quantized(self, edge: str, q, source: str) -> None:
+        """The grid of a QKeras quantizer on the data (`quantizers.ActivationGrid`) as `edge`'s range."""
+        self.ranges.add(edge, ImportedRange(q.qmin * q.step, q.qmax * q.step, source, q.step, q.bits))
 
     def _node(self, node: Node) -> None:
         """Appended once its op accepts it (attrs, params, the shapes of its inputs)."""
@@ -196,7 +210,7 @@ def _policy_ok(r: _Reader, e: _Entry) -> None:
 
 def _dense(r: _Reader, e: _Entry, src: list[str]) -> None:
     use_bias = bool(e.cfg.get("use_bias", True))
-    w = r.weights(e, ["kernel", "bias"][:1 + use_bias])
+    w = _quantized_weights(r, e, r.weights(e, ["kernel", "bias"][:1 + use_bias]))
     if w["kernel"].ndim != 2 or w["kernel"].shape[1] != e.cfg.get("units"):
         raise r.fail(e, f"has a kernel of shape {w['kernel'].shape}, expected [C_in, {e.cfg.get('units')}]")
     params = {"W": np.ascontiguousarray(w["kernel"].T)} | ({"b": w["bias"]} if use_bias else {})
@@ -209,10 +223,13 @@ def _conv(r: _Reader, e: _Entry, src: list[str]) -> None:
     padding = e.cfg.get("padding", "valid")
     if padding not in ("valid", "same", "causal"):
         raise r.fail(e, f"has padding={padding!r}; supported: 'valid', 'same', 'causal'")
+    if padding == "causal" and e.cls == "QConv1D":  # QConv1D hands it to keras.ops.conv, which does not pad
+        raise r.fail(e, "has padding='causal', which QKeras' QConv1D does not compute as Keras' Conv1D does; "
+                     "supported there: 'valid', 'same'")
     use_bias = bool(e.cfg.get("use_bias", True))
-    w = r.weights(e, ["kernel", "bias"][:1 + use_bias])
+    w = _quantized_weights(r, e, r.weights(e, ["kernel", "bias"][:1 + use_bias]))
     kernel, c_in = w["kernel"], r.shapes[src[0]][-1]
-    if e.cls == "Conv1D":
+    if e.cls in ("Conv1D", "QConv1D"):
         (groups,) = _ints(r, e, "groups", 1)
         if kernel.ndim != 3 or kernel.shape[0] != k or kernel.shape[2] != e.cfg.get("filters"):
             raise r.fail(e, f"has a kernel of shape {kernel.shape}, expected [{k}, C_in / groups, "
@@ -226,6 +243,33 @@ def _conv(r: _Reader, e: _Entry, src: list[str]) -> None:
     attrs = {"kernel": k, "stride": s, "dilation": d, "groups": groups, "padding": padding}
     params = {"W": np.ascontiguousarray(W)} | ({"b": w["bias"]} if use_bias else {})
     r.add(e, "conv1d", src, attrs, params, e.cfg.get("activation"))
+
+
+def _quantized_weights(r: _Reader, e: _Entry, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A QDense's or QConv1D's kernel and bias as its forward uses them: through its
+    kernel_quantizer and bias_quantizer (quantized_bits, qtool's port of QKeras' own arithmetic),
+    so a fake-quant on a constant folds into it; other layers' weights as stored."""
+    if e.cls not in QKERAS:
+        return w
+    out = dict(w)
+    for key in ("kernel", "bias"):
+        c = quantizer_config(e.name, f"{key}_quantizer", e.cfg.get(f"{key}_quantizer"), f"{r.where}: layer {e.label}")
+        if c is not None and key in w:
+            out[key] = quantize(c, w[key])
+    return out
+
+
+def _qactivation(r: _Reader, e: _Entry, src: list[str]) -> None:
+    """QActivation(quantizer): the quantizer's float function (the identity for quantized_bits,
+    a relu for quantized_relu and for quantized_bits(keep_negative=False)); its grid the range of
+    the edge it writes."""
+    value = e.cfg.get("activation")
+    q = activation_grid(f"{r.where}: layer {e.label}", "activation", value if isinstance(value, dict) else str(value))
+    if q.kind == "linear":
+        r.edge[e.name] = src[0]
+    else:
+        r.add(e, "activation", src, {"kind": q.kind})
+    r.quantized(r.edge[e.name], q, f"{e.cls} '{e.name}' ({q.label})")
 
 
 def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
@@ -289,6 +333,9 @@ def _merge(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 def _act_layer(r: _Reader, e: _Entry, src: list[str]) -> None:
+    if e.cls == "Activation" and is_quantizer(e.cfg.get("activation")):  # Activation(quantized_relu(...))
+        _qactivation(r, e, src)
+        return
     if e.cls == "Activation":
         act = _activation(r, e, e.cfg.get("activation"))
         if act is None:  # linear: the identity
@@ -344,6 +391,7 @@ def _layout(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 BUILDERS = {"Dense": _dense, "Conv1D": _conv, "DepthwiseConv1D": _conv, "BatchNormalization": _batchnorm,
+            "QDense": _dense, "QConv1D": _conv, "QActivation": _qactivation,
             "ReLU": _relu, "LeakyReLU": _relu, "Activation": _act_layer, "Softmax": _act_layer,
             "UnitNormalization": _act_layer, "ZeroPadding1D": _zero_pad,
             **dict.fromkeys(MERGES, _merge), **dict.fromkeys(POOLS, _pool), **dict.fromkeys(GRUS, _gru),
@@ -358,7 +406,7 @@ def _entries(model: dict, path: str, prefix: str, where: str, out: dict[str, _En
     for layer in layers:
         if not isinstance(layer, dict):
             continue
-        cls, cfg = str(layer.get("class_name")), layer.get("config")
+        cls, cfg = _class(str(layer.get("class_name"))), layer.get("config")
         cfg = cfg if isinstance(cfg, dict) else {}
         name = str(cfg.get("name", layer.get("name")))
         group = f"{path}layers/{_unique(snake_case(cls), used)}"
@@ -366,6 +414,11 @@ def _entries(model: dict, path: str, prefix: str, where: str, out: dict[str, _En
             _entries(layer, group + "/", f"{prefix}{name}/", where, out)
         else:
             out[prefix + name] = _Entry(prefix + name, cls, cfg, group, bool(prefix))
+
+
+def _class(name: str) -> str:
+    """A layer's class as the builders know it: QKeras' layers without the 'qkeras>' of .h5 configs."""
+    return name.removeprefix("qkeras>") if name.removeprefix("qkeras>") in QKERAS else name
 
 
 def _order(where: str, layers: dict[str, Layer], starts: list[str]) -> list[str]:
@@ -424,28 +477,30 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
         inputs[edge] = shape
     for name in _order(where, layers, ins):
         layer = layers[name]
-        e = entries.get(name) or _Entry(name, layer.cls, {}, "", "/" in name)
+        cls = _class(layer.cls)
+        e = entries.get(name) or _Entry(name, cls, {}, "", "/" in name)
         if len(layer.calls) != 1:
             raise r.fail(e, f"is called {len(layer.calls)} times; shared layers are not supported"
                          if layer.calls else "is never called")
         src = [r.edge[s] for s in layer.calls[0]]
-        if layer.cls in NO_OPS:
+        if cls in NO_OPS:
             if len(src) != 1:
                 raise r.fail(e, f"reads {len(src)} inputs")
             r.edge[name] = src[0]
             continue
-        if layer.cls == "Masking":
+        if cls == "Masking":
             raise r.fail(e, "masks time steps, which changes what the layers after it compute; qtool runs every "
                          "step (remove the mask to import)")
-        build = BUILDERS.get(layer.cls)
+        build = BUILDERS.get(cls)
         if build is None:
             raise r.fail(e, f"is not supported; supported layer classes: {', '.join(SUPPORTED)}")
         _policy_ok(r, e)
-        if layer.cls not in MERGES and len(src) != 1:
+        if cls not in MERGES and len(src) != 1:
             raise r.fail(e, f"is called with {len(src)} inputs (a state or a mask); only its input is supported")
         build(r, e, src)
     name = str(((config.get("config") or {}) if isinstance(config.get("config"), dict) else {}).get("name", "model"))
     graph = Graph(r.nodes, inputs, [r.edge[o] for o in outs], name, "Keras")
+    graph.ranges = r.ranges if r.ranges.edges else None  # QKeras' quantizers on the data
     return qtool.layers.check(graph, where)
 
 
@@ -527,16 +582,20 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
     if big:
         raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values for "
                          "one weight; not loaded with Keras")
-    t0 = time.perf_counter()
+    t0, framework = time.perf_counter(), "Keras"
     try:
         keras = _import_keras()
+        if '"qkeras' in json.dumps(config):  # registers QKeras' layers and quantizers with Keras
+            framework = "QKeras"
+            import qkeras  # noqa: F401
     except ImportError as e:
         missing = f"no module {e.name!r}" if e.name else str(e)
-        return {"checked": False, "reason": f"Keras cannot be imported ({missing})"}
+        return {"checked": False, "reason": f"{framework} cannot be imported ({missing})"}
     try:
         with quiet(), one_torch_thread():
             model = _load(keras, path, _float32(config))
             keras2_hard_sigmoid(keras, model, keras_major(path))
+            pairs = float_activations(keras, model)  # QKeras' quantizers on the data: their float functions
             args = [x[k] for k in specs]
             ys = model(args[0] if len(args) == 1 else args, training=False)
             want = [np.asarray(keras.ops.convert_to_numpy(y), np.float32)
@@ -565,4 +624,4 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
     note = ({"note": f"{UNEVEN_AVG_POOL}; checked on {steps} steps, where they agree"}
             if same_pools and keras.backend.backend() == "torch" else {})
     return {"checked": True, "framework": "Keras", "max_abs_diff": diff, "sequences": SEQUENCES, "steps": steps,
-            "seconds": round(time.perf_counter() - t0, 3), **note}
+            "seconds": round(time.perf_counter() - t0, 3), **note, **({"fake_quant_pairs": pairs} if pairs else {})}

@@ -3,6 +3,8 @@ the float GRU a QGRU computes (its weights folded through their quantizers)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from qtool.core.model import GruCell
@@ -20,34 +22,114 @@ ROLES = {"kernel_quantizer": "W", "recurrent_quantizer": "R", "bias_quantizer": 
 KEYS = ("bits", "integer", "symmetric", "keep_negative", "alpha", "qnoise_factor")
 
 
-def quantizer_config(layer: str, role: str, q) -> dict | None:
-    """The settings of one `quantized_bits` from a QGRU's config; anything else is refused."""
+def quantizer_class(q) -> str | None:
+    """A serialized QKeras quantizer's class (`.h5` files write 'qkeras>quantized_relu')."""
+    name = q.get("class_name") if isinstance(q, dict) else None
+    return name.removeprefix("qkeras>") if isinstance(name, str) else None
+
+
+def quantizer_config(layer: str, role: str, q, owner: str | None = None) -> dict | None:
+    """The settings of one `quantized_bits` from a QKeras layer's config (a QGRU's, or `owner`'s:
+    how a refusal names the layer); anything else is refused."""
     if q is None:
         return None
+    owner = owner or f"QGRU '{layer}'"
     cfg = q.get("config") if isinstance(q, dict) else None
-    if not isinstance(q, dict) or q.get("class_name") != "quantized_bits" or not isinstance(cfg, dict):
+    if quantizer_class(q) != "quantized_bits" or not isinstance(cfg, dict):
         what = q.get("class_name") if isinstance(q, dict) else q
-        raise QtoolError(f"QGRU '{layer}': {role} {what!r} is not supported (qtool reads quantized_bits)")
+        raise QtoolError(f"{owner}: {role} {what!r} is not supported (qtool reads quantized_bits)")
     c = {"bits": 8, "integer": 0, "symmetric": False, "keep_negative": True, "alpha": None,
          "qnoise_factor": 1.0, **{k: cfg[k] for k in KEYS if k in cfg}}
     if c["alpha"] is None and role in ("kernel_quantizer", "recurrent_quantizer"):
-        c["alpha"] = "auto_po2"  # QGRUCell turns alpha=None into a learned scale for its kernels
+        c["alpha"] = "auto_po2"  # QGRUCell, QDense, QConv1D: alpha=None is a learned scale for kernels
     if c["alpha"] == "auto_po2" and role == "state_quantizer":
-        raise QtoolError(f"QGRU '{layer}': {role} has alpha='auto_po2', a scale found from each step's "
+        raise QtoolError(f"{owner}: {role} has alpha='auto_po2', a scale found from each step's "
                          "own state; qtool's h grid is fixed")
     if c["alpha"] not in (None, "auto_po2") and not isinstance(c["alpha"], (int, float)):
-        raise QtoolError(f"QGRU '{layer}': {role} has alpha={c['alpha']!r}; qtool reads None, a number "
+        raise QtoolError(f"{owner}: {role} has alpha={c['alpha']!r}; qtool reads None, a number "
                          "or 'auto_po2' (alpha='auto' scales are not powers of two per channel)")
     for k in ("use_stochastic_rounding", "elements_per_scale", "min_po2_exponent", "max_po2_exponent",
               "post_training_scale", "scale_axis"):
         if cfg.get(k) not in (None, False):
-            raise QtoolError(f"QGRU '{layer}': {role} sets {k}={cfg[k]!r}, which qtool does not read")
+            raise QtoolError(f"{owner}: {role} sets {k}={cfg[k]!r}, which qtool does not read")
     if not isinstance(c["bits"], int) or not 2 <= c["bits"] <= 16 or not isinstance(c["integer"], int):
-        raise QtoolError(f"QGRU '{layer}': {role} has bits={c['bits']!r}, integer={c['integer']!r}")
+        raise QtoolError(f"{owner}: {role} has bits={c['bits']!r}, integer={c['integer']!r}")
     if c["qnoise_factor"] != 1.0:
-        raise QtoolError(f"QGRU '{layer}': {role} has qnoise_factor={c['qnoise_factor']}; only 1.0 "
+        raise QtoolError(f"{owner}: {role} has qnoise_factor={c['qnoise_factor']}; only 1.0 "
                          "(fully quantized) describes a quantized model")
     return c
+
+
+ACTIVATION_QUANTIZERS = ("quantized_bits", "quantized_relu")
+
+
+@dataclass
+class ActivationGrid:
+    """A QKeras quantizer on the data (a QActivation's, or a layer's `activation=`): the float
+    function it stands for in qtool's float graph ("linear" or "relu") and the grid it rounds
+    onto, levels qmin..qmax times `step`."""
+
+    kind: str
+    step: float
+    qmin: int
+    qmax: int
+    bits: int
+    label: str  # as QKeras prints it, e.g. quantized_relu(8,2)
+
+
+def is_quantizer(value) -> bool:
+    """Whether a serialized activation is a QKeras quantizer (a class QKeras registers)."""
+    if not isinstance(value, dict):
+        return False
+    name, module, registered = value.get("class_name"), value.get("module"), value.get("registered_name")
+    return any(isinstance(v, str) and v.startswith(p) for v, p in
+               ((name, "qkeras>"), (module, "qkeras"), (registered, "qkeras>"))) or name in ACTIVATION_QUANTIZERS
+
+
+def activation_grid(owner: str, role: str, q) -> ActivationGrid:
+    """The grid of a quantized_bits(bits, integer, ...) or quantized_relu(bits, integer) on the
+    data, as QKeras' forward computes it (qnoise_factor 1):
+    - quantized_bits: round(x 2^(bits - keep_negative) / 2^integer) clipped to
+      [keep_negative (symmetric - 2^(bits - keep_negative)), 2^(bits - keep_negative) - 1], times
+      alpha 2^integer / 2^(bits - keep_negative); without keep_negative it also clips at 0 (a relu);
+    - quantized_relu: levels k 2^(integer - bits), k in 0 .. 2^bits - 1 (a relu clipped at the top).
+    Options that change this (a scale found from each batch, sigmoid, leaky slopes, stochastic
+    rounding) are refused, in one line naming `owner` and the quantizer."""
+    cls, cfg = quantizer_class(q), q.get("config") if isinstance(q, dict) else None
+    if cls not in ACTIVATION_QUANTIZERS or not isinstance(cfg, dict):
+        what = cls or (q.get("class_name") if isinstance(q, dict) else q)
+        raise QtoolError(f"{owner}: {role} {what!r} is not supported (qtool reads quantized_bits and "
+                         "quantized_relu on the data)")
+    bits, integer = cfg.get("bits", 8), cfg.get("integer", 0)
+    if (not isinstance(bits, int) or not isinstance(integer, int) or isinstance(bits, bool)
+            or not 2 <= bits <= 16 or not -32 <= integer <= 32):
+        raise QtoolError(f"{owner}: {role} {cls} has bits={bits!r}, integer={integer!r}; qtool reads 2 to 16 "
+                         "bits and an integer count of integer bits")
+    if cfg.get("qnoise_factor", 1.0) != 1.0:
+        raise QtoolError(f"{owner}: {role} {cls} has qnoise_factor={cfg['qnoise_factor']}; only 1.0 (fully "
+                         "quantized) describes a quantized model")
+    refused = ["use_stochastic_rounding"] + (
+        ["post_training_scale", "elements_per_scale", "min_po2_exponent", "max_po2_exponent", "scale_axis"]
+        if cls == "quantized_bits" else ["use_sigmoid", "negative_slope"])
+    for k in refused:
+        if cfg.get(k) not in (None, False, 0, 0.0):
+            raise QtoolError(f"{owner}: {role} {cls} sets {k}={cfg[k]!r}, which qtool does not model")
+    if cls == "quantized_relu":
+        if cfg.get("is_quantized_clip", True) is False and cfg.get("relu_upper_bound") is not None:
+            raise QtoolError(f"{owner}: {role} {cls} clips at relu_upper_bound={cfg['relu_upper_bound']!r} "
+                             "(is_quantized_clip=False), which qtool does not model")
+        return ActivationGrid("relu", 2.0 ** (integer - bits), 0, 2**bits - 1, bits,
+                              f"quantized_relu({bits},{integer})")
+    alpha, keep, sym = cfg.get("alpha"), bool(cfg.get("keep_negative", True)), bool(cfg.get("symmetric", False))
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
+        raise QtoolError(f"{owner}: {role} {cls} has alpha={alpha!r}; on the data qtool reads None or a positive "
+                         "number (alpha='auto'/'auto_po2' finds its scale from each batch's own values)")
+    m = 2 ** (bits - keep)
+    opts = [f"alpha={alpha}"] if alpha is not None else []
+    opts += ["symmetric=1"] * sym + ["keep_negative=False"] * (not keep)
+    label = f"quantized_bits({','.join([str(bits), str(integer), *opts])})"
+    step = (1.0 if alpha is None else float(alpha)) * 2.0**integer / m
+    return ActivationGrid("linear" if keep else "relu", step, -m + sym if keep else 0, m - 1, bits, label)
 
 
 def _po2(scale: np.ndarray) -> np.ndarray:

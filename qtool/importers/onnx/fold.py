@@ -107,6 +107,13 @@ def output_shape_bound(where: str, node, ins: list, opset: int) -> tuple:
     return (sum(int(a.size) for a in present),)
 
 
+def _evaluator_opset(node, opset: int) -> int:
+    """The opset the evaluator runs `node` at: its file's, except for Quantize/DequantizeLinear,
+    which `onnx.reference` implements from opset 19 on only (the same computation on the integer
+    types of opsets 10 and 13; 19 added float8)."""
+    return max(opset, 19) if node.op_type in ("QuantizeLinear", "DequantizeLinear") else opset
+
+
 def evaluate(where: str, node, ins: list, opset: int) -> list:
     """The outputs of `node` (a FOLDABLE op) on the arrays `ins` (None for an omitted input), one per
     output name; refused before anything is allocated when an output would exceed qtool's limits."""
@@ -123,7 +130,7 @@ def evaluate(where: str, node, ins: list, opset: int) -> list:
                               [ValueInfoProto(name=o) for o in node.output if o])
     try:
         with quiet():
-            got = ReferenceEvaluator(graph, opsets={"": opset}).run(None, feeds)
+            got = ReferenceEvaluator(graph, opsets={"": _evaluator_opset(node, opset)}).run(None, feeds)
     except Exception as e:  # the evaluator raises many types on malformed nodes
         raise QtoolError(f"{where}: cannot evaluate constant node {label(node)} ({reason(e)})") from None
     outs = dict(zip([o for o in node.output if o], got))

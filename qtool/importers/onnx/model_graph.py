@@ -29,9 +29,11 @@ from qtool.core.graph import Graph as QtoolGraph  # qtool's IR; Graph is the ONN
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, quiet, reason
+from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
 from qtool.importers.onnx.model_layout import PROBE_N, PROBE_T, Layout, LayoutError
+from qtool.importers.ranges import GraphRanges
 
 # the graph input's layout, in the order they are tried: batch-first, time-first, PyTorch's Conv1d
 INPUT_LAYOUTS = {"[N, T, C]": ("N", "T", 0), "[T, N, C]": ("T", "N", 0), "[N, C, T]": ("N", 0, "T")}
@@ -124,9 +126,13 @@ def _check(path: Path, graph: QtoolGraph, ports: Ports, reader: _Reader) -> dict
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # ORT would print its own errors; qtool says them in one line
     opts.intra_op_num_threads = 1
+    if any(n.op_type == "DequantizeLinear" for n in reader.model.graph.node):
+        # its optimizer fuses DequantizeLinear into integer kernels of other numerics: the float model
+        # the file stands for is what it computes unoptimized
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         with quiet():
-            sess = ort.InferenceSession(_inlined_model(reader).SerializeToString(), opts,
+            sess = ort.InferenceSession(_checked_model(reader).SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
             want = dict(zip(ports.outputs, sess.run(list(ports.outputs), feeds)))
     except Exception as e:  # ONNX Runtime raises its own types on files it cannot run
@@ -143,8 +149,9 @@ def _check(path: Path, graph: QtoolGraph, ports: Ports, reader: _Reader) -> dict
             raise QtoolError(f"{path}: output '{name}' of the imported graph differs from ONNX Runtime by up to "
                              f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g}); refusing a wrong import")
         worst = max(worst, diff)
+    pairs = {"fake_quant_pairs": len(reader.fake_quant)} if reader.fake_quant else {}
     return {"checked": True, "framework": "ONNX Runtime", "max_abs_diff": worst, "sequences": n, "steps": t,
-            "seconds": round(time.perf_counter() - t0, 3)}
+            "seconds": round(time.perf_counter() - t0, 3), **pairs}
 
 
 def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
@@ -192,6 +199,8 @@ class _Reader:
         self.probe: dict[str, np.ndarray] = {}
         self.dense: dict[str, Node] = {}  # a MatMul's output -> its dense node, while it has no bias
         self.affine: dict[str, Node] = {}  # a per-channel affine's output -> its batchnorm node
+        self.ranges = GraphRanges("ONNX QDQ")  # the fake-quant pairs' grids, by qtool edge
+        self.fake_quant: dict[str, tuple[str, bool]] = {}  # a pair's Quantize output -> (its input, clips at 0)
         self.notes: list[str] = []
         self.rank3 = False
         self.declared: list = []
@@ -242,8 +251,11 @@ class _Reader:
             if "N" not in layout.axes and "NT" not in layout.axes:
                 raise QtoolError(f"{self.where}: output '{name}' has no batch axis ({layout.describe()})")
             ports.outputs[name] = (edge, layout)
+        before = {name: edge for name, (edge, _) in ports.outputs.items()}
         self._name_outputs(ports, set(inputs))
         keep = self._prune([e for e, _ in ports.outputs.values()])
+        ranges = fake_quant.finish(self, keep, inputs, {before[k]: e for k, (e, _) in ports.outputs.items()
+                                                        if before[k] != e})
         ports.notes = self.notes
         ports.batch, ports.steps = (self.declared + [None, None])[:2]
         name = graph.name or self.path.stem
@@ -251,7 +263,9 @@ class _Reader:
         source = f"ONNX ({producer})" if producer else "ONNX"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
-        return QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source), ports
+        graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source)
+        graph.ranges = ranges
+        return graph, ports
 
     def _live(self, outputs: list[str]) -> tuple[set, dict]:
         """The nodes the outputs depend on (a GRU's initial state aside: proved zero or a state input),
@@ -708,6 +722,8 @@ class _Reader:
         if op == "Add" and x in self.dense and not extra:  # a MatMul's bias
             q = self.dense.pop(x)
             q.params["b"], q.source = vec, "MatMul+Add"
+            self.ranges.drop(edge, f"it rounds {q.name}'s values before its bias, which qtool's dense adds "
+                                   "before it rounds")
             self._alias(node, edge, out)
             return
         if op == "Div" and not first:
@@ -733,6 +749,8 @@ class _Reader:
             self.affine[node.output[0]] = q
 
     _op_Add = _op_Sub = _op_Mul = _op_Div = _arith
+    _op_QuantizeLinear = fake_quant.quantize_linear
+    _op_DequantizeLinear = fake_quant.dequantize_linear
 
     def _op_Concat(self, node) -> None:
         ins = [i for i in node.input if i]
@@ -1071,6 +1089,14 @@ def _check_inputs(reader: _Reader, ports: Ports) -> tuple[dict, dict, int, int]:
                 for d in info.type.tensor_type.shape.dim]
         feeds[name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type or FLOAT))
     return feeds, xs, n, t
+
+
+def _checked_model(reader: _Reader):
+    """What ONNX Runtime runs for the check: the file inline, its fake-quant pairs on the data
+    replaced by what qtool's float graph computes for them (the identity, or a relu)."""
+    model = _inlined_model(reader)
+    fake_quant.without_fake_quant(model, reader.fake_quant)
+    return model
 
 
 def _inlined_model(reader: _Reader):

@@ -47,7 +47,7 @@ def _weight_ranges(node, index: int, producer: dict, consts: dict, where: str):
     return lo, hi, s, bits, f"DequantizeLinear '{dq.name}' (int{bits}, {desc})"
 
 
-def _activation_range(dq_or_q, consts: dict, where: str):
+def activation_range(dq_or_q, consts: dict, where: str):
     scale, zp, elem = dequantizer(dq_or_q, consts, where)
     if scale.size != 1:
         raise QtoolError(f"{where}: '{dq_or_q.name}' quantizes an activation per channel; not supported")
@@ -85,11 +85,11 @@ def read_qdq(path: Path, model: GruModel) -> Imported | None:
                                   "in the file; their values are kept on qtool's 32-bit bias grid")
         dq = producer.get(node.input[0])
         if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] not in consts:
-            imported.add(l, 0, "x", _activation_range(dq, consts, where))
+            imported.add(l, 0, "x", activation_range(dq, consts, where))
         for out in node.output[:2]:  # Y (every step) and Y_h (the last step) are both h
             for q in consumers.get(out, []):
                 if q.op_type == "QuantizeLinear":
-                    imported.add(l, 0, "h", _activation_range(q, consts, where))
+                    imported.add(l, 0, "h", activation_range(q, consts, where))
         if len(node.input) > 5 and node.input[5]:
             imported.notes.append(f"'{node.name}': initial_h is ignored; qtool's GRU starts from h0 = 0")
     return imported if imported.ranges else None
