@@ -254,3 +254,42 @@ def test_qoperator_files_and_mismatched_pairs_are_refused(ort_qdq, tmp_path):
     onnx.save(m, str(tmp_path / "bad.onnx"))
     with pytest.raises(QtoolError, match="another scale or zero point"):
         api.load_graph(tmp_path / "bad.onnx")
+
+
+def test_a_graph_file_with_ranges_that_are_no_grid_is_refused(ort_qdq, tmp_path):
+    import json
+
+    import h5py
+
+    api.save_graph(api.load_graph(ort_qdq / "q.onnx"), tmp_path / "g.h5")
+    for bad, says in ((lambda r: r["edges"]["x"].__setitem__(2, r["edges"]["x"][2] / 4), "not a grid's range"),
+                      (lambda r: r["edges"].__setitem__("nosuch", r["edges"]["x"]), "no edge of the graph")):
+        with h5py.File(tmp_path / "g.h5", "r") as f:
+            desc = json.loads(f.attrs["graph"])
+        bad(desc["ranges"])  # a step that would need 4 x 255 levels; an edge the graph does not have
+        with h5py.File(tmp_path / "bad.h5", "w") as f:
+            with h5py.File(tmp_path / "g.h5", "r") as src:
+                for k, v in src.attrs.items():
+                    f.attrs[k] = v
+                src.copy("params", f)
+            f.attrs["graph"] = json.dumps(desc)
+        with pytest.raises(QtoolError, match=says):
+            api.load_graph(tmp_path / "bad.h5")
+
+
+def test_unsigned_quantizers_are_named_so(ort_qdq, tmp_path):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    calib = np.load(ort_qdq / "calib.npy")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": calib[:16]}])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "u8.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8)
+    sources = [r.source for r in api.load_graph(tmp_path / "u8.onnx").ranges.edges.values()]
+    assert sources and all("(uint8, scale" in s for s in sources)

@@ -71,8 +71,9 @@ def show_graph(g, path: Path) -> None:
     out.print(("as stored in the file, from its first import: " if stored else "")
               + escape(as_flags(api.describe_check(g.check_result))), highlight=False)
     if g.ranges is not None:
-        out.print(f"{len(g.ranges.edges)} edge(s) carry the {g.ranges.kind} file's grids, which `qtool calibrate` "
-                  "keeps (--snap)", highlight=False)
+        out.print(f"{len(g.ranges.edges)} edge(s) carry the {g.ranges.kind} file's grids; `qtool calibrate` takes "
+                  "them (--snap), except where an op only moves values (its output keeps its input's grid)",
+                  highlight=False)
         for note in g.ranges.notes:
             out.print(f"note: {escape(note)}", highlight=False)
 
@@ -84,7 +85,8 @@ def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
     g = api.load_graph(path, check=check)
     if as_json:
         emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
-                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result})
+                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result,
+                   "ranges": g.ranges.to_json() if g.ranges is not None else None})
         return
     show_graph(g, path)
 

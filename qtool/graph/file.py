@@ -105,9 +105,13 @@ def read_graph(f, where: str) -> Graph:
     except (KeyError, TypeError, AttributeError) as e:
         raise QtoolError(f"{where}: the graph description is malformed ({type(e).__name__}: {e})") from None
     graph.check_result = desc.get("check") if isinstance(desc.get("check"), dict) else None
+    check(graph, where)
     if "ranges" in desc:
         graph.ranges = _ranges(desc["ranges"], where)
-    return check(graph, where)
+        unknown = [e for e in graph.ranges.edges if e not in graph.shapes]
+        if unknown:
+            raise QtoolError(f"{where}: the graph's ranges name '{unknown[0]}', which is no edge of the graph")
+    return graph
 
 
 def _ranges(d, where: str) -> GraphRanges:
@@ -117,7 +121,9 @@ def _ranges(d, where: str) -> GraphRanges:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise QtoolError(f"{where}: the graph's ranges are malformed ({type(e).__name__}: {e})") from None
     for edge, r in ranges.edges.items():
-        if not (np.isfinite(r.lo) and np.isfinite(r.hi) and r.lo <= 0 <= r.hi and r.step > 0 and 2 <= r.bits <= 16):
+        fits = (np.isfinite(r.lo) and np.isfinite(r.hi) and r.lo <= 0 <= r.hi and r.step > 0 and 2 <= r.bits <= 16
+                and (r.hi - r.lo) / r.step <= (1 << r.bits) - 1 + 1e-6)
+        if not fits:
             raise QtoolError(f"{where}: the graph's range of '{edge}' is not a grid's range ([{r.lo}, {r.hi}], "
                              f"step {r.step}, {r.bits} bits)")
     return ranges

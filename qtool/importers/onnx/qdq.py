@@ -44,7 +44,12 @@ def _weight_ranges(node, index: int, producer: dict, consts: dict, where: str):
     s, z = broadcast(scale, q.shape, axis), broadcast(zp, q.shape, axis).astype(np.int64)
     lo, hi = learned_range(s, z, qmin, qmax)
     desc = "per channel" if np.asarray(scale).size > 1 else "per tensor"
-    return lo, hi, s, bits, f"DequantizeLinear '{dq.name}' (int{bits}, {desc})"
+    return lo, hi, s, bits, f"DequantizeLinear '{dq.name}' ({int_type(bits, qmin)}, {desc})"
+
+
+def int_type(bits: int, qmin: int) -> str:
+    """How a quantizer's integers are named: int8, uint8, ..."""
+    return f"{'u' if qmin == 0 else ''}int{bits}"
 
 
 def activation_range(dq_or_q, consts: dict, where: str):
@@ -53,7 +58,7 @@ def activation_range(dq_or_q, consts: dict, where: str):
         raise QtoolError(f"{where}: '{dq_or_q.name}' quantizes an activation per channel; not supported")
     bits, qmin, qmax = bounds(elem)
     lo, hi = learned_range(float(scale.reshape(())), int(np.asarray(zp).reshape(())), qmin, qmax)
-    return ImportedRange(float(lo), float(hi), f"{dq_or_q.op_type} '{dq_or_q.name}' (int{bits}, scale "
+    return ImportedRange(float(lo), float(hi), f"{dq_or_q.op_type} '{dq_or_q.name}' ({int_type(bits, qmin)}, scale "
                          f"{float(scale.reshape(())):.6g})", float(scale.reshape(())), bits)
 
 
