@@ -42,25 +42,33 @@ def _export(m, path, x):
                       dynamic_axes={"x": {0: "n", 1: "t"}}, dynamo=False, opset_version=17)
 
 
+def _reader(batches):
+    """ONNX Runtime's calibration reader over `batches` of the input x."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"x": b} for b in batches)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    return Reader()
+
+
 @pytest.fixture(scope="module")
 def ort_qdq(tmp_path_factory):
     """The classifier quantized by ONNX Runtime (QDQ, per-channel int8), calibration and test data."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     d = tmp_path_factory.mktemp("gqdq")
     rng = np.random.default_rng(0)
     calib, test = (rng.standard_normal((n, T, C)).astype(np.float32) for n in (64, 48))
     _export(_classifier(), d / "f.onnx", calib)
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"x": calib[i:i + 16]} for i in range(0, 64, 16))
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(d / "f.onnx"), str(d / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    batches = [calib[i:i + 16] for i in range(0, 64, 16)]
+    quantize_static(str(d / "f.onnx"), str(d / "q.onnx"), _reader(batches), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
     np.save(d / "calib.npy", calib)
     np.save(d / "test.npy", test)
     return d
@@ -232,18 +240,11 @@ def test_torch_ao_qat_model_exported_to_onnx(tmp_path):
 
 def test_qoperator_files_and_mismatched_pairs_are_refused(ort_qdq, tmp_path):
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    from onnxruntime.quantization import QuantFormat, quantize_static
 
     calib = np.load(ort_qdq / "calib.npy")
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": calib[:16]}])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "qop.onnx"), Reader(), quant_format=QuantFormat.QOperator)
+    quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "qop.onnx"), _reader([calib[:16]]),
+                    quant_format=QuantFormat.QOperator)
     with pytest.raises(QtoolError, match="QOperator|QLinear|not supported"):
         api.load_graph(tmp_path / "qop.onnx")
     m = onnx.load(str(ort_qdq / "q.onnx"))
@@ -278,18 +279,10 @@ def test_a_graph_file_with_ranges_that_are_no_grid_is_refused(ort_qdq, tmp_path)
 
 
 def test_unsigned_quantizers_are_named_so(ort_qdq, tmp_path):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     calib = np.load(ort_qdq / "calib.npy")
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{"x": calib[:16]}])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "u8.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8)
+    quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "u8.onnx"), _reader([calib[:16]]),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8)
     sources = [r.source for r in api.load_graph(tmp_path / "u8.onnx").ranges.edges.values()]
     assert sources and all("(uint8, scale" in s for s in sources)

@@ -245,10 +245,11 @@ def same_pads(steps: int, kernel: int, stride: int, dilation: int = 1) -> tuple[
 
 def windows(node: Node, x: np.ndarray, kernel: int, stride: int, dilation: int = 1) -> np.ndarray:
     """The sliding windows of an already padded `x [N, T, C]`: `[N, T_out, kernel, C]`, tap j of
-    output step t being step t * stride + j * dilation."""
+    output step t being step t * stride + j * dilation; a read-only view of `x` (nothing copied)."""
     span = (kernel - 1) * dilation + 1
     if x.shape[1] < span:
         raise fail(node, f"{x.shape[1]} steps (after padding) are fewer than the window's {span}")
     t_out = (x.shape[1] - span) // stride + 1
-    return np.stack([x[:, j * dilation: j * dilation + (t_out - 1) * stride + 1: stride] for j in range(kernel)],
-                    axis=2)
+    s0, s1, s2 = x.strides
+    return np.lib.stride_tricks.as_strided(x, (x.shape[0], t_out, kernel, x.shape[2]),
+                                           (s0, stride * s1, dilation * s1, s2), writeable=False)

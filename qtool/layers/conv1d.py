@@ -111,18 +111,6 @@ def gemm_path(node: Node, qp: dict, q_x: np.ndarray, g_in: TensorQ) -> tuple[typ
     return dt, "im2col" if fits and c_g > 1 else "taps", bound
 
 
-def _window_view(node: Node, xp: np.ndarray, kernel: int, stride: int, dilation: int) -> np.ndarray:
-    """The windows of a padded, C-contiguous `xp [N, T, C]` as a read-only view `[N, T', kernel, C]`
-    (qtool.layers.windows without its copy)."""
-    span = (kernel - 1) * dilation + 1
-    if xp.shape[1] < span:
-        raise fail(node, f"{xp.shape[1]} steps (after padding) are fewer than the window's {span}")
-    t_out = (xp.shape[1] - span) // stride + 1
-    s0, s1, s2 = xp.strides
-    return np.lib.stride_tricks.as_strided(xp, (xp.shape[0], t_out, kernel, xp.shape[2]),
-                                           (s0, stride * s1, dilation * s1, s2), writeable=False)
-
-
 def _tap_sum(taps: np.ndarray, W: np.ndarray, groups: int) -> np.ndarray:
     """sum_j taps[:, :, j] (by group) @ W[:, :, j].T, a tap at a time: [n, T', C_out] in W's dtype."""
     c_out, c_g, kernel = W.shape
@@ -153,7 +141,7 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     xp[:, :left] = zp
     xp[:, left + x.shape[1]:] = zp
     xp[:, left:left + x.shape[1]] = x
-    taps = _window_view(node, xp, kernel, stride, dilation)  # [N, T', kernel, C_in]
+    taps = windows(node, xp, kernel, stride, dilation)  # [N, T', kernel, C_in], a view
     out = np.empty((*taps.shape[:2], c_out), np.int64)
     add, sh = qp["q_b"] - qp["W_sum_mul_x_zp"], np.broadcast_to(np.asarray(qp["sh_acc"], np.int64), (c_out,))
     if path == "im2col":

@@ -68,17 +68,10 @@ def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.
     H = qR.shape[1]
     p = {f"zp_{n}": zp[n] for n in ACTIVATIONS}
     p.update(
-        sh_Wx_z_pre=e["Wx"] - e["z_pre"], sh_Rh_z_pre=e["Rh"] - e["z_pre"],
-        sh_Wx_r_pre=e["Wx"] - e["r_pre"], sh_Rh_r_pre=e["Rh"] - e["r_pre"],
+        _gates_and_update(e, zp, lut_shifts),
         sh_Rh_Rh_add_br=e["Rh"] - e["Rh_add_br"],
         sh_rRh=e["r_out"] + e["Rh_add_br"] - e["rRh"],
         sh_Wx_g_pre=e["Wx"] - e["g_pre"], sh_rRh_g_pre=e["rRh"] - e["g_pre"],
-        sh_old_contrib=e["z_out"] + e["h"] - e["old_contrib"],
-        sh_new_contrib=e["z_out"] + e["g_out"] - e["new_contrib"],
-        sh_old_contrib_h=e["old_contrib"] - e["h"], sh_new_contrib_h=e["new_contrib"] - e["h"],
-        # q_1 = round(1.0 * 2^exp2_inv_z_out) + zp_z_out
-        q_1_in_z_scale=int(round_half_up(np.ldexp(1.0, e["z_out"]))) + zp["z_out"],
-        lut_shift_z=lut_shifts[0], lut_shift_r=lut_shifts[1], lut_shift_g=lut_shifts[2],
     )
     for n in COMPUTED:  # every computed tensor saturates to its bits
         p[f"lo_{n}"], p[f"hi_{n}"] = qrange(spec[n].bits)
@@ -101,6 +94,21 @@ def derive(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.
     return P, CH
 
 
+def _gates_and_update(e: dict, zp: dict, lut_shifts: tuple[int, int, int]) -> dict:
+    """The scalar params both cell forms share: the z and r pre-activations' shifts, the update's
+    (old_contrib, new_contrib, h) and the tables' input shifts."""
+    return dict(
+        sh_Wx_z_pre=e["Wx"] - e["z_pre"], sh_Rh_z_pre=e["Rh"] - e["z_pre"],
+        sh_Wx_r_pre=e["Wx"] - e["r_pre"], sh_Rh_r_pre=e["Rh"] - e["r_pre"],
+        sh_old_contrib=e["z_out"] + e["h"] - e["old_contrib"],
+        sh_new_contrib=e["z_out"] + e["g_out"] - e["new_contrib"],
+        sh_old_contrib_h=e["old_contrib"] - e["h"], sh_new_contrib_h=e["new_contrib"] - e["h"],
+        # q_1 = round(1.0 * 2^exp2_inv_z_out) + zp_z_out
+        q_1_in_z_scale=int(round_half_up(np.ldexp(1.0, e["z_out"]))) + zp["z_out"],
+        lut_shift_z=lut_shifts[0], lut_shift_r=lut_shifts[1], lut_shift_g=lut_shifts[2],
+    )
+
+
 def derive_reset_before(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndarray, qbr: np.ndarray,
                         lut_shifts: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """(P, CH) of a reset-before cell (P in PARAMS_RESET_BEFORE's order). Its g channels differ
@@ -112,15 +120,9 @@ def derive_reset_before(spec: dict, qW: np.ndarray, qR: np.ndarray, qbx: np.ndar
     H = qR.shape[1]
     p = {f"zp_{t.name}": zp[t.name] for t in TENSORS_RESET_BEFORE if t.kind == "activation"}
     p.update(
-        sh_Wx_z_pre=e["Wx"] - e["z_pre"], sh_Rh_z_pre=e["Rh"] - e["z_pre"],
-        sh_Wx_r_pre=e["Wx"] - e["r_pre"], sh_Rh_r_pre=e["Rh"] - e["r_pre"],
+        _gates_and_update(e, zp, lut_shifts),
         sh_rh=e["r_out"] + e["h"] - e["rh"],
         sh_Wx_g_pre=e["Wx"] - e["g_pre"], sh_Rh_g_pre=e["Rh"] - e["g_pre"],
-        sh_old_contrib=e["z_out"] + e["h"] - e["old_contrib"],
-        sh_new_contrib=e["z_out"] + e["g_out"] - e["new_contrib"],
-        sh_old_contrib_h=e["old_contrib"] - e["h"], sh_new_contrib_h=e["new_contrib"] - e["h"],
-        q_1_in_z_scale=int(round_half_up(np.ldexp(1.0, e["z_out"]))) + zp["z_out"],
-        lut_shift_z=lut_shifts[0], lut_shift_r=lut_shifts[1], lut_shift_g=lut_shifts[2],
     )
     for t in TENSORS_RESET_BEFORE:
         if t.kind == "activation" and t.name != "x":  # every computed tensor saturates to its bits
