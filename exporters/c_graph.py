@@ -126,6 +126,25 @@ def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool) -> l
     return out
 
 
+def layer_flash(cn: CNode, in_width: int, in_type: str) -> int:
+    """Flash of a layer around the GRU as its C stores it: its const tables at their C types
+    (weights, biases with the compensation folded in, shifts, activation tables) and, for a window
+    that pads with values, one frame of its input's zero point."""
+    flash = sum(np.size(v) * SIZES[t] for t, _, v in cn.tables)
+    if cn.kind == "window" and cn.window.pad_value:
+        flash += in_width * SIZES[in_type]
+    return int(flash)
+
+
+def node_flash(qg: QGraph, name: str) -> int:
+    """`layer_flash` of core node `name` (not a GRU), from its C as `qtool export c` writes it."""
+    node = qg.node(name)
+    g_in, g_out = [qg.grids[e] for e in node.inputs], [qg.grids[e] for e in node.outputs]
+    widths = [qg.graph.shapes[e][-1] for e in node.inputs]
+    cn = layer(node.op, node.label).c_code(node, qg.qparams[name], g_in, g_out, "f", widths)
+    return layer_flash(cn, widths[0], ctype(g_in[0]))
+
+
 @dataclass
 class _Stream:
     """How NAME_step runs: each window's padding in the stream, `(left, right)` steps and whether
@@ -782,10 +801,9 @@ int32_t {p}_sequence_work(int32_t T)
                 flash = n.gru.footprint.flash_bytes
                 state += n.gru.footprint.ram_bytes + n.qm.model.output_size * SIZES[act_type(n.qm)]
             else:
-                flash = sum(np.size(v) * SIZES[t] for t, _, v in n.cn.tables)
+                flash = layer_flash(n.cn, self.width[a], self.t[a])
                 if n.cn.kind == "window":
                     state += n.cn.window.span * self.width[a] * SIZES[self.t[a]] + 16
-                    flash += self.width[a] * SIZES[self.t[a]] if n.cn.window.pad_value else 0
                 if n.cn.kind == "reduce":
                     state += self.width[a] * SIZES[n.cn.acc_t] + 4
             state += 4  # its output edge's `valid` flag

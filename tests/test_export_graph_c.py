@@ -208,3 +208,14 @@ def test_cli_exports_and_verifies_a_whole_model(cli, tmp_path):
     api.save_graph(other, tmp_path / "other.h5")
     code, out, err = cli("verify", tmp_path / "other.h5", tmp_path / "c", tmp_path / "test.npy")
     assert code != 0 and "made from another model" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("bits", ["int8", "w8a16", "int16"])
+@pytest.mark.parametrize("which", list(GRAPHS))
+def test_advise_counts_flash_as_the_export_does(which, bits):
+    """`advise --max-flash` says "as qtool export c counts them": layer for layer the same bytes."""
+    from qtool.advisor.graph import graph_flash
+
+    make, C = GRAPHS[which]
+    qg = api.calibrate_graph(make(), _data(C, 32, 24, 0), bits=bits, method="minmax", check=False)
+    assert graph_flash(qg) == render_graph_c(qg, "m").footprint.flash_bytes

@@ -30,7 +30,6 @@ from qtool.calibration.observe import model_config, observe_batch
 from qtool.calibrators.sampled import SampledStatsObserver, observer_seed
 from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
-from qtool.core.qmodel import TensorQ
 from qtool.core.tensors import METHOD_NAMES, BitsConfig, bits_from_table, bits_table, preset_config, table_toml
 from qtool.errors import QtoolError
 from qtool.graph.calibrate import Prepared, auto_graph, prepare, quantize_graph
@@ -45,31 +44,13 @@ Progress = Callable[[str, int, int | None], None]
 ADVISED = Path("the advised bits file")  # what errors in the file `Space.table` writes would name
 
 
-def storage(bits: int) -> int:
-    """Bytes of the C type that holds a value of `bits` signed bits."""
-    return 1 if bits <= 8 else 2 if bits <= 16 else 4
-
-
-def layer_flash(qp: dict, weight_bits: int, g_out: TensorQ) -> int:
-    """Flash of a layer around the GRU: its weights at their bits, per output channel one int32
-    bias (the zero-point compensation folded in) and one shift byte, and its table."""
-    n = 0
-    if "q_W" in qp:
-        n += qp["q_W"].size * storage(weight_bits) + len(qp["q_W"]) * 5
-    if "table" in qp:
-        n += qp["table"].size * storage(g_out.bits)
-    return n
-
-
 def graph_flash(qg: QGraph) -> int:
-    """The whole model's flash: each GRU as `qtool export c` counts it, every other layer by
-    `layer_flash`."""
-    total = 0
-    for name in qg.core:
-        qp = qg.qparams[name]
-        total += flash_bytes(qp["qm"]) if "qm" in qp else layer_flash(
-            qp, qg.info["layer_bits"][name][0], qg.grids[qg.node(name).outputs[0]])
-    return total
+    """The whole model's flash as `qtool export c` counts it: each GRU's, and every other layer's
+    from the C its module writes (qtool.exporters.c_graph.node_flash)."""
+    from qtool.exporters.c_graph import node_flash
+
+    return sum(flash_bytes(qg.qparams[name]["qm"]) if "qm" in qg.qparams[name] else node_flash(qg, name)
+               for name in qg.core)
 
 
 @dataclass

@@ -486,8 +486,9 @@ def report(
         return
     m = res.output
     snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+    size = f"{res.size / 2**20:.1f} MiB" if res.size >= 2**20 else f"{res.size / 2**10:.1f} KiB"
     out.print(f"output SNR {snr}, cosine {m['cosine']:.6f} on {res.samples} sequences; "
-              f"report ({res.size / 2**20:.1f} MiB) -> {escape(str(res.path))}")
+              f"report ({size}) -> {escape(str(res.path))}")
 
 
 @app.command()
