@@ -15,6 +15,16 @@ GOLDEN = ROOT / "tests" / "golden"
 SAMPLES = ROOT / "samples"
 
 
+def pytest_configure(config):
+    """A run that tests/test_simd_paths.py started for one SIMD path must be on that path."""
+    want = os.environ.get("QTOOL_SIMD_PATH")
+    if want:
+        from qtool.engine.simd import simd_path
+
+        if simd_path() != want:
+            raise pytest.UsageError(f"asked for the {want} SIMD path, the engine takes {simd_path()}")
+
+
 def has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 

@@ -124,6 +124,13 @@ def gemm_plan(q_w: np.ndarray, bits_in: int, zp_in: int, vnni: bool | None = Non
     return plan("f64" if gemm_bound(q_w, bits_in) < 2**53 else "i64", q_w)
 
 
+def float_gemm(w: np.ndarray) -> Gemm:
+    """The float32 reference's GEMM `w @ x`: its packed weights and the width of its output
+    buffer, which must be the packed width (the micro-kernel writes whole tiles)."""
+    packed, Kp = pack(np.asarray(w, np.float32), "f32")
+    return Gemm("f32", packed, Kp, padded(w.shape[0], "f32"), 0, 0, np.zeros(w.shape[0]))
+
+
 @njit(nogil=True, cache=True)
 def _gemm_all(q_in, shift, w, half, a, acc, out):
     for m0 in range(0, q_in.shape[0], MB):
@@ -150,10 +157,11 @@ def gemm_apply(g: Gemm, q_in: np.ndarray, c_out: int) -> np.ndarray:
 @dataclass
 class DirectionPlan:
     """Everything one layer direction's kernel reads: its GEMMs, the spec's constants (P, CH
-    and the tables, in the cell's lane type: qtool.numerics.lanes), the float weights (packed for the
-    float32 micro-kernel), the grids of the measured tensors and the cell's form. A reset-before
-    cell's `gh` holds R's z and r rows only and `gg` the g rows, which read rh = r * h_old;
-    for a haste cell `gg` is `gh` (the kernel then never runs it)."""
+    and the tables, in the cell's lane type: qtool.numerics.lanes), the float GEMMs (`fx` W x,
+    `fh` R h, `fg` R_g rh; each sizes its own output buffer), the grids of the measured tensors
+    and the cell's form. A reset-before cell's `gh` holds R's z and r rows only and `gg` the
+    g rows, which read rh = r * h_old; for a haste cell `gg` is `gh` and `fg` is `fh` (the
+    kernel then never runs them)."""
 
     cq: CellQuant
     gx: Gemm
@@ -162,11 +170,9 @@ class DirectionPlan:
     P: np.ndarray
     CH: np.ndarray
     luts: tuple
-    fW: np.ndarray
-    fR: np.ndarray
-    fRg: np.ndarray
-    fwidth: int
-    fgwidth: int
+    fx: Gemm
+    fh: Gemm
+    fg: Gemm
     bx: np.ndarray
     br: np.ndarray
     grids: np.ndarray
@@ -187,25 +193,20 @@ def plan_direction(cq: CellQuant, cell: GruCell) -> DirectionPlan:
         gh = gemm_plan(cq.qR[:2 * H], h.bits, h.zp)
         gg = gemm_plan(cq.qR[2 * H:], rh.bits, rh.zp)
         comp_R = np.concatenate([gh.comp, gg.comp])
-        fR, _ = pack(cell.R[:2 * H], "f32")
-        fRg, _ = pack(cell.R[2 * H:], "f32")
+        fh, fg = float_gemm(cell.R[:2 * H]), float_gemm(cell.R[2 * H:])
     else:
         gh = gg = gemm_plan(cq.qR, h.bits, h.zp)
         comp_R = gh.comp
-        fR, _ = pack(cell.R, "f32")
-        fRg = fR
+        fh = fg = float_gemm(cell.R)
     CH[CH_W_SUM_MUL_X_ZP], CH[CH_R_SUM_MUL_H_ZP] = gx.comp, comp_R  # the GEMMs' own views
     luts = [cq.luts[k] for k in ("lut_z", "lut_r", "lut_g")]
     lane_t = cell_lane_type(cq, CH, luts)
-    fW, _ = pack(cell.W, "f32")
     gate, alpha, beta, candidate = form_codes(cq.form)
     form = np.array([-1, 0, 0] if cq.form.haste else [int(reset_before), gate, candidate], np.int64)
     layout = cell_layout(cq.form)
     return DirectionPlan(cq, gx, gh, gg, cq.P.astype(lane_t), CH.astype(lane_t),
-                         tuple(t.astype(lane_t) for t in luts), fW, fR, fRg,
-                         padded(2 * H if reset_before else 3 * H, "f32"), padded(H, "f32"),
-                         cell.bx, cell.br, measured_grids(cq), form, np.array([alpha, beta], np.float32),
-                         layout.rows, layout.row_tensor)
+                         tuple(t.astype(lane_t) for t in luts), float_gemm(cell.W), fh, fg, cell.bx, cell.br,
+                         measured_grids(cq), form, np.array([alpha, beta], np.float32), layout.rows, layout.row_tensor)
 
 
 def plan_model(qm: QuantModel) -> list[list[DirectionPlan]]:
@@ -489,8 +490,8 @@ def run_direction(dp: DirectionPlan, xq, xf, n0: int, n1: int, rev: bool, out_q,
                    gh.w, gh.shift, gh.half, z(gh.Kp, KINDS[gh.kind][0]), z(gh.width, KINDS[gh.kind][2]),
                    gg.w, gg.shift, gg.half, z(gg.Kp, KINDS[gg.kind][0]), z(gg.width, KINDS[gg.kind][2]),
                    dp.P, dp.CH, *dp.luts,
-                   level, dp.fW, dp.fR, dp.fRg, z(C, np.float32), z(H, np.float32), z(dp.fwidth, np.float32),
-                   z(dp.fwidth, np.float32), z(H, np.float32), z(dp.fgwidth, np.float32), dp.bx, dp.br,
+                   level, dp.fx.w, dp.fh.w, dp.fg.w, z(C, np.float32), z(H, np.float32), z(dp.fx.width, np.float32),
+                   z(dp.fh.width, np.float32), z(H, np.float32), z(dp.fg.width, np.float32), dp.bx, dp.br,
                    dp.form, dp.alpha_beta, np.zeros((MB, dp.rows, H), np.int32),
                    np.zeros((MB, dp.rows, H), np.float32), dp.grids, dp.row_tensor, stats, step_stats, trace,
                    np.zeros(len(STATS)))

@@ -70,6 +70,44 @@ for opt in ("-runtime-memory-check-threshold=512", "-vectorize-memory-check-thre
 FEATURES = target_features()
 HAS_VNNI = {"avx512vnni", "avx512bw"} <= FEATURES
 HAS_AVX512 = {"avx512f", "avx512bw"} <= FEATURES
+
+# The engine's SIMD paths, lowest first: the CPU numba compiles for to take one, and the vector
+# extensions that path may use. A lower path runs on a CPU that has a higher one, so a test run
+# can force each path its machine has (`path_env`) and prove every one of them exact.
+_AVX2 = ("avx", "avx2", "fma", "f16c")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+PATHS = {"generic": ("generic", ()), "avx2": ("haswell", _AVX2),
+         "avx512": ("skylake-avx512", _AVX512), "vnni": ("icelake-server", (*_AVX512, "avx512vnni"))}
+
+
+def simd_path() -> str:
+    """The path this process's engine takes (a key of PATHS)."""
+    if HAS_VNNI:
+        return "vnni"
+    if HAS_AVX512:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= FEATURES else "generic"
+
+
+def _vector_feature(name: str) -> bool:
+    return name.startswith(("avx", "amx")) or name in ("fma", "fma4", "f16c", "xop", "vaes", "vpclmulqdq", "gfni")
+
+
+def path_env(path: str) -> dict[str, str] | None:
+    """The environment that makes a new process compile the engine for `path` on this CPU: the
+    path's CPU name, and this CPU's features with every vector extension the path lacks turned
+    off (so that LLVM emits none of it). None where this CPU lacks one the path needs."""
+    cpu_name, keep = PATHS[path]
+    if path == "generic":  # numba's portable target: the architecture's baseline (SSE2 on x86-64)
+        return {"NUMBA_CPU_NAME": "generic"}
+    try:
+        host = dict(llb.get_host_cpu_features().items())
+    except RuntimeError:
+        return None
+    if not all(host.get(f) for f in keep):
+        return None
+    flags = [("+" if on and (f in keep or not _vector_feature(f)) else "-") + f for f, on in host.items()]
+    return {"NUMBA_CPU_NAME": cpu_name, "NUMBA_CPU_FEATURES": ",".join(flags)}
 # rows x channel blocks per tile: MB * NB accumulators plus NB weights and a broadcast fit the
 # 32 vector registers of AVX-512 (16 of AVX2, where a 16-lane vector takes two registers)
 MB = 4
