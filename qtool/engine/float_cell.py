@@ -72,7 +72,7 @@ def tanh32(v):
     return small if a < F(0.625) else big
 
 
-@register_jitable(inline="always")
+@register_jitable
 def float_cell(Wx_z, Wx_r, Wx_g, Rh_z, Rh_r, Rh_g, h_old, bx_z, bx_r, bx_g, br_z, br_r, br_g):
     """One hidden unit at one time step; returns every intermediate tensor, in the order of
     the integer cell's outputs (Rh_z, Rh_r, Rh_g, z_pre, r_pre, g_pre, z, r, g, Rh_add_br, rRh,
@@ -124,7 +124,7 @@ def candidate32(v, candidate):
     return tanh32(v)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def float_gates(Wx_z, Wx_r, Rh_z, Rh_r, bx_z, bx_r, br_z, br_r, gate, alpha, beta):
     """z_pre, r_pre, z and r of one hidden unit at one time step, in any form."""
     z_pre = Wx_z + Rh_z + bx_z + br_z
@@ -132,7 +132,7 @@ def float_gates(Wx_z, Wx_r, Rh_z, Rh_r, bx_z, bx_r, br_z, br_r, gate, alpha, bet
     return z_pre, r_pre, gate32(z_pre, gate, alpha, beta), gate32(r_pre, gate, alpha, beta)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def float_candidate_reset_before(Wx_g, Rrh_g, h_old, z, bx_g, br_g, candidate):
     """The rest of a reset-before unit, once the GEMM `Rrh_g = R_g (r * h_old)` over every unit's
     r is done (so a kernel runs float_gates for all units, the GEMM, then this): g_pre, g,
@@ -144,7 +144,7 @@ def float_candidate_reset_before(Wx_g, Rrh_g, h_old, z, bx_g, br_g, candidate):
     return g_pre, g, old_contrib, new_contrib, old_contrib + new_contrib
 
 
-@register_jitable(inline="always")
+@register_jitable
 def float_cell_form(Wx_z, Wx_r, Wx_g, Rh_z, Rh_r, Rh_g, h_old, bx_z, bx_r, bx_g, br_z, br_r, br_g, form,
                     alpha_beta):
     """`float_cell` for a reset-after cell with other activations (hard_sigmoid gates, a relu or

@@ -97,14 +97,14 @@ def grid_row(exp2_inv: int, zp: int, bits: int) -> np.ndarray:
     return np.array([zp, s, (qmin - zp - 0.5) * s, (qmax - zp + 0.5) * s], np.float64)
 
 
-@register_jitable(inline="always")
+@register_jitable
 def dequantized(q, offset, scale):
     """(q - offset) * scale in float64, offset = zero point (+ the GEMM view's shift): exact for
     every integer of up to 16 bits."""
     return (np.float64(q) - offset) * scale
 
 
-@register_jitable(inline="always")
+@register_jitable
 def clipped(r, lo, hi):
     """Whether the grid clips the reference value r: r < lo or r >= hi (GRID's lo_clip and
     hi_clip, as count_clipped)."""
