@@ -49,8 +49,9 @@ def test_backend_selection_under_simulator():
 @pytest.mark.skipif(not has("safetensors"), reason="the sample is .safetensors")
 def test_cli_simulate_cuda_matches_cpu(cli, tmp_path):
     q = tmp_path / "q.h5"
-    assert cli("calibrate", SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", "-o", q,
-               "--method", "minmax")[0] == 0
+    code, _, err = cli("calibrate", SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", "-o", q,
+                       "--method", "minmax")
+    assert code == 0, err
     outs = {}
     for backend in ("cpu", "cuda"):
         code, out, err = cli("simulate", q, SAMPLES / "test.npy", "--limit", "1", "--backend", backend,
