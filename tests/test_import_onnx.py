@@ -56,6 +56,8 @@ def const(name, value):
 @pytest.mark.parametrize("kw, match", [
     (dict(inputs=("X", "W", "R", "B", "", "h0"), extra_inits=[const("h0", np.full((1, N, H), 0.7))]),
      "initial_h 'h0', which is not zero"),
+    # a state as a model input: carried in from outside, never taken as zero without a word
+    (dict(inputs=("X", "W", "R", "", "", "h0")), "initial_h 'h0', read from the model's input 'h0'"),
     (dict(inputs=("X", "W", "R", "B", "lens")), "sequence_lens"),
     (dict(activations=["Tanh", "Sigmoid"]), "activation 'Tanh' for its gates"),
     (dict(activations=["Sigmoid", "Elu"]), "activation 'Elu' for its candidate"),
@@ -80,7 +82,6 @@ def test_attributes_and_inputs_that_change_the_math_are_refused(tmp_path, kw, ma
     dict(),
     dict(dirs=2, activations=["sigmoid", "tanh", "Sigmoid", "Tanh"]),
     dict(inputs=("X", "W", "R", "B", "", "h0"), extra_inits=[const("h0", np.zeros((1, N, H)))]),
-    dict(inputs=("X", "W", "R", "", "", "h0")),  # state as a graph input: runs from zero by default
 ])
 def test_supported_variants_match_onnxruntime(tmp_path, kw):
     path = gru_model(tmp_path / "m.onnx", **kw)

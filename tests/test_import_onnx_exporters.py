@@ -14,7 +14,8 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from qtool.importers import import_model, import_note, read_stacks  # noqa: E402
+from qtool.errors import QtoolError  # noqa: E402
+from qtool.importers import import_model, read_stacks  # noqa: E402
 from qtool.numerics.float_gru import run_float  # noqa: E402
 
 C, H, T, N = 3, 4, 5, 2
@@ -107,6 +108,11 @@ def matches_pytorch(model, gru, seed=7):
 @pytest.mark.parametrize("model_name, exporter", CASES)
 def test_exported_gru_imports_and_equals_pytorch(exported, model_name, exporter):
     module, path = exported(model_name, exporter)
+    if model_name == "h0_input":  # each layer's state a Slice of this input: refused, not taken as zero
+        assert "h0" in [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+        with pytest.raises(QtoolError, match="read from the model's input 'h0': a state carried in from outside"):
+            import_model(path)
+        return
     model = import_model(path)  # the ONNX Runtime check is on
     matches_pytorch(model, module.gru)
     took = model.extra["import"]["took"]
@@ -117,13 +123,10 @@ def test_exported_gru_imports_and_equals_pytorch(exported, model_name, exporter)
         assert ops in (["Add", "Add", "MatMul", "MatMul"], ["Gemm", "Gemm"]), left_out
         assert model.extra["import"]["input_from"] in left_out  # the front Linear feeds the GRU
         assert model.extra["import"]["input_from"].endswith(("(Add)", "(Gemm)"))
-    elif model_name == "h0_input":  # each layer's state a Slice of this input, assumed zero, and said
-        assert "h0" in [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
-        notes = model.extra["import"]["notes"]
-        assert len(notes) == module.gru.num_layers and all("graph input 'h0', taken as zero" in n for n in notes)
-        assert "taken as zero" in import_note(model)
     else:
-        assert model.extra["import"] == {"took": took, "left_out": [], "input_from": None, "notes": []}
+        notes = [f"GRU node '{took[0]}' starts a stack of {len(took)} GRU layers: took them all ({', '.join(took)})"
+                 ] if len(took) > 1 else []
+        assert model.extra["import"] == {"took": took, "left_out": [], "input_from": None, "notes": notes}
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -132,8 +135,10 @@ def test_each_layer_of_an_exported_stack_says_what_feeds_it(exported, exporter):
     stacks = read_stacks(path, "onnx")
     first, second = stacks[""].took
     assert stacks[first].input_from is None and stacks[second].input_from == f"{first} (GRU)"
-    assert stacks[first].left_out == [f"{second} (GRU)"] and stacks[second].left_out == [f"{first} (GRU)"]
-    assert stacks[second].took == [second]
+    # naming the first GRU node takes the stack it starts, and says so; the second is its last layer alone
+    assert stacks[first].took == [first, second] and stacks[first].left_out == []
+    assert "starts a stack of 2 GRU layers" in stacks[first].notes[0]
+    assert stacks[second].left_out == [f"{first} (GRU)"] and stacks[second].took == [second]
 
 
 def test_the_default_exporter_writes_weights_to_external_data(exported):

@@ -169,11 +169,20 @@ def _whole_model(path: Path) -> bool:
     if why:
         try:
             left_out = api.load_model(path, check=False).extra.get("import", {}).get("left_out")
-        except QtoolError:
-            left_out = None  # the GRU's own import says what is wrong, next
+        except QtoolError as e:  # neither the whole model nor a GRU alone: both reasons, the whole one first
+            whole, alone = _unprefixed(why, path), _unprefixed(str(e), path)
+            if whole in alone:  # the same reason (a recurrent node qtool does not read): once
+                raise QtoolError(f"{path}: {alone}") from None
+            raise QtoolError(f"{path}: the whole model cannot be taken: {whole}; nor one GRU alone: {alone}") from None
         if left_out:
-            raise QtoolError(f"{path}: the whole model cannot be taken: {why} (--name NAME takes one GRU alone)")
+            raise QtoolError(f"{path}: the whole model cannot be taken: {_unprefixed(why, path)} (--name NAME "
+                             "takes one GRU, or the stack of GRU layers it starts, alone)")
     return graph is not None
+
+
+def _unprefixed(reason: str, path: Path) -> str:
+    prefix = f"{path}: "
+    return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
 def note_what_was_left_out(model) -> None:

@@ -22,6 +22,8 @@ def _model_file(path: Path) -> None:
         raise QtoolError(f"{path} is a directory, not a model file")
     if not path.is_file():
         raise QtoolError(f"model file not found: {path}")
+    if path.stat().st_size == 0:
+        raise QtoolError(f"{path} is empty (0 bytes), not a model file")
 
 
 FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
@@ -39,6 +41,9 @@ def detect_format(path: Path) -> str:
         return "onnx"
     if name.endswith(".npz"):
         return "haste"
+    if name.endswith(".tflite"):
+        raise QtoolError(f"{path}: qtool does not read TFLite files; import the model the .tflite was converted "
+                         "from (.keras, .h5, or ONNX)")
     raise QtoolError(f"{path}: cannot tell the model format from the name; use `fmt` "
                      f"({', '.join(FORMATS)})")
 
@@ -104,7 +109,10 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     elif "" in stacks or len(stacks) == 1:  # "" is the whole chained stack when there is one
         key = "" if "" in stacks else next(iter(stacks))
     else:
-        raise QtoolError(f"{path}: holds several GRUs ({', '.join(named)}); choose one with `name`")
+        weights_only = (" and, as a state dict, weights only (how its layers connect is not in it): choose one "
+                        "with `name`, or export the whole model to ONNX (torch.onnx.export) to take it whole"
+                        if fmt in ("torch", "safetensors") else "; choose one with `name`")
+        raise QtoolError(f"{path}: holds several GRUs ({', '.join(named)}){weights_only}")
     model_name = key.replace("/", "_") or path.stem
     model = GruModel(stacks[key].layers, name=re.sub(r"\W+", "_", model_name).strip("_") or "gru",
                      source=f"{fmt}:{path.name}" + (f":{key}" if key else ""))

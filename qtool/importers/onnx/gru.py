@@ -23,6 +23,7 @@ from qtool.core.model import CellForm
 from qtool.errors import QtoolError
 from qtool.importers.checks import expect_shape, hidden_from_recurrent, reason
 from qtool.importers.onnx.graph import Graph, attr
+from qtool.importers.onnx.nodes import unread_recurrent
 from qtool.importers.onnx.scope import Scope
 from qtool.importers.stack import Stack
 
@@ -103,24 +104,24 @@ def forms(node, dirs: int, where: str) -> list[CellForm]:
     return found
 
 
-def _check_inputs(graph: Graph, node, where: str) -> list[str]:
-    """Refuse the inputs that change the math; returns notes on what is assumed."""
+def _check_inputs(graph: Graph, node, where: str) -> None:
+    """Refuse the inputs that change the math."""
     inputs = list(node.input) + [""] * (6 - len(node.input))
     if inputs[4]:
         raise QtoolError(f"{where} takes sequence_lens ('{inputs[4]}'); qtool runs every sequence over "
                          "all its time steps (export without sequence lengths)")
-    # zeros (a zero constant, ConstantOfShape 0 of any shape, and values moved from them), or values of
-    # graph inputs (torch.onnx.export's h0, whole or sliced per layer): qtool assumes a state input is
-    # zero at the start of each sequence, as docs/importing.md says
+    # zeros: a zero constant, ConstantOfShape 0 of any shape, and values moved from them; the graph
+    # inputs a state comes from (torch.onnx.export's h0, whole or sliced per layer) are refused
     origin = graph.state_origin(inputs[5]) if inputs[5] else set()
     if origin is None:
         raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', which is not zero; qtool's GRU "
                          "starts every sequence from h = 0")
-    if not origin:
-        return []
-    inputs = ", ".join(f"'{i}'" for i in sorted(origin))
-    return [f"GRU node '{node.name}' starts from the graph input {inputs}, taken as zero at the start of "
-            "every sequence"]
+    if origin:
+        # a state carried in from outside changes what the GRU computes: never dropped without a word
+        raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', read from the model's input "
+                         f"{', '.join(repr(i) for i in sorted(origin))}: a state carried in from outside, which "
+                         "qtool does not take (its GRU starts every sequence from h = 0); export the model "
+                         "without that input")
 
 
 def _cells(graph: Graph, node, dirs: int, where: str) -> list:
@@ -175,30 +176,44 @@ def _opset(model) -> int:
 
 
 def _read_graph(path: Path, model) -> dict[str, Stack]:
-    from qtool.importers.onnx.check import run_onnx
-
     graph = Graph(model.graph, str(path), Path(path).parent, _opset(model), model)
     graph.fold_dequantized(model.graph, str(path))
     grus = [n for n in graph.nodes if n.op_type == "GRU"]  # the Graph's node objects: Scope knows them by id
+    if not grus:
+        unread = unread_recurrent(model.graph.node)
+        raise QtoolError(f"{path}: no GRU found" + (f"; {unread}" if unread else " in this onnx file"))
     names = {id(n): n.name or f"GRU_{i}" for i, n in enumerate(grus)}
     scope = Scope(graph, names)
-    stacks, chain = {}, []
+    singles, chain = {}, []
     for node in grus:
         name = names[id(node)]
         where = f"{path}: GRU node '{name}'"
-        if name in stacks:
+        if name in singles:
             raise QtoolError(f"{where}: two GRU nodes have this name; give them unique names")
         dirs = _check_attributes(node, where)
-        notes = _check_inputs(graph, node, where)
-        cells = _cells(graph, node, dirs, where)
-        stacks[name] = Stack([cells], "ONNX Runtime", partial(run_onnx, graph, [node]), took=[name],
-                             left_out=scope.left_out([node]), input_from=scope.input_from(node), notes=notes)
-        chain.append((node, cells))
-    if len(chain) > 1 and all(graph.feeds_next(a, b, len(ca), ca[0].R.shape[1])
-                              for (a, ca), (b, _) in zip(chain, chain[1:])):
-        nodes = [n for n, _ in chain]
-        stacks[""] = Stack([c for _, c in chain], "ONNX Runtime", partial(run_onnx, graph, nodes),
-                           took=[names[id(n)] for n in nodes], left_out=scope.left_out(nodes),
-                           input_from=scope.input_from(nodes[0]),
-                           notes=[note for n in nodes for note in stacks[names[id(n)]].notes])
+        _check_inputs(graph, node, where)
+        singles[name] = _cells(graph, node, dirs, where)
+        chain.append(node)
+    # consecutive GRU nodes where each reads the one before's output (its directions concatenated)
+    links = [graph.feeds_next(a, b, len(singles[names[id(a)]]), singles[names[id(a)]][0].R.shape[1])
+             for a, b in zip(chain, chain[1:])]
+    stacks = {}
+    for i, node in enumerate(chain):
+        j = i
+        while j < len(links) and links[j]:
+            j += 1
+        stacks[names[id(node)]] = _stack(graph, scope, names, chain[i:j + 1], singles)
+    if len(chain) > 1 and all(links):
+        stacks[""] = stacks[names[id(chain[0])]]
     return stacks
+
+
+def _stack(graph: Graph, scope: Scope, names: dict, nodes: list, singles: dict) -> Stack:
+    """The stack of GRU `nodes` (each reads the one before's output): naming the first takes them all."""
+    from qtool.importers.onnx.check import run_onnx
+
+    took = [names[id(n)] for n in nodes]
+    notes = [f"GRU node '{took[0]}' starts a stack of {len(took)} GRU layers: took them all ({', '.join(took)})"
+             ] if len(took) > 1 else []
+    return Stack([singles[t] for t in took], "ONNX Runtime", partial(run_onnx, graph, nodes), took=took,
+                 left_out=scope.left_out(nodes), input_from=scope.input_from(nodes[0]), notes=notes)

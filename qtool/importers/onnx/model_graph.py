@@ -33,6 +33,7 @@ from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
 from qtool.importers.onnx.model_layout import PROBE_N, PROBE_T, Layout, LayoutError
+from qtool.importers.onnx.nodes import unread_recurrent
 from qtool.importers.ranges import GraphRanges
 
 # the graph input's layout, in the order they are tried: batch-first, time-first, PyTorch's Conv1d
@@ -209,6 +210,9 @@ class _Reader:
 
     def read(self) -> tuple[QtoolGraph, Ports]:
         g, graph = self.g, self.model.graph
+        unread = unread_recurrent(graph.node)  # a loop body reads outer values no dependency walk sees
+        if unread:
+            raise QtoolError(f"{self.where}: {unread}")
         outputs = [o.name for o in graph.output]
         live, self.uses = self._live(outputs)
         self.live, self.outputs, self.readers = live, set(outputs), {}
@@ -924,7 +928,7 @@ class _Reader:
                             layout=True)
         where = f"{self.where}: GRU {self.label(node)}"
         dirs = _check_attributes(node, where)
-        self.notes += _gru_inputs(self.g, node, where)
+        _gru_inputs(self.g, node, where)
         cells = _cells(self.g, node, dirs, where)
         if any(c.form != cells[0].form for c in cells):
             raise self.fail(node, f"computes different cells in its directions ({cells[0].form.describe()}; "

@@ -13,3 +13,19 @@ def attr(node, name: str, default):
                 return v.decode(errors="replace")
             return [s.decode(errors="replace") if isinstance(s, bytes) else s for s in v] if isinstance(v, list) else v
     return default
+
+
+# recurrent nodes qtool does not read, and what to say of them
+_LOOP = ("a recurrent loop (tf2onnx writes a Keras GRU as a Loop and a TF1 GRUCell as a Scan), which qtool "
+         "cannot read yet; a GRU as an ONNX GRU node (torch.onnx.export of nn.GRU) imports")
+UNREAD_RECURRENT = {"LSTM": "an LSTM, which qtool does not compute (it quantizes GRUs)",
+                    "RNN": "a plain RNN, which qtool does not compute (it quantizes GRUs)",
+                    "Loop": _LOOP, "Scan": _LOOP}
+
+
+def unread_recurrent(nodes) -> str | None:
+    """`node 'name' (Op) is ...` for the first recurrent node of `nodes` that qtool does not read."""
+    for n in nodes:
+        if n.op_type in UNREAD_RECURRENT and n.domain in ("", "ai.onnx"):
+            return f"node '{n.name or n.output[0]}' ({n.op_type}) is {UNREAD_RECURRENT[n.op_type]}"
+    return None

@@ -1,0 +1,140 @@
+"""What `qtool import` says of files it cannot take whole: a GRU stack inside a model of another
+rank (DeepFilterNet's decoders) is taken in one command by naming its first GRU node; a refusal
+gives the whole model's reason first; a state input, an empty file, an LSTM, a loop and a TFLite
+file are named for what they are. One line and exit code 2 each, never a traceback."""
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import has
+
+from qtool.core.model import load_model
+from qtool.numerics.float_gru import run_float
+
+needs_onnx = pytest.mark.skipif(not (has("torch") and has("onnx") and has("onnxruntime")),
+                                reason="needs PyTorch, onnx and ONNX Runtime")
+
+
+def export(module, x, path, **kw):
+    """torch.onnx.export's legacy exporter, its warnings kept off the CLI's captured stderr."""
+    import torch
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, x, str(path), dynamo=False, **kw)
+    return path
+
+
+def one_line(code, out, err, *want):
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    for w in want:
+        assert w in err, err
+
+
+@needs_onnx
+def test_a_gru_stack_inside_a_feature_map_model_is_taken_by_naming_its_first_gru(cli, tmp_path):
+    """DeepFilterNet's ERB decoder: a 4-D input, a 2-layer GRU written as two GRU nodes, a Linear."""
+    import onnx
+    import torch
+
+    torch.manual_seed(0)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb_gru = torch.nn.GRU(16, 12, num_layers=2, batch_first=True)
+            self.fc = torch.nn.Linear(12, 8)
+
+        def forward(self, x):  # [N, 1, T, 16]
+            return self.fc(self.emb_gru(x[:, 0])[0])
+
+    m = Decoder().eval()
+    path = export(m, torch.randn(2, 1, 5, 16), tmp_path / "erb_dec.onnx", input_names=["x"],
+                  dynamic_axes={"x": {0: "N", 2: "T"}})
+    grus = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "GRU"]
+    assert len(grus) == 2
+    one_line(*cli("import", path, "-o", tmp_path / "whole.h5"), "the whole model cannot be taken: input 'x'",
+             "--name NAME takes one GRU, or the stack of GRU layers it starts, alone")
+    code, out, err = cli("import", path, "--name", grus[0], "-o", tmp_path / "gru.h5")
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert f"starts a stack of 2 GRU layers: took them all ({grus[0]}, {grus[1]})" in said
+    assert "left out, not quantized" in said and "(Gemm)" in said or "(MatMul)" in said
+    model = load_model(tmp_path / "gru.h5")
+    assert model.num_layers == 2
+    x = np.random.default_rng(1).standard_normal((3, 7, 16)).astype(np.float32)  # held out
+    with torch.no_grad():
+        want = m.emb_gru(torch.from_numpy(x))[0].numpy()
+    assert np.abs(run_float(model, x) - want).max() < 1e-5
+
+
+@needs_onnx
+def test_a_state_input_is_refused_not_dropped(cli, tmp_path):
+    import torch
+
+    class WithState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru = torch.nn.GRU(4, 6, batch_first=True)
+            self.fc = torch.nn.Linear(6, 2)
+
+        def forward(self, x, h0):
+            return self.fc(self.gru(x, h0)[0])
+
+    path = export(WithState(), (torch.randn(1, 5, 4), torch.zeros(1, 1, 6)), tmp_path / "h0.onnx",
+                  input_names=["x", "h0"])
+    for args in ([], ["--name", "/gru/GRU"]):
+        one_line(*cli("import", path, *args, "-o", tmp_path / "m.h5"),
+                 "read from the model's input 'h0': a state carried in from outside")
+
+
+@pytest.mark.skipif(not has("torch"), reason="needs PyTorch")
+def test_a_state_dict_of_several_grus_says_it_holds_weights_only(cli, tmp_path):
+    import torch
+
+    state = {f"{g}.{k}": v for g in ("a", "b", "c") for k, v in torch.nn.GRU(4, 4).state_dict().items()}
+    torch.save(state, tmp_path / "three.pt")
+    one_line(*cli("import", tmp_path / "three.pt", "-o", tmp_path / "m.h5"), "holds several GRUs (a, b, c)",
+             "weights only", "choose one with --name", "export the whole model to ONNX")
+
+
+@needs_onnx
+def test_recurrent_nodes_qtool_does_not_read_are_named(cli, tmp_path):
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    export(torch.nn.LSTM(4, 6, batch_first=True), torch.randn(1, 5, 4), tmp_path / "lstm.onnx", input_names=["x"])
+    one_line(*cli("import", tmp_path / "lstm.onnx", "-o", tmp_path / "m.h5"), "(LSTM) is an LSTM")
+    # a Loop whose body reads the weights and the sequence from the outer graph, as TF1 exports do
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Gather", ["x", "i"], ["x_t"], axis=1),
+         helper.make_node("MatMul", ["x_t", "W"], ["wx"]),
+         helper.make_node("Add", ["h_in", "wx"], ["h_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["T", "", "h0"], ["h"], name="while", body=body),
+         helper.make_node("Sigmoid", ["h"], ["y"])], "tf1",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor("T", TensorProto.INT64, [], [5]),
+         helper.make_tensor("W", TensorProto.FLOAT, [4, 3], np.ones(12).tolist()),
+         helper.make_tensor("h0", TensorProto.FLOAT, [1, 3], [0.0, 0.0, 0.0])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "loop.onnx"))
+    code, out, err = cli("import", tmp_path / "loop.onnx", "-o", tmp_path / "m.h5")
+    one_line(code, out, err, "node 'while' (Loop) is a recurrent loop", "cannot read yet")
+    assert "does not depend on the model's input" not in err
+
+
+def test_empty_and_tflite_files_are_named(cli, tmp_path):
+    (tmp_path / "m.onnx").write_bytes(b"")
+    one_line(*cli("import", tmp_path / "m.onnx", "-o", tmp_path / "m.h5"), "is empty (0 bytes)")
+    (tmp_path / "m.tflite").write_bytes(b"TFL3" + bytes(60))
+    one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "qtool does not read TFLite files")
+    assert not (tmp_path / "m.h5").exists()
