@@ -138,3 +138,28 @@ def test_empty_and_tflite_files_are_named(cli, tmp_path):
     (tmp_path / "m.tflite").write_bytes(b"TFL3" + bytes(60))
     one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "qtool does not read TFLite files")
     assert not (tmp_path / "m.h5").exists()
+
+
+@pytest.mark.skipif(not (has("keras") and has("torch") and has("onnxruntime")),
+                    reason="needs Keras, PyTorch and ONNX Runtime")
+def test_the_framework_checks_leave_nothing_in_the_temporary_folder(tmp_path):
+    """Importing ONNX Runtime writes a .ses file, Keras on PyTorch a torchinductor_<user> folder, into
+    the temporary folder: the checks give them a private one, removed afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, SAMPLES
+
+    keras_file = tmp_path / "k.keras"
+    subprocess.run([sys.executable, "-c", "import keras; m = keras.Sequential([keras.Input((5, 3)), "
+                    f"keras.layers.GRU(4), keras.layers.Dense(2)]); m.save({str(keras_file)!r})"],
+                   env={**os.environ, "KERAS_BACKEND": "torch"}, check=True, capture_output=True)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "KERAS_BACKEND": "torch", "PYTHONPATH": str(ROOT)}
+    for src in (SAMPLES / "digits.onnx", keras_file):
+        done = subprocess.run([sys.executable, "-m", "qtool.cli", "import", str(src), "-o", str(tmp_path / "m.h5"),
+                               "--force"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0 and "matches" in done.stdout, done.stderr
+        assert sorted(p.name for p in tmp.iterdir()) == [], src

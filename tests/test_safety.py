@@ -247,3 +247,26 @@ def test_a_signal_inside_llvmlite_is_asked_again_after_it():
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def test_two_runs_writing_one_output_leave_one_runs_file(tmp_path):
+    """Two calibrations of different methods writing the same -o at once: the file is one run's
+    whole output (each writes a private temporary and renames it), never a mix."""
+    from h5compare import h5_contents
+
+    def cmd(method, out):
+        return [sys.executable, "-m", "qtool.cli", "calibrate", str(MODEL), str(SAMPLES / "calib.npy"), "-o", str(out),
+                "--method", method, "--force"]
+
+    for method in ("minmax", "mse"):
+        subprocess.run(cmd(method, tmp_path / f"{method}.h5"), check=True, capture_output=True)
+    runs = [subprocess.Popen(cmd(m, tmp_path / "both.h5"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for m in ("minmax", "mse")]
+    assert [r.wait() for r in runs] == [0, 0]
+    got = h5_contents(tmp_path / "both.h5")
+    assert sum(_equal(got, h5_contents(tmp_path / f"{m}.h5")) for m in ("minmax", "mse")) == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)

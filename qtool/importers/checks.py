@@ -8,7 +8,11 @@ claiming more is refused before it can exhaust memory (docs/importing.md, "Limit
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import sys
+import tempfile
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -76,8 +80,15 @@ def hidden_from_recurrent(where: str, name: str, r: np.ndarray, rows_first: bool
 
 
 def check_archive(path, z: zipfile.ZipFile, members=None) -> None:
-    """Refuse a zip archive whose members (all, or `members`) declare more than MAX_ARCHIVE_BYTES
-    decompressed; zipfile never returns more than a member declares, so this bounds every read."""
+    """Refuse a zip archive with an entry that points outside it (an absolute path, a drive, a '..'
+    part: a hostile archive, whatever qtool reads of it), or whose members (all, or `members`)
+    declare more than MAX_ARCHIVE_BYTES decompressed; zipfile never returns more than a member
+    declares, so this bounds every read."""
+    for name in z.namelist():
+        parts = name.replace("\\", "/").split("/")
+        if name.startswith(("/", "\\")) or ".." in parts or re.match(r"^[A-Za-z]:", name):
+            raise QtoolError(f"{path}: archive entry '{name[:200]}' points outside the archive (an absolute path "
+                             "or '..'); qtool refuses such an archive")
     infos = [i for i in z.infolist() if members is None or i.filename in members]
     total = sum(i.file_size for i in infos)
     if total > MAX_ARCHIVE_BYTES:
@@ -98,6 +109,27 @@ def quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+@contextmanager
+def framework_run() -> Iterator[None]:
+    """Around a framework's own run (the import check, a load): its warnings silenced (`quiet`), and
+    a private temporary folder, removed afterwards, for what the frameworks leave in the user's
+    (PyTorch's torchinductor_<user> cache, ONNX Runtime's .ses file): Python's and the C libraries'
+    (TMPDIR) both, restored afterwards."""
+    folder = tempfile.mkdtemp(prefix="qtool-framework-")
+    env, tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    try:
+        with quiet():
+            yield
+    finally:
+        tempfile.tempdir = tempdir
+        if env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = env
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager

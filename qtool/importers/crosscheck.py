@@ -14,7 +14,7 @@ import numpy as np
 
 from qtool.core.model import GruModel
 from qtool.errors import QtoolError
-from qtool.importers.checks import quiet, reason
+from qtool.importers.checks import framework_run, reason
 from qtool.numerics.float_gru import run_float
 
 SEQUENCES, STEPS = 3, 8
@@ -29,7 +29,7 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
     x = np.random.default_rng(0).standard_normal((SEQUENCES, STEPS, model.input_size)).astype(np.float32)
     t0 = time.perf_counter()
     try:
-        with quiet():
+        with framework_run():
             want = np.asarray(stack.run_source(x), np.float32)
     except ImportError as e:
         missing = f"no module {e.name!r}" if e.name else str(e)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.checks import MAX_TENSOR_ELEMENTS, one_torch_thread
+from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, one_torch_thread
 from qtool.importers.keras.config import keras_major
 from qtool.importers.keras.copy import inference_config, unloadable, write_copy
 
@@ -39,7 +39,8 @@ def _import_keras():
         backend = os.environ.get("KERAS_BACKEND") or backend
         if importlib.util.find_spec(str(backend)) is None and importlib.util.find_spec("torch"):
             os.environ["KERAS_BACKEND"] = "torch"
-    import keras  # ImportError: Keras is not installed (or has no usable backend)
+    with framework_run():  # on PyTorch it makes a cache folder in the temporary folder
+        import keras  # ImportError: Keras is not installed (or has no usable backend)
 
     return keras
 

@@ -7,8 +7,8 @@ config names a function it does not know, and none of these change what the mode
 the copy holds the model's config without them, with every initializer 'zeros' (the weights are
 loaded from the file; Keras skips the orthogonal initializer's QR decompositions), and the file's
 weights. A `.keras` copy holds only config.json, metadata.json and model.weights.h5 of the
-archive: Keras' own loader may extract an archive, and any other member (a path like
-`../evil.txt`) is never handed to it.
+archive: Keras' own loader may extract an archive, and no other member is handed to it (an archive
+with an entry like `../evil.txt` is refused before: importers.checks.check_archive).
 
 What does change the forward computation and cannot be loaded without the user's code (a custom
 layer class, a custom activation, a Python lambda) is named before Keras tries.

@@ -28,7 +28,7 @@ import qtool.layers
 from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS
 from qtool.errors import QtoolError
-from qtool.importers.checks import MAX_TENSOR_ELEMENTS, one_torch_thread, quiet, reason
+from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, one_torch_thread, reason
 from qtool.importers.keras.check import _import_keras, _load, _oversized, float_activations, keras2_hard_sigmoid
 from qtool.importers.keras.config import (
     FLOAT_POLICIES,
@@ -592,7 +592,7 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
         missing = f"no module {e.name!r}" if e.name else str(e)
         return {"checked": False, "reason": f"{framework} cannot be imported ({missing})"}
     try:
-        with quiet(), one_torch_thread():
+        with framework_run(), one_torch_thread():
             model = _load(keras, path, _float32(config))
             keras2_hard_sigmoid(keras, model, keras_major(path))
             pairs = float_activations(keras, model)  # QKeras' quantizers on the data: their float functions

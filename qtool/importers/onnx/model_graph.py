@@ -28,7 +28,7 @@ import numpy as np
 from qtool.core.graph import Graph as QtoolGraph  # qtool's IR; Graph is the ONNX file's
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
-from qtool.importers.checks import MAX_TENSOR_ELEMENTS, quiet, reason
+from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, reason
 from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
@@ -119,7 +119,8 @@ def _check(path: Path, graph: QtoolGraph, ports: Ports, reader: _Reader) -> dict
     import qtool.layers as L
 
     try:
-        import onnxruntime as ort
+        with framework_run():  # importing it writes a file into the temporary folder
+            import onnxruntime as ort
     except ImportError as e:
         return {"checked": False, "reason": f"ONNX Runtime cannot be imported (no module {e.name or 'onnxruntime'!r})"}
     t0 = time.perf_counter()
@@ -132,7 +133,7 @@ def _check(path: Path, graph: QtoolGraph, ports: Ports, reader: _Reader) -> dict
         # the file stands for is what it computes unoptimized
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        with quiet():
+        with framework_run():
             sess = ort.InferenceSession(_checked_model(reader).SerializeToString(), opts,
                                         providers=["CPUExecutionProvider"])
             want = dict(zip(ports.outputs, sess.run(list(ports.outputs), feeds)))

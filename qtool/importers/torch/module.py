@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.checks import quiet, reason
+from qtool.importers.checks import framework_run, reason
 
 TOLERANCE = 1e-4  # as the file imports: float32 libraries differ by ~1e-7, a misread model by far more
 
@@ -38,7 +38,7 @@ def graph_of_module(module, example, check: bool = True):
     with tempfile.TemporaryDirectory(prefix="qtool-module-") as tmp:
         path = Path(tmp) / f"{name}.onnx"
         try:  # the batch left free; the reader takes any number of steps from a fixed-length export
-            with quiet(), torch.no_grad():
+            with framework_run(), torch.no_grad():
                 torch.onnx.export(module.eval(), (x,), str(path), input_names=["x"], output_names=["y"],
                                   dynamo=False, dynamic_axes={"x": {0: "batch"}})
         except Exception as e:  # the exporter raises many types for what it cannot trace

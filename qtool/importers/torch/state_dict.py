@@ -23,8 +23,8 @@ from qtool.importers.checks import (
     check_archive,
     check_size,
     expect_shape,
+    framework_run,
     hidden_from_recurrent,
-    quiet,
     reason,
 )
 from qtool.importers.stack import Stack
@@ -133,7 +133,7 @@ def _load_pt(path: Path, keep, order: list) -> dict:
         except Exception as e:  # zipfile raises several types for corrupt directories
             raise QtoolError(f"{path}: not a readable PyTorch file ({reason(e)})") from None
     try:
-        with quiet():
+        with framework_run():
             obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling errors come in many types
         raise _torch_error(path, e) from None
