@@ -32,6 +32,7 @@ from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (for the CLI's tables)
 from qtool.errors import QtoolError
+from qtool.importers.once import read_once  # noqa: F401 (the CLI reads a model file once per command)
 from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
 from qtool.parallel import world
 

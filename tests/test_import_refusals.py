@@ -163,3 +163,21 @@ def test_the_framework_checks_leave_nothing_in_the_temporary_folder(tmp_path):
                                "--force"], env=env, capture_output=True, text=True)
         assert done.returncode == 0 and "matches" in done.stdout, done.stderr
         assert sorted(p.name for p in tmp.iterdir()) == [], src
+
+
+@pytest.mark.skipif(not has("onnxruntime"), reason="needs ONNX Runtime")
+@pytest.mark.parametrize("command", [["import", "-o", "{tmp}/m.h5"], ["inspect"],
+                                     ["calibrate", "{calib}", "-o", "{tmp}/q.h5", "--method", "minmax"]])
+def test_a_whole_model_is_read_once_per_command(cli, tmp_path, monkeypatch, command):
+    """Deciding what the file is, importing it, checking it and calibrating it share one reading."""
+    from conftest import SAMPLES
+
+    import qtool.importers.onnx.model_graph as model_graph
+
+    reads = []
+    read = model_graph._import
+    monkeypatch.setattr(model_graph, "_import", lambda path: reads.append(path) or read(path))
+    args = [a.format(tmp=tmp_path, calib=SAMPLES / "calib.npy") for a in command]
+    code, out, err = cli(args[0], SAMPLES / "digits.onnx", *args[1:])
+    assert code == 0, err
+    assert len(reads) == 1

@@ -748,8 +748,10 @@ def main(argv: list[str] | None = None) -> None:
     NOTES.clear()  # in-process callers (tests) run several commands
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")
+    from qtool import api
+
     try:
-        with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
+        with command_scope(out, err), api.read_once():  # a model file is read once per command
             code = app(args=argv, prog_name="qtool", standalone_mode=False)
             for note in NOTES:
                 err.print(f"note: {escape(as_flags(note))}", highlight=False)  # wrapped at word boundaries

@@ -199,11 +199,12 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
         raise QtoolError(f"{path}: whole models are read from Keras (.keras, .h5) and ONNX (.onnx) files; "
                          f"a {fmt} file holds weights only")
     from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+    from qtool.importers.once import once
 
     if _qtool_file(path):
         raise QtoolError(f"{path}: a qtool model file holds a GRU, not a whole model; whole models are read "
                          "from the Keras or ONNX file it was imported from")
-    graph = check_graph(read_keras_graph(path), str(path))
+    graph, = once("keras", path, lambda: (check_graph(read_keras_graph(path), str(path)),))
     graph.check_result = check_keras_graph(path, graph) if check else None
     return graph
 

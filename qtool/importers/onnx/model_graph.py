@@ -29,6 +29,7 @@ from qtool.core.graph import Graph as QtoolGraph  # qtool's IR; Graph is the ONN
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, reason
+from qtool.importers.once import once
 from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
@@ -102,7 +103,7 @@ def read_onnx_graph(path) -> QtoolGraph:
 def import_onnx_graph(path, check: bool = True) -> QtoolGraph:
     """`read_onnx_graph`, and with `check` its ONNX Runtime check (`graph.check_result`), from one
     reading of the file."""
-    graph, ports, reader = _import(Path(path))
+    graph, ports, reader = once("onnx", path, lambda: _import(Path(path)))
     graph.check_result = _check(Path(path), graph, ports, reader) if check else None
     return graph
 
