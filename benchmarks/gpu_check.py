@@ -131,13 +131,15 @@ def time_shape(T: int, N: int, C: int, H: int, repeat: int) -> dict:
 
 
 def med(fn, repeat: int) -> float:
+    """The median seconds of `repeat` runs of `fn` after a first one (compilation, caches)."""
     fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(seconds(fn) for _ in range(repeat))
+
+
+def seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main() -> None:
