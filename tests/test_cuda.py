@@ -76,3 +76,18 @@ def test_cuda_without_gpu_is_a_clear_error(tmp_path):
     if cuda_usable()[0]:
         pytest.skip("a GPU is present")
     assert res.returncode == 2 and "no usable GPU" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_usable_gpu_is_found_without_printing(monkeypatch, capsys):
+    """On a real GPU, numba's cuda.detect() printed the device list on stdout, into `simulate
+    --json`'s output; the check asks the driver without it."""
+    from types import SimpleNamespace
+
+    import qtool.engine.cuda as engine_cuda
+
+    fake = SimpleNamespace(is_available=lambda: True, detect=lambda: print("Found 1 CUDA devices") or True,
+                           get_current_device=lambda: SimpleNamespace(name=b"NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(engine_cuda, "cuda", fake)
+    monkeypatch.setattr("numba.config.ENABLE_CUDASIM", False)
+    assert engine_cuda.cuda_usable() == (True, "NVIDIA H100 80GB HBM3")
+    assert capsys.readouterr().out == ""

@@ -103,13 +103,12 @@ def cuda_usable() -> tuple[bool, str]:
 
     if config.ENABLE_CUDASIM:
         return False, "the numba CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM=1)"
-    try:
+    try:  # not cuda.detect(): it prints the device list on stdout, into `--json`'s output
         if not cuda.is_available():
             return False, "no CUDA driver or GPU found"
-        cuda.detect()
+        name = cuda.get_current_device().name
     except Exception as e:  # the driver raises several types
         return False, f"CUDA is not usable ({str(e).splitlines()[0]})"
-    name = cuda.get_current_device().name
     return True, name.decode() if isinstance(name, bytes) else str(name)
 
 
