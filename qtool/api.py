@@ -94,6 +94,13 @@ def load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: s
     return model
 
 
+def gru_names(path: str | os.PathLike) -> list[str]:
+    """The GRUs a framework file offers to `load_model(path, name=...)`."""
+    from qtool.importers import gru_names as names
+
+    return names(path)
+
+
 def import_lines(model: GruModel) -> list[str]:
     """What `import` says of a model it read: the check against the framework, and what the file
     holds besides the GRU (qtool.importers.import_note)."""

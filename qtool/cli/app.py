@@ -171,13 +171,20 @@ def _whole_model(path: Path) -> bool:
             left_out = api.load_model(path, check=False).extra.get("import", {}).get("left_out")
         except QtoolError as e:  # neither the whole model nor a GRU alone: both reasons, the whole one first
             whole, alone = _unprefixed(why, path), _unprefixed(str(e), path)
-            if whole in alone:  # the same reason (a recurrent node qtool does not read): once
-                raise QtoolError(f"{path}: {alone}") from None
+            if _same_reason(whole, alone):  # a recurrent node qtool does not read, a state input: once
+                raise
             raise QtoolError(f"{path}: the whole model cannot be taken: {whole}; nor one GRU alone: {alone}") from None
         if left_out:
+            names = ", ".join(api.gru_names(path))
             raise QtoolError(f"{path}: the whole model cannot be taken: {_unprefixed(why, path)} (--name NAME "
-                             "takes one GRU, or the stack of GRU layers it starts, alone)")
+                             f"takes one GRU, or the stack of GRU layers it starts, alone: {names})")
     return graph is not None
+
+
+def _same_reason(a: str, b: str) -> bool:
+    """Whether two refusals end alike (the same reason, each naming its node its own way)."""
+    tail = len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return tail >= 0.6 * min(len(a), len(b))
 
 
 def _unprefixed(reason: str, path: Path) -> str:

@@ -14,7 +14,7 @@ from qtool.core.model import GruModel
 from qtool.errors import QtoolError
 from qtool.importers.stack import Stack, chained, natural_key
 
-__all__ = ["FORMATS", "Stack", "chained", "detect_format", "import_graph", "import_model", "import_note",
+__all__ = ["FORMATS", "Stack", "chained", "detect_format", "gru_names", "import_graph", "import_model", "import_note",
            "natural_key", "not_fed_by_input", "read_imported", "read_stacks"]
 
 def _model_file(path: Path) -> None:
@@ -84,6 +84,13 @@ def read_stacks(path: Path, fmt: str) -> dict[str, Stack]:
         from qtool.importers.haste import read_haste
         return read_haste(path)
     raise QtoolError(f"unknown format '{fmt}' (use one of {', '.join(FORMATS)})")
+
+
+def gru_names(path: str | Path, fmt: str | None = None) -> list[str]:
+    """The names `import_model` takes as `name` in the file at `path` (each GRU, or for an ONNX GRU
+    node the stack it starts)."""
+    path = Path(path)
+    return [k for k in read_stacks(path, fmt or detect_format(path)) if k]
 
 
 def import_model(path: str | Path, fmt: str | None = None, name: str | None = None,

@@ -213,7 +213,6 @@ def _stack(graph: Graph, scope: Scope, names: dict, nodes: list, singles: dict) 
     from qtool.importers.onnx.check import run_onnx
 
     took = [names[id(n)] for n in nodes]
-    notes = [f"GRU node '{took[0]}' starts a stack of {len(took)} GRU layers: took them all ({', '.join(took)})"
-             ] if len(took) > 1 else []
+    notes = [f"GRU node '{took[0]}' starts a stack of {len(took)} GRU layers: took them all"] if len(took) > 1 else []
     return Stack([singles[t] for t in took], "ONNX Runtime", partial(run_onnx, graph, nodes), took=took,
                  left_out=scope.left_out(nodes), input_from=scope.input_from(nodes[0]), notes=notes)
