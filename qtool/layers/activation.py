@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import attr_float, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
-from qtool.layers import attr_float, fail, only, want_inputs
 from qtool.layers.c import CNode, ctype, lit
 from qtool.layers.integer import LayerBits, lookup, table
 from qtool.numerics.qparams import qrange

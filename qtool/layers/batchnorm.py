@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import attr_float, f32, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
-from qtool.layers import attr_float, f32, fail, only, param, want_inputs
 from qtool.layers.c import CNode, ctype, lit, max_abs, rescale_bits, rescale_expr, shift_table, table_type
 from qtool.layers.integer import LayerBits, gemm_params, rescale
 

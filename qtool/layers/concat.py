@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import fail, is_seq, only, same_steps, want_inputs, with_channels
 from qtool.core.qmodel import TensorQ
-from qtool.layers import fail, is_seq, only, same_steps, want_inputs, with_channels
 from qtool.layers.c import CNode, ctype, requantize_expr
 from qtool.layers.integer import LayerBits, requantize
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
 from qtool.core.qmodel import TensorQ
-from qtool.layers import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
 from qtool.layers.c import CNode, Window, gemm_c
 from qtool.layers.integer import (
     GEMM_CHUNK_BYTES,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import f32, fail, only, param, want_inputs, with_channels
 from qtool.core.qmodel import TensorQ
-from qtool.layers import f32, fail, only, param, want_inputs, with_channels
 from qtool.layers.c import CNode, gemm_c
 from qtool.layers.integer import LayerBits, abs_max, gemm_dtype, gemm_params, gemm_rescale
 

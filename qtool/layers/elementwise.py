@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import fail, only, same_steps, want_inputs
 from qtool.core.qmodel import TensorQ
-from qtool.layers import fail, only, same_steps, want_inputs
 from qtool.layers.c import CNode, ctype, lit, max_abs, rescale_bits, rescale_expr
 from qtool.layers.integer import LayerBits, rescale
 

@@ -29,9 +29,9 @@ import numpy as np
 
 from qtool.core.graph import Node
 from qtool.core.model import DIRECTIONS, CellForm, GruCell, GruModel
+from qtool.core.node_args import attr_bool, attr_int, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
-from qtool.layers import attr_bool, attr_int, fail, only, param, want_inputs
 from qtool.layers.integer import requantize
 from qtool.numerics.float_gru import run_float
 

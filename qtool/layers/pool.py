@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import attr_int, attr_padding, fail, only, same_pads, want_inputs, windows
 from qtool.core.qmodel import TensorQ
-from qtool.layers import attr_int, attr_padding, fail, only, same_pads, want_inputs, windows
 from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
 from qtool.layers.integer import LayerBits, requantize, saturate
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
+from qtool.core.node_args import MAX_STEPS, attr_steps, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
-from qtool.layers import MAX_STEPS, attr_steps, fail, only, want_inputs
 from qtool.layers.c import CNode, Window, ctype, requantize_expr
 from qtool.layers.integer import requantize
 

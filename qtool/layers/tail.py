@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
-from qtool.layers import attr_float, only, want_inputs
+from qtool.core.node_args import attr_float, only, want_inputs
 
 OPS = ("softmax", "l2_normalize")
 FLOAT_TAIL = True
