@@ -6,8 +6,6 @@ GRU nothing but float rounding, since their integers are exact functions of thei
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from qtool.core.graph import Node
@@ -15,8 +13,7 @@ from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import TensorQ
 from qtool.layers import layer
 from qtool.numerics.fakequant import qdq as fq_qdq
-from qtool.numerics.fakequant import run_fakequant as run_fakequant_gru
-from qtool.numerics.qparams import dequantize, qrange
+from qtool.numerics.qparams import qrange
 
 
 def qdq(v: np.ndarray, g: TensorQ) -> np.ndarray:
@@ -24,31 +21,15 @@ def qdq(v: np.ndarray, g: TensorQ) -> np.ndarray:
     return fq_qdq(np, np.asarray(v, np.float64), np.ldexp(1.0, int(g.exp2_inv)), g.zp, *qrange(g.bits))
 
 
-def _dequantized_weights(node: Node, qp: dict, g_x: TensorQ) -> Node:
-    """The node with its params replaced by what its integers stand for."""
-    e_W = qp["exp2_inv_W"]
-    W = dequantize(qp["q_W"].reshape(len(e_W), -1), e_W, 0).reshape(qp["q_W"].shape)
-    b = dequantize(qp["q_b"], e_W + int(g_x.exp2_inv), 0)
-    out = copy.copy(node)
-    out.params = {"W": W.astype(np.float64), "b": b}
-    return out
-
-
 def forward_fq(qg: QGraph, node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
-    """One core node on values already on their grids; its outputs rounded onto theirs."""
-    qp, g_in = qg.qparams[node.name], [qg.grids[e] for e in node.inputs]
-    if node.op == "gru":
-        y = run_fakequant_gru(qp["qm"], xs[0])
-        from qtool.layers.gru import _final
-
-        ys = [_final(node, y, qp["qm"].model.hidden_size, qp["qm"].model.num_directions)]
-    elif node.op in ("dense", "conv1d"):
-        ys = layer(node.op, node.label).forward(_dequantized_weights(node, qp, g_in[0]), xs)
-    elif node.op == "batchnorm":  # the integer per-channel affine x * a + c
-        fq = _dequantized_weights(node, qp, g_in[0])
-        ys = [xs[0] * fq.params["W"][:, 0] + fq.params["b"]]
+    """One core node on values already on their grids; its outputs rounded onto theirs. A weighted
+    layer's module computes its own fake-quant (`forward_fq`: on its dequantized weights), any
+    other its float forward."""
+    module = layer(node.op, node.label)
+    if hasattr(module, "forward_fq"):
+        ys = module.forward_fq(node, qg.qparams[node.name], [qg.grids[e] for e in node.inputs], xs)
     else:
-        ys = layer(node.op, node.label).forward(node, [np.asarray(x, np.float32) for x in xs])
+        ys = module.forward(node, [np.asarray(x, np.float32) for x in xs])
     return [qdq(y, qg.grids[e]) for y, e in zip(ys, node.outputs)]
 
 

@@ -13,7 +13,7 @@ from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, f32, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, max_abs, rescale_bits, rescale_expr, shift_table, table_type
-from qtool.layers.integer import LayerBits, gemm_params, rescale
+from qtool.layers.integer import LayerBits, dequantized_weights, gemm_params, rescale
 
 OP = "batchnorm"
 PARAMS = ("gamma", "beta", "mean", "var")
@@ -46,6 +46,12 @@ def affine(node: Node) -> tuple[np.ndarray, np.ndarray]:
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     a, c = affine(node)
     return gemm_params(a[:, None], c, g_in[0], g_out[0], bits)
+
+
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+    """The fake-quant layer: the integer per-channel affine x * a + c, dequantized."""
+    fq = dequantized_weights(node, qp, g_in[0])
+    return [xs[0] * fq.params["W"][:, 0] + fq.params["b"]]
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]

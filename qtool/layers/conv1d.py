@@ -23,6 +23,7 @@ from qtool.layers.integer import (
     GEMM_CHUNK_BYTES,
     LayerBits,
     abs_max,
+    dequantized_weights,
     gemm_dtype,
     gemm_params,
     gemm_rescale,
@@ -124,6 +125,11 @@ def _tap_sum(taps: np.ndarray, W: np.ndarray, groups: int) -> np.ndarray:
         for g in range(groups):
             acc[..., g * per:(g + 1) * per] += xs[..., g * c_g:(g + 1) * c_g] @ W[g * per:(g + 1) * per, :, j].T
     return acc
+
+
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+    """The fake-quant layer (simulate --mode fakequant): the float layer on its dequantized weights."""
+    return forward(dequantized_weights(node, qp, g_in[0]), xs)
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]

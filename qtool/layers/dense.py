@@ -17,7 +17,7 @@ from qtool.core.graph import Node
 from qtool.core.node_args import f32, fail, only, param, want_inputs, with_channels
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, gemm_c
-from qtool.layers.integer import LayerBits, abs_max, gemm_dtype, gemm_params, gemm_rescale
+from qtool.layers.integer import LayerBits, abs_max, dequantized_weights, gemm_dtype, gemm_params, gemm_rescale
 
 OP = "dense"
 
@@ -49,6 +49,11 @@ def gemm_path(qp: dict, q_x: np.ndarray) -> tuple[type, int]:
     q_W = qp["q_W"]
     bound = q_W.shape[1] * abs_max(q_x) * abs_max(q_W)
     return gemm_dtype(bound), bound
+
+
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+    """The fake-quant layer (simulate --mode fakequant): the float layer on its dequantized weights."""
+    return forward(dequantized_weights(node, qp, g_in[0]), xs)
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]

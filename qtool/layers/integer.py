@@ -92,6 +92,18 @@ def gemm_params(W: np.ndarray, b: np.ndarray | None, g_x: TensorQ, g_y: TensorQ,
             "W_sum_mul_x_zp": sum_mul_zp(q_W.reshape(len(q_W), -1), g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}
 
 
+def dequantized_weights(node, qp: dict, g_x: TensorQ):
+    """`node` with its W and b replaced by what their integers stand for (a weighted layer's
+    `forward_fq`): W per output channel on its own grid, b on the accumulator's."""
+    import copy
+
+    e_W = qp["exp2_inv_W"]
+    W = dequantize(qp["q_W"].reshape(len(e_W), -1), e_W, 0).reshape(qp["q_W"].shape)
+    out = copy.copy(node)
+    out.params = {"W": W.astype(np.float64), "b": dequantize(qp["q_b"], e_W + int(g_x.exp2_inv), 0)}
+    return out
+
+
 def abs_max(q) -> int:
     """max |q| as a Python int (0 for an empty array)."""
     q = np.asarray(q)
