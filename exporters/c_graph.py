@@ -22,12 +22,12 @@ from qtool.exporters.c_export import RUNTIME, render_c
 from qtool.exporters.c_source import c_name, c_table, comment, float_wrappers
 from qtool.exporters.c_types import SIZES, act_type
 
-from qtool import __version__
 from qtool.core.qgraph import QGraph
 from qtool.errors import QtoolError
 from qtool.graph.file import fingerprint
 from qtool.layers import layer
 from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
+from qtool.version import __version__
 
 
 @dataclass

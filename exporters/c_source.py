@@ -14,13 +14,13 @@ from string import Template
 import numpy as np
 from qtool.exporters.c_types import ModelTypes
 
-from qtool import __version__
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import CHANNEL_ROWS, cell_params, cell_tensors, computed
 from qtool.errors import QtoolError
 from qtool.numerics import rescale
 from qtool.numerics.qparams import qrange
+from qtool.version import __version__
 
 RUNTIME = Path(__file__).parent / "c_runtime"
 C_KEYWORDS = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double",

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool import __version__
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import cell_params, cell_tensors
 from qtool.numerics.rescale import CHANNEL_ROWS
+from qtool.version import __version__
 
 
 def parameter_tables(qm: QuantModel) -> dict:

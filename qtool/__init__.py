@@ -6,7 +6,7 @@ export_tables, verify, html_report, precompile; for whole models load_graph, cal
 simulate_graph, save_graph, load_qgraph.
 """
 
-__version__ = "0.1.0"
+from qtool.version import __version__
 
 API = ("advise", "advise_graph", "as_data", "calibrate", "calibrate_graph", "compare", "export_c", "export_tables",
        "html_report", "inspect", "load", "load_graph", "load_model", "load_model_for_data", "load_qgraph", "observe",

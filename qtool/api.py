@@ -335,9 +335,9 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     sim.backend, sim.backend_reason = label, reason
     if save is not None:
         def write(f) -> None:
-            from qtool import __version__
             from qtool.graph.file import fingerprint
             from qtool.io.results import RESULTS_FORMAT
+            from qtool.version import __version__
 
             # the GRU-only results file's attributes, with the same meaning (docs/file-formats.md)
             f.attrs.update(format=RESULTS_FORMAT, version=1, qtool_version=__version__, samples=n, mode=mode,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # bottom to top: a module imports its own folder and the folders before it (README's Layout)
-LAYERS = ("errors", "core", "numerics", "io", "calibrators", "engine", "layers", "simulation", "importers",
+LAYERS = ("version", "errors", "core", "numerics", "io", "calibrators", "engine", "layers", "simulation", "importers",
           "calibration", "graph", "exporters", "report", "advisor", "parallel", "qat", "api", "install", "cli")
 # what the command line may import besides its own modules (the MPI layer wraps every command)
-CLI_MAY_IMPORT = {"api", "errors", "parallel"}
+CLI_MAY_IMPORT = {"api", "errors", "parallel", "version"}
 
 
 def modules() -> dict[str, Path]:

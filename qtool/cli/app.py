@@ -15,12 +15,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from qtool import __version__
 from qtool.cli import graph_cmds
 from qtool.cli.console import Bar, as_flags, emit_json, err, out, progress_bar
 from qtool.errors import STOP_SIGNALS, QtoolError, ignore_stop_signals
 from qtool.parallel import check_command, command_scope, stop_every_rank
 from qtool.parallel.agree import RankStopped
+from qtool.version import __version__
 
 app = typer.Typer(
     help="Calibrate, simulate bit-exactly and export integer-only GRUs for microcontrollers and "

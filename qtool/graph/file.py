@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool import __version__
 from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS, open_h5
 from qtool.core.qgraph import QGraph
@@ -36,6 +35,7 @@ from qtool.io.qmodel_file import read_qmodel, write_qmodel
 from qtool.layers import check, layer
 from qtool.layers import gru as gru_layer
 from qtool.layers.integer import LayerBits, same_grid
+from qtool.version import __version__
 
 GFORMAT, QGFORMAT, GVERSION = "qtool-graph", "qtool-qgraph", 1
 MAX_JSON = 1 << 24  # characters of the graph's description

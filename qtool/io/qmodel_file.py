@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from qtool import __version__
 from qtool.core.model import DIRECTIONS, h5_attr, h5_dataset, open_h5, read_model, write_model
 from qtool.core.qmodel import (
     HASTE_QFORMAT_VERSION,
@@ -21,6 +20,7 @@ from qtool.core.qmodel import (
 from qtool.core.tensors import BY_NAME, CHANNEL_ROWS, cell_names, cell_params
 from qtool.errors import QtoolError
 from qtool.numerics.validate import validate
+from qtool.version import __version__
 
 
 def _int_storage(bits: int):

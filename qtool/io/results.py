@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool import __version__
 from qtool.core.qmodel import QuantModel
 from qtool.io.files import SequenceData, atomic_path, check_free_space, now_utc, sha256_file
+from qtool.version import __version__
 
 RESULTS_FORMAT = "qtool-results"
 DATASETS = (("float/y", "f4"), ("quant/y", "f4"), ("quant/y_int", "i4"))

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import html
 
-from qtool import __version__
 from qtool.core.qgraph import QGraph
 from qtool.errors import QtoolError
 from qtool.report.data import ReportData
+from qtool.version import __version__
 
 BOX_W, BOX_H, GAP_X, GAP_Y = 190, 42, 40, 58
 

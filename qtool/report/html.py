@@ -12,11 +12,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from qtool import __version__
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
 from qtool.report.data import ChannelView, ReportData, TensorView
+from qtool.version import __version__
 
 INSTALL = 'pip install "qtool[report]"'
 GRID_FILL, GRID_EDGE = "rgba(46, 160, 67, 0.13)", "rgba(46, 160, 67, 0.8)"
