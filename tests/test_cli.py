@@ -147,8 +147,9 @@ def test_prompts_at_a_terminal(qmodel, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from qtool.cli import app as cli_mod
+    from qtool.cli import console
 
-    monkeypatch.setattr(cli_mod, "interactive", lambda: True)
+    monkeypatch.setattr(console, "interactive", lambda: True)
     runner = CliRunner()
     res = runner.invoke(cli_mod.app, ["calibrate", str(MODEL)],
                         input=f"{SAMPLES / 'calib.npy'}\n{tmp_path / 'q.h5'}\n")

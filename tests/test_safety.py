@@ -231,14 +231,14 @@ def test_a_signal_inside_llvmlite_is_asked_again_after_it():
     """A signal that lands in llvmlite's ctypes callbacks (numba compiling or reading its cache)
     must not raise there: ctypes swallows the exception and LLVM crashes on its half-built state
     (a segfault under mpiexec). The handler returns and the signal comes again once outside."""
-    from qtool.cli import app as cli
+    from qtool.cli import console as cli
 
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGINT, cli._on_signal)
+    signal.signal(signal.SIGINT, cli.on_signal)
     try:
         fake_callback = compile("handler(signal.SIGINT, sys._getframe())",
                                 os.path.join(os.sep, "site", "llvmlite", "binding", "executionengine.py"), "exec")
-        exec(fake_callback, {"handler": cli._on_signal, "signal": signal, "sys": sys})  # returns
+        exec(fake_callback, {"handler": cli.on_signal, "signal": signal, "sys": sys})  # returns
         with pytest.raises(cli.Interrupted):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:

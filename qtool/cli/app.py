@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -16,8 +15,19 @@ import typer
 from rich.markup import escape
 
 from qtool.cli import graph_cmds
-from qtool.cli.console import Bar, as_flags, emit_json, err, out, progress_bar
-from qtool.errors import STOP_SIGNALS, QtoolError, ignore_stop_signals
+from qtool.cli.console import (
+    Bar,
+    Interrupted,
+    as_flags,
+    confirm_at_terminal,
+    emit_json,
+    err,
+    need,
+    on_signal,
+    out,
+    progress_bar,
+)
+from qtool.errors import STOP_SIGNALS, QtoolError
 from qtool.parallel import check_command, command_scope, stop_every_rank
 from qtool.parallel.agree import RankStopped
 from qtool.version import __version__
@@ -45,59 +55,6 @@ def _flags_without_type_labels() -> None:
 
 
 _flags_without_type_labels()
-
-
-class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
-    and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-RESIGNAL_S = 0.05
-
-
-def _on_signal(signum, frame):
-    if _inside_llvmlite(frame):
-        # An exception raised in llvmlite's ctypes callbacks (numba compiling or loading its
-        # cache) is swallowed and leaves LLVM half-built, which crashes: ask again shortly.
-        timer = threading.Timer(RESIGNAL_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
-        return
-    ignore_stop_signals()
-    raise Interrupted(signum)
-
-
-def _inside_llvmlite(frame) -> bool:
-    while frame is not None:
-        if f"{os.sep}llvmlite{os.sep}" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def interactive() -> bool:
-    return sys.stdin is not None and sys.stdin.isatty()
-
-
-def confirm_at_terminal():
-    """A yes/no question at a terminal; in scripts no question is asked (None)."""
-    return (lambda question: typer.confirm(question, default=False)) if interactive() else None
-
-
-def need(value, what: str, option: str):
-    """A required value: asked for at a terminal, an error in scripts."""
-    if value is not None:
-        return value
-    if interactive():
-        return typer.prompt(what)
-    raise QtoolError(f"missing {option} ({what})")
-
-
-
 
 
 def _version(value: bool) -> None:
@@ -751,7 +708,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
+        signal.signal(sig, on_signal)
     NOTES.clear()  # in-process callers (tests) run several commands
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")

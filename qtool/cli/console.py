@@ -1,16 +1,24 @@
-"""What every command prints with: the consoles, the progress bar, JSON for scripts, and the
-API's messages in the command line's words. (qtool.cli.app's commands and graph_cmds share them.)"""
+"""What every command prints and asks with: the consoles, the progress bar, JSON for scripts, the
+API's messages in the command line's words, prompts at a terminal, and the stop signals' handler.
+(qtool.cli.app's commands and graph_cmds share them.)"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from qtool.errors import QtoolError, ignore_stop_signals
 
 out = Console()
 err = Console(stderr=True)
@@ -69,3 +77,54 @@ FLAGS = {"methods": "--compare", "test": "--eval", "fmt": "--format", "check=Fal
 def as_flags(text) -> str:
     """An API message as the command line says it: `batch_size` -> --batch-size."""
     return re.sub(r"`([a-z_]+(?:=False)?)`", lambda m: FLAGS.get(m[1], "--" + m[1].replace("_", "-")), str(text))
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
+    and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+RESIGNAL_S = 0.05
+
+
+def on_signal(signum, frame):
+    """SIGINT, SIGTERM, SIGHUP: raise Interrupted (once: the next stop signal is ignored)."""
+    if _inside_llvmlite(frame):
+        # An exception raised in llvmlite's ctypes callbacks (numba compiling or loading its
+        # cache) is swallowed and leaves LLVM half-built, which crashes: ask again shortly.
+        timer = threading.Timer(RESIGNAL_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    ignore_stop_signals()
+    raise Interrupted(signum)
+
+
+def _inside_llvmlite(frame) -> bool:
+    while frame is not None:
+        if f"{os.sep}llvmlite{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def interactive() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def confirm_at_terminal():
+    """A yes/no question at a terminal; in scripts no question is asked (None)."""
+    return (lambda question: typer.confirm(question, default=False)) if interactive() else None
+
+
+def need(value, what: str, option: str):
+    """A required value: asked for at a terminal, an error in scripts."""
+    if value is not None:
+        return value
+    if interactive():
+        return typer.prompt(what)
+    raise QtoolError(f"missing {option} ({what})")
