@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.core.graph import Graph
-from qtool.core.model import DIRECTIONS, GruModel  # noqa: F401 (DIRECTIONS: for the CLI's tables)
+from qtool.core.model import DIRECTIONS, GruModel, tensor_key  # noqa: F401 (DIRECTIONS: for the CLI's tables)
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (for the CLI's tables)
@@ -248,7 +248,7 @@ def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: s
     n = count(data, limit)
     tick = (lambda done: progress(done, n)) if progress else None
     path = Path(data.name)
-    info = {"method": method, "bits": label, "samples": n, "data_file": path.name,
+    info = {"method": method, "bits": label, "samples": n, "time_steps": int(data.shape[1]), "data_file": path.name,
             "data_sha256": sha256_file(path) if path.is_file() else "", "created": now_utc(),
             "source": model.source, "source_file": source.name if source else "",
             "source_sha256": sha256_file(source) if source and source.is_file() else ""}
@@ -314,6 +314,7 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
+    shape_notes = data_notes(int(qg.info.get("time_steps", 0)), data.shape, time_first, {})
     lab = None
     if labels is not None:
         from qtool.graph.simulate import classes
@@ -322,7 +323,10 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
             shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
             raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
                              f"{'a sequence' if len(shape) == 2 else 'one value'}, not a vector of classes")
-        lab = load_labels(labels, data.num_sequences, classes(qg), n)[:n]
+        try:
+            lab = load_labels(labels, data.num_sequences, classes(qg), n)[:n]
+        except QtoolError as e:  # a count of labels that does not fit data with swapped axes: say that
+            raise QtoolError(f"{shape_notes[0]} ({e})" if shape_notes else str(e)) from None
     tick = (lambda done: progress(done, n)) if progress else None
     keep = outputs or save is not None
     comm = world()
@@ -333,6 +337,8 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
 
         sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
     sim.backend, sim.backend_reason = label, reason
+    sim.notes = shape_notes + data_notes(0, data.shape, time_first, {
+        e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs if e in sim.edges})
     if save is not None:
         def write(f) -> None:
             from qtool.graph.file import fingerprint
@@ -349,6 +355,27 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
 
         _write_once(lambda: write_h5(save, write))
     return sim
+
+
+SATURATED_NOTE = 0.02  # more than this share of an input's values outside its grid is said
+
+
+def data_notes(calibrated_steps: int, shape: tuple, time_first: bool, saturated: dict[str, float]) -> list[str]:
+    """What looks wrong with test data against the model (`simulate` says it, and runs on): data
+    `[N, T, C]` whose first axis is the number of steps the model was calibrated on and whose
+    second is not (time-first data read batch-first), and an input with more than 2% of its values
+    outside its grid (`saturated`: input -> share; data scaled unlike the calibration data)."""
+    notes = []
+    n, t = shape[0], shape[1]
+    if calibrated_steps and not time_first and n == calibrated_steps and t != calibrated_steps:
+        notes.append(f"the data [{n}, {t}, {shape[2]}] look time-first: the model was calibrated on sequences of "
+                     f"{calibrated_steps} steps, which is their first axis, not their second; if they are "
+                     "[T, N, C], pass `time_first`")
+    for name, share in saturated.items():
+        if share > SATURATED_NOTE:
+            notes.append(f"{share:.1%} of the values of input '{name}' lie outside its grid (saturated): are the "
+                         "data scaled as the calibration data were?")
+    return notes
 
 
 def _check_mode(mode: str) -> None:
@@ -862,6 +889,9 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
+    x_tensor = res["tensors"].get(tensor_key(0, 0, "x"), {})
+    res["notes"] = data_notes(int(qm.info.get("time_steps", 0)), data.shape, time_first,
+                              {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
     arrays = (kept.y_float, kept.y_quant, kept.y_int) if kept else (None, None, None)
     return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,

@@ -26,6 +26,7 @@ from qtool.cli.console import (
     on_signal,
     out,
     progress_bar,
+    warn,
 )
 from qtool.errors import STOP_SIGNALS, QtoolError
 from qtool.parallel import check_command, command_scope, stop_every_rank
@@ -403,6 +404,7 @@ def simulate(
         res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
                            limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,
                            mode=mode, progress=bar.update)
+    warn(res.extra.get("notes", []))
     if as_json:
         emit_json(res.to_dict())
         return

@@ -79,6 +79,14 @@ def as_flags(text) -> str:
     return re.sub(r"`([a-z_]+(?:=False)?)`", lambda m: FLAGS.get(m[1], "--" + m[1].replace("_", "-")), str(text))
 
 
+def warn(notes) -> None:
+    """What looks wrong but does not stop the command, one `warning:` line each on stderr."""
+    from rich.markup import escape
+
+    for note in notes:
+        err.print(f"[yellow]warning:[/] {escape(as_flags(note))}", highlight=False)
+
+
 class Interrupted(BaseException):
     """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
     and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from qtool.cli.console import Bar, as_flags, emit_json, out
+from qtool.cli.console import Bar, as_flags, emit_json, out, warn
 from qtool.errors import QtoolError
 
 
@@ -154,6 +154,7 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
                                  limit=limit, dataset=dataset, time_first=time_first, save=save, force=force,
                                  confirm=confirm, backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
+    warn(sim.notes)
     if as_json:
         emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
         return

@@ -1,0 +1,60 @@
+"""Data mistakes `simulate` says and runs on: time-first data read batch-first (the first axis is
+the number of steps the model was calibrated on, the second is not), and inputs scaled unlike the
+calibration data (more than 2% of an input's values outside its grid). For a GRU alone and a whole
+model alike; with labels that do not fit such data, the refusal names the axes, not the labels."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SAMPLES, has
+
+import qtool
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    d = tmp_path_factory.mktemp("notes")
+    x = np.load(SAMPLES / "test.npy")  # [597, 8, 8]
+    np.save(d / "time_first.npy", np.ascontiguousarray(x.transpose(1, 0, 2)))
+    np.save(d / "x100.npy", (x * 100).astype(np.float32))
+    np.save(d / "good.npy", x)
+    models = {"gru": qtool.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax")}
+    if has("onnx"):
+        models["whole"] = qtool.calibrate_graph(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", method="minmax",
+                                                check=False)
+    return d, models
+
+
+def notes(qm, data):
+    if isinstance(qm, qtool.api.QGraph):
+        return qtool.simulate_graph(qm, data, backend="cpu").notes
+    return qtool.simulate(qm, data, backend="cpu").extra["notes"]
+
+
+@pytest.mark.parametrize("kind", ["gru", "whole"])
+def test_time_first_data_and_scaled_inputs_are_said(quantized, kind):
+    d, models = quantized
+    if kind not in models:
+        pytest.skip("needs onnx")
+    qm = models[kind]
+    assert notes(qm, d / "good.npy") == []
+    (said,) = notes(qm, d / "time_first.npy")
+    assert "the data [8, 597, 8] look time-first" in said and "sequences of 8 steps" in said
+    assert notes(qm, np.load(d / "good.npy")[:, :5]) == []  # batch-first, fewer steps: nothing wrong
+    (said,) = notes(qm, d / "x100.npy")
+    assert said.startswith("50.6% of the values of input") and "outside its grid" in said
+
+
+@pytest.mark.skipif(not has("onnx"), reason="needs onnx")
+def test_at_the_command_line(cli, quantized, tmp_path):
+    d, models = quantized
+    qtool.save_graph(models["whole"], tmp_path / "q.h5")
+    code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--json")
+    assert code == 0 and "warning: the data [8, 597, 8] look time-first" in err and "--time-first" in err
+    assert json.loads(out)["notes"][0].startswith("the data [8, 597, 8] look time-first")
+    code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--labels", SAMPLES / "test_labels.npy")
+    assert code == 2 and err.count("\n") == 1 and "look time-first" in err and "--time-first" in err
+    code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--time-first",
+                         "--labels", SAMPLES / "test_labels.npy")
+    assert code == 0 and "warning" not in err, err
