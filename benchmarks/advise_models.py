@@ -135,11 +135,15 @@ def make(spec: Spec, out: Path, seed: int = 0) -> Path:
     return d
 
 
-def all_models(out: Path = OUT) -> list[tuple[str, Path, Path, Path]]:
-    """(name, model, calib, test) of every model; the bundled sample first."""
+def all_models(out: Path = OUT, names: list[str] | None = None) -> list[tuple[str, Path, Path, Path]]:
+    """(name, model, calib, test) of every model (of those `names`: only they are trained); the
+    bundled sample first."""
     sample = ROOT / "samples"
     rows = [("digits (sample)", sample / "digits_gru.safetensors", sample / "calib.npy", sample / "test.npy")]
+    rows = [r for r in rows if names is None or r[0] in names]
     for spec in SPECS:
+        if names is not None and spec.name not in names:
+            continue
         d = make(spec, out)
         rows.append((spec.name, d / "model.h5", d / "calib.npy", d / "test.npy"))
     return rows

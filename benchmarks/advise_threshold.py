@@ -88,7 +88,8 @@ def fit(pred: np.ndarray, meas: np.ndarray) -> dict:
 def compare(rows: list[dict], bits: int | None = None) -> dict:
     sel = [r for r in rows if r["tensor"] != "output" and (bits is None or r["bits"] == bits)]
     meas = np.array([r["measured_db"] for r in sel])
-    return {k: fit(np.array([r[f"{k}_db"] for r in sel]), meas) for k in ("seed", "grid")}
+    # "seed": the P_zero prediction each row holds as pzero_db
+    return {k: fit(np.array([r[f"{row}_db"] for r in sel]), meas) for k, row in (("seed", "pzero"), ("grid", "grid"))}
 
 
 def choose_threshold(decisions: list[dict]) -> dict:
@@ -144,9 +145,10 @@ def markdown(per_model: dict, pooled: dict, by_tensor: dict, threshold: dict) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "out" / "advise_threshold.json")
+    ap.add_argument("--models", default=None, help="comma-separated names (default: all of advise_models.py)")
     args = ap.parse_args()
     per_model, rows, decisions = {}, [], []
-    for name, model_path, calib_path, test_path in all_models():
+    for name, model_path, calib_path, test_path in all_models(names=args.models.split(",") if args.models else None):
         res = measure_model(load_model(model_path), open_sequences(calib_path), open_sequences(test_path))
         per_model[name] = {"all": compare(res["rows"]), "int8": compare(res["rows"], 8),
                            "int16": compare(res["rows"], 16),

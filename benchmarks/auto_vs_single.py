@@ -51,9 +51,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "out" / "auto_vs_single.json")
     args = ap.parse_args()
     rows = []
-    for name, model, calib, test in all_models():
-        if name not in args.models.split(","):
-            continue
+    for name, model, calib, test in all_models(names=args.models.split(",")):
         for preset in args.presets.split(","):
             s = scores(model, calib, test, preset)
             best = max(METHODS, key=lambda m: s[m])

@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--models", default="digits (sample),trained-2x96-relu")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "out" / "bench_advise.json")
     args = ap.parse_args()
-    models = {name: paths for name, *paths in all_models() if name in args.models.split(",")}
+    models = {name: paths for name, *paths in all_models(names=args.models.split(","))}
     out: dict = {"speed": {}, "search": {}}
     for name, (model, calib, _test) in models.items():
         s = speed(model, calib, args.repeat)

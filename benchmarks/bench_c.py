@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from qtool.exporters import c_target
 from qtool.exporters.c_export import export_c, sources
-from qtool.exporters.c_graph import graph_sources, render_graph_c
+from qtool.exporters.c_graph import render_graph_c
 from qtool.exporters.c_types import COMPENSATION, model_types
 from qtool.exporters.c_verify import compile_c
 
@@ -260,7 +260,8 @@ def graph_step(d: Path, qg, opt: str, steps: int):
     ex = render_graph_c(qg, "m")
     for n, data in ex.encoded().items():
         (d / n).write_bytes(data)
-    c = _qemu_counts(d, GRAPH_MAIN, graph_sources(d, "m", ex.files), ["-std=c99", opt], steps)
+    sources = [d / n for n in ex.layout[3]]  # the export's .c files, as verify compiles them
+    c = _qemu_counts(d, GRAPH_MAIN, sources, ["-std=c99", opt], steps)
     return c["step"], ex.footprint
 
 
