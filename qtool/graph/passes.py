@@ -58,10 +58,11 @@ def fold_batchnorm(graph: Graph) -> str:
     """A batchnorm whose input only a dense or conv1d computes and nothing else reads becomes
     part of that layer's weights: W' = W * a, b' = b * a + c per output channel (batchnorm's
     affine x * a + c). Any other batchnorm stays an integer per-channel affine."""
-    folded = []
+    folded, kept = [], []
     for bn in [n for n in graph.nodes if n.op == "batchnorm"]:
         prev = next((n for n in graph.nodes if bn.inputs[0] in n.outputs), None)
         if prev is None or prev.op not in ("dense", "conv1d") or _only_reader(graph, bn.inputs[0]) is not bn:
+            kept.append(bn.name)
             continue
         a, c = affine(bn)
         W = np.asarray(prev.params["W"], np.float64)
@@ -70,7 +71,10 @@ def fold_batchnorm(graph: Graph) -> str:
                        "b": (b * a + c).astype(np.float32)}
         _bypass(graph, bn)
         folded.append(f"{bn.name} into {prev.name}")
-    return f"folded {', '.join(folded)}" if folded else "no batchnorm to fold"
+    said = [f"folded {', '.join(folded)}"] if folded else []
+    said += [f"kept {', '.join(kept)} as an integer per-channel affine (its input is no dense or conv1d "
+             "output that only it reads)"] if kept else []
+    return "; ".join(said) or "no batchnorm to fold"
 
 
 def stack_grus(graph: Graph) -> str:

@@ -156,7 +156,9 @@ def not_fed_by_input(model: GruModel, path: Path) -> str | None:
     return (f"{path}: the GRU ({took}) is fed by {info['input_from']}, not by the model's input, "
             "so the model's input data are not what the GRU sees; qtool quantizes the GRU alone: run "
             f"the layers before it on your data and calibrate the GRU on their outputs (qtool import "
-            f"{path}{named} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)")
+            f"{path}{named} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)" + (
+                "; or take the whole model: export it with torch.onnx.export, or give the module to "
+                "qtool.load_graph(module, example=x)" if model.source.startswith(("torch:", "safetensors:")) else ""))
 
 
 def read_imported(path, model: GruModel, fmt: str | None = None):
