@@ -155,13 +155,16 @@ def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
 
 
 def gru_form(node) -> str | None:
-    """A graph node's GRU cell where it is not the haste form (`gru: reset before ...`), for tables."""
+    """A graph node's GRU as tables show its op: `gru`, with its layers, direction and a cell other
+    than the haste form (`gru, 2 layers, bidirectional; reset before ...`); None for other ops."""
     if node.op != "gru":
         return None
     from qtool.layers.gru import form
 
-    f = form(node)
-    return None if f.haste else f"gru: {f.describe()}"
+    layers, f = int(node.attrs.get("layers", 1)), form(node)
+    parts = [f"{layers} layers"] if layers > 1 else []
+    parts += ["bidirectional"] if node.attrs.get("bidirectional") else []
+    return ", ".join(["gru", *parts]) + ("" if f.haste else f"; {f.describe()}")
 
 
 def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:

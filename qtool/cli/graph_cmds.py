@@ -26,8 +26,9 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
     t.add_column("op", no_wrap=True)
     cols = ("bits", "exp2_inv", "zp", "SNR dB", "cosine", "sat %") if measured else (
         "shape", "bits", "exp2_inv", "zp", "set by")
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("shape", "set by") else "right", overflow="fold",
+    for col in cols:  # numbers never fold across lines (a pipe or a CI log gets 80 columns): the names do
+        text = col in ("shape", "set by")
+        t.add_column(col, justify="left" if text else "right", overflow="fold", no_wrap=not text,
                      max_width=14 if col == "set by" else None)
     for r in rows:
         grid = [str(r["bits"]), str(r["exp2_inv"]), str(r["zp"])]

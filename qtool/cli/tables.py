@@ -230,8 +230,8 @@ def graph_table(graph, title: str) -> Table:
     number of steps)."""
     t = Table(title=title)
     for col in ("layer", "op", "reads", "output"):  # the framework's class names: --json
-        # an activation shows its kind (relu, sigmoid, ...)
-        t.add_column(col, justify="left", overflow="fold")
+        # an activation shows its kind (relu, sigmoid, ...); a shape never folds across lines
+        t.add_column(col, justify="left", overflow="fold", no_wrap=col == "output")
     for r in graph_rows(graph):
         shape = "[" + ", ".join("T" if d is None else str(d) for d in r["shape"]) + "]"
         t.add_row(r["layer"], r["kind"] or r["op"], ", ".join(r["reads"]), shape)
