@@ -13,7 +13,10 @@
     linear        x
 
 Integers: the exact table of the function on the input's grid: for every input integer, the
-float function of its value rounded onto the output's grid (2^bits_x entries).
+float function of its value rounded onto the output's grid (2^bits_x entries). relu, relu6 and
+linear on an input of more than 8 bits, where that table would take 2^16 entries, run instead as
+what the table holds for them: the input requantized onto the output's grid, then clamped to the
+outputs of 0 and 6 (rounding is monotone, so it commutes with max and min: the same integers).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import numpy as np
 from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
-from qtool.layers.c import CNode, ctype, lit
-from qtool.layers.integer import LayerBits, lookup, table
+from qtool.layers.c import CNode, ctype, lit, requantize_expr
+from qtool.layers.integer import LayerBits, lookup, requantize, table
 from qtool.numerics.qparams import qrange
+from qtool.numerics.qparams import quantize as quantize_values
 
 OP = "activation"
 KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "linear")
@@ -100,18 +104,44 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(y, np.float32)]
 
 
+CLAMPS = {"relu": (0.0, None), "relu6": (0.0, 6.0), "linear": (None, None)}  # kind -> (low, high) of x
+TABLE_BITS = 8  # inputs up to this width take the table; wider ones of CLAMPS the requantize and clamp
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
-    return {"table": table(lambda v: forward(node, [v])[0], g_in[0], g_out[0])}
+    kind, gy = _kind(node), g_out[0]
+    if kind in CLAMPS and g_in[0].bits > TABLE_BITS:
+        qmin, qmax = qrange(gy.bits)
+        low, high = (qmin if v is None else int(quantize_values(np.array([v]), int(gy.exp2_inv), gy.zp, gy.bits)[0])
+                     for v, qmin in zip(CLAMPS[kind], (qmin, qmax)))
+        return {"clamp": np.array([low, high], np.int64)}
+    return {"table": table(lambda v: forward(node, [v])[0], g_in[0], gy)}
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
+    if "clamp" in qp:
+        low, high = (int(v) for v in qp["clamp"])
+        return [np.clip(requantize(qs[0], g_in[0], g_out[0]), low, high)]
     return [lookup(qp["table"], qs[0], g_in[0])]
 
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
-    """y[c] = table[x[c] - qmin_x]."""
+    """y[c] = table[x[c] - qmin_x]; or x[c] requantized and clamped (`forward_int`)."""
     gx, gy = g_in[0], g_out[0]
+    if "clamp" in qp:
+        low, high = (lit(int(v)) for v in qp["clamp"])
+        code = f"""/* {node.label}: {_kind(node)}, requantized and clamped (its exact table's values) */
+static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {widths[0]}; c++) {{
+        int32_t v = {requantize_expr('x0[c]', gx, gy)};
+        y[c] = ({ctype(gy)})(v < {low} ? {low} : v > {high} ? {high} : v);
+    }}
+}}
+"""
+        return CNode("frame", code, [])
     code = f"""/* {node.label}: {_kind(node)}, by its exact table */
 static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
 {{
