@@ -21,8 +21,11 @@ from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
 from qtool.graph.passes import fold_batchnorm, partition, prune
 from qtool.layers import check, layer, run
-from qtool.layers.activation import CLAMPS, KINDS
+from qtool.layers.activation import CLAMPS, KINDS, LUT_ERROR
+from qtool.layers.activation import forward as forward_act
 from qtool.layers.integer import LayerBits
+from qtool.layers.integer import table as activation_table
+from qtool.numerics.lut import LUT_INDEX_BITS
 from qtool.numerics.qparams import E_MAX, E_MIN
 
 HALF = Fraction(1, 2)
@@ -335,8 +338,20 @@ def test_activation_table(attrs, f, fr, how, bx, by):
     # relu, relu6 and linear on a 16-bit input keep no table: requantized and clamped, their
     # integers meet the same exact reference as the tables do
     assert ("clamp" in qp) == (attrs["kind"] in CLAMPS and bx > 8)
-    table = np.asarray(qp["table"]).reshape(-1) if "table" in qp else y.reshape(-1)
-    assert table.shape == qs.shape and np.array_equal(y.reshape(-1), table)
+    assert "lut" not in qp or (attrs["kind"] not in CLAMPS and bx > LUT_INDEX_BITS)
+    if "lut" in qp:  # knots every 2^shift inputs, interpolated: an independent Python-integer reference
+        table = activation_table(lambda v: forward_act(nd, [v])[0], gx, gy)  # the exact table, checked below
+        lut, shift = [int(k) for k in qp["lut"]], int(qp["lut_shift"][0])
+        want = []
+        for u in range(qs.size):
+            i, frac = u >> shift, u & ((1 << shift) - 1)
+            want.append(lut[i] + math.floor((lut[i + 1] - lut[i]) * frac / 2 ** shift + HALF))
+        assert_ints(y.reshape(-1), np.array(want))
+        err = int(np.abs(y.reshape(-1) - table).max())
+        assert err == int(qp["lut_error"][0]) and err <= LUT_ERROR
+    else:
+        table = np.asarray(qp["table"]).reshape(-1) if "table" in qp else y.reshape(-1)
+    assert table.shape == qs.shape and ("lut" in qp or np.array_equal(y.reshape(-1), table))
     e_y, (lo_y, hi_y) = int(gy.exp2_inv), bounds(by)
     allowance = np.ldexp(np.abs(fv), e_y - 21) + np.ldexp(np.abs(v), e_y - 23)  # float32's error, in steps
     scaled = np.ldexp(fv, e_y)  # exact: a power of two

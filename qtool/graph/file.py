@@ -145,8 +145,11 @@ def fingerprint(qg: QGraph) -> str:
             a = np.asarray(n.params[name], np.float32)  # as the file stores it
             h.update(f"|{k}.{name}{a.shape}".encode() + a.tobytes())
     for name in qg.core:
-        if "qm" in qg.qparams.get(name, {}):
-            h.update(f"|{name}:{qg.qparams[name]['qm'].fingerprint()}".encode())
+        qp = qg.qparams.get(name, {})
+        if "qm" in qp:
+            h.update(f"|{name}:{qp['qm'].fingerprint()}".encode())
+        if "lut" in qp:  # an interpolated activation table: its knots decide the integers too
+            h.update(f"|{name}:lut{int(qp['lut_shift'][0])}".encode() + np.asarray(qp["lut"], np.int64).tobytes())
     return h.hexdigest()[:16]
 
 

@@ -13,10 +13,16 @@
     linear        x
 
 Integers: the exact table of the function on the input's grid: for every input integer, the
-float function of its value rounded onto the output's grid (2^bits_x entries). relu, relu6 and
-linear on an input of more than 8 bits, where that table would take 2^16 entries, run instead as
-what the table holds for them: the input requantized onto the output's grid, then clamped to the
-outputs of 0 and 6 (rounding is monotone, so it commutes with max and min: the same integers).
+float function of its value rounded onto the output's grid (2^bits_x entries). Inputs wider
+than that table should be (2^16 entries at 16 bits, 128 KiB):
+- relu, relu6 and linear run as what their table holds: the input requantized onto the output's
+  grid, then clamped to the outputs of 0 and 6 (rounding is monotone, so it commutes with max and
+  min: the same integers);
+- every other kind, on more than LUT_INDEX_BITS bits, as the GRU's wide tables do: knots every
+  2^shift inputs, each the exact table's entry, and linear interpolation between them in integers
+  (`interpolate`, intops.lut_eval's arithmetic), with the largest shift (at most bits_x -
+  LUT_INDEX_BITS: 1025 knots) whose difference from the exact table, measured over every input,
+  is at most LUT_ERROR output steps (kept as `lut_error`); the exact table where none is.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, requantize_expr
-from qtool.layers.integer import LayerBits, lookup, requantize, table
-from qtool.numerics.qparams import qrange
+from qtool.layers.integer import LayerBits, lookup, requantize, rshift_round, table
+from qtool.numerics.lut import LUT_INDEX_BITS
+from qtool.numerics.qparams import dequantize, qrange
 from qtool.numerics.qparams import quantize as quantize_values
 
 OP = "activation"
@@ -106,16 +113,48 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
 
 CLAMPS = {"relu": (0.0, None), "relu6": (0.0, 6.0), "linear": (None, None)}  # kind -> (low, high) of x
 TABLE_BITS = 8  # inputs up to this width take the table; wider ones of CLAMPS the requantize and clamp
+LUT_ERROR = 1  # an interpolated table may differ from the exact one by this many output steps, no more
 
 
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
-    kind, gy = _kind(node), g_out[0]
-    if kind in CLAMPS and g_in[0].bits > TABLE_BITS:
+    kind, gx, gy = _kind(node), g_in[0], g_out[0]
+    f = lambda v: forward(node, [v])[0]  # noqa: E731
+    if kind in CLAMPS and gx.bits > TABLE_BITS:
         qmin, qmax = qrange(gy.bits)
         low, high = (qmin if v is None else int(quantize_values(np.array([v]), int(gy.exp2_inv), gy.zp, gy.bits)[0])
                      for v, qmin in zip(CLAMPS[kind], (qmin, qmax)))
         return {"clamp": np.array([low, high], np.int64)}
-    return {"table": table(lambda v: forward(node, [v])[0], g_in[0], gy)}
+    exact = table(f, gx, gy)
+    u = np.arange(exact.size, dtype=np.int64)
+    for shift in range(gx.bits - LUT_INDEX_BITS, 0, -1):  # the fewest knots within LUT_ERROR of the table
+        # every 2^shift inputs from qmin_x, the last one past qmax_x
+        knots = (np.arange((exact.size >> shift) + 1, dtype=np.int64) << shift) + qrange(gx.bits)[0]
+        v = dequantize(knots, int(gx.exp2_inv), gx.zp).astype(np.float32)
+        lut = quantize_values(np.asarray(f(v), np.float64), int(gy.exp2_inv), gy.zp, gy.bits).astype(np.int64)
+        err = int(np.abs(interpolate(lut, u, shift) - exact).max())
+        if err <= LUT_ERROR:
+            return {"lut": lut, "lut_shift": np.array([shift], np.int64), "lut_error": np.array([err], np.int64)}
+    return {"table": exact}
+
+
+def interpolate(lut: np.ndarray, u: np.ndarray, shift: int) -> np.ndarray:
+    """The table at u = q_x - qmin_x by linear interpolation between knots every 2^shift inputs:
+    a + rshift_round((b - a) * f, shift), as intops.lut_eval and the C compute it."""
+    i = u >> shift
+    a = lut[i]
+    return a + rshift_round((lut[i + 1] - a) * (u - (i << shift)), shift)
+
+
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
+               ) -> list[np.ndarray]:
+    """The fake-quant layer on values on the input's grid: the float function, or where an
+    interpolated table stands for it, what that table's integers stand for."""
+    if "lut" not in qp:
+        return forward(node, [np.asarray(xs[0], np.float32)])
+    gx, gy = g_in[0], g_out[0]
+    q = quantize_values(np.asarray(xs[0], np.float64), int(gx.exp2_inv), gx.zp, gx.bits)
+    (y,) = forward_int(node, qp, [q], g_in, g_out)
+    return [dequantize(y, int(gy.exp2_inv), gy.zp)]
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
@@ -123,6 +162,9 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     if "clamp" in qp:
         low, high = (int(v) for v in qp["clamp"])
         return [np.clip(requantize(qs[0], g_in[0], g_out[0]), low, high)]
+    if "lut" in qp:
+        u = np.asarray(qs[0], np.int64) - qrange(g_in[0].bits)[0]
+        return [interpolate(qp["lut"], u, int(qp["lut_shift"][0]))]
     return [lookup(qp["table"], qs[0], g_in[0])]
 
 
@@ -142,6 +184,22 @@ static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
 }}
 """
         return CNode("frame", code, [])
+    if "lut" in qp:
+        shift, lo, err = int(qp["lut_shift"][0]), lit(qrange(gx.bits)[0]), int(qp["lut_error"][0])
+        code = f"""/* {node.label}: {_kind(node)}, knots every {1 << shift} inputs interpolated (at most {err}
+ * from its exact table); |b - a| * f < 2^{gy.bits + shift}: int32 */
+static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {widths[0]}; c++) {{
+        const int32_t u = (int32_t)x0[c] - {lo};
+        const int32_t i = u >> {shift};
+        const int32_t a = {f}_lut[i];
+        y[c] = ({ctype(gy)})(a + qgru_rshift_round32(({f}_lut[i + 1] - a) * (u - (i << {shift})), {shift}));
+    }}
+}}
+"""
+        return CNode("frame", code, [(ctype(gy), f"{f}_lut", qp["lut"])])
     code = f"""/* {node.label}: {_kind(node)}, by its exact table */
 static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
 {{

@@ -48,7 +48,8 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
     return gemm_params(a[:, None], c, g_in[0], g_out[0], bits)
 
 
-def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
+               ) -> list[np.ndarray]:
     """The fake-quant layer: the integer per-channel affine x * a + c, dequantized."""
     fq = dequantized_weights(node, qp, g_in[0])
     return [xs[0] * fq.params["W"][:, 0] + fq.params["b"]]

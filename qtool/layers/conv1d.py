@@ -127,7 +127,8 @@ def _tap_sum(taps: np.ndarray, W: np.ndarray, groups: int) -> np.ndarray:
     return acc
 
 
-def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
+               ) -> list[np.ndarray]:
     """The fake-quant layer (simulate --mode fakequant): the float layer on its dequantized weights."""
     return forward(dequantized_weights(node, qp, g_in[0]), xs)
 

@@ -51,7 +51,8 @@ def gemm_path(qp: dict, q_x: np.ndarray) -> tuple[type, int]:
     return gemm_dtype(bound), bound
 
 
-def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
+               ) -> list[np.ndarray]:
     """The fake-quant layer (simulate --mode fakequant): the float layer on its dequantized weights."""
     return forward(dequantized_weights(node, qp, g_in[0]), xs)
 

@@ -107,7 +107,8 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [_final(node, run_float(gru, xs[0]), gru.hidden_size, gru.num_directions)]
 
 
-def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], xs: list[np.ndarray]) -> list[np.ndarray]:
+def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
+               ) -> list[np.ndarray]:
     """The fake-quant GRU (qtool.numerics.fakequant): every tensor rounded onto its grid."""
     from qtool.numerics.fakequant import run_fakequant
 
