@@ -217,3 +217,25 @@ def test_a_whole_model_with_an_unsupported_layer_is_refused_naming_it(cli, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ln.keras", "x.npy"]
     code, out, err = cli("import", tmp_path / "ln.keras", "-o", tmp_path / "a.h5", "--no-check", "--name", "gru")
     assert code == 0 and "left out" in " ".join(out.split()), err
+
+
+def test_a_classifier_is_measured_at_its_logits(cli, tmp_path):
+    """A float softmax flattens the error: calibrate's auto, advise and simulate's headline take the
+    integer core's output (the logits), and simulate names both."""
+    from test_export_graph_c import _data, causal_graph
+
+    from qtool import api
+    from qtool.graph.simulate import output_snr_db
+
+    qg = api.calibrate_graph(causal_graph(), _data(6, 64, 24, 0), bits="int8", method="minmax", check=False)
+    test = _data(6, 16, 24, 1)
+    sim = api.simulate_graph(qg, test, backend="cpu")
+    assert qg.core_outputs == ["logits"] and qg.graph.outputs == ["y"]
+    assert output_snr_db(sim, qg) == sim.edges["logits"].snr_db < sim.outputs["y"].snr_db
+    api.save_graph(qg, tmp_path / "q.h5")
+    np.save(tmp_path / "t.npy", test)
+    code, out, err = cli("simulate", tmp_path / "q.h5", tmp_path / "t.npy")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert f"integer core's output logits: SNR {sim.edges['logits'].snr_db:.2f} dB" in text
+    assert "output y (after the float tail): SNR" in text

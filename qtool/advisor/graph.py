@@ -191,7 +191,7 @@ class GraphEvaluator:
                             dict(self.info))
             snr = math.nan
             if self.data is not None:
-                snr = output_snr_db(simulate_graph(qg, self.data))
+                snr = output_snr_db(simulate_graph(qg, self.data), qg)
                 self.simulations += 1
                 if self.on_simulation:
                     self.on_simulation(self.simulations)
@@ -277,7 +277,7 @@ def as_file_builds(sp: Space, chosen: GraphCandidate, data: SequenceData | None,
                         {**info, "method": "bits file"})
     if fingerprint(qg) == fingerprint(chosen.qg):
         return chosen
-    snr = output_snr_db(simulate_graph(qg, data)) if data is not None else math.nan
+    snr = output_snr_db(simulate_graph(qg, data), qg) if data is not None else math.nan
     return GraphCandidate(chosen.promoted, qg, graph_flash(qg), snr)
 
 
@@ -324,7 +324,9 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
         sim = simulate_graph(chosen.qg, eval_data)
         measured = {e: d.snr_db for e, d in sim.edges.items()}
         measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
-    snr = (f"output SNR {chosen.snr_db:.2f} dB measured on {measured_on}" if eval_data is not None
+    at = ", ".join(chosen.qg.core_outputs)
+    snr = (f"output SNR {chosen.snr_db:.2f} dB at the integer core's output ({at}) measured on {measured_on}"
+           if eval_data is not None
            else "output SNR not measured (no held-out data)")
     comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "
                f"{len(sp.units)} units at 16 bits")

@@ -165,10 +165,14 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
         out.print(both_table(api.qgraph_rows(qg, sim), res["fakequant"], title))
     else:
         out.print(qgraph_table(api.qgraph_rows(qg, sim), title, True))
-    for who, outputs in (("", res["outputs"]), ("fake-quant ", res.get("fakequant", {}).get("outputs", {}))):
+    core = {e: res["edges"][e] for e in qg.core_outputs if e not in res["outputs"]}  # before a float tail
+    for who, outputs in (("", {**core, **res["outputs"]}),
+                         ("fake-quant ", res.get("fakequant", {}).get("outputs", {}))):
         for edge, m in outputs.items():
             snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
-            out.print(f"{who}output {escape(edge)}: SNR {snr}, cosine {m['cosine']:.6f}, largest error "
+            what = (f"integer core's output {escape(edge)}" if edge in core else f"output {escape(edge)}"
+                    + (" (after the float tail)" if core and edge not in qg.core_outputs else ""))
+            out.print(f"{who}{what}: SNR {snr}, cosine {m['cosine']:.6f}, largest error "
                       f"{m['max_abs_error']:.4g}", highlight=False)
     model = "fake-quant" if mode == "fakequant" else "integer"
     for who, part in ((model, res), ("fake-quant", res.get("fakequant", {}))):

@@ -315,8 +315,8 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     held = SequenceData(prep.values[next(iter(prep.graph.inputs))][fit:n], False, "the held-out calibration data")
     scores = {}
     for m in AUTO_CANDIDATES:
-        scores[m] = output_snr_db(simulate_graph(quantize_graph(prep, fit, config, m, percentile, chunk, info, snap),
-                                                  held))
+        candidate = quantize_graph(prep, fit, config, m, percentile, chunk, info, snap)
+        scores[m] = output_snr_db(simulate_graph(candidate, held), candidate)
     best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
     qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}

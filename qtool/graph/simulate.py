@@ -191,10 +191,13 @@ def finish(total: GraphSimulation) -> GraphSimulation:
     return total
 
 
-def output_snr_db(sim: GraphSimulation) -> float:
-    """The SNR (dB) of the model's outputs together: their float power over their error's."""
-    ref2 = sum(d.ref2 for d in sim.outputs.values())
-    err2 = sum(d.err2 for d in sim.outputs.values())
+def output_snr_db(sim: GraphSimulation, qg: QGraph) -> float:
+    """The SNR (dB) of the integer core's outputs together (`qg.core_outputs`: a classifier's
+    logits, not the probabilities its float softmax makes of them, which flatten the error):
+    their float power over their error's. What calibrate's auto and advise measure a model by."""
+    ds = [sim.edges[e] for e in qg.core_outputs]
+    ref2 = sum(d.ref2 for d in ds)
+    err2 = sum(d.err2 for d in ds)
     return float("inf") if err2 == 0 else 10 * float(np.log10(ref2 / err2)) if ref2 > 0 else float("-inf")
 
 
