@@ -44,6 +44,7 @@ class GraphFootprint:
     layers: list[LayerFootprint] = field(default_factory=list)
     streaming: bool = True
     streaming_refusal: str = ""
+    work_at: tuple = ()  # (T, NAME_sequence_work(T)) at the calibration's number of steps, when known
 
     @property
     def flash_bytes(self) -> int:
@@ -319,7 +320,8 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
         tail_names = f", float tail: {comment(', '.join(n.name for n in self.tail))}" if self.tail else ""
         step_name = "" if self.refusal else f", {p}_step"
         tail = (f"/* the float tail ({comment(', '.join(n.op for n in self.tail))}) over `frames` dequantized "
-                f"output frames, in place; needs libm */\nvoid {p}_output_tail(float *y, int32_t frames);\n"
+                "output frames, in place; uses expf/sqrtf: link with -lm */\n"
+                f"void {p}_output_tail(float *y, int32_t frames);\n"
                 if self.tail else "")
         argmax = ("/* integer argmax of a classifier's output: the first class of the largest integer */\n"
                   f"int32_t {p}_argmax(const {p}_out_t *y_q);\n" if classes else "")
@@ -365,6 +367,9 @@ void {p}_dequantize_output(const {p}_out_t *y_q, float *y, int32_t n);
 {tail}#endif
 /* bytes of the work buffer {p}_run_sequence needs for T steps (-1: T is too short or too long) */
 int32_t {p}_sequence_work(int32_t T);
+/* a constant at least {p}_sequence_work(T), for a static work buffer:
+ * static uint32_t work[({P}_SEQUENCE_WORK_MAX(T) + 3) / 4]; */
+{self.work_max_macro()}
 /* where {p}_run_sequence leaves edge e (0: the input, in x_q) in work: steps[e] frames of
  * NUM_EDGES' widths at byte offset[e]; returns the work's bytes, or -1 */
 int32_t {p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset);
@@ -426,6 +431,20 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
             right = total - left;
             (void)right;
         }}"""
+
+    def work_max_macro(self) -> str:
+        """NAME_SEQUENCE_WORK_MAX(T): a constant expression at least NAME_sequence_work(T), for a
+        work buffer allocated statically. Every edge has at most T + `pad` steps (a window or a pad
+        adds at most its padding and takes at least its span), each region rounded up to 4 bytes."""
+        pad = sum((n.cn.window.span + n.cn.window.stride) if n.cn.window.pads == "same" else sum(n.cn.window.pads)
+                  for n in self.nodes if n.cn.kind in ("window", "pad"))
+        steps = f"((T) + {pad})"
+        terms = [f"{(self.width[e] * SIZES[self.t[e]] if self.seq[e] else 0)} * {steps} + "
+                 f"{(0 if self.seq[e] else self.width[e] * SIZES[self.t[e]]) + 3}" for e in range(1, len(self.edges))]
+        terms += [f"({n.f.upper()}_SEQUENCE_WORK({steps}) + {steps} * "
+                  f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t) + 3"
+                  for n in self.nodes if n.gru is not None]
+        return f"#define {self.P}_SEQUENCE_WORK_MAX(T) ({' + '.join(f'({t})' for t in terms) or '0'})"
 
     def layout_code(self) -> str:
         lines = [f"int32_t {self.p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset)", "{",

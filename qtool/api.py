@@ -1010,6 +1010,13 @@ def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *
         steps = {e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges}
         rendered.files.update(render_graph_test_vectors(prefix, rendered.layout[0][rendered.layout[1]][1],
                                                         test_vectors, q[out], rendered.work_bytes(steps)))
+    steps_at = int(qg.info.get("time_steps", 0))  # the work NAME_run_sequence needs at the calibration's length
+    if steps_at:
+        width = next(iter(qg.graph.inputs.values()))[-1]
+        q = run_int(qg, np.zeros((1, steps_at, width), np.float32)) if len(qg.graph.inputs) == 1 else {}
+        if all(e in q for e in rendered.edges):
+            steps = {e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges}
+            rendered.footprint.work_at = (steps_at, rendered.work_bytes(steps))
     files = rendered.encoded()
     replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
     return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, "table", fingerprint(qg))

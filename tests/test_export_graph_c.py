@@ -7,6 +7,7 @@ gives one input frame at a time must equal the simulator's exactly."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -219,3 +220,41 @@ def test_advise_counts_flash_as_the_export_does(which, bits):
     make, C = GRAPHS[which]
     qg = api.calibrate_graph(make(), _data(C, 32, 24, 0), bits=bits, method="minmax", check=False)
     assert graph_flash(qg) == render_graph_c(qg, "m").footprint.flash_bytes
+
+
+@needs_cc
+@pytest.mark.parametrize("which", list(GRAPHS))
+def test_the_work_buffer_has_a_compile_time_size(which, tmp_path):
+    """NAME_SEQUENCE_WORK_MAX(T), a constant expression in the header, is at least what
+    NAME_sequence_work(T) returns at every length, so the work buffer can be allocated statically."""
+    make, C = GRAPHS[which]
+    qg = api.calibrate_graph(make(), _data(C, 16, 24, 0), bits="w8a16", method="minmax", check=False)
+    ex = render_graph_c(qg, "m")
+    for n, data in ex.encoded().items():
+        (tmp_path / n).write_bytes(data)
+    (tmp_path / "main.c").write_text('''#include <stdio.h>
+#include "m.h"
+static uint32_t work[(M_SEQUENCE_WORK_MAX(40) + 3) / 4]; /* a constant expression */
+int main(void)
+{
+    int32_t T, checked = 0;
+    (void)work;
+    for (T = 1; T <= 400; T++) {
+        int32_t need = m_sequence_work(T);
+        if (need >= 0) {
+            if (need > M_SEQUENCE_WORK_MAX(T)) {
+                printf("T=%d: %d > %d\\n", (int)T, (int)need, (int)M_SEQUENCE_WORK_MAX(T));
+                return 1;
+            }
+            checked++;
+        }
+    }
+    printf("%d\\n", (int)checked);
+    return 0;
+}
+''')
+    cc = shutil.which("cc") or shutil.which("gcc")
+    sources = [str(tmp_path / n) for n in ex.layout[3]] + [str(tmp_path / "main.c")]
+    subprocess.run([cc, "-std=c99", "-O1", "-o", str(tmp_path / "t"), *sources, "-lm"], check=True, cwd=tmp_path)
+    done = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True)
+    assert done.returncode == 0 and int(done.stdout) > 300, done.stdout

@@ -239,3 +239,18 @@ def test_a_classifier_is_measured_at_its_logits(cli, tmp_path):
     text = " ".join(out.split())
     assert f"integer core's output logits: SNR {sim.edges['logits'].snr_db:.2f} dB" in text
     assert "output y (after the float tail): SNR" in text
+
+
+def test_export_of_a_model_that_cannot_stream_gives_its_work_not_a_step_ram(cli, tmp_path):
+    from test_export_graph_c import _data, whole_graph
+
+    from qtool import api
+
+    qg = api.calibrate_graph(whole_graph(), _data(4, 32, 24, 0), bits="int8", method="minmax", check=False)
+    api.save_graph(qg, tmp_path / "q.h5")
+    code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "m")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "RAM B" not in text and "no m_step" in text
+    assert "m_sequence_work(T) bytes at 24 steps (the calibration's)" in text and "M_SEQUENCE_WORK_MAX(T)" in text
+    assert "#define M_SEQUENCE_WORK_MAX(T)" in (tmp_path / "c" / "m.h").read_text()

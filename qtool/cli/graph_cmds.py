@@ -243,20 +243,26 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
                "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes, "ram_bytes": fp.ram_bytes,
                "macs_per_step": fp.macs_per_step, "streaming": fp.streaming,
-               "streaming_refusal": fp.streaming_refusal, "layers": [vars(x) for x in fp.layers]}
+               "streaming_refusal": fp.streaming_refusal, "layers": [vars(x) for x in fp.layers],
+               "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
     if as_json:
         emit_json(summary)
         return
     t = Table(title=f"{res.name}: footprint by layer")
     t.add_column("layer", overflow="fold", max_width=24)
     t.add_column("op", no_wrap=True)
-    for col in ("flash B", "RAM B", "MACs/frame"):
-        t.add_column(col, justify="right")
+    ram = fp.streaming  # the RAM NAME_step keeps: only a model that streams has one
+    for col in ("flash B", *(("RAM B",) if ram else ()), "MACs/frame"):
+        t.add_column(col, justify="right", no_wrap=True)
     for x in fp.layers:
-        t.add_row(escape(x.name), x.op, f"{x.flash_bytes:,}", f"{x.state_bytes:,}", f"{x.macs_per_frame:,}")
-    t.add_row("total", "", f"{fp.flash_bytes:,}", f"{fp.ram_bytes:,}", f"{fp.macs_per_step:,}", style="bold")
+        t.add_row(escape(x.name), x.op, f"{x.flash_bytes:,}", *((f"{x.state_bytes:,}",) if ram else ()),
+                  f"{x.macs_per_frame:,}")
+    t.add_row("total", "", f"{fp.flash_bytes:,}", *((f"{fp.ram_bytes:,}",) if ram else ()), f"{fp.macs_per_step:,}",
+              style="bold")
     out.print(t)
-    out.print(f"{res.name}_run_sequence runs whole sequences; "
+    work = (f" at {fp.work_at[0]} steps (the calibration's) {fp.work_at[1]:,} B;" if fp.work_at else "")
+    out.print(f"{res.name}_run_sequence runs whole sequences in a work buffer of {res.name}_sequence_work(T) bytes"
+              f"{work} {res.name.upper()}_SEQUENCE_WORK_MAX(T) is a constant at least that, for static allocation; "
               + (f"{res.name}_step runs one frame at a time (RAM above: what it keeps)" if fp.streaming
                  else f"no {res.name}_step: {escape(fp.streaming_refusal)}"))
     replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
