@@ -34,6 +34,7 @@ from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (for the 
 from qtool.errors import QtoolError
 from qtool.importers.once import read_once  # noqa: F401 (the CLI reads a model file once per command)
 from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
+from qtool.io.phases import phase
 from qtool.parallel import world
 
 Progress = Callable[[int, int], None]  # progress(done, total)
@@ -1089,7 +1090,9 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     data.check_features(qm.model.input_size)
     n = count(data, limit)
     x = data.chunk(0, n)
+    phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
     c = run_c(qm, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
+    phase(f"verify: simulating the {len(x)} sequences and comparing every integer")
     return VerifyResult(**compare(qm, c, *_simulated(qm, x)), name=prefix)
 
 
@@ -1168,7 +1171,9 @@ def verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, 
     data = as_data(data, dataset, time_first)
     data.check_features(next(iter(qg.graph.inputs.values()))[-1])
     x = data.chunk(0, count(data, limit))
+    phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
     c = run_graph_c(layout, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
+    phase(f"verify: simulating the {len(x)} sequences and comparing every edge's integers")
     q = run_int(qg, x)
     out = qg.core_outputs[0]
     y = dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp).astype(np.float32)

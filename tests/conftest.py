@@ -6,6 +6,9 @@ from pathlib import Path
 # is imported anywhere.
 if os.environ.get("QTOOL_TEST_REAL_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+# the phase lines a non-terminal gets (qtool.cli.console.PhaseLines) stay out of the tests' stderr,
+# which checks that an error is one line; tests/test_cli_conventions.py checks the lines themselves
+os.environ.setdefault("QTOOL_PROGRESS_LINES", "0")
 
 import numpy as np
 import pytest

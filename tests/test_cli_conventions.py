@@ -86,3 +86,23 @@ def test_saved_results_and_storage_types(cli, bidir, tmp_path):
         assert len(f.attrs["data_sha256"]) == 64
     with h5py.File(bidir / "q.h5") as f:
         assert f["quant/layer0/fwd/qW"].dtype == np.int8 and f["quant/layer0/fwd/lut_z"].dtype == np.int16
+
+
+def test_a_long_run_says_its_phases_in_a_log(tmp_path):
+    """Outside a terminal (a log, a pipe, CI) the progress bar does not show: each phase of a run
+    is a timestamped line on stderr, and the output and an error stay as they are."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from conftest import ROOT, SAMPLES
+
+    env = {**os.environ, "QTOOL_PROGRESS_LINES": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "qtool.cli", "calibrate", str(SAMPLES / "digits_gru.safetensors"),
+                           str(SAMPLES / "calib.npy"), "-o", str(tmp_path / "q.h5")], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if re.match(r"\d\d:\d\d:\d\d auto: ", ln)]
+    assert any("least-error method" in ln for ln in lines) and any("single methods" in ln for ln in lines)
+    assert not re.search(r"\d\d:\d\d:\d\d auto: ", done.stdout)  # the phases stay off the output

@@ -36,6 +36,7 @@ from qtool.graph.calibrate import Prepared, auto_graph, prepare, quantize_graph
 from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db, simulate_graph
 from qtool.io.files import SequenceData
+from qtool.io.phases import phase
 from qtool.layers import layer
 from qtool.layers.gru import model as gru_model
 from qtool.numerics.qparams import dequantize
@@ -187,6 +188,8 @@ class GraphEvaluator:
 
     def __call__(self, promoted: frozenset) -> GraphCandidate:
         if promoted not in self.seen:
+            phase(f"advise: calibrating a configuration of {len(promoted)} units at 16 bits"
+                  + (f", simulation {self.simulations + 1}" if self.data is not None else ""))
             qg = auto_graph(self.sp.prep, self.sp.rows, self.sp.config(promoted), self.percentile, self.chunk,
                             dict(self.info))
             snr = math.nan

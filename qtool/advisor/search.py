@@ -43,6 +43,7 @@ from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import ACTIVATIONS
 from qtool.errors import QtoolError
 from qtool.io.files import SequenceData
+from qtool.io.phases import phase
 from qtool.numerics.float_gru import traced
 from qtool.simulation.run import Simulation, float_output
 
@@ -88,6 +89,7 @@ class Evaluator:
         return self.seen[promoted]
 
     def _snr(self, qm: QuantModel) -> float:
+        phase(f"advise: simulating a configuration on the held-out data (simulation {self.simulations + 1})")
         sim = Simulation(qm, per_tensor=False, per_step=False)
         for start, x in self.data.chunks(self.chunk):
             y = None

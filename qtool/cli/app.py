@@ -26,6 +26,7 @@ from qtool.cli.console import (
     on_signal,
     out,
     progress_bar,
+    say_phases,
     warn,
 )
 from qtool.errors import STOP_SIGNALS, QtoolError
@@ -711,6 +712,7 @@ def main(argv: list[str] | None = None) -> None:
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, on_signal)
+    say_phases()
     NOTES.clear()  # in-process callers (tests) run several commands
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")

@@ -5,6 +5,7 @@ API's messages in the command line's words, prompts at a terminal, and the stop 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -31,23 +32,55 @@ def progress_bar() -> Progress:
 
 
 class Bar:
-    """A progress bar whose `update(done, total)` fits the API's progress callbacks."""
+    """A progress bar whose `update(done, total)` fits the API's progress callbacks; while it runs,
+    the phases the API says (qtool.io.phases) show in its description."""
 
     def __init__(self, description: str, total: int):
         self.bar = progress_bar()
+        self.description = description
         self.task = self.bar.add_task(description, total=total, rate="")
         self.t0 = time.perf_counter()
 
     def __enter__(self) -> Bar:
         self.bar.__enter__()
+        ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        ACTIVE.remove(self)
         self.bar.__exit__(*exc)
+
+    def say(self, text: str) -> None:
+        self.bar.update(self.task, description=f"{self.description}: {text}")
 
     def update(self, done: int, total: int) -> None:
         rate = done / max(time.perf_counter() - self.t0, 1e-9)
         self.bar.update(self.task, completed=done, total=total, rate=f"{rate:.0f} seq/s")
+
+
+ACTIVE: list[Bar] = []  # the progress bar on screen, if any
+
+
+class PhaseLines(logging.Handler):
+    """The phases the API says (qtool.io.phases): in the progress bar at a terminal, otherwise (a
+    log, a pipe, CI) as timestamped lines on stderr, so that a long run is never silent
+    (QTOOL_PROGRESS_LINES=0 turns the lines off; an error stays one line after them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if ACTIVE and err.is_terminal:
+            ACTIVE[-1].say(text)
+        elif os.environ.get("QTOOL_PROGRESS_LINES", "1") != "0":
+            err.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False)
+
+
+def say_phases() -> None:
+    """Show the API's phases (once per process)."""
+    log = logging.getLogger("qtool")
+    if not any(isinstance(h, PhaseLines) for h in log.handlers):
+        log.addHandler(PhaseLines())
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def clean(v):

@@ -43,6 +43,7 @@ from qtool.core.tensors import TensorConfig
 from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
+from qtool.io.phases import phase
 from qtool.layers import layer, run
 from qtool.layers.integer import LayerBits
 from qtool.numerics.qparams import dequantize, quantize
@@ -314,10 +315,13 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
         return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap)
     held = SequenceData(prep.values[next(iter(prep.graph.inputs))][fit:n], False, "the held-out calibration data")
     scores = {}
-    for m in AUTO_CANDIDATES:
+    for k, m in enumerate(AUTO_CANDIDATES):
+        phase(f"auto: calibrating {m} on {fit} sequences, scoring it on the other {n - fit} "
+              f"({k + 1} of {len(AUTO_CANDIDATES)})")
         candidate = quantize_graph(prep, fit, config, m, percentile, chunk, info, snap)
         scores[m] = output_snr_db(simulate_graph(candidate, held), candidate)
     best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
+    phase(f"auto: {best} scored best; calibrating it on all {n} sequences")
     qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
     return qg
