@@ -355,8 +355,7 @@ def _gru(r: _Reader, e: _Entry, src: list[str]) -> None:
     if g is None:  # a Bidirectional or RNN of something else
         inner = e.cfg.get("layer") if e.cls == "Bidirectional" else e.cfg.get("cell")
         what = inner.get("class_name") if isinstance(inner, dict) else inner
-        raise r.fail(e, f"wraps {what!r}; only a GRU (GRUCell) is supported there. Supported layer classes: "
-                     f"{', '.join(SUPPORTED)}")
+        raise r.fail(e, f"wraps {what!r}; only a GRU (GRUCell) is supported there")
     inner = ((e.cfg.get("layer") or {}).get("config") or {}) if e.cls == "Bidirectional" else e.cfg
     for key in ("return_state", "time_major"):
         if inner.get(key) or e.cfg.get(key):
@@ -493,7 +492,8 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
                          "step (remove the mask to import)")
         build = BUILDERS.get(cls)
         if build is None:
-            raise r.fail(e, f"is not supported; supported layer classes: {', '.join(SUPPORTED)}")
+            raise r.fail(e, f"is not supported (qtool reads {len(SUPPORTED)} Keras layer classes: docs/graph.md, "
+                         "\"Keras\", lists them)")
         _policy_ok(r, e)
         if cls not in MERGES and len(src) != 1:
             raise r.fail(e, f"is called with {len(src)} inputs (a state or a mask); only its input is supported")
