@@ -184,3 +184,20 @@ def test_a_whole_model_is_read_once_per_command(cli, tmp_path, monkeypatch, comm
     code, out, err = cli(args[0], SAMPLES / "digits.onnx", *args[1:])
     assert code == 0, err
     assert len(reads) == 1
+
+
+@pytest.mark.skipif(not has("onnxruntime"), reason="needs ONNX Runtime")
+def test_an_input_no_output_reads_is_named(cli, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "extra",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 4]),
+         helper.make_tensor_value_info("spare", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 2])],
+        [helper.make_tensor("W", TensorProto.FLOAT, [4, 2], np.ones(8).tolist())])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    code, out, err = cli("import", tmp_path / "m.onnx", "-o", tmp_path / "m.h5")
+    assert code == 0, err
+    assert "input(s) 'spare' feed none of the outputs: left out" in " ".join(out.split())

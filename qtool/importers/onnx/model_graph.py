@@ -79,7 +79,7 @@ class Ports:
 
     inputs: dict[str, Layout] = field(default_factory=dict)  # data inputs (ONNX name = qtool edge)
     outputs: dict[str, tuple[str, Layout]] = field(default_factory=dict)  # ONNX output -> (qtool edge, layout)
-    states: list[str] = field(default_factory=list)  # inputs read only as a GRU's initial state (zeros)
+    states: list[str] = field(default_factory=list)  # inputs no output reads (fed zeros to ONNX Runtime; said)
     notes: list[str] = field(default_factory=list)
     layout: str = "[N, T, C]"
     batch: int | None = None  # the batch size and steps the file fixes (None: dynamic)
@@ -153,8 +153,10 @@ def _check(path: Path, graph: QtoolGraph, ports: Ports, reader: _Reader) -> dict
                              f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g}); refusing a wrong import")
         worst = max(worst, diff)
     pairs = {"fake_quant_pairs": len(reader.fake_quant)} if reader.fake_quant else {}
+    unused = {"note": f"input(s) {', '.join(repr(s) for s in ports.states)} feed none of the outputs: left out"
+              } if ports.states else {}
     return {"checked": True, "framework": "ONNX Runtime", "max_abs_diff": worst, "sequences": n, "steps": t,
-            "seconds": round(time.perf_counter() - t0, 3), **pairs}
+            "seconds": round(time.perf_counter() - t0, 3), **pairs, **unused}
 
 
 def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
