@@ -99,7 +99,7 @@ def path_env(path: str) -> dict[str, str] | None:
     off (so that LLVM emits none of it). None where this CPU lacks one the path needs."""
     cpu_name, keep = PATHS[path]
     if path == "generic":  # numba's portable target: the architecture's baseline (SSE2 on x86-64)
-        return {"NUMBA_CPU_NAME": "generic"}
+        return {"NUMBA_CPU_NAME": "generic", "NUMBA_CPU_FEATURES": ""}  # none inherited from a forced path
     try:
         host = dict(llb.get_host_cpu_features().items())
     except RuntimeError:
