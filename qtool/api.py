@@ -318,7 +318,7 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
-    shape_notes = data_notes(int(qg.info.get("time_steps", 0)), data.shape, time_first, {})
+    shape_notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, time_first)
     lab = None
     if labels is not None:
         from qtool.graph.simulate import classes
@@ -341,8 +341,8 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
 
         sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
     sim.backend, sim.backend_reason = label, reason
-    sim.notes = shape_notes + data_notes(0, data.shape, time_first, {
-        e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs if e in sim.edges})
+    sim.notes = shape_notes + saturation_notes({e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs
+                                                if e in sim.edges})
     if save is not None:
         def write(f) -> None:
             from qtool.graph.file import fingerprint
@@ -364,22 +364,22 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
 SATURATED_NOTE = 0.02  # more than this share of an input's values outside its grid is said
 
 
-def data_notes(calibrated_steps: int, shape: tuple, time_first: bool, saturated: dict[str, float]) -> list[str]:
-    """What looks wrong with test data against the model (`simulate` says it, and runs on): data
-    `[N, T, C]` whose first axis is the number of steps the model was calibrated on and whose
-    second is not (time-first data read batch-first), and an input with more than 2% of its values
-    outside its grid (`saturated`: input -> share; data scaled unlike the calibration data)."""
-    notes = []
+def axes_notes(calibrated_steps: int, shape: tuple, time_first: bool) -> list[str]:
+    """Test data `[N, T, C]` whose first axis is the number of steps the model was calibrated on
+    and whose second is not: time-first data read batch-first (`simulate` says it, and runs on)."""
     n, t = shape[0], shape[1]
-    if calibrated_steps and not time_first and n == calibrated_steps and t != calibrated_steps:
-        notes.append(f"the data [{n}, {t}, {shape[2]}] look time-first: the model was calibrated on sequences of "
-                     f"{calibrated_steps} steps, which is their first axis, not their second; if they are "
-                     "[T, N, C], pass `time_first`")
-    for name, share in saturated.items():
-        if share > SATURATED_NOTE:
-            notes.append(f"{share:.1%} of the values of input '{name}' lie outside its grid (saturated): are the "
-                         "data scaled as the calibration data were?")
-    return notes
+    if not calibrated_steps or time_first or n != calibrated_steps or t == calibrated_steps:
+        return []
+    return [f"the data [{n}, {t}, {shape[2]}] look time-first: the model was calibrated on sequences of "
+            f"{calibrated_steps} steps, which is their first axis, not their second; if they are [T, N, C], "
+            "pass `time_first`"]
+
+
+def saturation_notes(saturated: dict[str, float]) -> list[str]:
+    """Inputs with more than 2% of their values outside their grid (input -> share): data scaled
+    unlike the calibration data (`simulate` says it, and runs on)."""
+    return [f"{share:.1%} of the values of input '{name}' lie outside its grid (saturated): are the data scaled "
+            "as the calibration data were?" for name, share in saturated.items() if share > SATURATED_NOTE]
 
 
 def _check_mode(mode: str) -> None:
@@ -894,8 +894,8 @@ def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: 
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
     x_tensor = res["tensors"].get(tensor_key(0, 0, "x"), {})
-    res["notes"] = data_notes(int(qm.info.get("time_steps", 0)), data.shape, time_first,
-                              {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
+    res["notes"] = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, time_first) + saturation_notes(
+        {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
     arrays = (kept.y_float, kept.y_quant, kept.y_int) if kept else (None, None, None)
     return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
@@ -1005,19 +1005,17 @@ def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *
     if prefix in {p.stem for p in RUNTIME.iterdir()}:
         raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.h; choose another name")
     rendered = render_graph_c(qg, prefix, fully_integral)
+    def work_bytes(q: dict) -> int:  # NAME_sequence_work of the sequences run_int gave `q` for
+        return rendered.work_bytes({e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges})
+
     if test_vectors is not None:
-        out = qg.core_outputs[0]
         q = run_int(qg, test_vectors)
-        steps = {e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges}
         rendered.files.update(render_graph_test_vectors(prefix, rendered.layout[0][rendered.layout[1]][1],
-                                                        test_vectors, q[out], rendered.work_bytes(steps)))
+                                                        test_vectors, q[qg.core_outputs[0]], work_bytes(q)))
     steps_at = int(qg.info.get("time_steps", 0))  # the work NAME_run_sequence needs at the calibration's length
-    if steps_at:
+    if steps_at and len(qg.graph.inputs) == 1:
         width = next(iter(qg.graph.inputs.values()))[-1]
-        q = run_int(qg, np.zeros((1, steps_at, width), np.float32)) if len(qg.graph.inputs) == 1 else {}
-        if all(e in q for e in rendered.edges):
-            steps = {e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges}
-            rendered.footprint.work_at = (steps_at, rendered.work_bytes(steps))
+        rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
     files = rendered.encoded()
     replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
     return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, "table", fingerprint(qg))

@@ -73,6 +73,9 @@ def root(ctx: typer.Context,
     if ctx.invoked_subcommand is None:
         out.print(ctx.get_help())
         raise typer.Exit()
+    from qtool import api  # here, not at start-up: --help and --version need none of it
+
+    ctx.with_resource(api.read_once())  # a model file is read once per command
 
 
 NameOpt = Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several (a Keras layer, an ONNX node, a PyTorch module prefix).")]
@@ -716,10 +719,8 @@ def main(argv: list[str] | None = None) -> None:
     NOTES.clear()  # in-process callers (tests) run several commands
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")
-    from qtool import api
-
     try:
-        with command_scope(out, err), api.read_once():  # a model file is read once per command
+        with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
             code = app(args=argv, prog_name="qtool", standalone_mode=False)
             for note in NOTES:
                 err.print(f"note: {escape(as_flags(note))}", highlight=False)  # wrapped at word boundaries

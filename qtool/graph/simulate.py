@@ -72,7 +72,7 @@ class GraphSimulation:
     counts: dict = field(default_factory=dict)  # mode both: per edge, integers compared
     fq_agree: int = 0  # mode both, classifier: the fake-quant model's top-1 equal to float's
     fq_correct: int = 0  # mode both, with labels: the fake-quant model's top-1 equal to the label
-    notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.data_notes)
+    notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.axes_notes, saturation_notes)
 
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,

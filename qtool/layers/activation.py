@@ -35,8 +35,8 @@ from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, requantize_expr
-from qtool.layers.integer import LayerBits, lookup, requantize, rshift_round, table
-from qtool.numerics.lut import LUT_INDEX_BITS
+from qtool.layers.integer import LayerBits, lookup, requantize, table
+from qtool.numerics.lut import LUT_INDEX_BITS, lut_values
 from qtool.numerics.qparams import dequantize, qrange
 from qtool.numerics.qparams import quantize as quantize_values
 
@@ -139,10 +139,9 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
 
 def interpolate(lut: np.ndarray, u: np.ndarray, shift: int) -> np.ndarray:
     """The table at u = q_x - qmin_x by linear interpolation between knots every 2^shift inputs:
-    a + rshift_round((b - a) * f, shift), as intops.lut_eval and the C compute it."""
-    i = u >> shift
-    a = lut[i]
-    return a + rshift_round((lut[i + 1] - a) * (u - (i << shift)), shift)
+    the GRU's wide tables' arithmetic (intops.lut_eval, which the C mirrors)."""
+    u = np.asarray(u, np.int64)
+    return lut_values(np.ascontiguousarray(lut, np.int64), shift, np.ascontiguousarray(u.reshape(-1))).reshape(u.shape)
 
 
 def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]

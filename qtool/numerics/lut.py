@@ -67,13 +67,14 @@ def build_lut(func: str, bits_in: int, e_in: int, zp_in: int,
     table = exact_outputs(func, knots, e_in, zp_in, bits_out, e_out, zp_out)
     q_all = np.arange(qmin_in, qmin_in + (1 << bits_in), dtype=np.int64)
     exact = exact_outputs(func, q_all, e_in, zp_in, bits_out, e_out, zp_out)
-    approx = _eval_all(table, shift, q_all - qmin_in)
+    approx = lut_values(table, shift, q_all - qmin_in)
     return table, shift, float(np.abs(approx - exact).max())
 
 
 @njit(cache=True)
-def _eval_all(table, shift, u):
-    """`lut_eval` at every input: the error is measured on the function the engines run."""
+def lut_values(table, shift, u):
+    """`lut_eval` at every u (1-D): what the engines compute, for measuring and for the layers'
+    interpolated tables (qtool.layers.activation)."""
     out = np.empty(u.size, np.int64)
     for k in range(u.size):
         out[k] = lut_eval(table, u[k], shift)
