@@ -224,7 +224,7 @@ class AutoCalibrator:
             plan = self.fixed_plan(config, "minmax")
             return AutoChoice(plan, "minmax", note="auto needs 2 or more calibration sequences to "
                               "hold some out; used minmax")
-        phase(f"auto: each tensor's least-error method on {len(self.folds)} held-out folds")
+        phase(f"GRU auto: each tensor's least-error method on {len(self.folds)} held-out folds")
         per_tensor, errors = self._per_tensor(config)
         base = self.fixed_plan(config, "minmax")
         layers: dict[int, dict[str, str]] = {}
@@ -235,7 +235,7 @@ class AutoCalibrator:
             layers.setdefault(l, {}).update(over)
         mix = MethodPlan("minmax", self.weights, self.percentile, base.overrides, layers)
         plans = {"per-tensor": mix, **{m: self.fixed_plan(config, m) for m in AUTO_METHODS}}
-        phase(f"auto: checking the choice at the output against {len(plans) - 1} single methods")
+        phase(f"GRU auto: checking the choice at the GRU's output against {len(plans) - 1} single methods")
         snr = self._held_snr(config, plans)
         winner = max(plans, key=lambda k: snr[k])  # first of equals: the mix
         if winner != "per-tensor":

@@ -51,6 +51,8 @@ class Bar:
         self.bar.__exit__(*exc)
 
     def say(self, text: str) -> None:
+        # short enough that the bar keeps its room at 80 columns; the log lines say it whole
+        text = text if len(text) <= PHASE_WIDTH else text[:PHASE_WIDTH - 1] + "…"
         self.bar.update(self.task, description=f"{self.description}: {text}")
 
     def update(self, done: int, total: int) -> None:
@@ -59,6 +61,7 @@ class Bar:
 
 
 ACTIVE: list[Bar] = []  # the progress bar on screen, if any
+PHASE_WIDTH = 28
 
 
 class PhaseLines(logging.Handler):
@@ -71,7 +74,8 @@ class PhaseLines(logging.Handler):
         if ACTIVE and err.is_terminal:
             ACTIVE[-1].say(text)
         elif os.environ.get("QTOOL_PROGRESS_LINES", "1") != "0":
-            err.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False)
+            # one line each, however long: a log is read with grep
+            err.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True)
 
 
 def say_phases() -> None:
@@ -117,7 +121,7 @@ def warn(notes) -> None:
     from rich.markup import escape
 
     for note in notes:
-        err.print(f"[yellow]warning:[/] {escape(as_flags(note))}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(as_flags(note))}", highlight=False, soft_wrap=True)
 
 
 class Interrupted(BaseException):

@@ -255,7 +255,8 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     for col in ("flash B", *(("RAM B",) if ram else ()), "MACs/frame"):
         t.add_column(col, justify="right", no_wrap=True)
     for x in fp.layers:
-        t.add_row(escape(x.name), x.op, f"{x.flash_bytes:,}", *((f"{x.state_bytes:,}",) if ram else ()),
+        op = qg.node(x.name).attrs.get("kind") or x.op  # an activation by its kind, as the other tables
+        t.add_row(escape(x.name), op, f"{x.flash_bytes:,}", *((f"{x.state_bytes:,}",) if ram else ()),
                   f"{x.macs_per_frame:,}")
     t.add_row("total", "", f"{fp.flash_bytes:,}", *((f"{fp.ram_bytes:,}",) if ram else ()), f"{fp.macs_per_step:,}",
               style="bold")
