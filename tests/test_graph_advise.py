@@ -78,6 +78,16 @@ def test_the_rule_promotes_the_units_whose_int8_prediction_is_low():
         calm.presets["int16"]["flash_bytes"]
 
 
+def test_the_preset_figures_are_what_calibrate_then_export_gives():
+    """Without held-out data the presets' flash is counted, not measured: each as `qtool calibrate
+    --bits PRESET` builds it. The spikes widen the tanh's input, whose 16-bit table then differs
+    from a min/max grid's by 32 KB."""
+    g, calib = model(), data(60, 0, spikes=True)
+    adv = advise_graph(g, calib, 60)
+    for preset in ("int8", "w8a16", "int16"):
+        assert adv.presets[preset]["flash_bytes"] == graph_flash(api.calibrate_graph(g, calib, bits=preset))
+
+
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     g, calib, test = model(), data(60, 0), data(40, 1)
@@ -236,3 +246,21 @@ def test_advise_on_the_whole_sample_at_the_command_line(cli, tmp_path):
     assert got["mode"] == "rule" and got["bits_file"] == str(out) and out.read_text().startswith("# qtool advise")
     code, stdout, stderr = cli("advise", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "--target-snr", 30)
     assert code != 0 and "need --eval" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_a_gru_is_observed_once_for_every_candidate(monkeypatch):
+    """The advisor's candidates differ in bits only: each GRU's float pass and observations are
+    made once per run, and a candidate built from them is the one a fresh calibration builds."""
+    from qtool.calibration import auto
+    from qtool.graph.calibrate import auto_graph
+
+    made = []
+    real = auto.AutoCalibrator.__init__
+    monkeypatch.setattr(auto.AutoCalibrator, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    g, calib = model(), data(60, 0)
+    prep = prepare(g, calib, 60, BitsConfig(preset_config("int8")))
+    shared = [auto_graph(prep, 60, BitsConfig(preset_config(b))) for b in ("int8", "w8a16", "int16")]
+    assert len(made) == 2  # one on the 80% auto fits its candidates on, one on all the rows
+    fresh = auto_graph(prepare(g, calib, 60, BitsConfig(preset_config("w8a16"))), 60,
+                       BitsConfig(preset_config("w8a16")))
+    assert fingerprint(fresh) == fingerprint(shared[1])

@@ -24,7 +24,7 @@ import numpy as np
 from qtool.advisor import pzero
 from qtool.advisor.advise import with_methods
 from qtool.advisor.configs import HIGH, LOW, TIED, all_units, bits_config, flash_bytes, unit_key
-from qtool.advisor.search import WEIGHTS, UnitSearch, unit_snr
+from qtool.advisor.search import UnitSearch, unit_snr
 from qtool.advisor.stats import model_stats, new_estimators
 from qtool.calibration.observe import model_config, observe_batch
 from qtool.calibrators.sampled import SampledStatsObserver, observer_seed
@@ -202,7 +202,8 @@ class GraphEvaluator:
         return self.seen[promoted]
 
     def flash_only(self, promoted: frozenset, like: GraphCandidate) -> int:
-        """Flash of a configuration on min/max grids (no choice, no simulation)."""
+        """Flash of a configuration on min/max grids (no choice, no simulation): what orders the
+        searches' units by cost, not a figure to print."""
         return graph_flash(quantize_graph(self.sp.prep, self.sp.rows, self.sp.config(promoted), "minmax",
                                           self.percentile, self.chunk, None))
 
@@ -317,10 +318,10 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
     if eval_data is not None:
         presets = {k: {"flash_bytes": c.flash, "snr_db": c.snr_db}
                    for k, c in (("int8", search.low), ("w8a16", search.w8a16), ("int16", search.high))}
-    else:  # flash alone: int8 on the chosen methods' grids, the others on min/max grids
-        presets = {"int8": {"flash_bytes": search.low.flash}}
-        for k, units in (("w8a16", [u for u in sp.units if u[1] not in WEIGHTS]), ("int16", sp.units)):
-            presets[k] = {"flash_bytes": ev.flash_only(frozenset(units), chosen)}
+    else:  # flash alone, each preset built as `qtool calibrate --bits PRESET` builds it (method auto:
+        # a LUT's size follows its input's grid, so min/max grids would count other tables)
+        presets = {k: {"flash_bytes": c.flash} for k, c in (("int8", search.low), ("w8a16", search.w8a16),
+                                                             ("int16", search.high))}
     measured: dict[str, float] = {}
     measured_on = "nothing (no `test`: predictions only)"
     if eval_data is not None:

@@ -339,10 +339,12 @@ def all_fixed(model: GruModel, plan: MethodPlan) -> bool:
 
 def calibrate_auto(model: GruModel, data: SequenceData, n: int, config: dict[str, TensorConfig],
                    weights: str = "minmax", percentile: float = 99.99, chunk: int = 64,
-                   progress: Callable[[int], None] | None = None, info: dict | None = None
-                   ) -> tuple[QuantModel, AutoChoice]:
+                   progress: Callable[[int], None] | None = None, info: dict | None = None,
+                   calibrators: dict | None = None) -> tuple[QuantModel, AutoChoice]:
     """`qtool calibrate --method auto`: the quantized model and what auto chose. A bits file
-    that names every method (as `qtool advise` writes them) needs no choice: one pass."""
+    that names every method (as `qtool advise` writes them) needs no choice: one pass.
+    `calibrators` keeps the observations of this model on this data for the next config (the
+    advisor's candidates): one float pass for all of them."""
     info = info or {}
     plan = MethodPlan.from_config(config, "minmax", weights, percentile)
     if all_fixed(model, plan):
@@ -350,5 +352,10 @@ def calibrate_auto(model: GruModel, data: SequenceData, n: int, config: dict[str
         qm = build_quant_model(model, obs, config, {**info, "method": f"bits file: {plan.label()}"}, plan)
         return qm, AutoChoice(plan, "bits file", note="the bits file sets every tensor's method")
     methods = set(plan.overrides.values()) | {m for o in plan.layer_overrides.values() for m in o.values()}
-    ac = AutoCalibrator(model, data, n, chunk, weights, percentile, ema="ema" in methods, progress=progress)
+    ema = "ema" in methods
+    ac = (calibrators or {}).get(ema)
+    if ac is None:
+        ac = AutoCalibrator(model, data, n, chunk, weights, percentile, ema=ema, progress=progress)
+        if calibrators is not None:
+            calibrators[ema] = ac
     return ac.quantize(config, info)

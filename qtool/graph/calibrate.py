@@ -110,9 +110,10 @@ def observed_grid(values: np.ndarray, bits: int, method: str, percentile: float,
 
 
 def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percentile: float, chunk: int,
-                  info: dict) -> tuple[QuantModel, MethodPlan]:
+                  info: dict, calibrators: dict | None = None) -> tuple[QuantModel, MethodPlan]:
     """The node's GRU calibrated on its input `x` as `qtool calibrate` does a GRU alone, and the
-    method of each of its tensors (auto's choice, or `method` under the config's own)."""
+    method of each of its tensors (auto's choice, or `method` under the config's own).
+    `calibrators` keeps the observations of this GRU on `x` for the next config."""
     from qtool.layers.gru import model
 
     gru = model(node)
@@ -120,10 +121,15 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
     if method in ("auto", "per-edge"):
         from qtool.calibration.auto import calibrate_auto
 
-        qm, choice = calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info)
+        qm, choice = calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info,
+                                    calibrators)
         return qm, choice.plan
     plan = MethodPlan.from_config(config, method, "minmax", percentile)
-    return build_quant_model(gru, collect(gru, data, plan, chunk), config, info, plan), plan
+    cache = {} if calibrators is None else calibrators
+    key = repr(plan)  # what the observers depend on, whatever the bits
+    if key not in cache:
+        cache[key] = collect(gru, data, plan, chunk)
+    return build_quant_model(gru, cache[key], config, info, plan), plan
 
 
 def with_edge_grids(qm: QuantModel, x: TensorQ | None = None, h: TensorQ | None = None) -> QuantModel:
@@ -180,6 +186,7 @@ class Prepared:
     tail: list[str]
     values: dict[str, np.ndarray]  # edge -> [N, ...] float32
     grus: dict = field(default_factory=dict)  # calibrated GRUs by (node, rows, config, method)
+    autos: dict = field(default_factory=dict)  # a GRU's observations by (node, rows, percentile, chunk)
 
     def gru(self, node: Node, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
             chunk: int, info: dict) -> tuple[QuantModel, MethodPlan]:
@@ -188,8 +195,9 @@ class Prepared:
         key = (node.name, rows, method, percentile, repr(sorted(config.items())),
                repr(sorted(getattr(config, "layers", {}).items())))
         if key not in self.grus:
+            autos = self.autos.setdefault((node.name, rows, percentile, chunk), {})
             self.grus[key] = calibrate_gru(node, self.values[node.inputs[0]][:rows], config, method, percentile,
-                                           chunk, info)
+                                           chunk, info, autos)
         return self.grus[key]
 
 
