@@ -23,6 +23,7 @@ from qtool.exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, m
 from qtool.core.model import DIRECTIONS
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
+from qtool.io.files import sealed
 from qtool.numerics.passes import folded_biases, report, run_passes
 from qtool.numerics.rescale import CHANNEL_ROWS
 
@@ -139,8 +140,12 @@ class CExport:
     footprint: Footprint
 
     def encoded(self) -> dict[str, bytes]:
-        """The files as the bytes to write, by name in sorted order."""
-        return {n: f if isinstance(f, bytes) else f.encode() for n, f in sorted(self.files.items())}
+        return encoded(self.files)
+
+
+def encoded(files: dict[str, bytes | str]) -> dict[str, bytes]:
+    """The files as the bytes to write (C sealed: qtool.io.files.sealed), by name in sorted order."""
+    return {n: sealed(n, f if isinstance(f, bytes) else f.encode()) for n, f in sorted(files.items())}
 
 
 def render_c(qm: QuantModel, name: str, compensation: str = "table", fully_integral: bool = True) -> CExport:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from qtool.exporters.c_export import RUNTIME, render_c
+from qtool.exporters.c_export import RUNTIME, encoded, render_c
 from qtool.exporters.c_source import c_name, c_table, comment, float_wrappers
 from qtool.exporters.c_types import SIZES, act_type
 
@@ -88,7 +88,7 @@ class GraphExport:
         return at + sum((steps[e] * per * size + 3) & ~3 for e, per, size in self.gru_work)
 
     def encoded(self) -> dict[str, bytes]:
-        return {n: f if isinstance(f, bytes) else f.encode() for n, f in sorted(self.files.items())}
+        return encoded(self.files)
 
 
 def _check(qg: QGraph) -> None:

@@ -172,18 +172,26 @@ def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:
     """A row per edge the integer core writes, in graph order: the layer, its op, the edge's shape
     and grid, how the grid was set, and with a simulation (`simulate_graph`) its distances."""
     methods = qg.info.get("edge_methods", {})
+    steps = steps_text(qg.graph)
     edges = [(e, "input", "input") for e in qg.graph.inputs]
     edges += [(e, n, qg.node(n)) for n in qg.core for e in qg.node(n).outputs]
     rows = []
     for e, name, node in edges:
         g = qg.grids[e]
         op = node if isinstance(node, str) else (node.attrs.get("kind") or node.op)
-        row = {"layer": name, "op": op, "edge": e, "shape": list(qg.graph.shapes.get(e, ())), "bits": g.bits,
-               "exp2_inv": int(g.exp2_inv), "zp": int(g.zp), "method": methods.get(e, "")}
+        row = {"layer": name, "op": op, "edge": e, "shape": list(qg.graph.shapes.get(e, ())), "steps": steps.get(e),
+               "bits": g.bits, "exp2_inv": int(g.exp2_inv), "zp": int(g.zp), "method": methods.get(e, "")}
         if sim is not None:
             row.update(sim.edges[e].as_dict())
         rows.append(row)
     return rows
+
+
+def steps_text(graph: Graph) -> dict[str, str]:
+    """Each sequence edge's steps against the input's T: "T", "T/2", "T-2" (qtool.layers)."""
+    from qtool.layers import steps_text as of_graph
+
+    return of_graph(graph)
 
 
 def load_qgraph(path: str | os.PathLike) -> QGraph:
@@ -936,6 +944,7 @@ class ExportResult:
     footprint: object
     compensation: str
     fingerprint: str
+    edited: list[str] = field(default_factory=list)  # replaced files edited since qtool wrote them
 
 
 def _simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -980,8 +989,8 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
         rendered.files.update(render_test_vectors(qm, prefix, test_vectors, y))
     files = rendered.encoded()
     replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
-    return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, compensation,
-                        qm.fingerprint())
+    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
+                        qm.fingerprint(), replaced.edited)
 
 
 def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
@@ -1018,7 +1027,8 @@ def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *
         rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
     files = rendered.encoded()
     replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
-    return ExportResult(Path(out_dir), prefix, list(files), replaced, rendered.footprint, "table", fingerprint(qg))
+    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, "table",
+                        fingerprint(qg), replaced.edited)
 
 
 def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:

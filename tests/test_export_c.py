@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import calibrated, random_model
-from qtool.exporters.c_export import c_name, export_c, footprint, render_c, sources
+from qtool.exporters.c_export import c_name, encoded, export_c, footprint, render_c, sources
 from qtool.exporters.c_types import model_types
 from qtool.exporters.c_vectors import render_test_vectors
 from qtool.exporters.c_verify import CFLAGS, compare, compile_c, run_c
@@ -371,8 +371,7 @@ def test_api_export_writes_the_rendered_files_once(tmp_path):
 
     qm, x = model_and_data(1, 2, 17, "w8a16")
     res = qtool.export_c(qm, tmp_path / "c", name="m", test_vectors=x[:2])
-    want = render_c(qm, "m").encoded()
-    want.update({n: t.encode() for n, t in render_test_vectors(qm, "m", x[:2], run_int(qm, x[:2])).items()})
+    want = encoded({**render_c(qm, "m").files, **render_test_vectors(qm, "m", x[:2], run_int(qm, x[:2]))})
     assert res.files == sorted(want) == sorted(p.name for p in (tmp_path / "c").iterdir())
     assert all((tmp_path / "c" / n).read_bytes() == data for n, data in want.items())
     assert res.footprint == footprint(qm) and res.name == "m" and res.replaced == []

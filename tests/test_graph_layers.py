@@ -471,3 +471,21 @@ def test_every_op_is_tested():
     if len(TESTED) < 5:
         pytest.skip("only part of the file ran")
     assert set(REGISTRY) <= TESTED, sorted(set(REGISTRY) - TESTED)
+
+
+def test_steps_text_follows_strides_pools_and_pads():
+    """The tables' `[T/2, C]`: each sequence edge's steps against the input's T, as the layers
+    compute them (a valid conv of 3: T-2; a pool of 2: T/2; a pad of 1 + 2: T+3)."""
+    from qtool.core.graph import Graph
+    from qtool.layers import check, run, steps_text
+
+    w = np.ones((4, 4, 3), np.float32)
+    g = check(Graph([Node("pad", "zero_pad1d", ["x"], ["z"], {"pad": (1, 2)}),
+                     Node("conv", "conv1d", ["z"], ["c"], {"kernel": 3}, {"W": w}),
+                     Node("pool", "max_pool1d", ["c"], ["p"], {"pool": 2}),
+                     Node("conv2", "conv1d", ["p"], ["y"], {"kernel": 3, "stride": 2}, {"W": w})],
+                    {"x": (None, 4)}, ["y"]))
+    assert steps_text(g) == {"x": "T", "z": "T+3", "c": "T+1", "p": "T/2", "y": "T/4-1"}
+    for t in (13, 50):  # held out: what the text says is what runs
+        ys = run(g, np.zeros((1, t, 4), np.float32), keep=True)
+        assert ys["p"].shape[1] == (t + 1) // 2 and ys["z"].shape[1] == t + 3

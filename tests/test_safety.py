@@ -48,7 +48,15 @@ def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tm
     code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")  # again: needs --force
     assert code == 2 and "--force" in err and "digits.c" in err and one_error_line(err)
     code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force")
-    assert code == 0 and "replaced" in out
+    assert code == 0 and "replaced" in out and "edited" not in err
+    params = src / "digits_params.c"  # a hand edit: a replacement says what it overwrote
+    params.write_text(params.read_text().replace("{", "{ /* tuned */", 1))
+    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")
+    assert code == 2 and "digits_params.c edited since qtool wrote it" in err and one_error_line(err)
+    code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force", "--json")
+    assert code == 0 and json.loads(out)["edited"] == ["digits_params.c"]
+    assert err.strip() == "warning: digits_params.c had been edited since qtool wrote it; this export replaced it"
+    assert "tuned" not in params.read_text()
     assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
     assert not [p for p in src.iterdir() if p.name.startswith(".")]  # no temporaries
     (src / "other.c").write_text("/* hand written */\n")  # a file of the export's names, not ours

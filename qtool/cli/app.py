@@ -28,6 +28,7 @@ from qtool.cli.console import (
     progress_bar,
     say_phases,
     warn,
+    wrote,
 )
 from qtool.errors import STOP_SIGNALS, QtoolError
 from qtool.parallel import check_command, command_scope, stop_every_rank
@@ -569,12 +570,14 @@ def export_c_cmd(
     fp = res.footprint
     base = fp.int8_weight_bytes + fp.table_bytes
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
+               "edited": res.edited,
                "fingerprint": res.fingerprint, "compensation": compensation, "flash_bytes": fp.flash_bytes,
                "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
                "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
                "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
     if as_json:
         emit_json(summary)
+        wrote(res, output, as_json)
         return
     from qtool.cli.tables import footprint_table, passes_table
 
@@ -587,8 +590,7 @@ def export_c_cmd(
         lean = fp.flash_bytes - fp.offset_saves
         out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
                   f"({100 * (lean / base - 1):.1f}% above), same integers")
-    replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
-    out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
+    wrote(res, output)
 
 
 def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:

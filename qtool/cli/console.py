@@ -124,6 +124,18 @@ def warn(notes) -> None:
         err.print(f"[yellow]warning:[/] {escape(as_flags(note))}", highlight=False, soft_wrap=True)
 
 
+def wrote(res, output: Path, as_json: bool = False) -> None:
+    """The files an export wrote and those it replaced (not with --json: its summary says so),
+    and a warning for each replaced file that had been edited since qtool wrote it (`res`:
+    qtool.api.ExportResult)."""
+    from rich.markup import escape
+
+    warn(f"{name} had been edited since qtool wrote it; this export replaced it" for name in res.edited)
+    if not as_json:
+        replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
+        out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
+
+
 class Interrupted(BaseException):
     """SIGINT, SIGTERM or SIGHUP: unwinds the stack (every temporary file is removed on the way)
     and passes every `except Exception`, as KeyboardInterrupt does, and typer's handler too."""

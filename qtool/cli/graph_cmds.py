@@ -9,7 +9,8 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from qtool.cli.console import Bar, as_flags, emit_json, out, warn
+from qtool.cli.console import Bar, as_flags, emit_json, out, warn, wrote
+from qtool.cli.tables import shape_text
 from qtool.errors import QtoolError
 
 
@@ -36,8 +37,7 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
             snr = "exact" if r["exact"] else _fmt(r["snr_db"], ".1f")
             cells = [*grid, snr, f"{r['cosine']:.5f}", f"{100 * r['saturated']:.2f}"]
         else:
-            shape = "[" + ", ".join("T" if d is None else str(d) for d in r["shape"]) + "]"
-            cells = [shape, *grid, r["method"].replace("'s calibration", "")]
+            cells = [shape_text(r), *grid, r["method"].replace("'s calibration", "")]
         t.add_row(r["layer"], r["op"], *cells)
     return t
 
@@ -241,12 +241,14 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
                        confirm=confirm, fully_integral=fully_integral)
     fp = res.footprint
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
+               "edited": res.edited,
                "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes, "ram_bytes": fp.ram_bytes,
                "macs_per_step": fp.macs_per_step, "streaming": fp.streaming,
                "streaming_refusal": fp.streaming_refusal, "layers": [vars(x) for x in fp.layers],
                "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
     if as_json:
         emit_json(summary)
+        wrote(res, output, as_json)
         return
     t = Table(title=f"{res.name}: footprint by layer")
     t.add_column("layer", overflow="fold", max_width=24)
@@ -266,8 +268,7 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
               f"{work} {res.name.upper()}_SEQUENCE_WORK_MAX(T) is a constant at least that, for static allocation; "
               + (f"{res.name}_step runs one frame at a time (RAM above: what it keeps)" if fp.streaming
                  else f"no {res.name}_step: {escape(fp.streaming_refusal)}"))
-    replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
-    out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
+    wrote(res, output)
 
 
 def verify_graph(qpath: Path, export_dir: Path, data_path: Path, *, name, limit, dataset, time_first, target,

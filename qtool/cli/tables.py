@@ -7,7 +7,7 @@ import math
 import numpy as np
 from rich.table import Table
 
-from qtool.api import DIRECTIONS, QuantModel, cell_params, cell_tensors, gru_form
+from qtool.api import DIRECTIONS, QuantModel, cell_params, cell_tensors, gru_form, steps_text
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:
@@ -216,13 +216,21 @@ def layer_rows(model) -> list[dict]:
 
 
 def graph_rows(graph) -> list[dict]:
-    """A row a layer; `reads` names the layers (or graph inputs) whose outputs it reads."""
+    """A row a layer; `reads` names the layers (or graph inputs) whose outputs it reads; `steps`
+    its output's steps against the input's T (None: a vector)."""
     writer = {e: n.name for n in graph.nodes for e in n.outputs}
+    steps = steps_text(graph)
     return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind") or gru_form(n), "source": n.source,
              "inputs": list(n.inputs),
              "reads": [writer.get(e, e) for e in n.inputs],
-             "shape": [None if d is None else d for d in graph.shapes[n.outputs[0]]] if n.outputs else []}
+             "shape": list(graph.shapes[n.outputs[0]]) if n.outputs else [],
+             "steps": steps.get(n.outputs[0]) if n.outputs else None}
             for n in graph.nodes]
+
+
+def shape_text(row: dict) -> str:
+    """`[T/2, 32]` for a sequence (its steps against the input's T), `[12]` for a vector."""
+    return "[" + ", ".join(row.get("steps") or "T" if d is None else str(d) for d in row["shape"]) + "]"
 
 
 def graph_table(graph, title: str) -> Table:
@@ -233,8 +241,7 @@ def graph_table(graph, title: str) -> Table:
         # an activation shows its kind (relu, sigmoid, ...); a shape never folds across lines
         t.add_column(col, justify="left", overflow="fold", no_wrap=col == "output")
     for r in graph_rows(graph):
-        shape = "[" + ", ".join("T" if d is None else str(d) for d in r["shape"]) + "]"
-        t.add_row(r["layer"], r["kind"] or r["op"], ", ".join(r["reads"]), shape)
+        t.add_row(r["layer"], r["kind"] or r["op"], ", ".join(r["reads"]), shape_text(r))
     return t
 
 

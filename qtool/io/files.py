@@ -19,6 +19,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +30,31 @@ MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence
 # A text file qtool wrote says so in its first lines; an HDF5 file in its "format" attribute.
 TEXT_MARK = b"qtool"
 HEAD_BYTES = 4096
+
+
+# The last line of a C file qtool writes: the SHA-256 of every line above it, so that a later
+# export can tell a file edited by hand from the one it wrote, and say so before replacing it.
+SEAL = b"/* qtool: the SHA-256 of the lines above is "
+
+
+def sealed(name: str, data: bytes) -> bytes:
+    """A C source or header with its seal line appended; other files as they are."""
+    if not name.endswith((".c", ".h")):
+        return data
+    return data + SEAL + hashlib.sha256(data).hexdigest().encode() + b" */\n"
+
+
+def edited_since_written(path: Path) -> bool:
+    """Whether a sealed file's lines no longer match its seal (edited after qtool wrote it)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    at = data.rfind(SEAL)
+    if at < 0:
+        return False
+    want = data[at + len(SEAL):].split(b" ", 1)[0].decode("ascii", "replace")
+    return hashlib.sha256(data[:at]).hexdigest() != want
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -227,11 +253,16 @@ def check_free_space(dest: Path, nbytes: int) -> None:
                          f"{nbytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free")
 
 
+class Replaced(NamedTuple):
+    names: list[str]  # the files of these names that were there
+    edited: list[str]  # those of them edited since qtool wrote them (`edited_since_written`)
+
+
 def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool,
-                confirm: Callable[[str], bool] | None = None, inputs: Iterable = ()) -> list[str]:
+                confirm: Callable[[str], bool] | None = None, inputs: Iterable = ()) -> Replaced:
     """Write several files into `out_dir` (created if needed), replacing only files of these
     names that qtool wrote; every other file in the directory is left as it is. All files are
-    staged as temporaries first and renamed into place together. Returns the replaced names."""
+    staged as temporaries first and renamed into place together."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise QtoolError(f"output path exists and is not a directory: {out_dir}")
@@ -249,7 +280,7 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
         raise
 
 
-def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable) -> list[str]:
+def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable) -> Replaced:
     targets = {name: out_dir / name for name in files}
     for p in targets.values():
         for i in inputs:
@@ -260,15 +291,17 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
         raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left "
                          "alone (move them or choose another directory or `name`)")
     existing = [n for n, p in targets.items() if p.exists()]
+    edited = [n for n in existing if edited_since_written(targets[n])]
+    note = f" ({', '.join(edited)} edited since qtool wrote {'it' if len(edited) == 1 else 'them'})" if edited else ""
     if existing and not force and not (confirm and confirm(
-            f"{out_dir}: replace {', '.join(existing)}? (other files stay as they are)")):
-        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}; use `force` to replace them")
+            f"{out_dir}: replace {', '.join(existing)}{note}? (other files stay as they are)")):
+        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}{note}; use `force` to replace them")
     with contextlib.ExitStack() as stack:  # renames every file into place as it unwinds
         for name, data in files.items():
             tmp = stack.enter_context(atomic_path(targets[name]))
             with open(tmp, "wb") as f:
                 f.write(data)
-    return existing
+    return Replaced(existing, edited)
 
 
 def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:

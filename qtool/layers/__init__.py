@@ -7,6 +7,7 @@ in `REGISTRY` (static imports: readers and tools see every layer); their shared 
 
 from __future__ import annotations
 
+from fractions import Fraction
 from types import ModuleType
 
 import numpy as np
@@ -96,6 +97,33 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
         outs = layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])
         values.update(zip(node.outputs, (np.asarray(o, np.float32) for o in outs)))
     return values if keep else {e: values[e] for e in graph.outputs}
+
+
+PROBE_STEPS = (240, 480)  # divisible by every stride and pool size up to 6, and by 8, 10, 12, 15, 16
+
+
+def steps_text(graph: Graph) -> dict[str, str]:
+    """Each sequence edge's number of steps as a function of the input's T ("T", "T/2",
+    "T-2", "T/2+1"), measured by running zeros of two lengths through the float graph; "T"
+    for every edge where that cannot run (several inputs, a model that takes one length)."""
+    seqs = [e for e, shape in graph.shapes.items() if len(shape) == 2]
+    if len(graph.inputs) != 1 or len(next(iter(graph.inputs.values()))) != 2:
+        return dict.fromkeys(seqs, "T")
+    width = next(iter(graph.inputs.values()))[-1]
+    try:
+        lens = [{e: v.shape[1] for e, v in run(graph, np.zeros((1, t, width), np.float32), keep=True).items()
+                 if v.ndim == 3} for t in PROBE_STEPS]
+    except (QtoolError, ValueError, IndexError):
+        return dict.fromkeys(seqs, "T")
+    (t1, t2), out = PROBE_STEPS, {}
+    for e in seqs:
+        a = Fraction(lens[1][e] - lens[0][e], t2 - t1)
+        b = lens[0][e] - a * t1
+        lead = "" if a == 0 else ("T" if a == 1 else f"{a.numerator}T" if a.denominator == 1 else
+                                  f"{'' if a.numerator == 1 else a.numerator}T/{a.denominator}")
+        tail = "" if b == 0 else f"{round(b):+d}" if lead else f"{round(b)}"
+        out[e] = lead + tail if b.denominator == 1 else "T"
+    return out
 
 
 def _check_shape(where: str, shape: tuple) -> None:
