@@ -45,7 +45,7 @@ from qtool.exporters.c_graph import render_graph_c
 from qtool.exporters.c_types import COMPENSATION, model_types
 from qtool.exporters.c_verify import compile_c
 
-from qtool.api import calibrate_graph
+from qtool.api import calibrate
 from qtool.calibration.observe import build_quant_model, collect, new_observers, observe_batch
 from qtool.core.graph import Graph, Node
 from qtool.core.model import GruCell, GruModel
@@ -247,7 +247,7 @@ def layer_graph(op: str, c_in: int, c_out: int, kernel: int = 0):
     params = {"W": rng.uniform(-k, k, shape).astype(np.float32), "b": rng.uniform(-k, k, c_out).astype(np.float32)}
     g = Graph([Node("fc", op, ["x"], ["y"], attrs, params)], {"x": (None, c_in)}, ["y"])
     x = rng.standard_normal((32, 16, c_in)).astype(np.float32)
-    return calibrate_graph(g, x, bits="int8", method="minmax", check=False)
+    return calibrate(g, x, bits="int8", method="minmax", check=False)
 
 
 LAYERS = (("dense 64->192", "dense", 64, 192, 0), ("dense 320->768", "dense", 320, 768, 0),
@@ -290,7 +290,7 @@ def whole_layers(opt: str, steps: int, cmsis_nn: Path | None) -> None:
 
 
 def whole_sample(bits: str, opt: str, steps: int, cmsis_nn: Path | None) -> None:
-    qg = calibrate_graph(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", bits=bits)
+    qg = calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", bits=bits)
     with tempfile.TemporaryDirectory() as tmp:
         n, fp = graph_step(Path(tmp), qg, opt, steps)
     print(f"whole-sample (samples/digits.onnx, {bits}), whole-model C export:")

@@ -1,16 +1,15 @@
 """qtool: integer-only GRUs for microcontrollers and DSPs, calibrated and simulated bit-exactly.
 
 The pipeline as Python functions (qtool.api; imported on first use so that `import qtool` stays
-cheap): load_model, calibrate, advise, compare, simulate, save, load, inspect, export_c,
-export_tables, verify, html_report, precompile; for whole models load_graph, calibrate_graph,
-simulate_graph, save_graph, load_qgraph.
+cheap), one per verb, each taking a GRU alone or a whole model: load_model, load, save, inspect,
+calibrate, compare, advise, simulate, html_report, export_c, export_tables, verify, plus
+as_data, observe and precompile.
 """
 
 from qtool.version import __version__
 
-API = ("advise", "advise_graph", "as_data", "calibrate", "calibrate_graph", "compare", "export_c", "export_tables",
-       "html_report", "inspect", "load", "load_graph", "load_model", "load_model_for_data", "load_qgraph", "observe",
-       "precompile", "save", "save_graph", "save_model", "simulate", "simulate_graph", "verify")
+API = ("advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",
+       "load_model", "observe", "precompile", "save", "simulate", "verify")
 __all__ = ["__version__", *API]
 
 

@@ -41,6 +41,40 @@ Progress = Callable[[int, int], None]  # progress(done, total)
 DataLike = str | os.PathLike | np.ndarray | SequenceData
 
 
+# What only one kind of model takes. Options: (who takes it, its default); a value other than the
+# default given for the other kind is refused in one line. Verbs: what they take, and why.
+ONLY_FOR = {"method_weights": ("a GRU alone", "minmax"), "per_tensor": ("a GRU alone", True),
+            "compensation": ("a GRU alone", "table"), "labels": ("a whole model", None)}
+GRU_ONLY_VERBS = {
+    "compare": "its calibrate --method auto scores per-edge, minmax and mse at its output",
+    "observe": "it is calibrated whole by calibrate",
+    "export_tables": "a whole model's integers are in its C export (export c)",
+}
+
+
+def _only(whole: bool, verb: str, **given) -> None:
+    """Refuse `verb` for a whole model where it takes a GRU alone, and any option `given` a value
+    the model's kind does not take (ONLY_FOR)."""
+    kind = "a whole model" if whole else "a GRU alone"
+    if whole and verb in GRU_ONLY_VERBS:
+        raise QtoolError(f"a whole model: {verb} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
+    for option, value in given.items():
+        who, default = ONLY_FOR[option]
+        if who != kind and value is not default and value != default:
+            raise QtoolError(f"`{option}` applies to {who}; {verb} was given {kind}")
+
+
+def _whole(model) -> bool:
+    """Whether `model` (a model, a model file or a PyTorch module) is a whole model, not a GRU alone."""
+    if isinstance(model, (Graph, QGraph)):
+        return True
+    if isinstance(model, (GruModel, QuantModel)):
+        return False
+    if not isinstance(model, (str, os.PathLike)):
+        return True  # an nn.Module: load_model exports it whole
+    return _h5_format(Path(model)) == "qtool-qgraph" or is_whole_model(model)
+
+
 def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False) -> SequenceData:
     """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData."""
     if isinstance(data, SequenceData):
@@ -59,10 +93,27 @@ def count(data: SequenceData, limit: int | None) -> int:
     return min(int(limit), data.num_sequences)
 
 
-def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
-               check: bool = True) -> GruModel:
-    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste).
-    An imported model is checked against its source framework where that is installed (`check`)."""
+def load_model(path, fmt: str | None = None, name: str | None = None, check: bool = True, *,
+               whole: bool | None = None, example=None, for_data: bool = False) -> GruModel | Graph:
+    """The float model of a file: a whole model (`Graph`, docs/graph.md) where a Keras or ONNX file
+    holds layers besides its GRU(s), or is qtool's whole-model file; else its GRU (`GruModel`),
+    from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste). `name` takes
+    one GRU of a file alone; `whole=True` the graph even of a file that holds only GRUs, and
+    `whole=False` its GRU. `path` may be a PyTorch `nn.Module` with an `example` input
+    `[N, T, C]`: exported through ONNX and checked against the module. An imported model is
+    checked against its framework where that is installed (`check`). `for_data`: the command
+    feeds data to the file, so a GRU that reads another layer's output is refused."""
+    if not isinstance(path, (str, os.PathLike)):
+        return _load_graph(path, fmt, check, example)
+    with read_once():  # deciding what the file is and importing it read it once
+        if whole or (whole is None and name is None and fmt is None and is_whole_model(path)):
+            return _load_graph(path, fmt, check)
+        return _load_model_for_data(path, fmt, name, check) if for_data else _load_gru(path, fmt, name, check)
+
+
+def _load_gru(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
+              check: bool = True) -> GruModel:
+    """A float GRU from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste)."""
     from qtool.core.model import load_model as load_h5_model
     from qtool.importers import import_model
 
@@ -82,13 +133,13 @@ def load_model(path: str | os.PathLike, fmt: str | None = None, name: str | None
     return model
 
 
-def load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
+def _load_model_for_data(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,
                         check: bool = True) -> GruModel:
     """`load_model` for a command that feeds data to the file (calibrate, advise): the data are the
     model's input, so a GRU that reads another layer's output is refused, remedy included."""
     from qtool.importers import not_fed_by_input
 
-    model = load_model(path, fmt, name, check)
+    model = _load_gru(path, fmt, name, check)
     refusal = not_fed_by_input(model, Path(path))
     if refusal:
         raise QtoolError(refusal)
@@ -116,7 +167,7 @@ def import_note(model: GruModel) -> str | None:
     return note(model)
 
 
-def load_graph(path, fmt: str | None = None, check: bool = True, example=None):
+def _load_graph(path, fmt: str | None = None, check: bool = True, example=None):
     """The whole model of a Keras or ONNX file as a graph of layers (docs/graph.md), checked
     against the framework where it is installed (`check`). `path` may also be a PyTorch
     `nn.Module` with an `example` input `[N, T, C]`: exported with `torch.onnx.export` (batch and
@@ -145,14 +196,45 @@ def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
     path = Path(path)
     fmt = _h5_format(path)
     if fmt in ("qtool-graph", "qtool-qgraph"):
-        return load_graph(path), None
+        return _load_graph(path), None
     try:
         if fmt not in (None, "keras") or detect_format(path) not in ("keras", "onnx"):
             return None, None
-        g = load_graph(path, check=False)
+        g = _load_graph(path, check=False)
     except QtoolError as e:
         return None, str(e)
     return (None, None) if all(n.op == "gru" for n in g.nodes) else (g, None)
+
+
+def is_whole_model(path: str | os.PathLike) -> bool:
+    """Whether the file at `path` is a whole model (`whole_model`). A file with more than a GRU
+    whose graph cannot be taken is refused with the reason (taking its GRU alone is `name`'s
+    choice): never part of a model without a word."""
+    path = Path(path)
+    graph, why = whole_model(path)
+    if why:
+        try:
+            left_out = _load_gru(path, check=False).extra.get("import", {}).get("left_out")
+        except QtoolError as e:  # neither the whole model nor a GRU alone: both reasons, the whole one first
+            whole, alone = _unprefixed(why, path), _unprefixed(str(e), path)
+            if _same_reason(whole, alone):  # a recurrent node qtool does not read, a state input: once
+                raise
+            raise QtoolError(f"{path}: the whole model cannot be taken: {whole}; nor one GRU alone: {alone}") from None
+        if left_out:
+            raise QtoolError(f"{path}: the whole model cannot be taken: {_unprefixed(why, path)} (`name` takes "
+                             f"one GRU, or the stack of GRU layers it starts, alone: {', '.join(gru_names(path))})")
+    return graph is not None
+
+
+def _same_reason(a: str, b: str) -> bool:
+    """Whether two refusals end alike (the same reason, each naming its node its own way)."""
+    tail = len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return tail >= 0.6 * min(len(a), len(b))
+
+
+def _unprefixed(reason: str, path: Path) -> str:
+    prefix = f"{path}: "
+    return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
 def gru_form(node) -> str | None:
@@ -194,8 +276,8 @@ def steps_text(graph: Graph) -> dict[str, str]:
     return of_graph(graph)
 
 
-def load_qgraph(path: str | os.PathLike) -> QGraph:
-    """A quantized whole-model file (`save_graph` of `calibrate_graph`'s result), proved well formed."""
+def _load_qgraph(path: str | os.PathLike) -> QGraph:
+    """A quantized whole-model file (`save` of `calibrate`'s result for a whole model), proved well formed."""
     from qtool.graph.file import load as load_file
 
     path = Path(path)
@@ -208,7 +290,7 @@ def load_qgraph(path: str | os.PathLike) -> QGraph:
     return load_file(path)
 
 
-def save_graph(model: Graph | QGraph, path: str | os.PathLike, force: bool = False,
+def _save_graph(model: Graph | QGraph, path: str | os.PathLike, force: bool = False,
                confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
     """Write a whole model (format qtool-graph) or a quantized one (qtool-qgraph) atomically."""
     from qtool.graph.file import write_graph, write_qgraph
@@ -228,13 +310,13 @@ def _one_input_graph(model: Graph | str | os.PathLike, check: bool) -> tuple[Gra
     source = None
     if not isinstance(model, Graph):
         source = Path(model)
-        model = load_graph(source, check=check)
+        model = _load_graph(source, check=check)
     if len(model.inputs) != 1:
         raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
     return model, source
 
 
-def calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
+def _calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
                     method: str = "auto", percentile: float = 99.99, batch_size: int = 64,
                     limit: int | None = None, dataset: str | None = None, time_first: bool = False,
                     check: bool = True, snap: str = "up", progress: Progress | None = None) -> QGraph:
@@ -297,7 +379,7 @@ def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.nda
     return labels
 
 
-def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
+def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
                    limit: int | None = None, dataset: str | None = None, time_first: bool = False,
                    outputs: bool = False, save: str | os.PathLike | None = None, force: bool = False,
                    confirm: Callable[[str], bool] | None = None, backend: str = "auto",
@@ -318,7 +400,7 @@ def simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=Non
     qg_path = None
     if not isinstance(qg, QGraph):
         qg_path = Path(qg)
-        qg = load_qgraph(qg_path)
+        qg = _load_qgraph(qg_path)
     if save is not None:
         files = [qg_path, data, labels]
         save = claim_output(save, force, [f for f in files if isinstance(f, (str, os.PathLike))], confirm)
@@ -421,8 +503,8 @@ def needs_compile() -> bool:
 class Inspection:
     """What a file holds: its float model, and its quantization when it is a quantized model."""
 
-    model: GruModel
-    qm: QuantModel | None
+    model: GruModel | Graph
+    qm: QuantModel | QGraph | None
 
     @property
     def quantized(self) -> bool:
@@ -430,7 +512,8 @@ class Inspection:
 
 
 def inspect(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> Inspection:
-    """A quantized or float qtool model file, or any importable file (imported, checked)."""
+    """A quantized or float qtool model file, or any importable file (imported as `load_model`
+    imports it, checked)."""
     import h5py
 
     from qtool.core.model import open_h5
@@ -441,9 +524,9 @@ def inspect(path: str | os.PathLike, *, name: str | None = None, check: bool = T
     if path.is_file() and h5py.is_hdf5(path):  # else an importable file, or load_model's error
         with open_h5(path) as f:
             quantized = is_qmodel(f)
-    if quantized:
+    if quantized or _h5_format(path) == "qtool-qgraph":
         qm = load(path)
-        return Inspection(qm.model, qm)
+        return Inspection(qm.model if isinstance(qm, QuantModel) else qm.graph, qm)
     return Inspection(load_model(path, name=name, check=check), None)
 
 
@@ -456,6 +539,7 @@ def export_tables(qm: QuantModel | str | os.PathLike, output: str | os.PathLike,
 
     if kind not in ("json", "h5"):
         raise QtoolError(f"`kind` must be json or h5, got '{kind}'")
+    _only(_whole(qm), "export_tables")
     qm_path = None
     if not isinstance(qm, QuantModel):
         qm_path = Path(qm)
@@ -477,17 +561,17 @@ def mode_explanation(mode: str) -> str | None:
     return EXPLANATION
 
 
-def load(path: str | os.PathLike) -> QuantModel:
-    """A quantized model file, validated (qtool.numerics.validate): safe for every engine and exporter."""
+def load(path: str | os.PathLike) -> QuantModel | QGraph:
+    """A quantized model file: a GRU's (`QuantModel`, validated by qtool.numerics.validate) or a
+    whole model's (`QGraph`, proved well formed); safe for every engine and exporter."""
     from qtool.io.qmodel_file import load_qmodel
 
     path = Path(path)
+    if _h5_format(path) == "qtool-qgraph":
+        return _load_qgraph(path)
     try:
         return load_qmodel(path)
     except QtoolError:
-        if _h5_format(path) == "qtool-qgraph":
-            raise QtoolError(f"{path}: a quantized whole model; this command takes a GRU alone for now (simulate "
-                             "and inspect take whole models; calibrate --name NAME quantizes one GRU)") from None
         kind = _other_model(path)  # a float model or a framework file: say what it is and what to run
         if kind is None:
             raise
@@ -537,21 +621,27 @@ def _write_once(write: Callable[[], None]) -> None:
         on_root(comm, write)
 
 
-def save(qm: QuantModel, path: str | os.PathLike, force: bool = False,
+def save(model: QuantModel | QGraph | GruModel | Graph, path: str | os.PathLike, force: bool = False,
          confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
-    """Write a quantized model file atomically (validated first; see fileio.claim_output for when
-    an existing file may be replaced)."""
+    """Write a model file atomically, in the format of what `model` is (docs/file-formats.md): a
+    quantized GRU (validated first), a quantized whole model, a float GRU or a float whole model.
+    An existing file is replaced only as qtool.io.files.claim_output allows, never one of `inputs`."""
     from qtool.io.files import write_h5
     from qtool.io.qmodel_file import write_qmodel
 
+    if isinstance(model, (Graph, QGraph)):
+        return _save_graph(model, path, force, confirm, inputs)
+    if isinstance(model, GruModel):
+        return _save_model(model, path, force, confirm, inputs)
+
     def write() -> None:
-        write_h5(claim_output(path, force, inputs, confirm), lambda f: write_qmodel(f, qm))
+        write_h5(claim_output(path, force, inputs, confirm), lambda f: write_qmodel(f, model))
 
     _write_once(write)
     return Path(path)
 
 
-def save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
+def _save_model(model: GruModel, path: str | os.PathLike, force: bool = False,
                confirm: Callable[[str], bool] | None = None, inputs: Sequence = ()) -> Path:
     """Write a float model file (format qtool-gru) atomically."""
     from qtool.core.model import write_model
@@ -645,6 +735,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     from qtool.calibration.observe import MethodPlan, collect_many
     from qtool.calibrators import METHODS
 
+    _only(_whole(model), "observe")
     if "auto" in methods and len(methods) > 1:
         raise QtoolError("`methods` takes single methods (auto chooses among them itself)")
     for m in [*(m for m in methods if m != "auto"), method_weights]:
@@ -661,7 +752,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     label, config = _bits_config(bits)
     if not isinstance(model, GruModel):
         path = Path(model)
-        model = load_model_for_data(path)
+        model = _load_model_for_data(path)
         ranges = file_ranges(path, model) if ranges is None else ranges
     auto = list(methods) == ["auto"] and ranges is None
     methods = ["minmax" if m == "auto" else m for m in methods]
@@ -690,32 +781,52 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
 
 
-def calibrate(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
+def calibrate(model: GruModel | Graph | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",
               method: str = "auto", method_weights: str = "minmax", percentile: float = 99.99,
               batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
-              time_first: bool = False, snap: str = "up", progress: Progress | None = None) -> QuantModel:
-    """Observe every tensor of the float GRU on calibration data; return the quantized model.
-    `method`: "auto" (per tensor the method with the least error on held-out folds of the data,
-    checked at the output against every single method; docs/calibration.md) or one method.
-    A quantized or QAT-trained model file keeps its own ranges (`snap`: how a scale that is not a
-    power of two becomes one, "up" without clipping or "nearest"); `data` fills in the rest."""
+              time_first: bool = False, snap: str = "up", check: bool = True,
+              progress: Progress | None = None) -> QuantModel | QGraph:
+    """Observe every tensor of the float model on calibration data; return the quantized model:
+    a `QuantModel` for a GRU alone, a `QGraph` for a whole model (every edge's grid, each GRU
+    calibrated on its own input; docs/graph.md). `method`: "auto" (a GRU: per tensor the method
+    with the least error on held-out folds of the data, checked at the output against every
+    single method, docs/calibration.md; a whole model: per-edge, minmax and mse scored at the
+    output on the last 20% of the data, the best calibrated on all), "per-edge" (a whole model:
+    per edge its least-error method) or one method. A quantized, QAT-trained or QDQ file keeps
+    its own ranges (`snap`: how a scale that is not a power of two becomes one, "up" without
+    clipping or "nearest"); `data` fills in the rest. `check`: a file read here is checked
+    against its framework."""
+    with read_once():
+        whole = _whole(model)
+        _only(whole, "calibrate", method_weights=method_weights)
+        if whole:
+            return _calibrate_graph(model, data, bits=bits, method=method, percentile=percentile,
+                                    batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
+                                    check=check, snap=snap, progress=progress)
+        ranges = None
+        if not isinstance(model, GruModel):
+            path = Path(model)
+            model = _load_model_for_data(path, check=check)
+            ranges = file_ranges(path, model)
     return observe(model, data, bits=bits, methods=(method,), method_weights=method_weights,
                    percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                   time_first=time_first, snap=snap, progress=progress).quant_model(0)
+                   time_first=time_first, ranges=ranges, snap=snap, progress=progress).quant_model(0)
 
 
 def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
            target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
            seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
            limit: int | None = None, dataset: str | None = None, time_first: bool = False,
-           output: str | os.PathLike | None = None, force: bool = False,
+           output: str | os.PathLike | None = None, force: bool = False, check: bool = True,
            confirm: Callable[[str], bool] | None = None,
            progress: Callable[[str, int, int | None], None] | None = None):
     """The precision advisor (docs/advisor.md): every tensor's predicted SNR at 8 and 16 bits and
     the int8/int16 threshold rule (docs/advisor.md) at `threshold` dB; with held-out `test` data, the least flash whose
     measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
     a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
-    `progress(stage, done, total or None)`. A whole model goes to `advise_graph`."""
+    `progress(stage, done, total or None)`. A whole model: int8 or int16 for each layer's weights
+    and output and each GRU tensor, a qtool.advisor.graph.GraphAdvice (docs/advisor.md, "Whole
+    models"). `check`: a file read here is checked against its framework."""
     import math
 
     from qtool.advisor.advise import THRESHOLD_DB
@@ -730,13 +841,14 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
         raise QtoolError(f"`threshold` must be a finite number of dB, got {threshold}")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
-    if isinstance(model, Graph) or (not isinstance(model, GruModel) and whole_model(model)[0] is not None):
-        return advise_graph(model, data, test, target_snr=target_snr, max_flash=max_flash, threshold=threshold,
-                            seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size, limit=limit,
-                            dataset=dataset, time_first=time_first, output=output, force=force, confirm=confirm,
-                            progress=progress)
-    if not isinstance(model, GruModel):
-        model = load_model_for_data(Path(model))
+    with read_once():
+        if _whole(model):
+            return _advise_graph(model, data, test, target_snr=target_snr, max_flash=max_flash,
+                                 threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
+                                 limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
+                                 check=check, confirm=confirm, progress=progress)
+        if not isinstance(model, GruModel):
+            model = _load_model_for_data(Path(model), check=check)
     model_path = model.extra.get("path")
     data_in, test_in = data, test
     data = as_data(data, dataset, time_first)
@@ -757,7 +869,7 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
     return adv
 
 
-def advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+def _advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
                  target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
                  seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
                  limit: int | None = None, dataset: str | None = None, time_first: bool = False,
@@ -767,7 +879,7 @@ def advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLik
     """The precision advisor for a whole model (docs/advisor.md, "Whole models"): int8 or int16
     for each layer's weights and output and each GRU tensor, by the threshold rule or, with
     `test`, the searches `advise` runs. Returns a qtool.advisor.graph.GraphAdvice; `output` gets
-    its bits file (TOML, for `calibrate_graph(bits=...)`)."""
+    its bits file (TOML, for `calibrate(bits=...)`)."""
     from qtool.advisor.advise import THRESHOLD_DB
     from qtool.advisor.graph import advise_graph as run_advise
     from qtool.io.files import write_bytes
@@ -804,6 +916,7 @@ def compare(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike,
             dataset: str | None = None, time_first: bool = False,
             progress: Progress | None = None) -> Comparison:
     """Calibrate with each method in one float pass and score each on held-out `test` data."""
+    _only(_whole(model), "compare")
     if data is None:
         raise QtoolError("missing DATA (calibration data file)")
     cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
@@ -852,16 +965,24 @@ class SimulationResult:
                 "backend": self.backend, "backend_reason": self.backend_reason, **self.extra}
 
 
-def simulate(qm: QuantModel | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
+def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
              backend: str = "auto", batch_size: int = 256, limit: int | None = None,
              save: str | os.PathLike | None = None, force: bool = False,
              confirm: Callable[[str], bool] | None = None, dataset: str | None = None,
-             time_first: bool = False, mode: str = "integer", outputs: bool = False,
-             progress: Progress | None = None) -> SimulationResult:
-    """Run the integer GRU and the float GRU side by side on `data` and measure how far apart
-    they are. `mode`: "integer", "fakequant" (the float GRU with every tensor rounded onto its
+             time_first: bool = False, mode: str = "integer", outputs: bool = False, labels=None,
+             progress: Progress | None = None):
+    """Run the integer model and the float model side by side on `data` and measure how far apart
+    they are. `mode`: "integer", "fakequant" (the float model with every tensor rounded onto its
     grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file;
-    `outputs=True` returns them in the result (`y_float`, `y_quant`, `y_int`, `[N, T, out]`)."""
+    `outputs=True` returns them in the result. A GRU alone gives a `SimulationResult`
+    (`y_float`, `y_quant`, `y_int`, `[N, T, out]`); a whole model a `GraphSimulation` (every
+    edge; a classifier's top-1 agreement, and with `labels` both accuracies)."""
+    whole = _whole(qm)
+    _only(whole, "simulate", per_tensor=per_tensor, labels=labels)
+    if whole:
+        return _simulate_graph(qm, data, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
+                               time_first=time_first, outputs=outputs, save=save, force=force, confirm=confirm,
+                               backend=backend, mode=mode, progress=progress)
     _check_mode(mode)
     import time
 
@@ -957,7 +1078,7 @@ def _simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return y, np.concatenate(finals, axis=1)
 
 
-def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
              compensation: str = "table", test_vectors: np.ndarray | None = None, force: bool = False,
              confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
     """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
@@ -969,11 +1090,11 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
     from qtool.exporters.c_vectors import render_test_vectors
     from qtool.io.files import write_files
 
-    if isinstance(qm, QGraph) or (not isinstance(qm, QuantModel) and _h5_format(Path(qm)) == "qtool-qgraph"):
-        if compensation != "table":
-            raise QtoolError("a whole model's GRUs compensate zero points by tables (no `compensation` offset)")
-        return export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
-                              fully_integral=fully_integral)
+    whole = _whole(qm)
+    _only(whole, "export_c", compensation=compensation)
+    if whole:
+        return _export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
+                               fully_integral=fully_integral)
     qm_path = None
     if not isinstance(qm, QuantModel):
         qm_path = Path(qm)
@@ -993,7 +1114,7 @@ def export_c(qm: QuantModel | str | os.PathLike, out_dir: str | os.PathLike, *, 
                         qm.fingerprint(), replaced.edited)
 
 
-def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
                    test_vectors: np.ndarray | None = None, force: bool = False,
                    confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
     """`export_c` of a whole model (docs/embedded.md, "Whole models"): every layer of its integer
@@ -1009,7 +1130,7 @@ def export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *
     qg_path = None
     if not isinstance(qg, QGraph):
         qg_path = Path(qg)
-        qg = load_qgraph(qg_path)
+        qg = _load_qgraph(qg_path)
     prefix = c_name(name or qg.graph.name)
     if prefix in {p.stem for p in RUNTIME.iterdir()}:
         raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.h; choose another name")
@@ -1075,7 +1196,7 @@ class VerifyResult:
         return dict(vars(self))
 
 
-def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
            name: str | None = None, limit: int | None = None, dataset: str | None = None,
            time_first: bool = False, target: str = "host") -> VerifyResult:
     """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
@@ -1083,8 +1204,8 @@ def verify(qm: QuantModel | str | os.PathLike, export_dir: str | os.PathLike, da
     states and dequantized outputs that differ from the simulator's."""
     from qtool.exporters.c_verify import compare, export_fingerprint, run_c
 
-    if isinstance(qm, QGraph) or (not isinstance(qm, QuantModel) and _h5_format(Path(qm)) == "qtool-qgraph"):
-        return verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
+    if _whole(qm):
+        return _verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
                             target=target)
     if not isinstance(qm, QuantModel):
         qm = load(Path(qm))
@@ -1149,7 +1270,7 @@ def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
     raise QtoolError(f"{export_dir} holds several exports ({', '.join(found)}); choose one with `name`")
 
 
-def verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+def _verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
                  name: str | None = None, limit: int | None = None, dataset: str | None = None,
                  time_first: bool = False, target: str = "host") -> GraphVerifyResult:
     """`verify` of a whole model: compile its export for `target`, run `data` through it whole
@@ -1162,7 +1283,7 @@ def verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, 
     from qtool.numerics.qparams import dequantize
 
     if not isinstance(qg, QGraph):
-        qg = load_qgraph(Path(qg))
+        qg = _load_qgraph(Path(qg))
     export_dir = Path(export_dir)
     prefix = _graph_export_prefix(export_dir, name, qg)
     stamp, mine = export_fingerprint(export_dir, prefix), fingerprint(qg)
@@ -1200,7 +1321,7 @@ class ReportResult:
     backend: str
 
 
-def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
+def html_report(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
                 limit: int | None = None, sequences: int = 3, units: int = 4, backend: str = "auto",
                 batch_size: int = 256, force: bool = False, confirm: Callable[[str], bool] | None = None,
                 dataset: str | None = None, time_first: bool = False,
@@ -1213,7 +1334,7 @@ def html_report(qm: QuantModel | str | os.PathLike, data: DataLike, out: str | o
     from qtool.report.data import collect
     from qtool.report.html import plotly_modules, render
 
-    if isinstance(qm, QGraph) or (not isinstance(qm, QuantModel) and _h5_format(Path(qm)) == "qtool-qgraph"):
+    if _whole(qm):
         return _graph_report(qm, data, out, limit=limit, backend=backend, batch_size=batch_size, force=force,
                              confirm=confirm, dataset=dataset, time_first=time_first, progress=progress)
     plotly_modules()  # refuse before the work, not after it
@@ -1249,7 +1370,7 @@ def _graph_report(qg: QGraph | str | os.PathLike, data: DataLike, out: str | os.
     out = claim_output(out, force, inputs, confirm)
     runner, label, reason = select_backend(backend)
     if not isinstance(qg, QGraph):
-        qg = load_qgraph(qg)
+        qg = _load_qgraph(qg)
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
     name = Path(data).name if isinstance(data, (str, os.PathLike)) else "the data"

@@ -97,7 +97,7 @@ def test_api_errors_name_parameters_and_the_cli_names_flags(cli, tmp_path):
     assert as_flags("`batch_size` must be; use `force`; `test` and `methods`; (`check=False`); `fmt`") == \
         "--batch-size must be; use --force; --eval and --compare; (--no-check); --format"
     np.save(tmp_path / "x.npy", x)
-    qtool.save_model(model, tmp_path / "m.h5")
+    qtool.save(model, tmp_path / "m.h5")
     code, _, err = cli("calibrate", tmp_path / "m.h5", tmp_path / "x.npy", "-o", tmp_path / "q.h5",
                        "--percentile", "20", "--method", "percentile")
     assert code == 2 and "--percentile must be in (50, 100]" in err and "`" not in err

@@ -107,7 +107,7 @@ def test_load_model_for_data_refuses_a_gru_fed_by_another_layer(tmp_path, files)
     msg = not_fed_by_input(model, tmp_path / "m.keras")
     assert "is fed by dense (Dense), not by the model's input" in msg and f"qtool import {tmp_path / 'm.keras'}" in msg
     with pytest.raises(QtoolError, match="choose one with `name`"):
-        qtool.load_model_for_data(d / "seq2seq.pt", check=False)
+        qtool.load_model(d / "seq2seq.pt", check=False, for_data=True)
 
 
 def test_a_state_dict_with_a_layer_stored_before_its_gru_is_not_calibrated_on_the_model_input(cli, files):

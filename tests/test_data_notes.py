@@ -21,14 +21,14 @@ def quantized(tmp_path_factory):
     np.save(d / "good.npy", x)
     models = {"gru": qtool.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax")}
     if has("onnx"):
-        models["whole"] = qtool.calibrate_graph(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", method="minmax",
+        models["whole"] = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", method="minmax",
                                                 check=False)
     return d, models
 
 
 def notes(qm, data):
     if isinstance(qm, qtool.api.QGraph):
-        return qtool.simulate_graph(qm, data, backend="cpu").notes
+        return qtool.simulate(qm, data, backend="cpu").notes
     return qtool.simulate(qm, data, backend="cpu").extra["notes"]
 
 
@@ -49,7 +49,7 @@ def test_time_first_data_and_scaled_inputs_are_said(quantized, kind):
 @pytest.mark.skipif(not has("onnx"), reason="needs onnx")
 def test_at_the_command_line(cli, quantized, tmp_path):
     d, models = quantized
-    qtool.save_graph(models["whole"], tmp_path / "q.h5")
+    qtool.save(models["whole"], tmp_path / "q.h5")
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--json")
     assert code == 0 and "warning: the data [8, 597, 8] look time-first" in err and "--time-first" in err
     assert json.loads(out)["notes"][0].startswith("the data [8, 597, 8] look time-first")

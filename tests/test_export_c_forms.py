@@ -295,9 +295,9 @@ def test_whole_model_with_a_reset_before_gru(tmp_path, target):
     g = causal_graph()
     gru = next(n for n in g.nodes if n.op == "gru")
     gru.attrs["reset_after"] = False
-    qg = api.calibrate_graph(g, _data(6, 64, 24, 0), bits="int8", method="minmax", check=False)
-    res = api.export_graph_c(qg, tmp_path, name="m")
+    qg = api.calibrate(g, _data(6, 64, 24, 0), bits="int8", method="minmax", check=False)
+    res = api.export_c(qg, tmp_path, name="m")
     assert "_dot1_rh(" in (tmp_path / "m_gru.c").read_text()
-    v = api.verify_graph(qg, tmp_path, _data(6, 4 if target == "host" else 2, 17, 1) * 1.3, target=target)
+    v = api.verify(qg, tmp_path, _data(6, 4 if target == "host" else 2, 17, 1) * 1.3, target=target)
     assert v.streaming and v.edge_values > 0 and v.stream_values > 0 and v.mismatches == 0, v.to_dict()
     assert res.footprint.ram_bytes > 0

@@ -136,7 +136,7 @@ GRAPHS = {"causal": (causal_graph, 6), "whole": (whole_graph, 4), "final": (fina
 @pytest.mark.parametrize("which", list(GRAPHS))
 def test_whole_model_c_equals_simulator(which, bits, tmp_path):
     make, C = GRAPHS[which]
-    qg = api.calibrate_graph(make(), _data(C, 64, 24, 0), bits=bits, method="minmax", check=False)
+    qg = api.calibrate(make(), _data(C, 64, 24, 0), bits=bits, method="minmax", check=False)
     res, ex = _verify(qg, _data(C, 6, 21, 1) * 1.3, tmp_path)  # held out, some values beyond the range
     assert res["edge_mismatches"] == 0, {e: v for e, v in res["edges"].items() if v}
     assert res["dequantized_mismatches"] == 0
@@ -153,7 +153,7 @@ def test_whole_model_c_equals_simulator(which, bits, tmp_path):
 @pytest.mark.parametrize("which,bits", [(g, "int8") for g in GRAPHS] + [("causal", "w8a16"), ("whole", "int16")])
 def test_whole_model_c_on_cortex_m4(which, bits, tmp_path):
     make, C = GRAPHS[which]
-    qg = api.calibrate_graph(make(), _data(C, 64, 24, 0), bits=bits, method="minmax", check=False)
+    qg = api.calibrate(make(), _data(C, 64, 24, 0), bits=bits, method="minmax", check=False)
     res, _ = _verify(qg, _data(C, 3, 17, 2), tmp_path, target="cortex-m4")
     assert res["edge_mismatches"] == 0 and res["dequantized_mismatches"] == 0 and res["stream_mismatches"] == 0
 
@@ -164,7 +164,7 @@ def test_short_sequences_are_refused_by_the_c(tmp_path):
         pytest.skip("no C compiler")
     g = Graph([Node("conv", "conv1d", ["x"], ["y"], {"kernel": 5}, {"W": _w(np.random.RandomState(0), 3, 2, 5)})],
               {"x": (None, 2)}, ["y"])
-    qg = api.calibrate_graph(g, _data(2, 16, 12, 0), method="minmax", check=False)
+    qg = api.calibrate(g, _data(2, 16, 12, 0), method="minmax", check=False)
     with pytest.raises(QtoolError, match="too short or too long"):
         _verify(qg, _data(2, 2, 3, 1), tmp_path)
 
@@ -177,8 +177,8 @@ def test_cli_exports_and_verifies_a_whole_model(cli, tmp_path):
     import json
     import subprocess
 
-    qg = api.calibrate_graph(causal_graph(), _data(6, 48, 20, 0), method="minmax", check=False)
-    api.save_graph(qg, tmp_path / "q.h5")
+    qg = api.calibrate(causal_graph(), _data(6, 48, 20, 0), method="minmax", check=False)
+    api.save(qg, tmp_path / "q.h5")
     np.save(tmp_path / "test.npy", _data(6, 5, 13, 3))
     code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "kws", "--test-vectors")
     assert code == 0, err
@@ -205,8 +205,8 @@ def test_cli_exports_and_verifies_a_whole_model(cli, tmp_path):
     doc = json.loads(out)
     assert code == 1 and doc["edges"]["logits"] > 0 and doc["edges"]["mp"] == 0
     # another model's export
-    other = api.calibrate_graph(final_state_graph(), _data(5, 32, 20, 0), method="minmax", check=False)
-    api.save_graph(other, tmp_path / "other.h5")
+    other = api.calibrate(final_state_graph(), _data(5, 32, 20, 0), method="minmax", check=False)
+    api.save(other, tmp_path / "other.h5")
     code, out, err = cli("verify", tmp_path / "other.h5", tmp_path / "c", tmp_path / "test.npy")
     assert code != 0 and "made from another model" in err and "Traceback" not in err
 
@@ -218,7 +218,7 @@ def test_advise_counts_flash_as_the_export_does(which, bits):
     from qtool.advisor.graph import graph_flash
 
     make, C = GRAPHS[which]
-    qg = api.calibrate_graph(make(), _data(C, 32, 24, 0), bits=bits, method="minmax", check=False)
+    qg = api.calibrate(make(), _data(C, 32, 24, 0), bits=bits, method="minmax", check=False)
     assert graph_flash(qg) == render_graph_c(qg, "m").footprint.flash_bytes
 
 
@@ -228,7 +228,7 @@ def test_the_work_buffer_has_a_compile_time_size(which, tmp_path):
     """NAME_SEQUENCE_WORK_MAX(T), a constant expression in the header, is at least what
     NAME_sequence_work(T) returns at every length, so the work buffer can be allocated statically."""
     make, C = GRAPHS[which]
-    qg = api.calibrate_graph(make(), _data(C, 16, 24, 0), bits="w8a16", method="minmax", check=False)
+    qg = api.calibrate(make(), _data(C, 16, 24, 0), bits="w8a16", method="minmax", check=False)
     ex = render_graph_c(qg, "m")
     for n, data in ex.encoded().items():
         (tmp_path / n).write_bytes(data)

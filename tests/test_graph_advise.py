@@ -85,14 +85,14 @@ def test_the_preset_figures_are_what_calibrate_then_export_gives():
     g, calib = model(), data(60, 0, spikes=True)
     adv = advise_graph(g, calib, 60)
     for preset in ("int8", "w8a16", "int16"):
-        assert adv.presets[preset]["flash_bytes"] == graph_flash(api.calibrate_graph(g, calib, bits=preset))
+        assert adv.presets[preset]["flash_bytes"] == graph_flash(api.calibrate(g, calib, bits=preset))
 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     g, calib, test = model(), data(60, 0), data(40, 1)
-    int8 = api.calibrate_graph(g, calib.chunk(0, 60))
-    target = output_snr_db(api.simulate_graph(int8, test.chunk(0, 40)), int8) + 8.0
+    int8 = api.calibrate(g, calib.chunk(0, 60))
+    target = output_snr_db(api.simulate(int8, test.chunk(0, 40)), int8) + 8.0
     path = tmp_path_factory.mktemp("adv") / "bits.toml"
     adv = api.advise(g, calib.chunk(0, 60), test.chunk(0, 40), target_snr=target, output=path)
     return g, calib, test, target, adv, path
@@ -108,9 +108,9 @@ def test_the_target_search_reaches_the_target_with_less_flash_than_int16(searche
 
 def test_the_bits_file_rebuilds_the_measured_model(searched):
     g, calib, test, target, adv, path = searched
-    qg = api.calibrate_graph(g, calib.chunk(0, 60), bits=str(path))
+    qg = api.calibrate(g, calib.chunk(0, 60), bits=str(path))
     assert graph_flash(qg) == adv.chosen.flash
-    assert output_snr_db(api.simulate_graph(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
+    assert output_snr_db(api.simulate(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
     assert all(np.array_equal(qg.grids[e].exp2_inv, adv.chosen.qg.grids[e].exp2_inv) for e in qg.grids)
     assert fingerprint(qg) == fingerprint(adv.chosen.qg)  # every layer's bits too, those of no unit included
 
@@ -146,8 +146,8 @@ def same_model(a, b) -> None:
 def per_edge(tmp_path_factory):
     """A target search whose chosen model auto calibrated per edge, with methods that differ."""
     g, calib, test = model(), outliers(60, 2), outliers(40, 102)
-    int8 = api.calibrate_graph(g, calib.chunk(0, 60))
-    target = output_snr_db(api.simulate_graph(int8, test.chunk(0, 40)), int8) + 3.0
+    int8 = api.calibrate(g, calib.chunk(0, 60))
+    target = output_snr_db(api.simulate(int8, test.chunk(0, 40)), int8) + 3.0
     path = tmp_path_factory.mktemp("adv") / "bits.toml"
     adv = api.advise(g, calib.chunk(0, 60), test.chunk(0, 40), target_snr=target, output=path)
     return g, calib, test, adv, path
@@ -166,9 +166,9 @@ def test_the_bits_file_names_every_method_so_any_method_rebuilds_the_model(per_e
     assert {(l, n): t.method for l, t in file.layers.items() for n, t in t.items()} | \
         {(0, n): t.method for n, t in file.items() if t.method} == \
         {(0, n): m for n, m in info["gru_methods"]["gru"][0].items()}  # every tensor auto chooses
-    qg = api.calibrate_graph(g, calib.chunk(0, 60), bits=str(path), method=method)
+    qg = api.calibrate(g, calib.chunk(0, 60), bits=str(path), method=method)
     same_model(qg, adv.chosen.qg)
-    assert output_snr_db(api.simulate_graph(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
+    assert output_snr_db(api.simulate(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
 
 
 def test_grus_that_choose_differently_get_the_model_the_file_rebuilds(tmp_path):
@@ -191,9 +191,9 @@ def test_grus_that_choose_differently_get_the_model_the_file_rebuilds(tmp_path):
     methods = adv.chosen.qg.info["gru_methods"]
     assert methods["g1"][0] == {**methods["g2"][0], "x": methods["g1"][0]["x"]}  # g2's x is g1's h, grid and all
     for method in ("auto", "minmax"):
-        qg = api.calibrate_graph(g, calib.chunk(0, 60), bits=str(path), method=method)
+        qg = api.calibrate(g, calib.chunk(0, 60), bits=str(path), method=method)
         same_model(qg, adv.chosen.qg)
-        assert output_snr_db(api.simulate_graph(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
+        assert output_snr_db(api.simulate(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
 
 
 def test_a_layer_keeps_its_bits_where_the_file_sets_the_grus_w_and_h_to_16(tmp_path):

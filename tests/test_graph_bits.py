@@ -13,7 +13,7 @@ from qtool.errors import QtoolError
 
 @pytest.fixture(scope="module")
 def graph():
-    return api.load_graph(SAMPLES / "digits.onnx", check=False)
+    return api.load_model(SAMPLES / "digits.onnx", check=False)
 
 
 def bits_file(tmp_path, graph_table: dict) -> str:
@@ -24,20 +24,20 @@ def bits_file(tmp_path, graph_table: dict) -> str:
 
 def test_a_layer_takes_its_own_bits_and_method(graph, tmp_path):
     x = np.load(SAMPLES / "calib.npy")[:100]
-    qg = api.calibrate_graph(graph, x, bits=bits_file(tmp_path, {"/head/Gemm": {"weight": 12, "activation": 16,
+    qg = api.calibrate(graph, x, bits=bits_file(tmp_path, {"/head/Gemm": {"weight": 12, "activation": 16,
                                                                                "method": "minmax"}}))
     head = qg.node("/head/Gemm")
     grid = qg.grids[head.outputs[0]]
     assert grid.bits == 16 and qg.info["edge_methods"][head.outputs[0]] == "minmax"
     q_W = qg.qparams["/head/Gemm"]["q_W"]
     assert np.abs(q_W).max() > 127 and np.abs(q_W).max() <= 2047  # 12-bit weights, the whole range used
-    qg8 = api.calibrate_graph(graph, x, bits="int8")
+    qg8 = api.calibrate(graph, x, bits="int8")
     assert qg8.grids[head.outputs[0]].bits == 8 and np.abs(qg8.qparams["/head/Gemm"]["q_W"]).max() <= 127
-    api.save_graph(qg, tmp_path / "q.h5")
-    again = api.load_qgraph(tmp_path / "q.h5")
+    api.save(qg, tmp_path / "q.h5")
+    again = api.load(tmp_path / "q.h5")
     assert np.array_equal(again.qparams["/head/Gemm"]["q_W"], q_W)
     test = np.load(SAMPLES / "test.npy")
-    assert api.simulate_graph(again, test).to_dict() == api.simulate_graph(qg, test).to_dict()
+    assert api.simulate(again, test).to_dict() == api.simulate(qg, test).to_dict()
 
 
 @pytest.mark.parametrize("table,says", [
@@ -50,19 +50,19 @@ def test_a_layer_takes_its_own_bits_and_method(graph, tmp_path):
 ])
 def test_what_a_graph_table_cannot_mean_is_one_line(graph, tmp_path, table, says):
     with pytest.raises(QtoolError) as e:
-        api.calibrate_graph(graph, np.load(SAMPLES / "calib.npy")[:20], bits=bits_file(tmp_path, table))
+        api.calibrate(graph, np.load(SAMPLES / "calib.npy")[:20], bits=bits_file(tmp_path, table))
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
 def test_auto_scores_its_candidates_at_the_output_and_keeps_the_best(graph):
     x = np.load(SAMPLES / "calib.npy")
-    qg = api.calibrate_graph(graph, x, bits="int8")
+    qg = api.calibrate(graph, x, bits="int8")
     auto = qg.info["auto"]
     assert auto["held_out"] == 80 and set(auto["output_snr_db"]) == {"per-edge", "minmax", "mse"}
     assert auto["output_snr_db"][auto["chosen"]] == max(auto["output_snr_db"].values())
     # the score is the candidate's own: per-edge on the first 320 sequences, simulated on the last 80
-    fit = api.calibrate_graph(graph, x[:320], bits="int8", method="per-edge")
-    d = api.simulate_graph(fit, x[320:]).outputs["logits"]
+    fit = api.calibrate(graph, x[:320], bits="int8", method="per-edge")
+    d = api.simulate(fit, x[320:]).outputs["logits"]
     assert auto["output_snr_db"]["per-edge"] == pytest.approx(d.snr_db, abs=1e-9)
     with pytest.raises(QtoolError, match="use auto, per-edge or one of"):
-        api.calibrate_graph(graph, x, method="best")
+        api.calibrate(graph, x, method="best")

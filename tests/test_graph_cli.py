@@ -35,7 +35,7 @@ def test_inspect_graph_lists_every_layer_and_the_check(cli, keras_file):
     assert [r["op"] for r in doc["layers"]] == ["dense", "activation", "gru", "dense", "softmax"]
     assert doc["layers"][2]["shape"] == [12] and doc["check"] is None
     x = np.random.default_rng(2).standard_normal((4, 9, 6)).astype(np.float32)  # held out, another length
-    graph = qtool.load_graph(path, check=False)
+    graph = qtool.load_model(path, check=False)
     assert np.abs(run(graph, x)[graph.outputs[0]] - m.predict(x, verbose=0)).max() < 1e-5
 
 
@@ -160,7 +160,7 @@ def test_import_writes_the_whole_graph_and_name_takes_the_gru_alone(cli, keras_f
     _, path = keras_file
     code, out, err = cli("import", path, "-o", tmp_path / "whole.h5", "--no-check")
     assert code == 0 and "imported the whole model" in out, err
-    g = qtool.load_graph(tmp_path / "whole.h5")
+    g = qtool.load_model(tmp_path / "whole.h5")
     assert [n.op for n in g.nodes] == ["dense", "activation", "gru", "dense", "softmax"]
     code, out, err = cli("import", path, "-o", tmp_path / "gru.h5", "--no-check", "--name", "gru")
     assert code == 0 and "left out" in " ".join(out.split()), err
@@ -176,7 +176,7 @@ def test_commands_of_a_gru_alone_say_what_a_whole_model_file_is(cli, digits_whol
     for args in (["export", "json", d / "q.h5", "-o", tmp_path / "p.json"],
                  ["export", "h5", d / "q.h5", "-o", tmp_path / "p.h5"]):
         code, _, err = cli(*args)
-        assert code == 2 and "a quantized whole model; this command takes a GRU alone" in err and err.count("\n") == 1
+        assert code == 2 and "a whole model: export_tables takes a GRU alone" in err and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
 
 
@@ -186,7 +186,7 @@ def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp
     assert code == 0, err
     res = json.loads(out)
     page = (tmp_path / "r.html").read_text()
-    sim = qtool.simulate_graph(qtool.load_qgraph(d / "q.h5"), SAMPLES / "test.npy").to_dict()
+    sim = qtool.simulate(qtool.load(d / "q.h5"), SAMPLES / "test.npy").to_dict()
     assert res["metrics"]["cosine"] == sim["outputs"]["logits"]["cosine"]
     drawn = re.sub(r"<script>.*?</script>", "", page, flags=re.S)  # plotly.js, for the GRU's histograms
     assert drawn.count("<svg") == 1 and "Written by qtool" in page
@@ -213,7 +213,7 @@ def test_a_whole_model_with_an_unsupported_layer_is_refused_naming_it(cli, tmp_p
                  ["calibrate", tmp_path / "ln.keras", tmp_path / "x.npy", "-o", tmp_path / "b.h5"]):
         code, _, err = cli(*args, "--no-check")
         assert code == 2 and "the whole model cannot be taken" in err and "norm" in err, err
-        assert "--name NAME takes one GRU, or the stack of GRU layers it starts, alone" in err and err.count("\n") == 1
+        assert "--name takes one GRU, or the stack of GRU layers it starts, alone" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ln.keras", "x.npy"]
     code, out, err = cli("import", tmp_path / "ln.keras", "-o", tmp_path / "a.h5", "--no-check", "--name", "gru")
     assert code == 0 and "left out" in " ".join(out.split()), err
@@ -227,12 +227,12 @@ def test_a_classifier_is_measured_at_its_logits(cli, tmp_path):
     from qtool import api
     from qtool.graph.simulate import output_snr_db
 
-    qg = api.calibrate_graph(causal_graph(), _data(6, 64, 24, 0), bits="int8", method="minmax", check=False)
+    qg = api.calibrate(causal_graph(), _data(6, 64, 24, 0), bits="int8", method="minmax", check=False)
     test = _data(6, 16, 24, 1)
-    sim = api.simulate_graph(qg, test, backend="cpu")
+    sim = api.simulate(qg, test, backend="cpu")
     assert qg.core_outputs == ["logits"] and qg.graph.outputs == ["y"]
     assert output_snr_db(sim, qg) == sim.edges["logits"].snr_db < sim.outputs["y"].snr_db
-    api.save_graph(qg, tmp_path / "q.h5")
+    api.save(qg, tmp_path / "q.h5")
     np.save(tmp_path / "t.npy", test)
     code, out, err = cli("simulate", tmp_path / "q.h5", tmp_path / "t.npy")
     assert code == 0, err
@@ -246,8 +246,8 @@ def test_export_of_a_model_that_cannot_stream_gives_its_work_not_a_step_ram(cli,
 
     from qtool import api
 
-    qg = api.calibrate_graph(whole_graph(), _data(4, 32, 24, 0), bits="int8", method="minmax", check=False)
-    api.save_graph(qg, tmp_path / "q.h5")
+    qg = api.calibrate(whole_graph(), _data(4, 32, 24, 0), bits="int8", method="minmax", check=False)
+    api.save(qg, tmp_path / "q.h5")
     code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "m")
     assert code == 0, err
     text = " ".join(out.split())

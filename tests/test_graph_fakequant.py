@@ -77,7 +77,7 @@ def test_mode_both_reports_the_integer_and_the_fake_quant_model(cli, tmp_path):
     assert both["fakequant"]["outputs"] == runs["fakequant"]["outputs"]
     same = both["fakequant"]["same_integers"]
     assert same["rows"] == 1.0 and 0.2 < same["/gru/GRU_1_output_0"] < 1.0  # the input; the GRU's own arithmetic
-    qg = api.load_qgraph(tmp_path / "q.h5")
+    qg = api.load(tmp_path / "q.h5")
     x = np.load(SAMPLES / "test.npy")
     from qtool.graph.fakequant import run_fakequant
 

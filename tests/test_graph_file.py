@@ -17,9 +17,9 @@ from qtool.errors import QtoolError
 @pytest.fixture(scope="module")
 def qfile(tmp_path_factory):
     path = tmp_path_factory.mktemp("qg") / "q.h5"
-    qg = api.calibrate_graph(api.load_graph(SAMPLES / "digits.onnx", check=False),
+    qg = api.calibrate(api.load_model(SAMPLES / "digits.onnx", check=False),
                              np.load(SAMPLES / "calib.npy")[:64], method="minmax")
-    api.save_graph(qg, path)
+    api.save(qg, path)
     return path
 
 
@@ -75,7 +75,7 @@ def test_a_damaged_file_is_one_line(qfile, tmp_path, what):
     with h5py.File(path, "r+") as f:
         change(f)
     with pytest.raises(QtoolError) as e:
-        api.load_qgraph(path)
+        api.load(path)
     assert says in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -87,14 +87,14 @@ def test_a_file_without_a_fingerprint_loads(qfile, tmp_path):
     shutil.copy(qfile, path)
     with h5py.File(path, "r+") as f:
         stored = f.attrs.pop("fingerprint")
-    assert fingerprint(api.load_qgraph(path)) == stored
+    assert fingerprint(api.load(path)) == stored
 
 
 def test_a_file_qtool_wrote_loads_to_the_same_integers(qfile):
     from qtool.graph.simulate import run_int
 
-    qg = api.load_qgraph(qfile)
-    again = api.calibrate_graph(api.load_graph(SAMPLES / "digits.onnx", check=False),
+    qg = api.load(qfile)
+    again = api.calibrate(api.load_model(SAMPLES / "digits.onnx", check=False),
                                 np.load(SAMPLES / "calib.npy")[:64], method="minmax")
     x = np.load(SAMPLES / "test.npy")[:50]
     a, b = run_int(qg, x), run_int(again, x)
@@ -115,7 +115,7 @@ def test_a_gru_alones_results_file_has_the_attributes_a_whole_models_has(tmp_pat
 @pytest.mark.parametrize("mode", ["integer", "fakequant", "both"])
 def test_a_whole_models_results_file_says_what_it_holds(qfile, tmp_path, mode):
     out = tmp_path / "r.h5"
-    api.simulate_graph(qfile, SAMPLES / "test.npy", limit=20, save=out, mode=mode)
+    api.simulate(qfile, SAMPLES / "test.npy", limit=20, save=out, mode=mode)
     with h5py.File(qfile) as q, h5py.File(out) as f:
         assert set(f.attrs) == RESULTS_ATTRS
         assert f.attrs["mode"] == mode and f.attrs["model"] == str(qfile) and f.attrs["samples"] == 20
@@ -134,7 +134,7 @@ def test_a_calibrated_model_and_its_file_have_one_fingerprint(qfile):
     """The results of a QGraph in memory and of its file carry the same qmodel_fingerprint."""
     from qtool.graph.file import fingerprint
 
-    qg = api.calibrate_graph(api.load_graph(SAMPLES / "digits.onnx", check=False),
+    qg = api.calibrate(api.load_model(SAMPLES / "digits.onnx", check=False),
                              np.load(SAMPLES / "calib.npy")[:64], method="minmax")
     with h5py.File(qfile) as f:
-        assert fingerprint(qg) == f.attrs["fingerprint"] == fingerprint(api.load_qgraph(qfile))
+        assert fingerprint(qg) == f.attrs["fingerprint"] == fingerprint(api.load(qfile))

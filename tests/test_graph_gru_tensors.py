@@ -37,10 +37,10 @@ def tiny(tmp_path_factory):
                                                       "b": np.zeros(3, np.float32)})],
               {"x": (None, 4)}, ["y"], name="tiny")
     tmp = tmp_path_factory.mktemp("grus")
-    qg = api.calibrate_graph(g, rng.normal(0, 1, (24, 6, 4)).astype(np.float32), method="minmax")
-    api.save_graph(qg, tmp / "q.h5")
+    qg = api.calibrate(g, rng.normal(0, 1, (24, 6, 4)).astype(np.float32), method="minmax")
+    api.save(qg, tmp / "q.h5")
     np.save(tmp / "test.npy", rng.normal(0, 1, (10, 6, 4)).astype(np.float32))
-    qg = api.load_qgraph(tmp / "q.h5")
+    qg = api.load(tmp / "q.h5")
     assert qg.grus == ["enc", "dec"]
     return qg, tmp
 

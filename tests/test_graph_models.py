@@ -73,7 +73,7 @@ def _train_torch(module, x: np.ndarray, y: np.ndarray, loss_fn, epochs: int, lr:
 
 def _imported(path, x_test: np.ndarray, want: np.ndarray):
     """The file imported with its check on; its float graph held to the framework's `want` on `x_test`."""
-    g = api.load_graph(path, check=True)
+    g = api.load_model(path, check=True)
     check = g.check_result
     assert check["checked"] is True, check
     assert check["max_abs_diff"] <= TOLERANCE, check
@@ -86,8 +86,8 @@ def _quantized(g, x_calib: np.ndarray, x_test: np.ndarray, labels=None) -> dict:
     """Each preset: calibrated on `x_calib`, simulated on `x_test`; the output's cosine held to COSINE."""
     results = {}
     for bits, floor in COSINE.items():
-        qg = api.calibrate_graph(g, x_calib, bits=bits)
-        res = api.simulate_graph(qg, x_test, labels=labels).to_dict()
+        qg = api.calibrate(g, x_calib, bits=bits)
+        res = api.simulate(qg, x_test, labels=labels).to_dict()
         assert res["samples"] == len(x_test)
         (out,) = res["outputs"].values()
         assert out["count"] == len(x_test) * int(np.prod(L.run(g, x_test[:1])[g.outputs[0]].shape[1:]))
@@ -167,8 +167,8 @@ def test_torch_gru_classifier(tmp_path):
 
     # a saved quantized graph simulates exactly as the one it was saved from
     qg, res = results["int8"]
-    api.save_graph(qg, tmp_path / "q.h5")
-    again = api.simulate_graph(api.load_qgraph(tmp_path / "q.h5"), x_test, labels=y_test).to_dict()
+    api.save(qg, tmp_path / "q.h5")
+    again = api.simulate(api.load(tmp_path / "q.h5"), x_test, labels=y_test).to_dict()
     assert again == res
     _c_verified(qg, x_test, tmp_path, streams=True)
 
@@ -318,12 +318,12 @@ def test_gru_chains_take_the_previous_h_and_cuda_equals_cpu(tmp_path):
             torch.onnx.export(cls().eval(), (torch.from_numpy(x[:2]),), str(path), input_names=["x"],
                               output_names=["y"], dynamo=False, dynamic_axes={"x": {0: "b", 1: "t"}})
         for bits in ("int8", "int16"):
-            qg = api.calibrate_graph(api.load_graph(path), x[:48], bits=bits)
+            qg = api.calibrate(api.load_model(path), x[:48], bits=bits)
             grus = [qg.node(n) for n in qg.core if qg.node(n).op == "gru"]
             assert len(grus) == 2
             first, second = (qg.qparams[n.name]["qm"] for n in grus)
             assert first.cells[-1][0].spec["h"] == second.cells[0][0].spec["x"]
-            sim = api.simulate_graph(qg, x[48:])
+            sim = api.simulate(qg, x[48:])
             assert sim.outputs["y"].cosine >= (0.99 if bits == "int8" else 0.9999), (cls.__name__, bits)
             x_small = x[48:51, :6]
             cpu, gpu = run_int(qg, x_small), run_int(qg, x_small, run_model_cuda)

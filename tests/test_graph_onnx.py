@@ -308,7 +308,7 @@ def test_without_onnxruntime(exported, monkeypatch):
 
 
 def test_a_pytorch_module_with_an_example_input():
-    """qtool.load_graph(module, example=x): exported, read and checked against the module itself."""
+    """qtool.load_model(module, example=x): exported, read and checked against the module itself."""
     import qtool
     from qtool.layers import run
 
@@ -326,14 +326,14 @@ def test_a_pytorch_module_with_an_example_input():
             return self.head(y[:, -1])
 
     module = Classifier().eval()
-    graph = qtool.load_graph(module, example=np.random.default_rng(0).standard_normal((2, 5, 6)))
+    graph = qtool.load_model(module, example=np.random.default_rng(0).standard_normal((2, 5, 6)))
     assert graph.check_result["checked"] and "Classifier" in graph.source
     x = np.random.default_rng(1).standard_normal((4, 9, 6)).astype(np.float32)  # another batch and length
     with torch.no_grad():
         want = module(torch.from_numpy(x)).numpy()
     assert np.abs(run(graph, x)[graph.outputs[0]] - want).max() < 1e-4
     with pytest.raises(QtoolError, match="needs `example`"):
-        qtool.load_graph(module)
+        qtool.load_model(module)
 
     class ConvFirst(torch.nn.Module):  # takes [N, C, T], as PyTorch's Conv1d does
         def __init__(self):
@@ -344,12 +344,12 @@ def test_a_pytorch_module_with_an_example_input():
             return self.gru(self.conv(x).transpose(1, 2))[0]
 
     conv_first = ConvFirst().train()
-    graph = qtool.load_graph(conv_first, example=np.zeros((2, 4, 7), np.float32))
+    graph = qtool.load_model(conv_first, example=np.zeros((2, 4, 7), np.float32))
     assert conv_first.training and "input read as [N, C, T]" in graph.source  # training mode left as it was
     x = np.random.default_rng(2).standard_normal((3, 4, 11)).astype(np.float32)
     with torch.no_grad():
         want = conv_first.eval()(torch.from_numpy(x)).numpy()
     assert np.abs(run(graph, x.transpose(0, 2, 1))[graph.outputs[0]] - want).max() < 1e-4
     with pytest.raises(QtoolError, match=r"module Lstm: node .*LSTM") as e:
-        qtool.load_graph(Lstm(), example=np.zeros((2, 5, C), np.float32))
+        qtool.load_model(Lstm(), example=np.zeros((2, 5, C), np.float32))
     assert "/tmp/" not in str(e.value)  # no temporary file named

@@ -105,7 +105,7 @@ def _cos(a, b):
 
 
 def test_ort_qdq_imports_whole_and_checks_against_the_model_without_fake_quant(ort_qdq):
-    g = api.load_graph(ort_qdq / "q.onnx")
+    g = api.load_model(ort_qdq / "q.onnx")
     assert g.check_result["checked"] and g.check_result["max_abs_diff"] <= 1e-4
     assert g.check_result["fake_quant_pairs"] == len(_pairs(ort_qdq / "q.onnx"))
     # ONNX Runtime's quantizer removed the Relu into a pair whose grid starts at 0: a relu again
@@ -123,7 +123,7 @@ def test_ort_qdq_imports_whole_and_checks_against_the_model_without_fake_quant(o
 def test_calibration_takes_each_pairs_grid(ort_qdq, snap):
     from qtool.calibration.from_file import _snap_one
 
-    qg = api.calibrate_graph(ort_qdq / "q.onnx", ort_qdq / "calib.npy", method="minmax", snap=snap)
+    qg = api.calibrate(ort_qdq / "q.onnx", ort_qdq / "calib.npy", method="minmax", snap=snap)
     imported = qg.info["imported"]
     used = {r["edge"]: r for r in imported["rows"] if r["used"]}
     assert imported["kind"] == "ONNX QDQ" and len(used) >= 3
@@ -152,7 +152,7 @@ def test_power_of_two_scales_are_the_files_grids_exactly(ort_qdq, tmp_path):
     onnx.save(m, str(tmp_path / "p2.onnx"))
     pairs = _pairs(tmp_path / "p2.onnx")
     for snap in ("up", "nearest"):
-        qg = api.calibrate_graph(tmp_path / "p2.onnx", ort_qdq / "calib.npy", method="minmax", snap=snap)
+        qg = api.calibrate(tmp_path / "p2.onnx", ort_qdq / "calib.npy", method="minmax", snap=snap)
         used = [r for r in qg.info["imported"]["rows"] if r["used"]]
         assert used
         for r in used:
@@ -162,19 +162,19 @@ def test_power_of_two_scales_are_the_files_grids_exactly(ort_qdq, tmp_path):
 
 
 def test_integer_model_lands_near_onnx_runtimes_qdq_run(ort_qdq):
-    qg = api.calibrate_graph(ort_qdq / "q.onnx", ort_qdq / "calib.npy", bits="w8a16")
+    qg = api.calibrate(ort_qdq / "q.onnx", ort_qdq / "calib.npy", bits="w8a16")
     x = np.load(ort_qdq / "test.npy")
-    y_int = api.simulate_graph(qg, x, outputs=True).kept["quant/y"]
+    y_int = api.simulate(qg, x, outputs=True).kept["quant/y"]
     assert _cos(y_int, _ort(ort_qdq / "q.onnx", x)) > 0.999
 
 
 def test_the_graph_file_keeps_the_grids(ort_qdq, tmp_path):
-    g = api.load_graph(ort_qdq / "q.onnx")
-    api.save_graph(g, tmp_path / "g.h5")
-    again = api.load_graph(tmp_path / "g.h5")
+    g = api.load_model(ort_qdq / "q.onnx")
+    api.save(g, tmp_path / "g.h5")
+    again = api.load_model(tmp_path / "g.h5")
     assert again.ranges.edges == g.ranges.edges and again.ranges.notes == g.ranges.notes
-    a = api.calibrate_graph(g, ort_qdq / "calib.npy", method="minmax")
-    b = api.calibrate_graph(tmp_path / "g.h5", ort_qdq / "calib.npy", method="minmax")
+    a = api.calibrate(g, ort_qdq / "calib.npy", method="minmax")
+    b = api.calibrate(tmp_path / "g.h5", ort_qdq / "calib.npy", method="minmax")
     assert {e: (int(t.exp2_inv), t.zp) for e, t in a.grids.items()} == \
         {e: (int(t.exp2_inv), t.zp) for e, t in b.grids.items()}
 
@@ -222,20 +222,20 @@ def test_torch_ao_qat_model_exported_to_onnx(tmp_path):
         opt.step()
     m.eval().apply(tq.disable_observer)
     _export(m, tmp_path / "qat.onnx", calib)
-    g = api.load_graph(tmp_path / "qat.onnx")
+    g = api.load_model(tmp_path / "qat.onnx")
     assert g.check_result["checked"] and g.check_result["fake_quant_pairs"] >= 3
     with torch.no_grad():  # the weight qtool reads is the fake-quantized one
         want = m.fc.weight_fake_quant(m.fc.weight).numpy()
     fc = next(n for n in g.nodes if n.op == "dense" and n.params["W"].shape == (H, C))
     np.testing.assert_allclose(fc.params["W"], want, atol=1e-7)
-    qg = api.calibrate_graph(g, calib, method="minmax")
+    qg = api.calibrate(g, calib, method="minmax")
     x_scale = float(m.q.activation_post_process.scale)
     x_zp = int(m.q.activation_post_process.zero_point)
     assert (int(qg.grids["x"].exp2_inv), qg.grids["x"].zp) == choose_qparams(-x_zp * x_scale, (255 - x_zp) * x_scale,
                                                                             8, False)
     with torch.no_grad():
         y = m(torch.from_numpy(calib)).numpy()
-    assert _cos(api.simulate_graph(qg, calib, outputs=True).kept["quant/y"], y) > 0.99
+    assert _cos(api.simulate(qg, calib, outputs=True).kept["quant/y"], y) > 0.99
 
 
 def test_qoperator_files_and_mismatched_pairs_are_refused(ort_qdq, tmp_path):
@@ -246,7 +246,7 @@ def test_qoperator_files_and_mismatched_pairs_are_refused(ort_qdq, tmp_path):
     quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "qop.onnx"), _reader([calib[:16]]),
                     quant_format=QuantFormat.QOperator)
     with pytest.raises(QtoolError, match="QOperator|QLinear|not supported"):
-        api.load_graph(tmp_path / "qop.onnx")
+        api.load_model(tmp_path / "qop.onnx")
     m = onnx.load(str(ort_qdq / "q.onnx"))
     q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
     dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0])
@@ -254,7 +254,7 @@ def test_qoperator_files_and_mismatched_pairs_are_refused(ort_qdq, tmp_path):
                        and n.input[1] != q.input[1])
     onnx.save(m, str(tmp_path / "bad.onnx"))
     with pytest.raises(QtoolError, match="another scale or zero point"):
-        api.load_graph(tmp_path / "bad.onnx")
+        api.load_model(tmp_path / "bad.onnx")
 
 
 def test_a_graph_file_with_ranges_that_are_no_grid_is_refused(ort_qdq, tmp_path):
@@ -262,7 +262,7 @@ def test_a_graph_file_with_ranges_that_are_no_grid_is_refused(ort_qdq, tmp_path)
 
     import h5py
 
-    api.save_graph(api.load_graph(ort_qdq / "q.onnx"), tmp_path / "g.h5")
+    api.save(api.load_model(ort_qdq / "q.onnx"), tmp_path / "g.h5")
     for bad, says in ((lambda r: r["edges"]["x"].__setitem__(2, r["edges"]["x"][2] / 4), "not a grid's range"),
                       (lambda r: r["edges"].__setitem__("nosuch", r["edges"]["x"]), "no edge of the graph")):
         with h5py.File(tmp_path / "g.h5", "r") as f:
@@ -275,7 +275,7 @@ def test_a_graph_file_with_ranges_that_are_no_grid_is_refused(ort_qdq, tmp_path)
                 src.copy("params", f)
             f.attrs["graph"] = json.dumps(desc)
         with pytest.raises(QtoolError, match=says):
-            api.load_graph(tmp_path / "bad.h5")
+            api.load_model(tmp_path / "bad.h5")
 
 
 def test_unsigned_quantizers_are_named_so(ort_qdq, tmp_path):
@@ -284,5 +284,5 @@ def test_unsigned_quantizers_are_named_so(ort_qdq, tmp_path):
     calib = np.load(ort_qdq / "calib.npy")
     quantize_static(str(ort_qdq / "f.onnx"), str(tmp_path / "u8.onnx"), _reader([calib[:16]]),
                     quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8)
-    sources = [r.source for r in api.load_graph(tmp_path / "u8.onnx").ranges.edges.values()]
+    sources = [r.source for r in api.load_model(tmp_path / "u8.onnx").ranges.edges.values()]
     assert sources and all("(uint8, scale" in s for s in sources)

@@ -68,7 +68,7 @@ def data():
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_import_passes_the_check_with_the_quantizers_as_float_functions(model, name):
-    g = api.load_graph(model[1] / name)
+    g = api.load_model(model[1] / name)
     check = g.check_result
     assert check["checked"] and check["max_abs_diff"] <= 1e-4
     assert check["fake_quant_pairs"] == 2  # the two QActivations; the weight quantizers are folded
@@ -85,7 +85,7 @@ def test_weights_are_qkeras_quantized_ones(keras, model, name):
     from qkeras import quantized_bits
 
     m, folder = model
-    g = api.load_graph(folder / name, check=False)
+    g = api.load_model(folder / name, check=False)
     nodes = {n.name: n for n in g.nodes}
     for layer, to_qtool in (("conv", lambda w: w.transpose(2, 1, 0)), ("dense", lambda w: w.T)):
         lay = m.get_layer(layer)
@@ -102,7 +102,7 @@ def test_weights_are_qkeras_quantized_ones(keras, model, name):
 def test_ranges_are_the_exact_qkeras_grids(model, name):
     from qkeras import quantized_bits, quantized_relu
 
-    g = api.load_graph(model[1] / name, check=False)
+    g = api.load_model(model[1] / name, check=False)
     assert g.ranges.kind == "QKeras" and set(g.ranges.edges) == set(GRIDS) and not g.ranges.notes
     sources = {"qrelu": "QActivation 'qrelu' (quantized_relu(8,2))",
                "dense": "QActivation 'qout' (quantized_bits(8,3))"}
@@ -119,7 +119,7 @@ def test_ranges_are_the_exact_qkeras_grids(model, name):
 def test_calibration_takes_the_qkeras_grids_and_simulation_follows_qkeras(keras, model, data, name):
     m, folder = model
     calib, test = data
-    qg = api.calibrate_graph(folder / name, calib, method="minmax")
+    qg = api.calibrate(folder / name, calib, method="minmax")
     # quantized_relu(8,2): step 2^-6, its 256 levels 0 .. 255 on q = -128 .. 127 (zero point at the lowest)
     assert (qg.grids["qrelu"].exp2_inv, qg.grids["qrelu"].zp) == (6, -128)
     # quantized_bits(8,3): step 2^-4, levels -128 .. 127 as they are
@@ -127,7 +127,7 @@ def test_calibration_takes_the_qkeras_grids_and_simulation_follows_qkeras(keras,
     rows = {r["edge"]: r for r in qg.info["imported"]["rows"]}
     assert all(rows[e]["used"] and rows[e]["moved_db"] == 0.0 and not rows[e]["clips"] for e in GRIDS)
     assert qg.info["edge_methods"]["qrelu"] == "the file's" and qg.info["edge_methods"]["dense"] == "the file's"
-    sim = api.simulate_graph(qg, test, outputs=True)
+    sim = api.simulate(qg, test, outputs=True)
     y = sim.kept["quant/y"]
     want = keras.ops.convert_to_numpy(m(test))  # QKeras' own quantized model
     assert np.array_equal(y * 16, np.round(y * 16))  # on QKeras' output grid
@@ -145,7 +145,7 @@ def test_quantizer_as_a_layers_activation(keras, tmp_path):
     y = keras.layers.GRU(H, name="gru")(y)
     m, folder = _save(keras, keras.Model(inp, keras.layers.Dense(K, name="head")(y)), tmp_path, epochs=1)
     for name in FORMATS:
-        g = api.load_graph(folder / name)
+        g = api.load_model(folder / name)
         assert g.check_result["checked"] and g.check_result["max_abs_diff"] <= 1e-4
         assert g.check_result["fake_quant_pairs"] == 1
         assert [(n.name, n.op, n.outputs) for n in g.nodes][:2] == [("qd", "dense", ["qd/preactivation"]),
@@ -161,7 +161,7 @@ def test_plain_model_has_no_ranges(keras, tmp_path):
     inp = keras.Input((None, C))
     y = keras.layers.GRU(H, name="gru")(keras.layers.Dense(F, activation="relu", name="fc")(inp))
     _, folder = _save(keras, keras.Model(inp, y), tmp_path, epochs=1)
-    g = api.load_graph(folder / "m.keras")
+    g = api.load_model(folder / "m.keras")
     assert g.ranges is None and "fake_quant_pairs" not in g.check_result
 
 

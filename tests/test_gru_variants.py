@@ -370,7 +370,7 @@ def test_keras_whole_model_with_variant_grus_equals_keras(keras_whole, fmt):
 
 def test_keras_whole_model_keeps_its_forms_in_its_file_and_runs_in_integers(keras_whole, tmp_path):
     import qtool.layers
-    from qtool.api import calibrate_graph, simulate_graph
+    from qtool.api import calibrate, simulate
     from qtool.graph.file import load, write_graph
     from qtool.graph.passes import run_float_passes
 
@@ -385,14 +385,14 @@ def test_keras_whole_model_keeps_its_forms_in_its_file_and_runs_in_integers(kera
     passed, _ = run_float_passes(graph)
     assert [n.name for n in passed.nodes if n.op == "gru"] == ["gru_a", "gru_b"]  # other forms: not stacked
     calib = np.random.RandomState(8).randn(32, 13, 4).astype(np.float32)
-    qg = calibrate_graph(graph, calib, bits="int16")  # the GRUs calibrate in their own forms
+    qg = calibrate(graph, calib, bits="int16")  # the GRUs calibrate in their own forms
     forms = {n: qg.qparams[n]["qm"].model.layers[0][0].form for n in ("gru_a", "gru_b")}
     assert all(not f.haste for f in forms.values()) and forms["gru_a"].gate == "hard_sigmoid"
-    outs = simulate_graph(qg, HELD_OUT).to_dict()["outputs"]
+    outs = simulate(qg, HELD_OUT).to_dict()["outputs"]
     assert outs and all(o["cosine"] > 0.999 for o in outs.values()), outs
     # a bits file for both forms' tensors: each is some GRU's (gru_a's rh, gru_b's rRh), so it is taken
     (tmp_path / "b.toml").write_text("[tensors.rh]\nbits = 16\n\n[tensors.rRh]\nbits = 16\n")
-    qg = calibrate_graph(graph, calib, bits=str(tmp_path / "b.toml"), method="minmax")
+    qg = calibrate(graph, calib, bits=str(tmp_path / "b.toml"), method="minmax")
     cell = {n: qg.qparams[n]["qm"].cells[0][0] for n in ("gru_a", "gru_b")}
     assert cell["gru_a"].spec["rh"].bits == 16 and cell["gru_b"].spec["rRh"].bits == 16
 

@@ -55,7 +55,7 @@ def test_a_gru_stack_inside_a_feature_map_model_is_taken_by_naming_its_first_gru
     grus = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "GRU"]
     assert len(grus) == 2
     one_line(*cli("import", path, "-o", tmp_path / "whole.h5"), "the whole model cannot be taken: input 'x'",
-             f"--name NAME takes one GRU, or the stack of GRU layers it starts, alone: {grus[0]}, {grus[1]})")
+             f"--name takes one GRU, or the stack of GRU layers it starts, alone: {grus[0]}, {grus[1]})")
     code, out, err = cli("import", path, "--name", grus[0], "-o", tmp_path / "gru.h5")
     assert code == 0, err
     said = " ".join(out.split())

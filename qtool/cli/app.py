@@ -111,8 +111,8 @@ def import_cmd(
     if name is None and fmt is None and _whole_model(src):
         graph_cmds.import_graph(src, output, not no_check)
         return
-    model = api.load_model(src, fmt, name, check=not no_check)
-    api.save_model(model, output, True, inputs=[src])
+    model = api.load_model(src, fmt, name, check=not no_check, whole=False)
+    api.save(model, output, True, inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
@@ -124,35 +124,9 @@ NOTES: list[str] = []  # said on stderr when the command succeeds (an error stay
 
 
 def _whole_model(path: Path) -> bool:
-    """Whether `path` is a whole model (layers around its GRU). A file with more than a GRU whose
-    graph cannot be taken is refused with the reason: taking its GRU alone is `--name`'s choice."""
     from qtool import api
 
-    graph, why = api.whole_model(path)
-    if why:
-        try:
-            left_out = api.load_model(path, check=False).extra.get("import", {}).get("left_out")
-        except QtoolError as e:  # neither the whole model nor a GRU alone: both reasons, the whole one first
-            whole, alone = _unprefixed(why, path), _unprefixed(str(e), path)
-            if _same_reason(whole, alone):  # a recurrent node qtool does not read, a state input: once
-                raise
-            raise QtoolError(f"{path}: the whole model cannot be taken: {whole}; nor one GRU alone: {alone}") from None
-        if left_out:
-            names = ", ".join(api.gru_names(path))
-            raise QtoolError(f"{path}: the whole model cannot be taken: {_unprefixed(why, path)} (--name NAME "
-                             f"takes one GRU, or the stack of GRU layers it starts, alone: {names})")
-    return graph is not None
-
-
-def _same_reason(a: str, b: str) -> bool:
-    """Whether two refusals end alike (the same reason, each naming its node its own way)."""
-    tail = len(os.path.commonprefix([a[::-1], b[::-1]]))
-    return tail >= 0.6 * min(len(a), len(b))
-
-
-def _unprefixed(reason: str, path: Path) -> str:
-    prefix = f"{path}: "
-    return reason[len(prefix):] if reason.startswith(prefix) else reason
+    return api.is_whole_model(path)
 
 
 def note_what_was_left_out(model) -> None:
@@ -217,7 +191,7 @@ def calibrate(
                                    time_first=time_first, check=not no_check, snap=snap, force=True,
                                    as_json=as_json)
         return
-    model = api.load_model_for_data(model_path, name=name, check=not no_check)
+    model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
     note_what_was_left_out(model)
     ranges = api.file_ranges(model_path, model)
     if ranges is None or compare is not None or data_path is not None:
@@ -328,9 +302,9 @@ def advise(
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
     if name is None and _whole_model(model_path):
-        model = api.load_graph(model_path, check=not no_check)
+        model = api.load_model(model_path, check=not no_check, whole=True)
     else:
-        model = api.load_model_for_data(model_path, name=name, check=not no_check)
+        model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
         note_what_was_left_out(model)
     with progress_bar() as bar:
         tasks: dict = {}

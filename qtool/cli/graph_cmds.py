@@ -83,7 +83,7 @@ def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
     from qtool import api
     from qtool.cli.tables import graph_rows
 
-    g = api.load_graph(path, check=check)
+    g = api.load_model(path, check=check, whole=True)
     if as_json:
         emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
                    "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result,
@@ -95,8 +95,8 @@ def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
 def import_graph(src: Path, output: Path, check: bool) -> None:
     from qtool import api
 
-    g = api.load_graph(src, check=check)
-    api.save_graph(g, output, True, inputs=[src])
+    g = api.load_model(src, check=check, whole=True)
+    api.save(g, output, True, inputs=[src])
     show_graph(g, src)
     out.print(f"imported the whole model -> {escape(str(output))}")
 
@@ -109,11 +109,11 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
 
     t0 = time.perf_counter()
     with Bar("calibrating", 1) as bar:
-        qg = api.calibrate_graph(model_path, data_path, bits=bits, method=method, percentile=percentile,
+        qg = api.calibrate(model_path, data_path, bits=bits, method=method, percentile=percentile,
                                  batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
                                  check=check, snap=snap, progress=bar.update)
     g = qg.graph
-    api.save_graph(qg, output, force, inputs=[model_path, data_path])
+    api.save(qg, output, force, inputs=[model_path, data_path])
     elapsed = time.perf_counter() - t0
     rows = api.qgraph_rows(qg)
     if as_json:
@@ -148,10 +148,10 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
     from qtool import api
 
     t0 = time.perf_counter()
-    qg = api.load_qgraph(qpath)
+    qg = api.load(qpath)
     with Bar("simulating", 1) as bar:
         # given the path (read again: cheap), the results file names the quantized file it comes from
-        sim = api.simulate_graph(qpath if save else qg, data_path, labels=labels, batch_size=batch_size,
+        sim = api.simulate(qpath if save else qg, data_path, labels=labels, batch_size=batch_size,
                                  limit=limit, dataset=dataset, time_first=time_first, save=save, force=force,
                                  confirm=confirm, backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
@@ -190,7 +190,7 @@ def inspect_qgraph(path: Path, as_json: bool) -> None:
     from qtool import api
     from qtool.cli.tables import spec_rows, spec_table
 
-    qg = api.load_qgraph(path)
+    qg = api.load(path)
     rows = api.qgraph_rows(qg)
     grus = {n: qg.qparams[n]["qm"] for n in qg.grus}
     if as_json:
@@ -226,7 +226,7 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
 
     from qtool import api
 
-    qg = api.load_qgraph(qpath)
+    qg = api.load(qpath)
     x = None
     if test_vectors:
         width = next(iter(qg.graph.inputs.values()))[-1]
@@ -276,7 +276,7 @@ def verify_graph(qpath: Path, export_dir: Path, data_path: Path, *, name, limit,
     """`qtool verify` of a whole model; returns its mismatches."""
     from qtool import api
 
-    res = api.verify_graph(qpath, export_dir, data_path, name=name, limit=limit, dataset=dataset,
+    res = api.verify(qpath, export_dir, data_path, name=name, limit=limit, dataset=dataset,
                            time_first=time_first, target=target)
     if as_json:
         emit_json(res.to_dict())
