@@ -72,6 +72,8 @@ def _whole(model) -> bool:
         return False
     if not isinstance(model, (str, os.PathLike)):
         return True  # an nn.Module: load_model exports it whole
+    if not Path(model).is_file():
+        return False  # the GRU's path says what is missing, after the options it checks first
     return _h5_format(Path(model)) == "qtool-qgraph" or is_whole_model(model)
 
 

@@ -10,7 +10,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from qtool.cli.console import Bar, as_flags, emit_json, out, warn, wrote
-from qtool.cli.tables import shape_text
 from qtool.errors import QtoolError
 
 
@@ -22,6 +21,8 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
     """A row per edge the integer core writes: layer, op, and its grid (bits, exp2_inv, zp) with
     its shape and how it was set, or measured: SNR, cosine, share saturated. Fits 80 columns
     (long layer names fold)."""
+    from qtool.cli.tables import shape_text
+
     t = Table(title=title)
     t.add_column("layer", overflow="fold", max_width=20)
     t.add_column("op", no_wrap=True)
