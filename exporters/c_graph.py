@@ -15,7 +15,9 @@ module writes the drivers around them:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 from qtool.exporters.c_export import RUNTIME, encoded, render_c
@@ -432,16 +434,39 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
             (void)right;
         }}"""
 
+    def steps_bounds(self) -> list[tuple[Fraction, Fraction] | None]:
+        """Per edge, (r, c) with its steps at most r * T + c for every input length T (None: a
+        vector): a window of stride s takes at most (steps + pads - span) / s + 1, 'same' at most
+        steps / s + 1, a pad adds its steps, every other op keeps its input's."""
+        bounds: list = [(Fraction(1), Fraction(0))] + [None] * (len(self.edges) - 1)
+        for n in self.nodes:
+            ins = [bounds[i] for i in n.ins if bounds[i] is not None]
+            if not ins or not self.seq[n.out]:
+                continue
+            r, c = max(ins)
+            if n.cn.kind in ("window", "pad"):
+                w = n.cn.window
+                if w.pads == "same":
+                    r, c = r / w.stride, c / w.stride + 1
+                else:
+                    pads = 0 if w.pads == "valid" else sum(w.pads)
+                    r, c = r / w.stride, (c + pads - w.span) / w.stride + 1
+            bounds[n.out] = (r, c)
+        return bounds
+
     def work_max_macro(self) -> str:
         """NAME_SEQUENCE_WORK_MAX(T): a constant expression at least NAME_sequence_work(T), for a
-        work buffer allocated statically. Every edge has at most T + `pad` steps (a window or a pad
-        adds at most its padding and takes at least its span), each region rounded up to 4 bytes."""
-        pad = sum((n.cn.window.span + n.cn.window.stride) if n.cn.window.pads == "same" else sum(n.cn.window.pads)
-                  for n in self.nodes if n.cn.kind in ("window", "pad"))
-        steps = f"((T) + {pad})"
-        terms = [f"{(self.width[e] * SIZES[self.t[e]] if self.seq[e] else 0)} * {steps} + "
-                 f"{(0 if self.seq[e] else self.width[e] * SIZES[self.t[e]]) + 3}" for e in range(1, len(self.edges))]
-        terms += [f"({n.f.upper()}_SEQUENCE_WORK({steps}) + {steps} * "
+        work buffer allocated statically: each edge's steps bounded by `steps_bounds` (ceil(r T + c)
+        at most ceil(r T) + ceil(c)), each region rounded up to 4 bytes."""
+        def steps(e: int) -> str:
+            r, c = self.steps_bounds()[e]
+            whole = "(T)" if r.numerator == 1 else f"{r.numerator} * (T)"
+            part = whole if r.denominator == 1 else f"({whole} + {r.denominator - 1}) / {r.denominator}"
+            return f"({part} + {math.ceil(c)})"
+
+        terms = [f"{self.width[e] * SIZES[self.t[e]]} * {steps(e)} + 3" if self.seq[e] else
+                 f"{self.width[e] * SIZES[self.t[e]] + 3}" for e in range(1, len(self.edges))]
+        terms += [f"({n.f.upper()}_SEQUENCE_WORK({steps(n.ins[0])}) + {steps(n.ins[0])} * "
                   f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t) + 3"
                   for n in self.nodes if n.gru is not None]
         return f"#define {self.P}_SEQUENCE_WORK_MAX(T) ({' + '.join(f'({t})' for t in terms) or '0'})"

@@ -57,6 +57,10 @@ def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tm
     assert code == 0 and json.loads(out)["edited"] == ["digits_params.c"]
     assert err.strip() == "warning: digits_params.c had been edited since qtool wrote it; this export replaced it"
     assert "tuned" not in params.read_text()
+    with open(src / "digits.h", "a") as f:  # a line added after the seal is an edit too
+        f.write("#define MINE 1\n")
+    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force")
+    assert code == 0 and "digits.h had been edited since qtool wrote it" in err
     assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
     assert not [p for p in src.iterdir() if p.name.startswith(".")]  # no temporaries
     (src / "other.c").write_text("/* hand written */\n")  # a file of the export's names, not ours

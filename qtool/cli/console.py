@@ -23,6 +23,8 @@ from qtool.errors import QtoolError, ignore_stop_signals
 
 out = Console()
 err = Console(stderr=True)
+for _c in (out, err):  # a log or a pipe gets each message on one line (grep); a terminal wraps by words
+    _c.soft_wrap = not _c.is_terminal
 
 
 def progress_bar() -> Progress:

@@ -19,26 +19,25 @@ def _fmt(v, spec: str) -> str:
 
 def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
     """A row per edge the integer core writes: layer, op, and its grid (bits, exp2_inv, zp) with
-    its shape and how it was set, or measured: SNR, cosine, share saturated. Fits 80 columns
-    (long layer names fold)."""
+    its shape and how it was set, or measured: its bits, SNR, cosine, share saturated. Fits 80
+    columns (long layer names fold, no number does)."""
     from qtool.cli.tables import shape_text
 
     t = Table(title=title)
-    t.add_column("layer", overflow="fold", max_width=20)
+    t.add_column("layer", overflow="fold", min_width=12, max_width=20)
     t.add_column("op", no_wrap=True)
-    cols = ("bits", "exp2_inv", "zp", "SNR dB", "cosine", "sat %") if measured else (
-        "shape", "bits", "exp2_inv", "zp", "set by")
-    for col in cols:  # numbers never fold across lines (a pipe or a CI log gets 80 columns): the names do
-        text = col in ("shape", "set by")
-        t.add_column(col, justify="left" if text else "right", overflow="fold", no_wrap=not text,
-                     max_width=14 if col == "set by" else None)
+    # measured: the grid is inspect's (and --json's); 80 columns keep a name whole or in two lines
+    cols = ("bits", "SNR dB", "cosine", "sat %") if measured else ("shape", "bits", "exp2_inv", "zp", "set by")
+    for col in cols:  # numbers and shapes never fold across lines (a pipe or a CI log gets 80 columns)
+        t.add_column(col, justify="left" if col in ("shape", "set by") else "right", overflow="fold",
+                     no_wrap=col != "set by", max_width=14 if col == "set by" else None)
     for r in rows:
-        grid = [str(r["bits"]), str(r["exp2_inv"]), str(r["zp"])]
         if measured:
             snr = "exact" if r["exact"] else _fmt(r["snr_db"], ".1f")
-            cells = [*grid, snr, f"{r['cosine']:.5f}", f"{100 * r['saturated']:.2f}"]
+            cells = [str(r["bits"]), snr, f"{r['cosine']:.5f}", f"{100 * r['saturated']:.2f}"]
         else:
-            cells = [shape_text(r), *grid, r["method"].replace("'s calibration", "")]
+            cells = [shape_text(r), str(r["bits"]), str(r["exp2_inv"]), str(r["zp"]),
+                     r["method"].replace("'s calibration", "")]
         t.add_row(r["layer"], r["op"], *cells)
     return t
 
@@ -153,12 +152,13 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
     with Bar("simulating", 1) as bar:
         # given the path (read again: cheap), the results file names the quantized file it comes from
         sim = api.simulate(qpath if save else qg, data_path, labels=labels, batch_size=batch_size,
-                                 limit=limit, dataset=dataset, time_first=time_first, save=save, force=force,
-                                 confirm=confirm, backend=backend, mode=mode, progress=bar.update)
+                           limit=limit, dataset=dataset, time_first=time_first, save=save, force=force,
+                           confirm=confirm, backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
     warn(sim.notes)
-    if as_json:
-        emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
+    if as_json:  # core_outputs: the integer core's outputs, where a target applies (a classifier's logits)
+        emit_json({**res, "core_outputs": {e: res["edges"][e] for e in qg.core_outputs},
+                   "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
         return
     title = f"{mode} vs float on {sim.samples} sequences of {data_path.name}"
     if mode == "both":
@@ -241,11 +241,12 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     res = api.export_c(qg, output, name=name, compensation=compensation, test_vectors=x, force=force,
                        confirm=confirm, fully_integral=fully_integral)
     fp = res.footprint
+    state = {} if fp.streaming else {"state_bytes": None}  # RAM NAME_step keeps: only a model that streams has one
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
-               "edited": res.edited,
-               "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes, "ram_bytes": fp.ram_bytes,
-               "macs_per_step": fp.macs_per_step, "streaming": fp.streaming,
-               "streaming_refusal": fp.streaming_refusal, "layers": [vars(x) for x in fp.layers],
+               "edited": res.edited, "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes,
+               "ram_bytes": fp.ram_bytes if fp.streaming else None, "macs_per_step": fp.macs_per_step,
+               "streaming": fp.streaming, "streaming_refusal": fp.streaming_refusal,
+               "layers": [{**vars(x), **state} for x in fp.layers],
                "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
     if as_json:
         emit_json(summary)

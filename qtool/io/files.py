@@ -45,7 +45,8 @@ def sealed(name: str, data: bytes) -> bytes:
 
 
 def edited_since_written(path: Path) -> bool:
-    """Whether a sealed file's lines no longer match its seal (edited after qtool wrote it)."""
+    """Whether a sealed file no longer matches its seal (edited after qtool wrote it): its lines
+    changed, or lines added after the seal."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -53,8 +54,7 @@ def edited_since_written(path: Path) -> bool:
     at = data.rfind(SEAL)
     if at < 0:
         return False
-    want = data[at + len(SEAL):].split(b" ", 1)[0].decode("ascii", "replace")
-    return hashlib.sha256(data[:at]).hexdigest() != want
+    return data[at:] != sealed(path.name, data[:at])[at:]  # lines changed above it, or added after it
 
 
 def sha256_file(path: str | os.PathLike) -> str:
