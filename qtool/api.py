@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -348,6 +349,7 @@ def _calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: 
             "data_sha256": sha256_file(path) if path.is_file() else "", "created": now_utc(),
             "source": model.source, "source_file": source.name if source else "",
             "source_sha256": sha256_file(source) if source and source.is_file() else ""}
+    info["notes"] = axes_notes(model.steps, data.shape, data.time_first, "declares")
     if method == "auto":
         from qtool.graph.calibrate import calibrate_auto_graph
 
@@ -410,7 +412,7 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
-    shape_notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, time_first)
+    shape_notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
     lab = None
     if labels is not None:
         from qtool.graph.simulate import classes
@@ -456,15 +458,19 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
 SATURATED_NOTE = 0.02  # more than this share of an input's values outside its grid is said
 
 
-def axes_notes(calibrated_steps: int, shape: tuple, time_first: bool) -> list[str]:
-    """Test data `[N, T, C]` whose first axis is the number of steps the model was calibrated on
-    and whose second is not: time-first data read batch-first (`simulate` says it, and runs on)."""
+def axes_notes(steps: int | None, shape: tuple, time_first: bool, source: str = "was calibrated on") -> list[str]:
+    """Data `[N, T, C]` (as read, after `time_first`) whose first axis is the number of steps the
+    model expects (`steps`: what it `source`, calibrated on or declared by its file) and whose
+    second is not: batch and steps look swapped (the command says it, and runs on)."""
     n, t = shape[0], shape[1]
-    if not calibrated_steps or time_first or n != calibrated_steps or t == calibrated_steps:
+    if not steps or n != steps or t == steps:
         return []
-    return [f"the data [{n}, {t}, {shape[2]}] look time-first: the model was calibrated on sequences of "
-            f"{calibrated_steps} steps, which is their first axis, not their second; if they are [T, N, C], "
-            "pass `time_first`"]
+    if time_first:
+        return [f"the data read time-first are [{n}, {t}, {shape[2]}] sequences x steps: the model {source} "
+                f"sequences of {steps} steps, their first axis, not their second; if they are [N, T, C], "
+                "drop `time_first`"]
+    return [f"the data [{n}, {t}, {shape[2]}] look time-first: the model {source} sequences of {steps} steps, "
+            "which is their first axis, not their second; if they are [T, N, C], pass `time_first`"]
 
 
 def saturation_notes(saturated: dict[str, float]) -> list[str]:
@@ -472,6 +478,23 @@ def saturation_notes(saturated: dict[str, float]) -> list[str]:
     unlike the calibration data (`simulate` says it, and runs on)."""
     return [f"{share:.1%} of the values of input '{name}' lie outside its grid (saturated): are the data scaled "
             "as the calibration data were?" for name, share in saturated.items() if share > SATURATED_NOTE]
+
+
+def range_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
+    """Held-out data with more than 2% of their values outside the range of the first `n`
+    calibration sequences: data scaled unlike the calibration data (advise says it)."""
+    lo, hi = math.inf, -math.inf
+    for _, x in data.chunks(256, n):
+        lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
+    outside = total = 0
+    for _, x in test.chunks(256):
+        outside += int(np.count_nonzero((x < lo) | (x > hi)))
+        total += x.size
+    share = outside / max(total, 1)
+    if share <= SATURATED_NOTE:
+        return []
+    return [f"{share:.1%} of the held-out values lie outside the calibration data's range [{lo:.4g}, {hi:.4g}]: "
+            "are they scaled as the calibration data are?"]
 
 
 def _check_mode(mode: str) -> None:
@@ -603,6 +626,8 @@ def _other_model(path: Path) -> str | None:
 
     if not path.is_file():
         return None
+    if path.stat().st_size == 0:
+        return "an empty file (0 bytes)"
     fmt = _h5_format(path)
     if fmt is None:
         with contextlib.suppress(QtoolError):
@@ -829,11 +854,8 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
     `progress(stage, done, total or None)`. A whole model: int8 or int16 for each layer's weights
     and output and each GRU tensor, a qtool.advisor.graph.GraphAdvice (docs/advisor.md, "Whole
     models"). `check`: a file read here is checked against its framework."""
-    import math
-
     from qtool.advisor.advise import THRESHOLD_DB
     from qtool.advisor.advise import advise as run_advise
-    from qtool.io.files import write_bytes
 
     if target_snr is not None and not math.isfinite(target_snr):
         raise QtoolError(f"`target_snr` must be a finite number of dB, got {target_snr}")
@@ -863,12 +885,10 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
                  for d, s in ((data_in, data), (test_in, test))]
         output = claim_output(output, force, [model_path, *names], confirm)
     n = count(data, limit)
-    adv = run_advise(model, data, test, target_snr, max_flash, THRESHOLD_DB if threshold is None else threshold,
-                     seed, gamma, repeats, batch_size, n, progress, {"data_file": Path(data.name).name})
-    if output is not None:
-        write_bytes(output, adv.bits_toml.encode())
-        adv.extra["bits_file"] = str(output)
-    return adv
+    return _advised(lambda: run_advise(model, data, test, target_snr, max_flash,
+                                       THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
+                                       batch_size, n, progress, {"data_file": Path(data.name).name}),
+                    data, test, n, time_first, output)
 
 
 def _advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
@@ -884,7 +904,6 @@ def _advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLi
     its bits file (TOML, for `calibrate(bits=...)`)."""
     from qtool.advisor.advise import THRESHOLD_DB
     from qtool.advisor.graph import advise_graph as run_advise
-    from qtool.io.files import write_bytes
 
     model, source = _one_input_graph(model, check)
     data_in, test_in = data, test
@@ -894,9 +913,28 @@ def _advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLi
         names = [None if isinstance(d, np.ndarray) or d is None else s.name
                  for d, s in ((data_in, data), (test_in, test))]
         output = claim_output(output, force, [source, *names], confirm)
-    adv = run_advise(model, data, count(data, limit), test, target_snr, max_flash,
-                     THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats, batch_size, progress,
-                     {"data_file": Path(data.name).name})
+    n = count(data, limit)
+    return _advised(lambda: run_advise(model, data, n, test, target_snr, max_flash,
+                                       THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
+                                       batch_size, progress, {"data_file": Path(data.name).name}),
+                    data, test, n, time_first, output)
+
+
+def _advised(run: Callable, data: SequenceData, test: SequenceData | None, n: int, time_first: bool,
+             output: Path | None):
+    """`run()`'s advice, its bits file written to `output`, with what looks wrong in the held-out
+    data (`.extra["notes"]`; in the error when the run fails)."""
+    from qtool.io.files import write_bytes
+
+    notes = [] if test is None else (axes_notes(int(data.shape[1]), test.shape, test.time_first,
+                                                "is calibrated here on") + range_notes(data, n, test))
+    try:
+        adv = run()
+    except QtoolError as e:
+        if not notes:
+            raise
+        raise QtoolError(f"{e} (note: {'; '.join(notes)})") from None
+    adv.extra["notes"] = notes
     if output is not None:
         write_bytes(output, adv.bits_toml.encode())
         adv.extra["bits_file"] = str(output)
@@ -1025,7 +1063,7 @@ def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
     x_tensor = res["tensors"].get(tensor_key(0, 0, "x"), {})
-    res["notes"] = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, time_first) + saturation_notes(
+    res["notes"] = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, data.time_first) + saturation_notes(
         {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
     arrays = (kept.y_float, kept.y_quant, kept.y_int) if kept else (None, None, None)
@@ -1204,8 +1242,12 @@ def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.Pat
     """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
     "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
     states and dequantized outputs that differ from the simulator's."""
+    from qtool.exporters.c_target import HOST
+    from qtool.exporters.c_target import target as target_named
     from qtool.exporters.c_verify import compare, export_fingerprint, run_c
 
+    if target != HOST:
+        target_named(target)  # an unknown target: said before any work
     if _whole(qm):
         return _verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
                             target=target)

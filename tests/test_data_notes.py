@@ -58,3 +58,35 @@ def test_at_the_command_line(cli, quantized, tmp_path):
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--time-first",
                          "--labels", SAMPLES / "test_labels.npy")
     assert code == 0 and "warning" not in err, err
+
+
+def test_time_first_given_to_batch_first_data_is_said(quantized):
+    d, models = quantized
+    (said,) = notes(models["gru"], qtool.as_data(d / "good.npy", time_first=True))
+    assert "read time-first are [8, 597, 8]" in said and "drop `time_first`" in said
+
+
+@pytest.mark.skipif(not has("keras"), reason="needs keras")
+def test_calibrate_says_data_that_do_not_fit_the_declared_steps(cli, tmp_path):
+    """A file that declares its steps (Keras' Input((8, C)), an ONNX input of fixed T) tells
+    calibrate which axis is time before any calibration did."""
+    from conftest import keras_on_torch
+
+    keras = keras_on_torch(3)
+    m = keras.Sequential([keras.Input((8, 4)), keras.layers.Dense(6, activation="relu"), keras.layers.GRU(5)])
+    m.save(tmp_path / "m.keras")
+    x = np.random.default_rng(1).standard_normal((40, 8, 4)).astype(np.float32)
+    np.save(tmp_path / "tf.npy", np.ascontiguousarray(x.transpose(1, 0, 2)))
+    code, _, err = cli("calibrate", tmp_path / "m.keras", tmp_path / "tf.npy", "-o", tmp_path / "q.h5",
+                       "--method", "minmax", "--no-check")
+    assert code == 0 and "warning: the data [8, 40, 4] look time-first: the model declares sequences of 8" in err
+    assert qtool.load_model(tmp_path / "m.keras", check=False).steps == 8
+
+
+def test_advise_says_held_out_data_scaled_unlike_the_calibration_data(quantized):
+    d, _ = quantized
+    adv = qtool.advise(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", d / "x100.npy", limit=60)
+    (said,) = adv.extra["notes"]
+    assert "of the held-out values lie outside the calibration data's range" in said
+    assert qtool.advise(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", d / "good.npy",
+                        limit=60).extra["notes"] == []

@@ -25,7 +25,6 @@ from qtool.cli.console import (
     need,
     on_signal,
     out,
-    progress_bar,
     say_phases,
     warn,
     wrote,
@@ -306,20 +305,19 @@ def advise(
     else:
         model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
         note_what_was_left_out(model)
-    with progress_bar() as bar:
-        tasks: dict = {}
-
+    with Bar("advise", 1) as bar:  # the stage and its count; the API's phases beside the stage
         def tick(stage: str, done: int, total: int | None) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total, rate="")
-            bar.update(tasks[stage], completed=done, rate="")
+            bar.description = stage
+            bar.bar.update(bar.task, description=stage, completed=done, total=total)
         adv = api.advise(model, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
                          threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
                          limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
                          confirm=confirm_at_terminal(), progress=tick)
     whole = not hasattr(adv.chosen, "qm")
+    warn(adv.extra.get("notes", []))
     if as_json:
-        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), ("units" if whole else "tensors"): adv.rows})
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "notes": adv.extra.get("notes", []),
+                   ("units" if whole else "tensors"): adv.rows})
         return
     if whole:
         out.print(unit_table(adv, f"{model_path.name}: SNR per unit (dB)"))

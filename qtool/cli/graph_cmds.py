@@ -110,8 +110,9 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
     t0 = time.perf_counter()
     with Bar("calibrating", 1) as bar:
         qg = api.calibrate(model_path, data_path, bits=bits, method=method, percentile=percentile,
-                                 batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                                 check=check, snap=snap, progress=bar.update)
+                           batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
+                           check=check, snap=snap, progress=bar.update)
+    warn(qg.info.get("notes", []))
     g = qg.graph
     api.save(qg, output, force, inputs=[model_path, data_path])
     elapsed = time.perf_counter() - t0

@@ -48,6 +48,7 @@ class Graph:
     shapes: dict[str, tuple] = field(default_factory=dict)  # every edge's shape (qtool.layers.check)
     check_result: dict | None = None  # what the import checked against the framework (None: not asked)
     ranges: object = None  # a QDQ file's grids on its edges (qtool.importers.ranges.GraphRanges), or None
+    steps: int | None = None  # the steps per sequence the file declares for its input (None: any)
 
     def consumers(self, edge: str) -> list[Node]:
         return [n for n in self.nodes if edge in n.inputs]

@@ -165,6 +165,8 @@ def _read_config_file(path: Path) -> dict:
         text = path.read_text()
     except OSError as e:
         raise QtoolError(f"cannot read bits config {path}: {e.strerror}") from None
+    if path.suffix.lower() not in (".toml", ".json"):
+        raise QtoolError(f"{path}: a bits file is .json or .toml (a preset: int8, w8a16, int16)")
     try:
         if path.suffix.lower() == ".toml":
             import tomllib
@@ -172,7 +174,7 @@ def _read_config_file(path: Path) -> dict:
             return tomllib.loads(text)
         return json.loads(text)
     except ValueError as e:
-        raise QtoolError(f"{path}: not valid {path.suffix[1:].upper() or 'JSON'} ({e})") from None
+        raise QtoolError(f"{path}: not valid {path.suffix[1:].upper()} ({e})") from None
 
 
 class BitsConfig(dict):

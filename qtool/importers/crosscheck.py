@@ -60,5 +60,6 @@ def describe(check: dict | None) -> str:
     if check.get("fake_quant_pairs"):
         note += (f"; its {check['fake_quant_pairs']} fake quantizer(s) on the data run as their float functions "
                  "(the identity, or a relu where one clips at 0)")
-    return (f"matches {check['framework']} on {check['sequences']} random sequences x {check['steps']} steps: "
+    n = check['sequences']
+    return (f"matches {check['framework']} on {n} random sequence{'s' if n != 1 else ''} x {check['steps']} steps: "
             f"max abs difference {check['max_abs_diff']:.2g} ({check['seconds']:.2f} s){note}")

@@ -469,11 +469,12 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
     layers: dict[str, Layer] = {}
     ins, outs = _model(config, "", layers)
     r = _Reader(where, f, legacy, grus, major)
-    inputs = {}
-    for start, (edge, (shape, _)) in zip(ins, input_shapes(config, where).items()):
+    inputs, steps = {}, None
+    for start, (edge, (shape, fixed)) in zip(ins, input_shapes(config, where).items()):
         r.edge[start] = edge
         r.shapes[edge] = shape
         inputs[edge] = shape
+        steps = steps or fixed
     for name in _order(where, layers, ins):
         layer = layers[name]
         cls = _class(layer.cls)
@@ -499,7 +500,7 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
             raise r.fail(e, f"is called with {len(src)} inputs (a state or a mask); only its input is supported")
         build(r, e, src)
     name = str(((config.get("config") or {}) if isinstance(config.get("config"), dict) else {}).get("name", "model"))
-    graph = Graph(r.nodes, inputs, [r.edge[o] for o in outs], name, "Keras")
+    graph = Graph(r.nodes, inputs, [r.edge[o] for o in outs], name, "Keras", steps=steps)
     graph.ranges = r.ranges if r.ranges.edges else None  # QKeras' quantizers on the data
     return qtool.layers.check(graph, where)
 

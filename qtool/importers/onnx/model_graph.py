@@ -271,7 +271,8 @@ class _Reader:
         source = f"ONNX ({producer})" if producer else "ONNX"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
-        graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source)
+        graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
+                           steps=ports.steps if self.rank3 else None)
         graph.ranges = ranges
         return graph, ports
 
