@@ -38,7 +38,8 @@ class LayerFootprint:
     op: str
     flash_bytes: int
     state_bytes: int  # what NAME_step keeps of this layer (rings, sums, GRU state, its frame)
-    macs_per_frame: int
+    macs_per_frame: float  # per frame of the model's input: a layer after a pool of 2 runs every other frame
+    macs_per_sequence: int = 0  # a layer on a vector (after the last step or a global pool) runs once per sequence
 
 
 @dataclass
@@ -57,8 +58,14 @@ class GraphFootprint:
         return sum(x.state_bytes for x in self.layers)
 
     @property
-    def macs_per_step(self) -> int:
+    def macs_per_step(self) -> float:
+        """Multiply-accumulates per frame of the input, once every layer runs at its own rate."""
         return sum(x.macs_per_frame for x in self.layers)
+
+    @property
+    def macs_per_sequence(self) -> int:
+        """Multiply-accumulates of the layers that run once per sequence (on a vector)."""
+        return sum(x.macs_per_sequence for x in self.layers)
 
 
 @dataclass
@@ -838,6 +845,7 @@ int32_t {p}_sequence_work(int32_t T)
 
     def footprint(self, tables) -> GraphFootprint:
         fp = GraphFootprint(streaming=not self.refusal, streaming_refusal=self.refusal)
+        bounds = self.steps_bounds()
         for n in self.nodes:
             e, a = n.out, n.ins[0]
             state = self.width[e] * SIZES[self.t[e]]
@@ -851,5 +859,14 @@ int32_t {p}_sequence_work(int32_t T)
                 if n.cn.kind == "reduce":
                     state += self.width[a] * SIZES[n.cn.acc_t] + 4
             state += 4  # its output edge's `valid` flag
-            fp.layers.append(LayerFootprint(n.name, n.op, int(flash), int(state), int(n.cn.macs)))
+            fp.layers.append(LayerFootprint(n.name, n.op, int(flash), int(state), *self._macs(n, bounds)))
         return fp
+
+    def _macs(self, n: _Node, bounds: list) -> tuple[float, int]:
+        """(per input frame, per sequence): a layer writing a sequence runs at its output's rate, one
+        reducing a sequence to a vector at its input's, a layer on vectors once per sequence."""
+        rate = bounds[n.out] or bounds[n.ins[0]]
+        if rate is None:
+            return 0, int(n.cn.macs)
+        macs = float(n.cn.macs * rate[0])
+        return (int(macs) if macs.is_integer() else macs), 0

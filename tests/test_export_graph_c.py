@@ -263,3 +263,16 @@ int main(void)
     subprocess.run([cc, "-std=c99", "-O1", "-o", str(tmp_path / "t"), *sources, "-lm"], check=True, cwd=tmp_path)
     done = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True)
     assert done.returncode == 0 and int(done.stdout) > 300, done.stdout
+
+
+def test_each_layer_counts_its_macs_at_its_own_rate():
+    """After a stride of 2 every layer runs every other input frame; after the last step or a
+    global pool, once per sequence: the footprint's MACs per frame and per sequence say so."""
+    qg = api.calibrate(whole_graph(), _data(4, 16, 24, 0), method="minmax", check=False)
+    layers = {x.name: x for x in render_graph_c(qg, "m").footprint.layers}
+    gru = qg.qparams["gru"]["qm"].model
+    per_step = sum(c.W.shape[0] * (c.W.shape[1] + c.R.shape[1]) for cells in gru.layers for c in cells)
+    assert layers["gru"].macs_per_frame == per_step / 2 and layers["gru"].macs_per_sequence == 0
+    assert layers["conv"].macs_per_frame == 10 * 2 * 3 / 2  # 10 outputs of 2 inputs x 3 taps, every other frame
+    assert layers["fc"].macs_per_frame == 6 * 16 / 2
+    assert layers["cat"].macs_per_sequence == layers["cat"].macs_per_frame == 0  # concatenates two vectors

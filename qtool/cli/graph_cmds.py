@@ -246,6 +246,7 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
                "edited": res.edited, "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes,
                "ram_bytes": fp.ram_bytes if fp.streaming else None, "macs_per_step": fp.macs_per_step,
+               "macs_per_sequence": fp.macs_per_sequence,
                "streaming": fp.streaming, "streaming_refusal": fp.streaming_refusal,
                "layers": [{**vars(x), **state} for x in fp.layers],
                "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
@@ -257,15 +258,21 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     t.add_column("layer", overflow="fold", max_width=24)
     t.add_column("op", no_wrap=True)
     ram = fp.streaming  # the RAM NAME_step keeps: only a model that streams has one
-    for col in ("flash B", *(("RAM B",) if ram else ()), "MACs/frame"):
+    once = fp.macs_per_sequence  # layers on a vector: a column of their own, once per sequence
+    for col in ("flash B", *(("RAM B",) if ram else ()), "MACs/frame", *(("MACs/seq",) if once else ())):
         t.add_column(col, justify="right", no_wrap=True)
+
+    def macs(x) -> tuple[str, ...]:  # a layer's footprint, or the model's (its total)
+        frame, seq = getattr(x, "macs_per_frame", None), x.macs_per_sequence
+        frame = x.macs_per_step if frame is None else frame
+        return (f"{frame:,.1f}" if frame % 1 else f"{frame:,.0f}", *((f"{seq:,}",) if once else ()))
     for x in fp.layers:
         op = qg.node(x.name).attrs.get("kind") or x.op  # an activation by its kind, as the other tables
-        t.add_row(escape(x.name), op, f"{x.flash_bytes:,}", *((f"{x.state_bytes:,}",) if ram else ()),
-                  f"{x.macs_per_frame:,}")
-    t.add_row("total", "", f"{fp.flash_bytes:,}", *((f"{fp.ram_bytes:,}",) if ram else ()), f"{fp.macs_per_step:,}",
-              style="bold")
+        t.add_row(escape(x.name), op, f"{x.flash_bytes:,}", *((f"{x.state_bytes:,}",) if ram else ()), *macs(x))
+    t.add_row("total", "", f"{fp.flash_bytes:,}", *((f"{fp.ram_bytes:,}",) if ram else ()), *macs(fp), style="bold")
     out.print(t)
+    out.print("MACs/frame: per frame of the input, each layer at its own rate (after a pool of 2, every other "
+              "frame)" + ("; MACs/seq: the layers on a vector, once per sequence" if once else ""))
     work = (f" at {fp.work_at[0]} steps (the calibration's) {fp.work_at[1]:,} B;" if fp.work_at else "")
     out.print(f"{res.name}_run_sequence runs whole sequences in a work buffer of {res.name}_sequence_work(T) bytes"
               f"{work} {res.name.upper()}_SEQUENCE_WORK_MAX(T) is a constant at least that, for static allocation; "
