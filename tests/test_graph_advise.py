@@ -65,12 +65,12 @@ def data(n: int, seed: int, spikes: bool = False) -> SequenceData:
 def test_the_rule_promotes_the_units_whose_int8_prediction_is_low():
     calm, wild = (advise_graph(model(), data(60, 0, spikes), 60) for spikes in (False, True))
     rows = {(r["layer"], r["tensor"]): r for r in wild.rows}
-    assert {("x", "output"), ("front", "weights"), ("front", "output"), ("head", "weights"),
+    assert {("input x", "output"), ("front", "weights"), ("front", "output"), ("head", "weights"),
             ("head", "output"), ("GRU layer 0", "x"), ("GRU layer 0", "h"), ("GRU layer 0", "W")} <= set(rows)
     # the tanh writes the GRU's x and last_step keeps the GRU's grid: no units of their own
     assert ("act", "output") not in rows and ("last", "output") not in rows
     # the spiky input and the product of the front layer's weights with it are predicted poorly
-    assert rows[("x", "output")]["predicted_int8_db"] < 18.5 and rows[("x", "output")]["bits"] == 16
+    assert rows[("input x", "output")]["predicted_int8_db"] < 18.5 and rows[("input x", "output")]["bits"] == 16
     assert rows[("front", "weights")]["bits"] == 16
     assert all(r["bits"] == 8 for r in calm.rows) and len(calm.chosen.promoted) == 0
     assert wild.chosen.qg.grids["x"].bits == 16 and np.abs(wild.chosen.qg.qparams["front"]["q_W"]).max() > 127

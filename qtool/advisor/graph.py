@@ -265,6 +265,8 @@ def unit_rows(sp: Space, chosen: GraphCandidate, measured: dict[str, float]) -> 
     rows = []
     for u in sp.units:
         name, tensor = unit_name(u)
+        if isinstance(u[0], str) and u[0] in sp.prep.graph.inputs:  # not a GRU's tensor of the same name
+            name = f"input {name}"
         e = edges.get(u) if u[1] != "weight" else None
         rows.append({"layer": name, "tensor": tensor, "edge": e, "predicted_int8_db": sp.predicted.get(u),
                      "measured_snr_db": measured.get(e) if e else None,

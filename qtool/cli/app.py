@@ -623,8 +623,9 @@ def verify(
             raise typer.Exit(1)
         return
     qm = api.load(qmodel_path)
-    res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
-                     target=target)
+    with Bar("verify", 1):  # its phases: compiling, running, comparing
+        res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                         target=target)
     bad = res.mismatches
     if as_json:
         emit_json(res.to_dict())

@@ -286,8 +286,9 @@ def verify_graph(qpath: Path, export_dir: Path, data_path: Path, *, name, limit,
     """`qtool verify` of a whole model; returns its mismatches."""
     from qtool import api
 
-    res = api.verify(qpath, export_dir, data_path, name=name, limit=limit, dataset=dataset,
-                           time_first=time_first, target=target)
+    with Bar("verify", 1):  # its phases: compiling, running whole and frame by frame, comparing
+        res = api.verify(qpath, export_dir, data_path, name=name, limit=limit, dataset=dataset,
+                         time_first=time_first, target=target)
     if as_json:
         emit_json(res.to_dict())
         return res.mismatches
