@@ -24,7 +24,7 @@ from qtool.exporters.c_export import RUNTIME, encoded, render_c
 from qtool.exporters.c_source import c_name, c_table, comment, float_wrappers
 from qtool.exporters.c_types import SIZES, act_type
 
-from qtool.core.qgraph import QGraph
+from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.errors import QtoolError
 from qtool.graph.file import fingerprint
 from qtool.layers import layer
@@ -125,10 +125,10 @@ def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool) -> l
         widths = [qg.graph.shapes[e][-1] for e in node.inputs]
         ins = [edges.index(e) for e in node.inputs]
         edges.append(node.outputs[0])
-        if node.op == "gru":
+        if node.op in MODEL_OPS:  # its own C, as `qtool export c` writes a GRU alone
             qm = qg.qparams[name]["qm"]
             sub = render_c(qm, f, "table", fully_integral)
-            out.append(_Node(name, f, "gru", ins, len(edges) - 1, CNode("gru", macs=sub.footprint.macs_per_step),
+            out.append(_Node(name, f, node.op, ins, len(edges) - 1, CNode(node.op, macs=sub.footprint.macs_per_step),
                              sub, qm))
             continue
         cn = layer(node.op, node.label).c_code(node, qg.qparams[name], g_in, g_out, f, widths)
@@ -177,7 +177,7 @@ def _stream_plan(qg: QGraph, nodes: list[_Node]) -> _Stream:
             readers.setdefault(e, []).append(i)
     for i, n in enumerate(nodes):
         label, w = qg.node(n.name).label, n.cn.window
-        if n.op == "gru" and n.qm.model.num_directions != 1:
+        if n.qm is not None and n.qm.model.num_directions != 1:
             plan.refusal = f"node {label} is bidirectional: its backward half reads the sequence from its end"
         elif n.cn.kind == "pad" and w.pads != (0, 0):
             nxt = readers.get(n.out, [])
@@ -406,7 +406,7 @@ int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out
         for n in self.nodes:
             a, e, w = n.ins[0], n.out, n.cn.window
             if not self.seq[e]:
-                need = "1" if (n.cn.kind in ("last",) or n.op == "gru") and self.seq[a] else "0"
+                need = "1" if (n.cn.kind in ("last",) or n.qm is not None) and self.seq[a] else "0"
                 lines.append(f"    if (steps[{a}] < {need}) {{\n        return -1;\n    }}\n    steps[{e}] = 1;")
                 continue
             if n.cn.kind == "pad":

@@ -29,7 +29,7 @@ import numpy as np
 
 from qtool.core.graph import Graph
 from qtool.core.model import DIRECTIONS, GruModel, tensor_key  # noqa: F401 (DIRECTIONS: for the CLI's tables)
-from qtool.core.qgraph import QGraph
+from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (for the CLI's tables)
 from qtool.errors import QtoolError
@@ -206,7 +206,7 @@ def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
         g = _load_graph(path, check=False)
     except QtoolError as e:
         return None, str(e)
-    return (None, None) if all(n.op == "gru" for n in g.nodes) else (g, None)
+    return (None, None) if all(n.op in MODEL_OPS for n in g.nodes) else (g, None)
 
 
 def is_whole_model(path: str | os.PathLike) -> bool:
@@ -240,17 +240,13 @@ def _unprefixed(reason: str, path: Path) -> str:
     return reason[len(prefix):] if reason.startswith(prefix) else reason
 
 
-def gru_form(node) -> str | None:
-    """A graph node's GRU as tables show its op: `gru`, with its layers, direction and a cell other
-    than the haste form (`gru, 2 layers, bidirectional; reset before ...`); None for other ops."""
-    if node.op != "gru":
-        return None
-    from qtool.layers.gru import form
+def op_text(node) -> str | None:
+    """How tables show a graph node's op where its layer says more than the op's name (a gru: its
+    layers, direction and a cell other than the haste form); None for the others."""
+    from qtool.layers import layer
 
-    layers, f = int(node.attrs.get("layers", 1)), form(node)
-    parts = [f"{layers} layers"] if layers > 1 else []
-    parts += ["bidirectional"] if node.attrs.get("bidirectional") else []
-    return ", ".join(["gru", *parts]) + ("" if f.haste else f"; {f.describe()}")
+    describe = getattr(layer(node.op, node.label), "describe", None)
+    return describe(node) if describe else None
 
 
 def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:

@@ -107,3 +107,46 @@ def test_the_command_line_goes_through_the_api():
     wrong = [f"{m} -> {d}" for m, deps in GRAPH.items() if layer(m) == "cli" for d in deps
              if layer(d) not in CLI_MAY_IMPORT | {"cli"}]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+# Where an op may be named outside its layer module: the registry, the stage tables (a module-level
+# NAME = {...} or (...)), the importers that write the op, and a pass that works on that op alone.
+OP_NAMED_IN = {"qtool.layers", "qtool.graph.passes"}
+IMPORTERS = "qtool.importers"
+
+
+def _op_names(tree: ast.AST, op: str) -> list[int]:
+    """Lines that compare a node's `.op` with `op` (==, !=, in, not in a literal), outside a
+    module-level table."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        parts = [node.left, *node.comparators]
+        reads_op = any(isinstance(p, ast.Attribute) and p.attr == "op" for p in parts)
+        names_op = any(isinstance(c, ast.Constant) and c.value == op for p in parts for c in ast.walk(p))
+        if reads_op and names_op:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_gru_op_is_named_in_its_layer_and_the_stage_tables_only():
+    """A second recurrent op extends the stage tables by a line each (qtool.core.qgraph.MODEL_OPS,
+    qtool.graph.calibrate.SELF_CALIBRATED): no module outside layers/gru.py, the registry, the
+    importers that write the op and the stacking pass asks whether a node is a gru."""
+    wrong = []
+    for name, path in MODULES.items():
+        if name in OP_NAMED_IN or name.startswith(IMPORTERS) or name == "qtool.layers.gru":
+            continue
+        wrong += [f"{name}:{line}" for line in _op_names(ast.parse(path.read_text()), "gru")]
+    assert not wrong, "compares a node's op with 'gru' (use the stage tables): " + ", ".join(wrong)
+
+
+def test_the_registry_is_static_imports():
+    """The layer registry names modules imported at the top of qtool/layers/__init__.py (readers and
+    tools see it), not modules loaded by name at run time."""
+    text = MODULES["qtool.layers"].read_text()
+    assert "importlib" not in text and "__import__" not in text
+    from qtool.layers import REGISTRY
+
+    assert all(m.__name__ == f"qtool.layers.{m.__name__.rpartition('.')[2]}" for m in REGISTRY.values())

@@ -32,13 +32,12 @@ from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.tensors import METHOD_NAMES, BitsConfig, bits_from_table, bits_table, preset_config, table_toml
 from qtool.errors import QtoolError
-from qtool.graph.calibrate import Prepared, auto_graph, prepare, quantize_graph
+from qtool.graph.calibrate import SELF_CALIBRATED, Prepared, auto_graph, prepare, quantize_graph
 from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db, simulate_graph
 from qtool.io.files import SequenceData
 from qtool.io.phases import phase
 from qtool.layers import layer
-from qtool.layers.gru import model as gru_model
 from qtool.numerics.qparams import dequantize
 
 Progress = Callable[[str, int, int | None], None]
@@ -82,7 +81,7 @@ class Space:
         also the method qg's calibration gave every observed edge and every GRU tensor (the file
         sets a tensor once for all GRUs: where they chose differently, the first GRU's), so that
         `qtool calibrate --bits FILE` rebuilds qg whatever its --method."""
-        layers = max((gru_model(n).num_layers for n in self.grus), default=1)
+        layers = max((SELF_CALIBRATED[n.op](n).num_layers for n in self.grus), default=1)
         tied_at = frozenset(l for l, n in self.units if n == TIED["g_out"] and (l, "g_out") not in self.units)
         cfgs = model_config(bits_config(None, frozenset(u for u in promoted if not isinstance(u[0], str)), tied_at),
                             layers)
@@ -132,7 +131,7 @@ def _weights(node: Node, qp: dict) -> np.ndarray:
 def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chunk: int) -> Space:
     g = prep.graph
     core = [n for n in g.nodes if n.name in prep.core]
-    grus = [n for n in core if n.op == "gru"]
+    grus = [n for n in core if n.op in SELF_CALIBRATED]
     edge_unit: dict[str, tuple] = {}
     predicted: dict[tuple, float] = {}
 
@@ -146,7 +145,7 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
             edge_stats[e] = _stats(prep.values[e][:rows], e, seed, gamma, repeats)
         return edge_stats[e]
     for node in grus:
-        m = gru_model(node)
+        m = SELF_CALIBRATED[node.op](node)
         edge_unit[node.inputs[0]] = (0, "x")
         edge_unit[node.outputs[0]] = (m.num_layers - 1, "h")
         obs = new_estimators(m, seed, gamma, repeats)
@@ -157,7 +156,7 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
     for e in g.inputs:
         edge_unit.setdefault(e, (e, "activation"))
     int8 = quantize_graph(prep, rows, BitsConfig(preset_config("int8")), "minmax", 99.99, chunk, None)
-    for node in (n for n in core if n.op != "gru"):
+    for node in (n for n in core if n.op not in SELF_CALIBRATED):
         shares = node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ())
         for e in node.outputs:
             edge_unit.setdefault(e, edge_unit[node.inputs[0]] if shares else (node.name, "activation"))
@@ -170,7 +169,7 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
     for e, u in edge_unit.items():  # every other edge: the one-vector form
         if isinstance(u[0], str):
             low(u, pzero.snr_db(pzero.p_zero(of_edge(e), LOW)))
-    gru_units = list(dict.fromkeys(u for n in grus for u in all_units(gru_model(n))))
+    gru_units = list(dict.fromkeys(u for n in grus for u in all_units(SELF_CALIBRATED[n.op](n))))
     graph_units = list(dict.fromkeys(u for u in [*edge_unit.values(), *predicted] if isinstance(u[0], str)))
     return Space(prep, rows, edge_unit, gru_units + graph_units, predicted, grus)
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from rich.table import Table
 
-from qtool.api import DIRECTIONS, QuantModel, cell_params, cell_tensors, gru_form, steps_text
+from qtool.api import DIRECTIONS, QuantModel, cell_params, cell_tensors, op_text, steps_text
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:
@@ -220,7 +220,7 @@ def graph_rows(graph) -> list[dict]:
     its output's steps against the input's T (None: a vector)."""
     writer = {e: n.name for n in graph.nodes for e in n.outputs}
     steps = steps_text(graph)
-    return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind") or gru_form(n), "source": n.source,
+    return [{"layer": n.name, "op": n.op, "kind": n.attrs.get("kind") or op_text(n), "source": n.source,
              "inputs": list(n.inputs),
              "reads": [writer.get(e, e) for e in n.inputs],
              "shape": list(graph.shapes[n.outputs[0]]) if n.outputs else [],

@@ -16,12 +16,18 @@ from dataclasses import dataclass, field
 from qtool.core.graph import Graph, Node
 from qtool.core.qmodel import TensorQ
 
+# The ops whose integers are a quantized model of their own (`qparams[name]["qm"]`, a QuantModel
+# calibrated on the node's input): the file stores it, an engine runs it, the C export writes it as
+# a model of its own. A second recurrent op is one more name here and in the stage tables that
+# build it (qtool.graph.calibrate.SELF_CALIBRATED, qtool.advisor.graph.MODEL_OF).
+MODEL_OPS = ("gru",)
+
 
 @dataclass
 class QGraph:
     graph: Graph
     grids: dict[str, TensorQ]  # every edge the core reads or writes
-    qparams: dict[str, dict]  # node name -> its integers (a gru: {"qm": QuantModel})
+    qparams: dict[str, dict]  # node name -> its integers (one of MODEL_OPS: {"qm": QuantModel})
     core: list[str]  # node names run in integers, in order
     tail: list[str]  # node names run in float after the dequantize, in order
     passes: list[tuple[str, str]] = field(default_factory=list)  # (pass, what it did)
@@ -32,8 +38,9 @@ class QGraph:
 
     @property
     def grus(self) -> list[str]:
-        """The GRU nodes of the core, in order; each one's QuantModel is `qparams[name]["qm"]`."""
-        return [n for n in self.core if self.node(n).op == "gru"]
+        """The core's nodes of MODEL_OPS (the GRUs), in order; each one's QuantModel is
+        `qparams[name]["qm"]`."""
+        return [n for n in self.core if self.node(n).op in MODEL_OPS]
 
     @property
     def core_outputs(self) -> list[str]:

@@ -45,10 +45,14 @@ from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
 from qtool.io.phases import phase
 from qtool.layers import layer, run
+from qtool.layers.gru import model as gru_model
 from qtool.layers.integer import LayerBits
 from qtool.numerics.qparams import dequantize, quantize
 
 AUTO_METHODS = ("minmax", "percentile", "mse")
+# The calibrate stage's table: the ops calibrated as a model of their own on their input's values
+# (a GRU's tensors by the GRU pipeline, qtool.calibration), op -> the float model of such a node.
+SELF_CALIBRATED = {"gru": gru_model}
 MAX_ERROR_SAMPLES = 1 << 21  # values an edge's auto choice measures its error on
 
 
@@ -68,10 +72,10 @@ def check_bits_names(graph: Graph, config: dict[str, TensorConfig]) -> None:
         if name in graph.inputs:
             continue
         if name not in nodes:
-            known = ", ".join([*graph.inputs, *(n for n in nodes if nodes[n].op != "gru")][:8])
+            known = ", ".join([*graph.inputs, *(n for n in nodes if nodes[n].op not in SELF_CALIBRATED)][:8])
             raise QtoolError(f"the bits file's graph table names '{name}', which is no layer of the model "
                              f"(layers: {known}, ...)")
-        if nodes[name].op == "gru":
+        if nodes[name].op in SELF_CALIBRATED:
             raise QtoolError(f"the bits file's graph table names the GRU '{name}': a GRU's bits are its "
                              "tensors' (the file's tensors and layers tables)")
 
@@ -114,9 +118,7 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
     """The node's GRU calibrated on its input `x` as `qtool calibrate` does a GRU alone, and the
     method of each of its tensors (auto's choice, or `method` under the config's own).
     `calibrators` keeps the observations of this GRU on `x` for the next config."""
-    from qtool.layers.gru import model
-
-    gru = model(node)
+    gru = SELF_CALIBRATED[node.op](node)
     data = SequenceData(x, False, f"the input of {node.name}")
     if method in ("auto", "per-edge"):
         from qtool.calibration.auto import calibrate_auto
@@ -228,10 +230,10 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     """Every grid and layer integer from the first `rows` sequences of the prepared values; an
     edge a QDQ file quantizes (`Graph.ranges`) takes the file's grid (`snap` as for a GRU's)."""
     from qtool.calibration.auto import chosen_methods
-    from qtool.layers.gru import model as gru_model
 
     g, core, tail, done = prep.graph, prep.core, prep.tail, list(prep.passes)
-    check_named([gru_model(n) for n in g.nodes if n.name in core and n.op == "gru"], config, whole=True)
+    models = {n.name: SELF_CALIBRATED[n.op](n) for n in g.nodes if n.name in core and n.op in SELF_CALIBRATED}
+    check_named(list(models.values()), config, whole=True)
     config = checked_once(config)
     values = {e: v[:rows] for e, v in prep.values.items()}
     node_bits: dict[str, list[int]] = {}
@@ -241,9 +243,9 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     methods: dict[str, str] = {}
     gru_methods: dict[str, list[dict[str, str]]] = {}  # a GRU -> per layer, its tensors' methods
     files = FileGrids(g.ranges, snap)
-    for node in (g_node for g_node in g.nodes if g_node.name in core and g_node.op == "gru"):
+    for node in (g_node for g_node in g.nodes if g_node.name in models):
         qm, plan = prep.gru(node, rows, config, method, percentile, chunk, info or {})
-        gru_methods[node.name] = chosen_methods(gru_model(node), plan)
+        gru_methods[node.name] = chosen_methods(models[node.name], plan)
         x_in, h_out = node.inputs[0], node.outputs[0]
         x_file = None if x_in in grids else files.grid(x_in, config["x"].bits)
         h_file = files.grid(h_out, config["h"].bits)
@@ -283,7 +285,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             else:
                 grids[edge], methods[edge] = observed_grid(
                     values[edge], own.activation, chosen.get(node.name, {}).get("method", method), percentile, edge)
-        if node.op != "gru":
+        if node.op not in SELF_CALIBRATED:
             mod = layer(node.op, node.label)
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
                                               own)

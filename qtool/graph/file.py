@@ -27,7 +27,7 @@ import numpy as np
 
 from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS, open_h5
-from qtool.core.qgraph import QGraph
+from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
 from qtool.importers.ranges import GraphRanges
@@ -161,7 +161,7 @@ def write_qgraph(f, qg: QGraph) -> None:
     quant = {"core": qg.core, "tail": qg.tail, "passes": qg.passes, "info": qg.info, "grids": grids}
     f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=_plain), fingerprint=fingerprint(qg))
     for k, n in enumerate(qg.graph.nodes):
-        if n.op == "gru" and n.name in qg.qparams:
+        if n.op in MODEL_OPS and n.name in qg.qparams:
             write_qmodel(f.create_group(f"gru/{k}"), qg.qparams[n.name]["qm"])
 
 
@@ -233,7 +233,7 @@ def read_qgraph(f, where: str) -> QGraph:
         missing = [e for e in node.inputs + node.outputs if e not in grids]
         if missing:
             raise QtoolError(f"{where}: edge '{missing[0]}' of node {node.label} has no grid")
-        if node.op == "gru":
+        if node.op in MODEL_OPS:
             if f"gru/{k}" not in f:
                 raise QtoolError(f"{where}: gru/{k}, the quantized GRU of node {node.label}, is missing")
             qm = read_qmodel(f[f"gru/{k}"], f"{where}: gru/{k}")

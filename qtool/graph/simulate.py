@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qtool.core.qgraph import QGraph
+from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.engine.metrics import Distance
 from qtool.errors import QtoolError
 from qtool.graph.fakequant import run_fakequant
@@ -30,7 +30,7 @@ def run_int(qg: QGraph, x: np.ndarray | dict[str, np.ndarray], runner=None) -> d
          for e, v in x.items()}
     for name in qg.core:
         node = qg.node(name)
-        qp = qg.qparams[name] if runner is None or node.op != "gru" else {**qg.qparams[name], "runner": runner}
+        qp = qg.qparams[name] if runner is None or node.op not in MODEL_OPS else {**qg.qparams[name], "runner": runner}
         outs = layer(node.op, node.label).forward_int(
             node, qp, [q[e] for e in node.inputs], [qg.grids[e] for e in node.inputs],
             [qg.grids[e] for e in node.outputs])

@@ -91,6 +91,15 @@ def model(node: Node) -> GruModel:
                      for cells in _names(layers, dirs)], name=node.name, source=node.source)
 
 
+def describe(node: Node) -> str:
+    """The node as tables show its op: `gru`, with its layers, direction and a cell other than the
+    haste form (`gru, 2 layers, bidirectional; reset before ...`)."""
+    layers, f = int(node.attrs.get("layers", 1)), form(node)
+    parts = [f"{layers} layers"] if layers > 1 else []
+    parts += ["bidirectional"] if node.attrs.get("bidirectional") else []
+    return ", ".join([node.op, *parts]) + ("" if f.haste else f"; {f.describe()}")
+
+
 def _final(node: Node, y: np.ndarray, H: int, dirs: int) -> np.ndarray:
     """The sequence `y [N, T, H * dirs]`, or with return_sequences false the final states."""
     if _attrs(node)[2]:
