@@ -8,12 +8,19 @@ the check does not rest on qtool's evaluation of them (onnx_fold)."""
 
 from __future__ import annotations
 
+import re
+import time
+from pathlib import Path
+
 import numpy as np
 
+from qtool.errors import QtoolError
+from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, reason
+from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.graph import Graph
+from qtool.importers.onnx.model_layout import FLOAT
 
 X, Y = "qtool.check.x", "qtool.check.y"
-FLOAT = 1  # TensorProto.FLOAT: the check runs in float32, as qtool's reference does
 
 
 def _one_node_model(graph: Graph, node):
@@ -50,3 +57,111 @@ def run_onnx(graph: Graph, nodes: list, x: np.ndarray) -> np.ndarray:
         out = sess.run([Y], {X: np.ascontiguousarray(y.transpose(1, 0, 2))})[0]  # time-first
         y = out.transpose(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [T, dirs, N, H] -> [N, T, dirs * H]
     return y
+
+
+# ---- a whole model: the file run by ONNX Runtime against qtool's graph (qtool.layers.run)
+
+TOLERANCE = 1e-4  # the ONNX Runtime check, relative to the output's magnitude where it exceeds 1
+CHECK_N, CHECK_T = 3, 8  # the check's batch and steps where the file leaves them dynamic
+# ONNX Runtime's status code and where in its sources it failed (`[ONNXRuntimeError] : 1 : FAIL :
+# /onnxruntime_src/...h:46 void f(...)`): not the reason, which follows
+ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : |/onnxruntime_src/\S+:\d+ .*?\) (?=[A-Z])")
+
+
+def check_graph(path: Path, graph, ports, reader) -> dict:
+    """Run file `path` with ONNX Runtime and `graph` with qtool.layers.run on the same random inputs
+    (`ports`: where its edges sit in the file, `reader`: the import that read it); raises when they
+    differ by more than TOLERANCE (relative where the output exceeds 1)."""
+    import qtool.layers as L
+
+    try:
+        with framework_run():  # importing it writes a file into the temporary folder
+            import onnxruntime as ort
+    except ImportError as e:
+        return {"checked": False, "reason": f"ONNX Runtime cannot be imported (no module {e.name or 'onnxruntime'!r})"}
+    t0 = time.perf_counter()
+    feeds, xs, n, t = _check_inputs(reader, ports)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4  # ORT would print its own errors; qtool says them in one line
+    opts.intra_op_num_threads = 1
+    if any(n.op_type == "DequantizeLinear" for n in reader.model.graph.node):
+        # its optimizer fuses DequantizeLinear into integer kernels of other numerics: the float model
+        # the file stands for is what it computes unoptimized
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        with framework_run():
+            sess = ort.InferenceSession(_checked_model(reader).SerializeToString(), opts,
+                                        providers=["CPUExecutionProvider"])
+            want = dict(zip(ports.outputs, sess.run(list(ports.outputs), feeds)))
+    except Exception as e:  # ONNX Runtime raises its own types on files it cannot run
+        raise QtoolError(f"{path}: ONNX Runtime cannot run this file ({reason(ORT_NOISE.sub('', str(e)))})") from None
+    got = L.run(graph, xs)
+    worst = 0.0
+    for name, (edge, layout) in ports.outputs.items():
+        ref = layout.to_qtool(np.asarray(want[name], np.float32), n)
+        if ref.shape != got[edge].shape:
+            raise QtoolError(f"{path}: output '{name}': ONNX Runtime gives {list(want[name].shape)} "
+                             f"({list(ref.shape)} channels-last), qtool's graph {list(got[edge].shape)}")
+        diff = float(np.abs(ref - got[edge]).max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
+        if not diff <= TOLERANCE:
+            raise QtoolError(f"{path}: output '{name}' of the imported graph differs from ONNX Runtime by up to "
+                             f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g}); refusing a wrong import")
+        worst = max(worst, diff)
+    pairs = {"fake_quant_pairs": len(reader.fake_quant)} if reader.fake_quant else {}
+    unused = {"note": f"input(s) {', '.join(repr(s) for s in ports.states)} feed none of the outputs: left out"
+              } if ports.states else {}
+    return {"checked": True, "framework": "ONNX Runtime", "max_abs_diff": worst, "sequences": n, "steps": t,
+            "seconds": round(time.perf_counter() - t0, 3), **pairs, **unused}
+
+
+def _check_inputs(reader, ports) -> tuple[dict, dict, int, int]:
+    """ONNX Runtime's feeds (each in its own layout) and qtool's inputs (channels-last): random data,
+    zeros for state inputs."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    n, t = ports.batch or CHECK_N, ports.steps or CHECK_T
+    for name, lay in ports.inputs.items():  # a file may fix its batch and length: bounded before allocating
+        if n * (t if lay.seq else 1) * lay.channels > MAX_TENSOR_ELEMENTS:
+            raise QtoolError(f"{reader.where}: input '{name}' is fixed at {n:,} sequences x {t:,} steps x "
+                             f"{lay.channels:,} channels, too large to check (more than {MAX_TENSOR_ELEMENTS:,} "
+                             "values); `check=False` imports it unchecked")
+    feeds, xs, params = {}, {}, {}
+    for name, lay in ports.inputs.items():
+        x = rng.standard_normal((n, t, lay.channels) if lay.seq else (n, lay.channels)).astype(np.float32)
+        xs[name], feeds[name] = x, np.ascontiguousarray(lay.from_qtool(x))
+        info = next(i for i in reader.model.graph.input if i.name == name)
+        for a, d in zip(lay.axes, info.type.tensor_type.shape.dim):
+            if d.dim_param:
+                params[d.dim_param] = n if a == "N" else t
+    for name in ports.states:
+        info = next(i for i in reader.model.graph.input if i.name == name)
+        dims = [d.dim_value if d.HasField("dim_value") else params.get(d.dim_param, n)
+                for d in info.type.tensor_type.shape.dim]
+        feeds[name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type or FLOAT))
+    return feeds, xs, n, t
+
+
+def _checked_model(reader):
+    """What ONNX Runtime runs for the check: the file inline, its fake-quant pairs on the data
+    replaced by what qtool's float graph computes for them (the identity, or a relu)."""
+    model = _inlined_model(reader)
+    fake_quant.without_fake_quant(model, reader.fake_quant)
+    return model
+
+
+def _inlined_model(reader):
+    """A copy of the model with every stored tensor inline (external data read by qtool, checked first)."""
+    from onnx import ModelProto
+
+    model = ModelProto()
+    model.CopyFrom(reader.model)
+    graph = model.graph
+    inits = [reader.g.tensor(t.name) for t in graph.initializer]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    for k, node in enumerate(graph.node):
+        inlined = reader.g.inlined(node)
+        if inlined is not node:
+            graph.node[k].CopyFrom(inlined)
+    return model

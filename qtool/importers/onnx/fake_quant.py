@@ -58,18 +58,18 @@ def quantize_linear(reader, node) -> None:
             raise reader.fail(u, f"dequantizes with another scale or zero point than '{node.name}' quantized "
                                  "with; qtool reads fake-quant pairs that round onto one grid")
     r = activation_range(node, consts, f"{reader.where}: {reader.label(node)}")
-    edge, lay = reader._in(node)
+    edge, lay = reader.input(node)
     if not isinstance(edge, str):
         raise reader.fail(node, "quantizes a part of a computed tensor; qtool's grids are whole edges'")
     producer = next((n for n in reader.nodes if edge in n.outputs), None)
     clips = r.lo == 0 and not (producer is not None and producer.op == "activation"
                                and producer.attrs.get("kind") in NON_NEGATIVE)
     if clips:  # the pair is also a relu (ONNX Runtime's quantizer folds a Relu into it)
-        reader._emit(node, "activation", [edge], lay, {"kind": "relu"}, source="QuantizeLinear, clipping at 0")
+        reader.emit(node, "activation", [edge], lay, {"kind": "relu"}, source="QuantizeLinear, clipping at 0")
         edge = node.output[0]
         reader.ranges.notes.append(f"{reader.label(node)} clips below 0 (its grid starts there): imported as a relu")
     else:
-        reader._alias(node, edge, lay)
+        reader.alias(node, edge, lay)
         _carry(reader, node.input[0], node.output[0])
     reader.fake_quant[node.output[0]] = (node.input[0], clips)
     reader.ranges.add(edge, r)
@@ -79,7 +79,7 @@ def dequantize_linear(reader, node) -> None:
     if node.input[0] not in reader.fake_quant:
         raise reader.fail(node, "dequantizes integers the model computes (a QOperator-format file); qtool reads "
                                 "QDQ files, where DequantizeLinear on the data follows a QuantizeLinear")
-    reader._alias(node, *reader._in(node))
+    reader.alias(node, *reader.input(node))
     _carry(reader, node.input[0], node.output[0])
 
 

@@ -214,3 +214,30 @@ class Layout:
         x = x.transpose([names.index(a) for a in self.axes if a != "1"])
         return x.reshape([x.shape[[a for a in self.axes if a != "1"].index(a)] if a != "1" else 1
                           for a in self.axes])
+
+
+FLOAT = 1  # TensorProto.FLOAT
+
+
+def ints(a) -> list[int]:
+    return [int(v) for v in np.asarray(a).reshape(-1)]
+
+
+@dataclass(frozen=True)
+class Part:
+    """Channels [lo, hi) of edge `edge` (of `full` channels): PyTorch's `h_n[-2]` of a bidirectional GRU.
+    Only a Concat that puts the parts back together (or layout ops) may read it."""
+
+    edge: str
+    lo: int
+    hi: int
+    full: int
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Values joined on ONNX axis `axis` that is not their channel axis: PyTorch's `h_n` of a stacked GRU
+    (each layer's final state). Only a Gather of one of them may read it."""
+
+    axis: int
+    parts: tuple  # ((edge, Layout), ...)

@@ -1,0 +1,221 @@
+"""Layout-only ops: they change which axis is the batch, the time steps or the channels (the
+reader's bookkeeping), or take the last step, a part of the channels, or zeros around the steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qtool.importers.onnx.graph import attr
+from qtool.importers.onnx.model_layout import FLOAT, Part, Stack, ints
+from qtool.importers.onnx.ops.registry import handles
+
+
+@handles("Identity")
+def identity(r, node) -> None:
+    r.alias(node, *r.input(node))
+
+
+@handles("Dropout")
+def dropout(r, node) -> None:
+    if r.const(node, 2, False):
+        raise r.fail(node, "runs in training mode")
+    if r.used(node, 1):
+        raise r.fail(node, "has its mask read; qtool imports inference graphs")
+    r.alias(node, *r.input(node))
+
+
+@handles("Cast")
+def cast(r, node) -> None:
+    if attr(node, "to", FLOAT) != FLOAT:
+        raise r.fail(node, f"casts the data to ONNX type {attr(node, 'to', 0)}; qtool computes in float32")
+    r.alias(node, *r.input(node))
+
+
+@handles("Transpose")
+def transpose(r, node) -> None:
+    edge, lay = r.input(node)
+    perm = attr(node, "perm", None) or list(range(len(lay.axes)))[::-1]
+    if sorted(perm) != list(range(len(lay.axes))):
+        raise r.fail(node, f"has perm {perm} for a rank-{len(lay.axes)} input")
+    r.alias(node, edge, lay.transpose(list(perm)))
+
+
+@handles("Squeeze")
+def squeeze(r, node) -> None:
+    edge, lay = r.input(node)
+    axes = r.axes_of(node, 1, len(lay.axes))
+    if axes is None:
+        axes = [k for k, s in enumerate(lay.shape()) if s == 1]
+    r.alias(node, edge, lay.squeeze(axes, f"{r.where}: {r.label(node)}") if axes else lay)
+
+
+@handles("Unsqueeze")
+def unsqueeze(r, node) -> None:
+    edge, lay = r.input(node)
+    raw = ints(r.value(node, 1, attr(node, "axes", [])))
+    r.alias(node, edge, lay.unsqueeze([a % (len(lay.axes) + len(raw)) for a in raw]))
+
+
+@handles("Reshape")
+def reshape(r, node) -> None:
+    edge, lay = r.input(node)
+    target, ins = ints(r.value(node, 1)), lay.shape()
+    if not attr(node, "allowzero", 0):
+        target = [ins[k] if s == 0 and k < len(ins) else s for k, s in enumerate(target)]
+    if target.count(-1) > 1 or any(s < -1 for s in target):
+        raise r.fail(node, f"has shape {target}")
+    if -1 in target:
+        rest = math.prod(s for s in target if s != -1)
+        target[target.index(-1)] = math.prod(ins) // rest if rest else 0
+    r.alias(node, edge, lay.reshape(target, f"{r.where}: {r.label(node)}"))
+
+
+@handles("Flatten")
+def flatten(r, node) -> None:
+    edge, lay = r.input(node)
+    ins = lay.shape()
+    axis = attr(node, "axis", 1) % (len(ins) + 1)
+    r.alias(node, edge, lay.reshape([math.prod(ins[:axis]), math.prod(ins[axis:])],
+                                        f"{r.where}: {r.label(node)}"))
+
+
+@handles("Expand")
+def expand(r, node) -> None:
+    edge, lay = r.input(node)
+    ins, target = lay.shape(), ints(r.value(node, 1))
+    rank = max(len(ins), len(target))
+    full = [1] * (rank - len(ins)) + ins
+    to = [1] * (rank - len(target)) + target
+    if any(t not in (1, s) for s, t in zip(full, to)):
+        raise r.fail(node, f"broadcasts {ins} to {target}; qtool only follows an Expand to the data's own shape")
+    r.alias(node, edge, lay.unsqueeze(list(range(rank - len(ins)))) if rank > len(ins) else lay)
+
+
+@handles("Slice")
+def slice(r, node) -> None:
+    edge, lay = r.input(node)
+    shape = lay.shape()
+    if len(node.input) > 1:
+        starts, ends = ints(r.value(node, 1)), ints(r.value(node, 2))
+        axes = r.axes_of(node, 3, len(shape)) or list(range(len(starts)))
+        steps = ints(r.value(node, 4, [1] * len(starts)))
+    else:  # Slice-1: attributes
+        starts, ends = attr(node, "starts", []), attr(node, "ends", [])
+        axes = [a % len(shape) for a in attr(node, "axes", list(range(len(starts))))]
+        steps = [1] * len(starts)
+    for a, s, e, step in zip(axes, starts, ends, steps):
+        size = shape[a]
+        s = min(max(s + size if s < 0 else s, 0), size)
+        e = min(max(e + size if e < 0 else e, 0), size)
+        if step == 1 and s == 0 and e == size:
+            continue
+        if step == 1 and lay.axes[a] == "T" and s == size - 1 and e == size:
+            q = r.emit(node, "last_step", [edge], lay.replace(axes=lay.axes[:a] + ("1",) + lay.axes[a + 1:]),
+                           source="Slice")
+            edge, lay = q.outputs[0], r.data[q.outputs[0]][1]
+            continue
+        raise r.fail(node, f"takes [{s}:{e}:{step}] of axis {a} ({lay.axes[a]}) of {lay.describe()}; qtool "
+                              "follows a Slice of a whole axis or of the last time step only",
+                        layout=lay.axes[a] in ("N", "NT"))
+    r.alias(node, edge, lay)
+
+
+@handles("Gather")
+def gather(r, node) -> None:
+    edge, lay = r.input(node)
+    index = np.asarray(r.value(node, 1))
+    if index.size != 1 or index.ndim > 1:
+        raise r.fail(node, f"gathers {index.size} indices; qtool follows one index (the last time step)")
+    i, keep = int(index.reshape(())), index.ndim == 1
+    axis = attr(node, "axis", 0)
+    if isinstance(edge, Stack):  # one of the joined values, then the index within it
+        sizes = [la.shape()[edge.axis] for _, la in edge.parts]
+        if axis % (len(edge.parts[0][1].axes)) != edge.axis or not -sum(sizes) <= i < sum(sizes):
+            raise r.fail(node, f"takes index {i} of axis {axis} of values joined on axis {edge.axis}")
+        i %= sum(sizes)
+        k = next(k for k in range(len(sizes)) if i < sum(sizes[:k + 1]))
+        (edge, lay), i = edge.parts[k], i - sum(sizes[:k])
+    axis %= len(lay.axes)
+    role, size = lay.axes[axis], lay.shape()[axis]
+    if not -size <= i < size:
+        raise r.fail(node, f"takes index {i} of axis {axis}, of size {size} ({lay.describe()})")
+    i %= size
+    if role == "1":
+        r.alias(node, edge, lay.take(axis, keep))
+    elif role == "T" and i == size - 1:
+        r.emit(node, "last_step", [edge], lay.take(axis, keep), source="Gather")
+    elif role == 0:  # the outermost channel factor: a part of the channels
+        inner = math.prod(lay.cdims[1:])
+        base, full = (edge.lo, edge.full) if isinstance(edge, Part) else (0, lay.channels)
+        name = edge.edge if isinstance(edge, Part) else edge
+        lo, hi = base + i * inner, base + (i + 1) * inner
+        r.alias(node, name if (lo, hi) == (0, full) else Part(name, lo, hi, full), lay.take(axis, keep))
+    else:
+        raise r.fail(node, f"takes index {i} of axis {axis} ({role}) of {lay.describe()}; qtool follows the "
+                              "last time step, and an index of a GRU's directions or layers",
+                        layout=role in ("N", "NT"))
+
+
+@handles("Concat")
+def concat(r, node) -> None:
+    ins = [i for i in node.input if i]
+    if any(i not in r.data for i in ins):
+        raise r.fail(node, "joins the data with a constant; qtool's concat joins computed tensors")
+    edges, lays = [r.data[i][0] for i in ins], [r.data[i][1] for i in ins]
+    axis = attr(node, "axis", 0) % len(lays[0].axes)
+    if not all(la.holds_channels(axis) for la in lays):
+        rest = {(la.take(axis, False).axes, la.take(axis, False).cdims) for la in lays}
+        if all(la.axes[axis] in ("1", 0) for la in lays) and len(rest) == 1:  # PyTorch's h_n of a stack
+            r.alias(node, Stack(axis, tuple(zip(edges, lays))), lays[0])
+            return
+        raise r.fail(node, f"joins {', '.join(la.describe() for la in lays)} on axis {axis}; qtool joins "
+                              "tensors of one layout on their channel axis", layout=True)
+    for lay in lays:
+        rest = [r for k, r in enumerate(lay.axes) if k != axis]
+        if rest != [r for k, r in enumerate(lays[0].axes) if k != axis] or (lay.seq and lay.t != lays[0].t):
+            raise r.fail(node, f"joins {', '.join(la.describe() for la in lays)} on axis {axis}; qtool "
+                                  "joins tensors of one layout on their channel axis", layout=True)
+    out = lays[0].with_channels(axis, sum(la.channels for la in lays))
+    if any(isinstance(e, Part) for e in edges):  # parts of one edge put back together, in order
+        names = {e.edge if isinstance(e, Part) else e for e in edges}
+        parts = [e if isinstance(e, Part) else None for e in edges]
+        whole = (len(names) == 1 and None not in parts and parts[0].lo == 0 and parts[-1].hi == parts[0].full and
+                 all(a.hi == b.lo for a, b in zip(parts, parts[1:])))
+        if not whole:
+            raise r.fail(node, "joins parts of the channels of computed tensors other than back into the "
+                                  "whole; qtool's concat joins whole edges")
+        r.alias(node, names.pop(), out)
+        return
+    r.emit(node, "concat", edges, out)
+
+
+@handles("Pad")
+def pad(r, node) -> None:
+    edge, lay = r.input(node)
+    if attr(node, "mode", "constant") != "constant":
+        raise r.fail(node, f"pads in mode '{attr(node, 'mode', '')}'; qtool pads with zeros")
+    rank = len(lay.axes)
+    if len(node.input) > 1:
+        pads = ints(r.value(node, 1))
+        value = r.const(node, 2, 0.0)
+        axes = r.axes_of(node, 3, rank) or list(range(rank))
+    else:  # Pad-2: attributes
+        pads, value, axes = list(attr(node, "pads", [])), attr(node, "value", 0.0), list(range(rank))
+    if np.any(np.asarray(value) != 0) or len(pads) != 2 * len(axes):
+        raise r.fail(node, f"pads with {value} ({len(pads)} pads for {len(axes)} axes); qtool pads with zeros")
+    before, after = {}, {}
+    for k, a in enumerate(axes):
+        before[a], after[a] = pads[k], pads[k + len(axes)]
+    bad = [a for a in axes if (before[a] or after[a]) and (lay.axes[a] != "T" or before[a] < 0 or after[a] < 0)]
+    if bad:
+        raise r.fail(node, f"pads axis {bad[0]} ({lay.axes[bad[0]]}) of {lay.describe()} by "
+                              f"({before[bad[0]]}, {after[bad[0]]}); qtool pads the time steps with zeros",
+                        layout=lay.axes[bad[0]] in ("N", "NT"))
+    a = lay.axes.index("T") if "T" in lay.axes else None
+    if a is None or not (before.get(a) or after.get(a)):
+        r.alias(node, edge, lay)
+        return
+    pad = (int(before[a]), int(after[a]))
+    r.emit(node, "zero_pad1d", [edge], lay.replace(t=lay.t + sum(pad)), {"pad": pad})

@@ -1,0 +1,135 @@
+"""Weighted ops: MatMul and Gemm (dense), Conv (conv1d), BatchNormalization, and Add, Sub, Mul,
+Div (of two computed tensors; a MatMul's bias; a per-channel affine, folded into one batchnorm)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qtool.importers.onnx.graph import attr
+from qtool.importers.onnx.ops.registry import handles
+
+AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 and this epsilon: exact in float32
+
+@handles("MatMul")
+def mat_mul(r, node) -> None:
+    edge, lay = r.input(node)
+    W = r.const(node, 1)
+    if W.ndim != 2 or not lay.holds_channels(len(lay.axes) - 1) or W.shape[0] != lay.channels:
+        raise r.fail(node, f"multiplies {lay.describe()} by a constant of shape {list(W.shape)}; qtool "
+                              "reads a MatMul of the channels (last axis) by a [C_in, C_out] matrix")
+    q = r.emit(node, "dense", [edge], lay.with_channels(len(lay.axes) - 1, W.shape[1]),
+                   params={"W": r.floats(node, W.T)})
+    if r.uses.get(node.output[0]) == 1:
+        r.dense[node.output[0]] = q
+
+
+@handles("Gemm")
+def gemm(r, node) -> None:
+    edge, lay = r.input(node)
+    trans_a = attr(node, "transA", 0)
+    B = r.const(node, 1)
+    if len(lay.axes) != 2 or not lay.holds_channels(1 - trans_a) or B.ndim != 2:
+        raise r.fail(node, f"reads {lay.describe()} (transA={trans_a}); qtool reads a Gemm of [N, C]")
+    B = B.T if attr(node, "transB", 0) else B
+    if B.shape[0] != lay.channels:
+        raise r.fail(node, f"has B of shape {list(B.shape)} for {lay.channels} channels")
+    params = {"W": r.floats(node, attr(node, "alpha", 1.0) * B.T)}
+    C = r.const(node, 2)
+    if C is not None:
+        try:
+            bias = np.broadcast_to(r.floats(node, C), (1, B.shape[1]))[0]
+        except ValueError:
+            raise r.fail(node, f"adds C of shape {list(np.shape(C))}; qtool reads a bias per output "
+                                  "channel") from None
+        params["b"] = (np.float32(attr(node, "beta", 1.0)) * bias).astype(np.float32)
+    out = lay.transpose([1, 0]) if trans_a else lay
+    r.emit(node, "dense", [edge], out.with_channels(1, B.shape[1]), params=params)
+
+
+@handles("Conv")
+def conv(r, node) -> None:
+    edge, lay = r.input(node)
+    W = r.const(node, 1)
+    if W.ndim != 3:
+        raise r.fail(node, f"is a {W.ndim - 2}-D convolution; qtool reads Conv over one axis (Conv1d)")
+    r.ncw(node, lay)
+    k = W.shape[2]
+    stride, dilation = attr(node, "strides", [1])[0], attr(node, "dilations", [1])[0]
+    group = attr(node, "group", 1)
+    if list(attr(node, "kernel_shape", [k])) != [k]:
+        raise r.fail(node, f"has kernel_shape {attr(node, 'kernel_shape', None)} but weights of {k} taps")
+    if W.shape[1] * group != lay.channels:
+        raise r.fail(node, f"has weights {list(W.shape)} and group {group} for {lay.channels} channels")
+    padding, t = r.window(node, lay.t, k, stride, dilation, conv=True)
+    params = {"W": r.floats(node, W)}
+    bias = r.const(node, 2)
+    if bias is not None:
+        params["b"] = r.floats(node, bias).reshape(-1)
+    attrs = dict(kernel=k, stride=stride, dilation=dilation, groups=group, padding=padding)
+    r.emit(node, "conv1d", [edge], lay.with_channels(1, W.shape[0]).replace(t=t), attrs, params)
+
+
+@handles("BatchNormalization")
+def batch_normalization(r, node) -> None:
+    edge, lay = r.input(node)
+    if len(lay.axes) < 2 or not lay.holds_channels(1):
+        raise r.fail(node, f"reads {lay.describe()}; ONNX's BatchNormalization normalizes axis 1", layout=True)
+    if attr(node, "training_mode", 0) or any(r.used(node, k) for k in (1, 2, 3, 4)):
+        raise r.fail(node, "runs in training mode")
+    params = {name: r.floats(node, r.const(node, k)).reshape(-1)
+              for k, name in enumerate(("gamma", "beta", "mean", "var"), 1)}
+    r.emit(node, "batchnorm", [edge], lay, {"epsilon": float(attr(node, "epsilon", 1e-5))}, params)
+
+
+@handles("Add", "Sub", "Mul", "Div")
+def arith(r, node) -> None:
+    """Add, Sub, Mul, Div: of two computed tensors (add, mul), a MatMul's bias, or a per-channel affine."""
+    op, (a, b) = node.op_type, (list(node.input) + ["", ""])[:2]
+    if a in r.data and b in r.data:
+        (ea, la), (eb, lb) = r.data[a], r.data[b]
+        if op not in ("Add", "Mul"):
+            raise r.fail(node, "computes on two computed tensors; qtool reads Add and Mul of them")
+        if (la.axes, la.cdims, la.t if la.seq else 0) != (lb.axes, lb.cdims, lb.t if lb.seq else 0):
+            raise r.fail(node, f"combines {la.describe()} and {lb.describe()} (channels {la.channels} and "
+                                  f"{lb.channels}); qtool's {op.lower()} takes two tensors of one shape, "
+                                  "without broadcasting")
+        r.emit(node, op.lower(), [ea, eb], la)
+        return
+    first = a in r.data
+    x = a if first else b
+    edge, lay = r.data[x]
+    c = r.const(node, 1 if first else 0)
+    found = lay.per_channel(r.floats(node, c))
+    if found is None:
+        raise r.fail(node, f"{op.lower()}s {lay.describe()} by a constant of shape {list(np.shape(c))}, which "
+                              "varies along the batch or time axis; qtool reads per-channel constants")
+    vec, extra = found
+    out = lay.unsqueeze(list(range(extra))) if extra else lay
+    if op == "Add" and x in r.dense and not extra:  # a MatMul's bias
+        q = r.dense.pop(x)
+        q.params["b"], q.source = vec, "MatMul+Add"
+        r.ranges.drop(edge, f"it rounds {q.name}'s values before its bias, which qtool's dense adds "
+                               "before it rounds")
+        r.alias(node, edge, out)
+        return
+    if op == "Div" and not first:
+        raise r.fail(node, "divides a constant by the data; qtool reads per-channel affine ops only")
+    scale, shift = {"Mul": (vec, 0.0), "Add": (1.0, vec), "Sub": ((1.0, -vec) if first else (-1.0, vec)),
+                    "Div": (np.float32(1) / vec, 0.0)}[op]
+    C = lay.channels
+    scale = np.broadcast_to(np.asarray(scale, np.float32), (C,))
+    shift = np.broadcast_to(np.asarray(shift, np.float32), (C,))
+    prev = r.affine.pop(x, None)
+    if prev is not None and not extra:  # fold into the affine before it: s2 (s1 x + b1) + b2
+        prev.params["gamma"] = (scale * prev.params["gamma"]).astype(np.float32)
+        prev.params["beta"] = (scale * prev.params["beta"] + shift).astype(np.float32)
+        prev.source += f"+{op}"
+        r.alias(node, edge, out)
+        if r.uses.get(node.output[0]) == 1:
+            r.affine[node.output[0]] = prev
+        return
+    q = r.emit(node, "batchnorm", [edge], out, {"epsilon": AFFINE_EPSILON},
+                   {"gamma": scale.copy(), "beta": shift.copy(), "mean": np.zeros(C, np.float32),
+                    "var": np.ones(C, np.float32)}, source=f"{op} (per-channel affine)")
+    if r.uses.get(node.output[0]) == 1:
+        r.affine[node.output[0]] = q

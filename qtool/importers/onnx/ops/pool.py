@@ -1,0 +1,75 @@
+"""Pools: over a window of steps (AveragePool, MaxPool) or over all of them (GlobalAveragePool,
+GlobalMaxPool, ReduceMean and ReduceMax over the time axis)."""
+
+from __future__ import annotations
+
+from qtool.importers.onnx.graph import attr
+from qtool.importers.onnx.ops.registry import handles
+
+
+def _reduce_time(r, node, op: str) -> None:
+    edge, lay = r.input(node)
+    axes = r.axes_of(node, 1, len(lay.axes))
+    roles = [lay.axes[a] for a in axes or []]
+    if roles.count("T") != 1 or any(r not in ("T", "1") for r in roles):
+        raise r.fail(node, f"reduces axes {axes} of {lay.describe()}; qtool reads a {node.op_type} over the "
+                              "time steps only", layout=True)
+    keep = attr(node, "keepdims", 1)
+    axes_out = tuple("1" if k in axes else a for k, a in enumerate(lay.axes) if keep or k not in axes)
+    r.emit(node, op, [edge], lay.replace(axes=axes_out))
+
+
+@handles("ReduceMean")
+def reduce_mean(r, node) -> None:
+    _reduce_time(r, node, "global_avg_pool1d")
+
+
+@handles("ReduceMax")
+def reduce_max(r, node) -> None:
+    _reduce_time(r, node, "global_max_pool1d")
+
+
+@handles("GlobalAveragePool")
+def global_average_pool(r, node, op: str = "global_avg_pool1d") -> None:
+    edge, lay = r.input(node)
+    r.ncw(node, lay)
+    r.emit(node, op, [edge], lay.replace(axes=("N", lay.axes[1], "1")))
+
+
+@handles("GlobalMaxPool")
+def global_max_pool(r, node) -> None:
+    global_average_pool(r, node, "global_max_pool1d")
+
+
+@handles("AveragePool")
+def average_pool(r, node) -> None:
+    _pool(r, node, "avg_pool1d")
+
+
+@handles("MaxPool")
+def max_pool(r, node) -> None:
+    if r.used(node, 1):
+        raise r.fail(node, "has its indices read")
+    if attr(node, "storage_order", 0):
+        raise r.fail(node, "has storage_order 1")
+    _pool(r, node, "max_pool1d")
+
+
+def _pool(r, node, op: str) -> None:
+    edge, lay = r.input(node)
+    r.ncw(node, lay)
+    kernel = attr(node, "kernel_shape", [])
+    if len(kernel) != 1:
+        raise r.fail(node, f"has kernel_shape {kernel}; qtool pools over one axis")
+    k, stride = int(kernel[0]), int(attr(node, "strides", [1])[0])
+    if list(attr(node, "dilations", [1])) != [1]:
+        raise r.fail(node, f"has dilations {attr(node, 'dilations', None)}; qtool's pools are dense windows")
+    padding, t = r.window(node, lay.t, k, stride, 1)
+    if op == "avg_pool1d" and attr(node, "count_include_pad", 0) and padding != "valid":
+        if padding == "same":
+            raise r.fail(node, "averages 'same' padding as zeros (count_include_pad=1); qtool's 'same' "
+                                  "average counts real steps only")
+        q = r.emit(node, "zero_pad1d", [edge], lay, {"pad": padding}, suffix=".pad",
+                       source="AveragePool (count_include_pad)")
+        edge, padding = q.outputs[0], "valid"
+    r.emit(node, op, [edge], lay.replace(t=t), {"pool": k, "stride": stride, "padding": padding})
