@@ -110,7 +110,7 @@ def _check(qg: QGraph) -> None:
         raise QtoolError("the C export takes a model whose input is a sequence [T, C]")
 
 
-def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool) -> list[_Node]:
+def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool, compensation: str) -> list[_Node]:
     out, used = [], set()
     for name in qg.core:
         node = qg.node(name)
@@ -127,7 +127,7 @@ def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool) -> l
         edges.append(node.outputs[0])
         if node.op in MODEL_OPS:  # its own C, as `qtool export c` writes a GRU alone
             qm = qg.qparams[name]["qm"]
-            sub = render_c(qm, f, "table", fully_integral)
+            sub = render_c(qm, f, compensation, fully_integral)
             out.append(_Node(name, f, node.op, ins, len(edges) - 1, CNode(node.op, macs=sub.footprint.macs_per_step),
                              sub, qm))
             continue
@@ -210,12 +210,13 @@ def _out_index(qg: QGraph, nodes: list[_Node]) -> int:
     return next(n.out for n in nodes if qg.node(n.name).outputs[0] == qg.core_outputs[0])
 
 
-def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True) -> GraphExport:
-    """The C sources of the whole model `qg`, their identifiers and files prefixed with c_name(`name`)."""
+def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensation: str = "table") -> GraphExport:
+    """The C sources of the whole model `qg`, their identifiers and files prefixed with c_name(`name`);
+    its GRUs compensate zero points by `compensation` (qtool.exporters.c_export.render_c)."""
     _check(qg)
     prefix = c_name(name)
     edges = [next(iter(qg.graph.inputs))]
-    nodes = _nodes(qg, prefix, edges, fully_integral)
+    nodes = _nodes(qg, prefix, edges, fully_integral, compensation)
     out_edge = qg.core_outputs[0]
     if out_edge not in edges[1:]:
         raise QtoolError("the model's output is its input: there is nothing to export")

@@ -45,7 +45,7 @@ DataLike = str | os.PathLike | np.ndarray | SequenceData
 # What only one kind of model takes. Options: (who takes it, its default); a value other than the
 # default given for the other kind is refused in one line. Verbs: what they take, and why.
 ONLY_FOR = {"method_weights": ("a GRU alone", "minmax"), "per_tensor": ("a GRU alone", True),
-            "compensation": ("a GRU alone", "table"), "labels": ("a whole model", None)}
+            "labels": ("a whole model", None)}
 GRU_ONLY_VERBS = {
     "compare": "its calibrate --method auto scores per-edge, minmax and mse at its output",
     "observe": "it is calibrated whole by calibrate",
@@ -1123,14 +1123,15 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     refuse an export whose integer core would hold a floating-point operation. The footprint
     carries what the compiler passes (qtool.numerics.passes) removed."""
     from qtool.exporters.c_export import RUNTIME, c_name, render_c
+    from qtool.exporters.c_types import COMPENSATION
     from qtool.exporters.c_vectors import render_test_vectors
     from qtool.io.files import write_files
 
-    whole = _whole(qm)
-    _only(whole, "export_c", compensation=compensation)
-    if whole:
+    if compensation not in COMPENSATION:
+        raise QtoolError(f"`compensation` must be {' or '.join(COMPENSATION)}, got '{compensation}'")
+    if _whole(qm):
         return _export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
-                               fully_integral=fully_integral)
+                               fully_integral=fully_integral, compensation=compensation)
     qm_path = None
     if not isinstance(qm, QuantModel):
         qm_path = Path(qm)
@@ -1152,10 +1153,12 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
 
 def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
                    test_vectors: np.ndarray | None = None, force: bool = False,
-                   confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
+                   confirm: Callable[[str], bool] | None = None, fully_integral: bool = True,
+                   compensation: str = "table") -> ExportResult:
     """`export_c` of a whole model (docs/embedded.md, "Whole models"): every layer of its integer
     core in C, run whole (NAME_run_sequence) and, where every layer is causal, frame by frame
-    (NAME_step). The footprint is per layer (qtool.exporters.c_graph.GraphFootprint)."""
+    (NAME_step); its GRUs compensate zero points by `compensation`. The footprint is per layer
+    (qtool.exporters.c_graph.GraphFootprint)."""
     from qtool.exporters.c_export import RUNTIME, c_name
     from qtool.exporters.c_graph import render_graph_c
     from qtool.exporters.c_graph_vectors import render_graph_test_vectors
@@ -1170,7 +1173,8 @@ def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, 
     prefix = c_name(name or qg.graph.name)
     if prefix in {p.stem for p in RUNTIME.iterdir()}:
         raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.h; choose another name")
-    rendered = render_graph_c(qg, prefix, fully_integral)
+    rendered = render_graph_c(qg, prefix, fully_integral, compensation)
+
     def work_bytes(q: dict) -> int:  # NAME_sequence_work of the sequences run_int gave `q` for
         return rendered.work_bytes({e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges})
 
@@ -1184,7 +1188,7 @@ def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, 
         rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
     files = rendered.encoded()
     replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
-    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, "table",
+    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
                         fingerprint(qg), replaced.edited)
 
 

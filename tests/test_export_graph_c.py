@@ -11,6 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from qtool.exporters.c_export import footprint
 from qtool.exporters.c_graph import render_graph_c
 from qtool.exporters.c_graph_verify import compare_graph, run_graph_c
 from qtool.exporters.c_target import missing_tools
@@ -276,3 +277,17 @@ def test_each_layer_counts_its_macs_at_its_own_rate():
     assert layers["conv"].macs_per_frame == 10 * 2 * 3 / 2  # 10 outputs of 2 inputs x 3 taps, every other frame
     assert layers["fc"].macs_per_frame == 6 * 16 / 2
     assert layers["cat"].macs_per_sequence == layers["cat"].macs_per_frame == 0  # concatenates two vectors
+
+
+@needs_cc
+def test_compensation_offset_drops_the_grus_tables_and_keeps_the_integers(tmp_path):
+    """A whole model's GRUs take --compensation offset as a GRU alone does: less flash, the same
+    integers (verify against the simulator)."""
+    make, C = GRAPHS["causal"]
+    qg = api.calibrate(make(), _data(C, 16, 24, 0), method="minmax", check=False)
+    table = api.export_c(qg, tmp_path / "t", name="m")
+    offset = api.export_c(qg, tmp_path / "o", name="m", compensation="offset")
+    gru_saves = sum(footprint(qg.qparams[g]["qm"]).offset_saves for g in qg.grus)
+    assert gru_saves > 0 and offset.footprint.flash_bytes == table.footprint.flash_bytes - gru_saves
+    assert offset.compensation == "offset"
+    assert api.verify(qg, tmp_path / "o", _data(C, 6, 11, 3)).mismatches == 0
