@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 from qtool.exporters.c_export import RUNTIME, encoded, render_c
-from qtool.exporters.c_source import c_name, c_table, comment, float_wrappers
+from qtool.exporters.c_source import c_name, c_table, comment, dequantize_c, float_wrappers
 from qtool.exporters.c_types import SIZES, act_type
 
 from qtool.core.qgraph import MODEL_OPS, QGraph
@@ -103,8 +103,11 @@ class GraphExport:
 def _check(qg: QGraph) -> None:
     if len(qg.graph.inputs) != 1:
         raise QtoolError(f"the C export takes a model of one input; this one has {len(qg.graph.inputs)}")
-    if len(qg.core_outputs) != 1 or len(qg.graph.outputs) != 1:
-        raise QtoolError(f"the C export takes a model of one output; this one has {len(qg.graph.outputs)}")
+    first = qg.core_outputs[0]
+    tail_reads = {e for n in qg.tail for e in qg.node(n).inputs} - {e for n in qg.tail for e in qg.node(n).outputs}
+    if tail_reads - {first}:
+        raise QtoolError(f"the C export runs a float tail after the first output ({first}) only; this model has "
+                         f"one after {', '.join(sorted(tail_reads - {first}))} too")
     shape = next(iter(qg.graph.inputs.values()))
     if len(shape) != 2:
         raise QtoolError("the C export takes a model whose input is a sequence [T, C]")
@@ -218,8 +221,8 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
     edges = [next(iter(qg.graph.inputs))]
     nodes = _nodes(qg, prefix, edges, fully_integral, compensation)
     out_edge = qg.core_outputs[0]
-    if out_edge not in edges[1:]:
-        raise QtoolError("the model's output is its input: there is nothing to export")
+    if any(e not in edges[1:] for e in qg.core_outputs):
+        raise QtoolError("an output of the model is its input: there is nothing to export for it")
     plan = _stream_plan(qg, nodes)
     refusal = plan.refusal
     m = _Model(qg, prefix, edges, nodes, edges.index(out_edge), plan)
@@ -239,6 +242,7 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
         texts = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".c", ".h"))}
         floats = {f"{p}_{s}" for p in [prefix] + [n.f for n in nodes if n.gru is not None]
                   for s in ("quantize_input", "dequantize_output", "output_tail")}
+        floats |= {f"{prefix}_dequantize_output{k}" for k in range(1, len(m.extra) + 1)}
         check_core(texts, floats)
     layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
               sorted(n for n in files if n.endswith(".c")))
@@ -264,6 +268,7 @@ class _Model:
         self.width = [qg.graph.shapes[e][-1] for e in edges]
         self.seq = [len(qg.graph.shapes[e]) == 2 for e in edges]
         self.tail = [qg.node(n) for n in qg.tail]
+        self.extra = [edges.index(e) for e in qg.core_outputs[1:]]  # outputs 1, 2, ...: edge indexes
 
     # ---- pieces --------------------------------------------------------------------------
     def pad_rows(self) -> list[tuple[str, str]]:
@@ -387,9 +392,57 @@ int32_t {p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset);
  * holds {p}_sequence_work(T) bytes; returns the output's steps (1 for a vector), or -1 when T
  * does not fit the model */
 int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work);
-{stream}{argmax}
+{stream}{argmax}{self.extra_header()}
 #endif /* {P}_H */
 """
+
+    def extra_header(self) -> str:
+        """Outputs 1, 2, ... of a model of several: each one's grid and type, where NAME_run_sequence
+        leaves it in the work buffer, its latest frame in the state (streaming), its float suffix."""
+        P, p, parts = self.P, self.p, []
+        for k, e in enumerate(self.extra, 1):
+            g = self.grid[e]
+            latest = (f"/* streaming: its latest frame, complete in the step that completed it */\n"
+                      f"const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s);\n" if not self.refusal else "")
+            parts.append(f"""
+/* output {k}: {comment(self.edges[e])}, {"a sequence" if self.seq[e] else "one vector per sequence"} */
+#define {P}_OUTPUT{k}_SIZE ({self.width[e]})
+#define {P}_OUTPUT{k}_IS_SEQUENCE ({int(self.seq[e])})
+#define {P}_OUTPUT{k}_EXP2_INV ({int(g.exp2_inv)})
+#define {P}_OUTPUT{k}_ZP ({g.zp})
+typedef {self.t[e]} {p}_out{k}_t;
+/* after {p}_run_sequence over T steps: output {k} in `work`, [*steps][OUTPUT{k}_SIZE] (NULL: T does not fit) */
+const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps);
+{latest}#ifndef QGRU_NO_FLOAT
+void {p}_dequantize_output{k}(const {p}_out{k}_t *y_q, float *y, int32_t n);
+#endif
+""")
+        return "".join(parts)
+
+    def extra_source(self) -> str:
+        P, p, parts = self.P, self.p, []
+        for k, e in enumerate(self.extra, 1):
+            latest = ("" if self.refusal else f"""
+const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s)
+{{
+    return s->e{e};
+}}
+""")
+            parts.append(f"""
+const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
+{{
+    int32_t st[{P}_NUM_EDGES + {len(self.nodes)}], offset[{P}_NUM_EDGES + {len(self.nodes)}];
+    if ({p}_edge_layout(T, st, offset) < 0) {{
+        return NULL;
+    }}
+    *steps = st[{e}];
+    return (const {p}_out{k}_t *)(const void *)((const unsigned char *)work + offset[{e}]);
+}}
+{latest}
+#ifndef QGRU_NO_FLOAT
+{dequantize_c(f"{p}_dequantize_output{k}", f"{p}_out{k}_t", f"{P}_OUTPUT{k}_ZP", self.grid[e])}#endif
+""")
+        return "".join(parts)
 
     def finish_frames(self) -> int:
         if self.refusal:
@@ -842,7 +895,7 @@ int32_t {p}_sequence_work(int32_t T)
 }}
 
 {self.run_sequence()}
-{self.step()}{self.argmax()}"""
+{self.step()}{self.argmax()}{self.extra_source()}"""
 
     def footprint(self, tables) -> GraphFootprint:
         fp = GraphFootprint(streaming=not self.refusal, streaming_refusal=self.refusal)

@@ -536,11 +536,16 @@ def float_wrappers(prefix: str, in_t: str, out_t: str, x_spec, y_spec) -> str:
     }}
 }}
 
-void {prefix}_dequantize_output(const {out_t} *y_q, float *y, int32_t n)
+{dequantize_c(f"{prefix}_dequantize_output", out_t, f"{P}_OUTPUT_ZP", y_spec)}"""
+
+
+def dequantize_c(name: str, out_t: str, zp: str, y_spec) -> str:
+    """A float suffix: y = (q - zp) * 2^-exp2_inv over n values of `y_spec`'s grid (`zp`: its macro)."""
+    return f"""void {name}(const {out_t} *y_q, float *y, int32_t n)
 {{
     int32_t i;
     for (i = 0; i < n; i++) {{
-        y[i] = (float)(y_q[i] - {P}_OUTPUT_ZP) * {_float_literal(-int(y_spec.exp2_inv))};
+        y[i] = (float)(y_q[i] - {zp}) * {_float_literal(-int(y_spec.exp2_inv))};
     }}
 }}
 """

@@ -291,3 +291,82 @@ def test_compensation_offset_drops_the_grus_tables_and_keeps_the_integers(tmp_pa
     assert gru_saves > 0 and offset.footprint.flash_bytes == table.footprint.flash_bytes - gru_saves
     assert offset.compensation == "offset"
     assert api.verify(qg, tmp_path / "o", _data(C, 6, 11, 3)).mismatches == 0
+
+
+def several_outputs_graph(seed=3) -> Graph:
+    """As RNNoise is exported: per-frame gains (a sigmoid head), a voice-activity vector, and the GRU's
+    final state, three outputs of three grids."""
+    rng = np.random.RandomState(seed)
+    n = [
+        Node("fc", "dense", ["x"], ["f1"], {}, {"W": _w(rng, 8, 6), "b": _w(rng, 8, scale=0.1)}),
+        Node("tanh", "activation", ["f1"], ["t1"], {"kind": "tanh"}),
+        _gru(rng, "gru", "t1", "h", 8, 10),
+        Node("gain_fc", "dense", ["h"], ["gl"], {}, {"W": _w(rng, 4, 10), "b": _w(rng, 4, scale=0.1)}),
+        Node("gains", "activation", ["gl"], ["gains"], {"kind": "sigmoid"}),
+        Node("last", "last_step", ["h"], ["state"]),
+        Node("vad_fc", "dense", ["state"], ["vad"], {}, {"W": _w(rng, 1, 10)}),
+    ]
+    return Graph(n, {"x": (None, 6)}, ["gains", "vad", "state"], name="denoise")
+
+
+@needs_cc
+def test_a_model_of_several_outputs_exports_each_and_verifies(tmp_path):
+    """Every output is exported with its own grid: the first through NAME_run_sequence's y_q, the
+    others by NAME_outputK (in the work buffer after a run) and NAME_latestK (streaming); verify
+    compares every edge; a C main reads each output and gets the simulator's integers."""
+    from qtool.numerics.qparams import quantize
+
+    qg = api.calibrate(several_outputs_graph(), _data(6, 24, 20, 0), method="minmax", check=False)
+    assert qg.core_outputs == ["gains", "vad", "state"]
+    res = api.export_c(qg, tmp_path, name="dn")
+    header = (tmp_path / "dn.h").read_text()
+    assert "#define DN_OUTPUT1_SIZE (1)" in header and "#define DN_OUTPUT2_SIZE (10)" in header
+    assert "dn_latest2(const dn_state_t *s)" in header and res.footprint.streaming
+    x = _data(6, 5, 13, 7)
+    assert api.verify(qg, tmp_path, x).mismatches == 0
+    q = run_int(qg, x[:1])
+    g = qg.grids["x"]
+    xq = quantize(x[:1], int(g.exp2_inv), g.zp, g.bits).reshape(-1)
+    (tmp_path / "main.c").write_text(f'''#include <stdio.h>
+#include "dn.h"
+static const dn_in_t x_q[] = {{{", ".join(str(int(v)) for v in xq)}}};
+static uint32_t work[(DN_SEQUENCE_WORK_MAX(13) + 3) / 4];
+static dn_out_t y_q[13 * DN_OUTPUT_SIZE];
+int main(void)
+{{
+    static dn_state_t s;
+    int32_t k, t, steps1, steps2, frames = 0;
+    const dn_out1_t *vad;
+    const dn_out2_t *state;
+    t = dn_run_sequence(&s, x_q, 13, y_q, work);
+    vad = dn_output1(work, 13, &steps1);
+    state = dn_output2(work, 13, &steps2);
+    printf("%d %d %d\\n", (int)t, (int)steps1, (int)steps2);
+    for (k = 0; k < DN_OUTPUT1_SIZE; k++) printf("%d ", (int)vad[k]);
+    printf("\\n");
+    for (k = 0; k < DN_OUTPUT2_SIZE; k++) printf("%d ", (int)state[k]);
+    printf("\\n");
+    dn_reset(&s);
+    for (t = 0; t < 13; t++) frames += dn_step(&s, x_q + t * DN_INPUT_SIZE, y_q);
+    for (k = 0; k < DN_OUTPUT2_SIZE; k++) printf("%d ", (int)dn_latest2(&s)[k]);
+    printf("\\n%d\\n", (int)frames);
+    return 0;
+}}
+''')
+    cc = shutil.which("cc") or shutil.which("gcc")
+    sources = [str(p) for p in tmp_path.glob("*.c")]
+    subprocess.run([cc, "-std=c99", "-O1", "-o", str(tmp_path / "t"), *sources, "-lm"], check=True, cwd=tmp_path)
+    lines = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines[0].split() == ["13", "1", "1"] and lines[-1] == "13"
+    assert [int(v) for v in lines[1].split()] == q["vad"].reshape(-1).tolist()
+    assert [int(v) for v in lines[2].split()] == q["state"].reshape(-1).tolist()
+    assert [int(v) for v in lines[3].split()] == q["state"].reshape(-1).tolist()  # the stream's last state
+
+
+def test_a_float_tail_after_another_output_than_the_first_is_refused():
+    g = several_outputs_graph()
+    g.nodes += [Node("sm", "softmax", ["state"], ["probs"]), Node("norm", "l2_normalize", ["gl"], ["unit"])]
+    g.outputs = ["probs", "unit"]
+    qg = api.calibrate(g, _data(6, 24, 20, 0), method="minmax", check=False)
+    with pytest.raises(QtoolError, match="runs a float tail after the first output"):
+        render_graph_c(qg, "m")

@@ -248,7 +248,7 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
                "ram_bytes": fp.ram_bytes if fp.streaming else None, "macs_per_step": fp.macs_per_step,
                "macs_per_sequence": fp.macs_per_sequence,
                "streaming": fp.streaming, "streaming_refusal": fp.streaming_refusal,
-               "layers": [{**vars(x), **state} for x in fp.layers],
+               "layers": [{**vars(x), **state} for x in fp.layers], "outputs": qg.core_outputs,
                "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
     if as_json:
         emit_json(summary)
@@ -278,6 +278,9 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
               f"{work} {res.name.upper()}_SEQUENCE_WORK_MAX(T) is a constant at least that, for static allocation; "
               + (f"{res.name}_step runs one frame at a time (RAM above: what it keeps)" if fp.streaming
                  else f"no {res.name}_step: {escape(fp.streaming_refusal)}"))
+    if len(qg.core_outputs) > 1:
+        extra = ", ".join(f"{escape(e)} ({res.name}_output{k})" for k, e in enumerate(qg.core_outputs[1:], 1))
+        out.print(f"outputs: {escape(qg.core_outputs[0])} ({res.name}_run_sequence's y_q), {extra}")
     wrote(res, output)
 
 
