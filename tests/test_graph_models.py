@@ -328,3 +328,49 @@ def test_gru_chains_take_the_previous_h_and_cuda_equals_cpu(tmp_path):
             x_small = x[48:51, :6]
             cpu, gpu = run_int(qg, x_small), run_int(qg, x_small, run_model_cuda)
             assert all(np.array_equal(cpu[e], gpu[e]) for e in cpu)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_denoiser_of_four_outputs_exports_and_verifies(dynamo, tmp_path):
+    """RNNoise's layout, as its PyTorch port exports it: per-band gains, voice activity and both GRUs'
+    final states, four outputs. Imported whole (checked against ONNX Runtime), every output
+    simulated, exported to C each with its own grid, and the C verified against the simulator."""
+    import shutil
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(10, 12)
+            self.vad_gru = torch.nn.GRU(12, 8, batch_first=True)
+            self.vad = torch.nn.Linear(8, 1)
+            self.gru = torch.nn.GRU(20, 16, batch_first=True)
+            self.gains = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            a = torch.tanh(self.fc(x))
+            v, hv = self.vad_gru(a)
+            d, hd = self.gru(torch.cat([a, v], -1))
+            return torch.sigmoid(self.gains(d)), torch.sigmoid(self.vad(v)), hv, hd
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    calib, held = (rng.standard_normal((n, 24, 10)).astype(np.float32) for n in (48, 6))
+    names = ["gains", "vad", "hv", "hd"]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        kw = ({"dynamic_shapes": ({0: torch.export.Dim("n"), 1: torch.export.Dim("t")},)} if dynamo else
+              {"dynamic_axes": {"x": {0: "n", 1: "t"}}})
+        torch.onnx.export(Denoiser().eval(), (torch.from_numpy(calib[:2]),), str(tmp_path / "d.onnx"),
+                          input_names=["x"], output_names=names, dynamo=dynamo, **kw)
+    graph = api.load_model(tmp_path / "d.onnx")
+    assert graph.check_result["checked"] and len(graph.outputs) == 4
+    qg = api.calibrate(graph, calib)
+    sim = api.simulate(qg, held)
+    assert all(sim.outputs[e].cosine > 0.98 for e in sim.outputs), {e: d.cosine for e, d in sim.outputs.items()}
+    res = api.export_c(qg, tmp_path / "c", name="den")
+    assert "#define DEN_OUTPUT3_SIZE (16)" in (tmp_path / "c" / "den.h").read_text() and res.footprint.streaming
+    ver = api.verify(qg, tmp_path / "c", held)
+    assert ver.mismatches == 0
