@@ -134,6 +134,15 @@ def test_recurrent_nodes_qtool_does_not_read_are_named(cli, tmp_path):
     assert "does not depend on the model's input" not in err
 
 
+def test_frozen_graphs_and_data_given_as_the_model_are_named(cli, tmp_path):
+    (tmp_path / "kws.pb").write_bytes(b"\x0a\x03abc")
+    one_line(*cli("import", tmp_path / "kws.pb", "-o", tmp_path / "m.h5"), "a TensorFlow frozen graph",
+             "tf2onnx")
+    np.save(tmp_path / "calib.npy", np.zeros((2, 3, 4), np.float32))
+    one_line(*cli("calibrate", tmp_path / "calib.npy", tmp_path / "kws.pb", "-o", tmp_path / "q.h5"),
+             "holds data, not a model; the model file comes first")
+
+
 def test_empty_and_tflite_files_are_named(cli, tmp_path):
     (tmp_path / "m.onnx").write_bytes(b"")
     code, out, err = cli("import", tmp_path / "m.onnx", "-o", tmp_path / "m.h5")

@@ -44,6 +44,10 @@ def detect_format(path: Path) -> str:
     if name.endswith(".tflite"):
         raise QtoolError(f"{path}: qtool does not read TFLite files; import the model the .tflite was converted "
                          "from (.keras, .h5, or ONNX)")
+    if name.endswith(".pb"):
+        raise QtoolError(f"{path}: a TensorFlow frozen graph, which qtool does not read; convert it to ONNX "
+                         "with tf2onnx (python -m tf2onnx.convert --graphdef FILE.pb --inputs ... --outputs ... "
+                         "--output model.onnx) and import the .onnx")
     if name.endswith((".npy", ".csv", ".wav")):  # a data file where the model goes: arguments swapped?
         raise QtoolError(f"{path} holds data, not a model; the model file comes first, then the data")
     raise QtoolError(f"{path}: cannot tell the model format from the name; use `fmt` "
