@@ -61,7 +61,8 @@ def _only(whole: bool, verb: str, **given) -> None:
         raise QtoolError(f"a whole model: {verb} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
     for option, value in given.items():
         who, default = ONLY_FOR[option]
-        if who != kind and value is not default and value != default:
+        given_default = value is default or (not isinstance(value, np.ndarray) and value == default)
+        if who != kind and not given_default:
             raise QtoolError(f"`{option}` applies to {who}; {verb} was given {kind}")
 
 

@@ -101,3 +101,16 @@ def test_api_errors_name_parameters_and_the_cli_names_flags(cli, tmp_path):
     code, _, err = cli("calibrate", tmp_path / "m.h5", tmp_path / "x.npy", "-o", tmp_path / "q.h5",
                        "--percentile", "20", "--method", "percentile")
     assert code == 2 and "--percentile must be in (50, 100]" in err and "`" not in err
+
+
+def test_options_of_the_other_kind_of_model_are_refused_in_one_line():
+    """One table says what only a GRU alone or only a whole model takes (qtool.api.ONLY_FOR); an
+    array given where the other kind takes nothing is refused too, not compared."""
+    qm = qtool.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax", limit=40)
+    with pytest.raises(QtoolError, match="`labels` applies to a whole model; simulate was given a GRU alone"):
+        qtool.simulate(qm, SAMPLES / "test.npy", labels=np.zeros(597, int))
+    g = qtool.load_model(SAMPLES / "digits.onnx", check=False)
+    with pytest.raises(QtoolError, match="`method_weights` applies to a GRU alone; calibrate was given a whole"):
+        qtool.calibrate(g, SAMPLES / "calib.npy", method_weights="mse")
+    with pytest.raises(QtoolError, match="a whole model: compare takes a GRU alone"):
+        qtool.compare(g, SAMPLES / "calib.npy", SAMPLES / "test.npy", ["minmax"])
