@@ -48,6 +48,7 @@ class GraphFootprint:
     streaming: bool = True
     streaming_refusal: str = ""
     work_at: tuple = ()  # (T, NAME_sequence_work(T)) at the calibration's number of steps, when known
+    strided: bool = False  # some layer runs at another rate than the input's frames (a stride, a pool)
 
     @property
     def flash_bytes(self) -> int:
@@ -898,8 +899,9 @@ int32_t {p}_sequence_work(int32_t T)
 {self.step()}{self.argmax()}{self.extra_source()}"""
 
     def footprint(self, tables) -> GraphFootprint:
-        fp = GraphFootprint(streaming=not self.refusal, streaming_refusal=self.refusal)
         bounds = self.steps_bounds()
+        fp = GraphFootprint(streaming=not self.refusal, streaming_refusal=self.refusal,
+                            strided=any(b is not None and b[0] != 1 for b in bounds))
         for n in self.nodes:
             e, a = n.out, n.ins[0]
             state = self.width[e] * SIZES[self.t[e]]

@@ -460,6 +460,9 @@ def axes_notes(steps: int | None, shape: tuple, time_first: bool, source: str = 
     model expects (`steps`: what it `source`, calibrated on or declared by its file) and whose
     second is not: batch and steps look swapped (the command says it, and runs on)."""
     n, t = shape[0], shape[1]
+    if steps and t != steps and n != steps and source == "declares":
+        return [f"the model declares sequences of {steps} steps; the data [{n}, {t}, {shape[2]}] have {t} per "
+                "sequence (qtool runs any length: are these the data the model was made for?)"]
     if not steps or n != steps or t == steps:
         return []
     if time_first:
@@ -597,6 +600,8 @@ def load(path: str | os.PathLike) -> QuantModel | QGraph:
         kind = _other_model(path)  # a float model or a framework file: say what it is and what to run
         if kind is None:
             raise
+        if kind.startswith("an empty file"):
+            raise QtoolError(f"{path} is empty (0 bytes), not a quantized model") from None
         raise QtoolError(f"{path}: {kind}, not a quantized model; quantize it first: qtool calibrate "
                          f"{path} CALIB_DATA -o q.h5") from None
 
@@ -1116,13 +1121,13 @@ def _simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
-             compensation: str = "table", test_vectors: np.ndarray | None = None, force: bool = False,
+             compensation: str = "table", test_vectors: DataLike | None = None, force: bool = False,
              confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
     """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
     files of the same names that qtool wrote; other files in the directory are left alone.
-    `test_vectors`: float inputs `[V, T, C]` for a self-checking test main. `fully_integral`:
-    refuse an export whose integer core would hold a floating-point operation. The footprint
-    carries what the compiler passes (qtool.numerics.passes) removed."""
+    `test_vectors`: float inputs `[V, T, C]` (an array or a data file) for a self-checking test
+    main. `fully_integral`: refuse an export whose integer core would hold a floating-point
+    operation. The footprint carries what the compiler passes (qtool.numerics.passes) removed."""
     from qtool.exporters.c_export import RUNTIME, c_name, render_c
     from qtool.exporters.c_types import COMPENSATION
     from qtool.exporters.c_vectors import render_test_vectors
@@ -1130,6 +1135,9 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
 
     if compensation not in COMPENSATION:
         raise QtoolError(f"`compensation` must be {' or '.join(COMPENSATION)}, got '{compensation}'")
+    if test_vectors is not None and not isinstance(test_vectors, np.ndarray):
+        vectors = as_data(test_vectors)
+        test_vectors = vectors.chunk(0, vectors.num_sequences)
     if _whole(qm):
         return _export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
                                fully_integral=fully_integral, compensation=compensation)

@@ -114,3 +114,15 @@ def test_options_of_the_other_kind_of_model_are_refused_in_one_line():
         qtool.calibrate(g, SAMPLES / "calib.npy", method_weights="mse")
     with pytest.raises(QtoolError, match="a whole model: compare takes a GRU alone"):
         qtool.compare(g, SAMPLES / "calib.npy", SAMPLES / "test.npy", ["minmax"])
+
+
+def test_export_takes_test_vectors_from_a_file(tmp_path):
+    """`test_vectors` is data like every data argument: a path is read, not taken for numbers."""
+    qm = qtool.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax", limit=40)
+    np.save(tmp_path / "v.npy", np.load(SAMPLES / "test.npy")[:3])
+    res = qtool.export_c(qm, tmp_path / "c", name="m", test_vectors=tmp_path / "v.npy")
+    assert "m_test_vectors.h" in res.files and "m_test_main.c" in res.files
+    if has("onnx"):
+        qg = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", method="minmax", limit=40, check=False)
+        res = qtool.export_c(qg, tmp_path / "g", name="g", test_vectors=tmp_path / "v.npy")
+        assert any(f.endswith("test_vectors.h") for f in res.files)

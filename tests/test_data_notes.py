@@ -81,6 +81,10 @@ def test_calibrate_says_data_that_do_not_fit_the_declared_steps(cli, tmp_path):
                        "--method", "minmax", "--no-check")
     assert code == 0 and "warning: the data [8, 40, 4] look time-first: the model declares sequences of 8" in err
     assert qtool.load_model(tmp_path / "m.keras", check=False).steps == 8
+    np.save(tmp_path / "short.npy", x[:, :3])
+    code, _, err = cli("calibrate", tmp_path / "m.keras", tmp_path / "short.npy", "-o", tmp_path / "q.h5",
+                       "--method", "minmax", "--no-check", "--force")
+    assert code == 0 and "the model declares sequences of 8 steps; the data [40, 3, 4] have 3" in err
 
 
 def test_advise_says_held_out_data_scaled_unlike_the_calibration_data(quantized):

@@ -54,6 +54,7 @@ class Bar:
 
     def say(self, text: str) -> None:
         # short enough that the bar keeps its room at 80 columns; the log lines say it whole
+        text = text.removeprefix(f"{self.description}: ")  # "verify: compiling" under the verify bar
         text = text if len(text) <= PHASE_WIDTH else text[:PHASE_WIDTH - 1] + "…"
         self.bar.update(self.task, description=f"{self.description}: {text}")
 

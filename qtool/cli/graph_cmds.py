@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -23,7 +24,8 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
     columns (long layer names fold, no number does)."""
     from qtool.cli.tables import shape_text
 
-    t = Table(title=title)
+    # no vertical rules: seven columns and a layer's name fit 80 columns (a pipe, a CI log)
+    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     t.add_column("layer", overflow="fold", min_width=12, max_width=20)
     t.add_column("op", no_wrap=True)
     # measured: the grid is inspect's (and --json's); 80 columns keep a name whole or in two lines
@@ -157,9 +159,8 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
                            confirm=confirm, backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
     warn(sim.notes)
-    if as_json:  # core_outputs: the integer core's outputs, where a target applies (a classifier's logits)
-        emit_json({**res, "core_outputs": {e: res["edges"][e] for e in qg.core_outputs},
-                   "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
+    if as_json:
+        emit_json({**res, "edges": api.qgraph_rows(qg, sim), "seconds": time.perf_counter() - t0})
         return
     title = f"{mode} vs float on {sim.samples} sequences of {data_path.name}"
     if mode == "both":
@@ -271,8 +272,9 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
         t.add_row(escape(x.name), op, f"{x.flash_bytes:,}", *((f"{x.state_bytes:,}",) if ram else ()), *macs(x))
     t.add_row("total", "", f"{fp.flash_bytes:,}", *((f"{fp.ram_bytes:,}",) if ram else ()), *macs(fp), style="bold")
     out.print(t)
-    out.print("MACs/frame: per frame of the input, each layer at its own rate (after a pool of 2, every other "
-              "frame)" + ("; MACs/seq: the layers on a vector, once per sequence" if once else ""))
+    out.print("MACs/frame: per frame of the input" + (", each layer at its own rate (after a stride or a pool "
+              "of 2, every other frame)" if fp.strided else "") +
+              ("; MACs/seq: the layers on a vector, once per sequence" if once else ""))
     work = (f" at {fp.work_at[0]} steps (the calibration's) {fp.work_at[1]:,} B;" if fp.work_at else "")
     out.print(f"{res.name}_run_sequence runs whole sequences in a work buffer of {res.name}_sequence_work(T) bytes"
               f"{work} {res.name.upper()}_SEQUENCE_WORK_MAX(T) is a constant at least that, for static allocation; "

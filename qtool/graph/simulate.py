@@ -73,10 +73,12 @@ class GraphSimulation:
     fq_agree: int = 0  # mode both, classifier: the fake-quant model's top-1 equal to float's
     fq_correct: int = 0  # mode both, with labels: the fake-quant model's top-1 equal to the label
     notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.axes_notes, saturation_notes)
+    core_outputs: list = field(default_factory=list)  # the integer core's outputs (a classifier's logits): edges
 
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,
                "backend_reason": self.backend_reason, "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
+               "core_outputs": {e: self.edges[e].as_dict() for e in self.core_outputs},
                "edges": {e: d.as_dict() for e, d in self.edges.items()}, "notes": list(self.notes)}
         if self.mode == "both":
             out["fakequant"] = {"outputs": {e: d.as_dict() for e, d in self.fq_outputs.items()},
@@ -115,7 +117,8 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
     input there)."""
     out0 = qg.graph.outputs[0]
     part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, len(x),
-                           labelled=labels is not None, is_classifier=classes(qg) is not None, mode=mode)
+                           labelled=labels is not None, is_classifier=classes(qg) is not None, mode=mode,
+                           core_outputs=list(qg.core_outputs))
     ref = run(qg.graph, x, keep=True)
     if observe is not None:
         observe(ref)
