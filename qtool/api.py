@@ -1134,7 +1134,7 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     from qtool.io.files import write_files
 
     if compensation not in COMPENSATION:
-        raise QtoolError(f"`compensation` must be {' or '.join(COMPENSATION)}, got '{compensation}'")
+        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
     if test_vectors is not None and not isinstance(test_vectors, np.ndarray):
         vectors = as_data(test_vectors)
         test_vectors = vectors.chunk(0, vectors.num_sequences)
