@@ -490,7 +490,7 @@ def inspect(
         out.print(lut_table(qm))
 
 
-export_app = typer.Typer(help="Write a quantized GRU for a target: C sources, or parameter tables.",
+export_app = typer.Typer(help="Write a quantized model (a GRU alone or a whole model) for a target: C sources, or a GRU's parameter tables.",
                          no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
@@ -516,7 +516,7 @@ def export_c_cmd(
 ):
     """Write C99 headers with the integer parameters and a portable integer-only GRU, or a whole
     model's every layer (a quantized whole-model file: run whole and, where it is causal, frame
-    by frame; docs/embedded.md)."""
+    by frame; each output after the first with its own NAME_outputK; docs/embedded.md)."""
     import numpy as np
 
     from qtool import api
