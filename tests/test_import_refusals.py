@@ -101,6 +101,20 @@ def test_a_state_dict_of_several_grus_says_it_holds_weights_only(cli, tmp_path):
 
 
 @needs_onnx
+def test_a_stacked_grus_h_n_as_a_whole_models_output_is_refused_saying_what_it_is(cli, tmp_path):
+    import torch
+
+    import qtool
+    from qtool.errors import QtoolError
+
+    export(torch.nn.GRU(4, 6, 2, batch_first=True), torch.randn(1, 5, 4), tmp_path / "hn.onnx", input_names=["x"])
+    with pytest.raises(QtoolError, match="h_n of a stacked GRU.*return the GRU's output sequence, or one layer's"):
+        qtool.load_model(tmp_path / "hn.onnx", whole=True)  # as a whole model; the CLI takes the GRU alone
+    code, _, err = cli("import", tmp_path / "hn.onnx", "-o", tmp_path / "m.h5")
+    assert code == 0, err
+
+
+@needs_onnx
 def test_recurrent_nodes_qtool_does_not_read_are_named(cli, tmp_path):
     import onnx
     import torch

@@ -172,8 +172,11 @@ class _Reader:
                 raise QtoolError(f"{self.where}: output '{name}' does not depend on the model's input")
             edge, layout = self.data[name]
             if not isinstance(edge, str):
-                raise QtoolError(f"{self.where}: output '{name}' is a part of a computed tensor or several of them "
-                                 f"({edge}); qtool's outputs are whole edges")
+                what = (f"joins {len(edge.parts)} computed tensors on an axis other than the channels (PyTorch's "
+                        "h_n of a stacked GRU: each layer's final state)" if isinstance(edge, Stack) else
+                        f"is channels [{edge.lo}:{edge.hi}] of the {edge.full} of '{edge.edge}'")
+                raise QtoolError(f"{self.where}: output '{name}' {what}; qtool's outputs are whole edges (return "
+                                 "the GRU's output sequence, or one layer's final state such as h_n[-1])")
             if "N" not in layout.axes and "NT" not in layout.axes:
                 raise QtoolError(f"{self.where}: output '{name}' has no batch axis ({layout.describe()})")
             ports.outputs[name] = (edge, layout)
