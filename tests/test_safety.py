@@ -282,3 +282,10 @@ def test_two_runs_writing_one_output_leave_one_runs_file(tmp_path):
 
 def _equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def test_a_name_that_is_no_c_prefix_is_said_when_it_changes(cli, qmodel, tmp_path):
+    code, out, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--name", "1bad-name")
+    assert code == 0 and "warning: --name '1bad-name' is no C identifier prefix" in err and "'m_1bad_name'" in err
+    code, out, err = cli("export", "c", qmodel, "-o", tmp_path / "d", "--name", "digits")
+    assert code == 0 and "warning" not in err

@@ -551,7 +551,7 @@ def export_c_cmd(
                "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
     if as_json:
         emit_json(summary)
-        wrote(res, output, as_json)
+        wrote(res, output, as_json, name)
         return
     from qtool.cli.tables import footprint_table, passes_table
 
@@ -564,7 +564,7 @@ def export_c_cmd(
         lean = fp.flash_bytes - fp.offset_saves
         out.print(f"--compensation offset would drop the compensation tables: flash {lean:,} bytes "
                   f"({100 * (lean / base - 1):.1f}% above), same integers")
-    wrote(res, output)
+    wrote(res, output, name=name)
 
 
 def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, kind: str) -> None:

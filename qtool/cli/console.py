@@ -127,12 +127,14 @@ def warn(notes) -> None:
         err.print(f"[yellow]warning:[/] {escape(as_flags(note))}", highlight=False, soft_wrap=True)
 
 
-def wrote(res, output: Path, as_json: bool = False) -> None:
+def wrote(res, output: Path, as_json: bool = False, name: str | None = None) -> None:
     """The files an export wrote and those it replaced (not with --json: its summary says so),
-    and a warning for each replaced file that had been edited since qtool wrote it (`res`:
-    qtool.api.ExportResult)."""
+    a warning for each replaced file that had been edited since qtool wrote it, and one when
+    `name` had to become another C prefix (`res`: qtool.api.ExportResult)."""
     from rich.markup import escape
 
+    if name is not None and name != res.name:
+        warn([f"`name` '{name}' is no C identifier prefix: the files and identifiers use '{res.name}'"])
     warn(f"{name} had been edited since qtool wrote it; this export replaced it" for name in res.edited)
     if not as_json:
         replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""

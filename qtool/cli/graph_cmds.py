@@ -253,7 +253,7 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
                "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
     if as_json:
         emit_json(summary)
-        wrote(res, output, as_json)
+        wrote(res, output, as_json, name)
         return
     t = Table(title=f"{res.name}: footprint by layer")
     t.add_column("layer", overflow="fold", max_width=24)
@@ -283,7 +283,7 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     if len(qg.core_outputs) > 1:
         extra = ", ".join(f"{escape(e)} ({res.name}_output{k})" for k, e in enumerate(qg.core_outputs[1:], 1))
         out.print(f"outputs: {escape(qg.core_outputs[0])} ({res.name}_run_sequence's y_q), {extra}")
-    wrote(res, output)
+    wrote(res, output, name=name)
 
 
 def verify_graph(qpath: Path, export_dir: Path, data_path: Path, *, name, limit, dataset, time_first, target,
