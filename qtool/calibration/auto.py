@@ -353,9 +353,9 @@ def calibrate_auto(model: GruModel, data: SequenceData, n: int, config: dict[str
         return qm, AutoChoice(plan, "bits file", note="the bits file sets every tensor's method")
     methods = set(plan.overrides.values()) | {m for o in plan.layer_overrides.values() for m in o.values()}
     ema = "ema" in methods
-    ac = (calibrators or {}).get(ema)
+    ac = (calibrators or {}).get(("auto", ema))
     if ac is None:
         ac = AutoCalibrator(model, data, n, chunk, weights, percentile, ema=ema, progress=progress)
         if calibrators is not None:
-            calibrators[ema] = ac
+            calibrators["auto", ema] = ac
     return ac.quantize(config, info)

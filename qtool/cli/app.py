@@ -306,15 +306,10 @@ def advise(
         model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
         note_what_was_left_out(model)
     with Bar("advise", 1) as bar:  # the stage and its count; the API's phases beside the stage
-        def tick(stage: str, done: int, total: int | None) -> None:
-            if stage != bar.description:  # a new stage: a count of its own (simulations: no total)
-                bar.bar.update(bar.task, visible=False)
-                bar.description, bar.task = stage, bar.bar.add_task(stage, total=total, rate="")
-            bar.bar.update(bar.task, completed=done)
         adv = api.advise(model, data_path, eval_path, target_snr=target_snr, max_flash=max_flash,
                          threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
                          limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
-                         confirm=confirm_at_terminal(), progress=tick)
+                         confirm=confirm_at_terminal(), progress=bar.stage)
     whole = not hasattr(adv.chosen, "qm")
     warn(adv.extra.get("notes", []))
     if as_json:

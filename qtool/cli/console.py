@@ -58,6 +58,13 @@ class Bar:
         text = text if len(text) <= PHASE_WIDTH else text[:PHASE_WIDTH - 1] + "…"
         self.bar.update(self.task, description=f"{self.description}: {text}")
 
+    def stage(self, stage: str, done: int, total: int | None) -> None:
+        """A progress callback of stages (advise's): each stage a count of its own (None: no total)."""
+        if stage != self.description:
+            self.bar.update(self.task, visible=False)
+            self.description, self.task = stage, self.bar.add_task(stage, total=total, rate="")
+        self.bar.update(self.task, completed=done)
+
     def update(self, done: int, total: int) -> None:
         rate = done / max(time.perf_counter() - self.t0, 1e-9)
         self.bar.update(self.task, completed=done, total=total, rate=f"{rate:.0f} seq/s")

@@ -128,7 +128,7 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
         return qm, choice.plan
     plan = MethodPlan.from_config(config, method, "minmax", percentile)
     cache = {} if calibrators is None else calibrators
-    key = repr(plan)  # what the observers depend on, whatever the bits
+    key = ("observers", repr(plan))  # what the observers depend on, whatever the bits
     if key not in cache:
         cache[key] = collect(gru, data, plan, chunk)
     return build_quant_model(gru, cache[key], config, info, plan), plan

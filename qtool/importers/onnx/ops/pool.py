@@ -6,39 +6,29 @@ from __future__ import annotations
 from qtool.importers.onnx.graph import attr
 from qtool.importers.onnx.ops.registry import handles
 
+# a reduction over all the steps -> the qtool op
+OVER_TIME = {"ReduceMean": "global_avg_pool1d", "ReduceMax": "global_max_pool1d",
+             "GlobalAveragePool": "global_avg_pool1d", "GlobalMaxPool": "global_max_pool1d"}
 
-def _reduce_time(r, node, op: str) -> None:
+
+@handles("ReduceMean", "ReduceMax")
+def reduce_time(r, node) -> None:
     edge, lay = r.input(node)
     axes = r.axes_of(node, 1, len(lay.axes))
     roles = [lay.axes[a] for a in axes or []]
-    if roles.count("T") != 1 or any(r not in ("T", "1") for r in roles):
+    if roles.count("T") != 1 or any(role not in ("T", "1") for role in roles):
         raise r.fail(node, f"reduces axes {axes} of {lay.describe()}; qtool reads a {node.op_type} over the "
                               "time steps only", layout=True)
     keep = attr(node, "keepdims", 1)
     axes_out = tuple("1" if k in axes else a for k, a in enumerate(lay.axes) if keep or k not in axes)
-    r.emit(node, op, [edge], lay.replace(axes=axes_out))
+    r.emit(node, OVER_TIME[node.op_type], [edge], lay.replace(axes=axes_out))
 
 
-@handles("ReduceMean")
-def reduce_mean(r, node) -> None:
-    _reduce_time(r, node, "global_avg_pool1d")
-
-
-@handles("ReduceMax")
-def reduce_max(r, node) -> None:
-    _reduce_time(r, node, "global_max_pool1d")
-
-
-@handles("GlobalAveragePool")
-def global_average_pool(r, node, op: str = "global_avg_pool1d") -> None:
+@handles("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(r, node) -> None:
     edge, lay = r.input(node)
     r.ncw(node, lay)
-    r.emit(node, op, [edge], lay.replace(axes=("N", lay.axes[1], "1")))
-
-
-@handles("GlobalMaxPool")
-def global_max_pool(r, node) -> None:
-    global_average_pool(r, node, "global_max_pool1d")
+    r.emit(node, OVER_TIME[node.op_type], [edge], lay.replace(axes=("N", lay.axes[1], "1")))
 
 
 @handles("AveragePool")
