@@ -144,7 +144,8 @@ def test_recurrent_nodes_qtool_does_not_read_are_named(cli, tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "loop.onnx"))
     code, out, err = cli("import", tmp_path / "loop.onnx", "-o", tmp_path / "m.h5")
     one_line(code, out, err, "node 'while' (Loop) is a recurrent loop whose body computes 4 op(s) (Add, Gather, "
-             "Identity, MatMul) and reads 2 value(s) of the outer graph ('x', 'W')", "cannot read yet")
+             "Identity, MatMul) and reads 2 value(s) of the outer graph ('x', 'W'); it is no GRU: its body reads "
+             "no one sequence a step at a time", "a loop whose states are GRU cells")
     assert "does not depend on the model's input" not in err
 
 

@@ -73,6 +73,8 @@ def show_graph(g, path: Path) -> None:
     stored = api.model_file_format(path) in ("qtool-graph", "qtool-qgraph")
     out.print(("as stored in the file, from its first import: " if stored else "")
               + escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+    for note in g.notes:
+        out.print(f"note: {escape(note)}", highlight=False)
     if g.ranges is not None:
         out.print(f"{len(g.ranges.edges)} edge(s) carry the {g.ranges.kind} file's grids; `qtool calibrate` takes "
                   "them (--snap), except where an op only moves values (its output keeps its input's grid)",
@@ -88,7 +90,7 @@ def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
     g = api.load_model(path, check=check, whole=True)
     if as_json:
         emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
-                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result,
+                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result, "notes": g.notes,
                    "ranges": g.ranges.to_json() if g.ranges is not None else None})
         return
     show_graph(g, path)

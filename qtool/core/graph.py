@@ -49,6 +49,7 @@ class Graph:
     check_result: dict | None = None  # what the import checked against the framework (None: not asked)
     ranges: object = None  # a QDQ file's grids on its edges (qtool.importers.ranges.GraphRanges), or None
     steps: int | None = None  # the steps per sequence the file declares for its input (None: any)
+    notes: list[str] = field(default_factory=list)  # what the import read as other ops (a loop as a GRU)
 
     def consumers(self, edge: str) -> list[Node]:
         return [n for n in self.nodes if edge in n.inputs]

@@ -58,6 +58,7 @@ def file_format(f) -> str | None:
 def write_graph(f, graph: Graph) -> None:
     desc = {"name": graph.name, "source": graph.source, "inputs": {k: list(v) for k, v in graph.inputs.items()},
             "outputs": graph.outputs, "check": graph.check_result, "steps": graph.steps,
+            **({"notes": graph.notes} if graph.notes else {}),
             **({"ranges": graph.ranges.to_json()} if graph.ranges is not None else {}),
             "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
                        "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
@@ -107,6 +108,8 @@ def read_graph(f, where: str) -> Graph:
     graph.check_result = desc.get("check") if isinstance(desc.get("check"), dict) else None
     steps = desc.get("steps")
     graph.steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+    notes = desc.get("notes", [])
+    graph.notes = [str(n) for n in notes] if isinstance(notes, list) else []
     check(graph, where)
     if "ranges" in desc:
         graph.ranges = _ranges(desc["ranges"], where)

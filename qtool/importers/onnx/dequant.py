@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.onnx.nodes import attr
+from qtool.importers.onnx.fold import attr
 
 # ONNX TensorProto data types of quantized integers: (bits, signed)
 INT_TYPES = {2: (8, False), 3: (8, True), 4: (16, False), 5: (16, True)}

@@ -30,6 +30,19 @@ GROWING = {"ConstantOfShape", "Expand", "Tile", "Range", "Pad", "Gather", "Gathe
 FOLDABLE = BOUNDED | BROADCAST | GROWING
 
 
+def attr(node, name: str, default):
+    """An ONNX node's attribute as a plain Python value (strings decoded), or `default`."""
+    from onnx import helper
+
+    for a in node.attribute:
+        if a.name == name:
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                return v.decode(errors="replace")
+            return [s.decode(errors="replace") if isinstance(s, bytes) else s for s in v] if isinstance(v, list) else v
+    return default
+
+
 def foldable(node) -> bool:
     """Whether `node` computes the same every time from its inputs alone (so constant inputs fold)."""
     return node.domain in ("", "ai.onnx") and node.op_type in FOLDABLE
@@ -57,8 +70,6 @@ def broadcast(where: str, shapes: list[tuple]) -> tuple:
 
 
 def _pad_shape(node, ins: list, opset: int) -> tuple:
-    from qtool.importers.onnx.nodes import attr
-
     shape = list(ins[0].shape)
     pads = _ints(ins[1]) if opset >= 11 else list(attr(node, "pads", []))
     axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(shape)))
@@ -78,8 +89,6 @@ def _range_shape(where: str, ins: list) -> tuple:
 
 def _grown(where: str, node, ins: list, opset: int) -> tuple:
     """The shape a GROWING node will produce, from its inputs."""
-    from qtool.importers.onnx.nodes import attr
-
     op = node.op_type
     if op == "ConstantOfShape":
         return tuple(_ints(ins[0]))

@@ -13,8 +13,7 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_ARCHIVE_BYTES, as_float32, check_size
 from qtool.importers.onnx.external import inline
-from qtool.importers.onnx.fold import evaluate, foldable
-from qtool.importers.onnx.nodes import attr
+from qtool.importers.onnx.fold import attr, evaluate, foldable
 
 FLOAT_TYPES = {1: np.float32, 10: np.float16, 11: np.float64, 16: None}  # 16: bfloat16, 2 bytes
 # ops whose outputs only take values from their inputs (a state made of zeros through them is still

@@ -23,7 +23,7 @@ from qtool.core.model import CellForm
 from qtool.errors import QtoolError
 from qtool.importers.checks import expect_shape, hidden_from_recurrent, reason
 from qtool.importers.onnx.graph import Graph, attr
-from qtool.importers.onnx.nodes import unread_recurrent
+from qtool.importers.onnx.loops import loop_note, rewrite_loops, unread_recurrent
 from qtool.importers.onnx.scope import Scope
 from qtool.importers.stack import Stack
 
@@ -155,10 +155,13 @@ def load_onnx(path: Path):
         import onnx
     except ImportError:
         raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
+
     try:
-        return onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have several types
         raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+    rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
+    return model
 
 
 def read_onnx(path: Path) -> dict[str, Stack]:
@@ -214,5 +217,6 @@ def _stack(graph: Graph, scope: Scope, names: dict, nodes: list, singles: dict) 
 
     took = [names[id(n)] for n in nodes]
     notes = [f"GRU node '{took[0]}' starts a stack of {len(took)} GRU layers: took them all"] if len(took) > 1 else []
+    notes += list(dict.fromkeys(loop_note(n) for n in nodes if loop_note(n)))
     return Stack([singles[t] for t in took], "ONNX Runtime", partial(run_onnx, graph, nodes), took=took,
                  left_out=scope.left_out(nodes), input_from=scope.input_from(nodes[0]), notes=notes)

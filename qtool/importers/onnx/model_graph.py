@@ -32,8 +32,8 @@ from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.check import check_graph
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
+from qtool.importers.onnx.loops import loop_notes, unread_recurrent
 from qtool.importers.onnx.model_layout import FLOAT, PROBE_N, PROBE_T, Layout, LayoutError, Stack, ints
-from qtool.importers.onnx.nodes import unread_recurrent
 from qtool.importers.onnx.ops import HANDLERS
 from qtool.importers.onnx.ops.activation import FUNCTION_OPS, function
 from qtool.importers.ranges import GraphRanges
@@ -124,7 +124,7 @@ class _Reader:
         self.affine: dict[str, Node] = {}  # a per-channel affine's output -> its batchnorm node
         self.ranges = GraphRanges("ONNX QDQ")  # the fake-quant pairs' grids, by qtool edge
         self.fake_quant: dict[str, tuple[str, bool]] = {}  # a pair's Quantize output -> (its input, clips at 0)
-        self.notes: list[str] = []
+        self.notes: list[str] = loop_notes(model)
         self.rank3 = False
         self.declared: list = []
 
@@ -194,7 +194,7 @@ class _Reader:
             source += f", input read as {self.layout}"
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
                            steps=ports.steps if self.rank3 else None)
-        graph.ranges = ranges
+        graph.ranges, graph.notes = ranges, list(self.notes)
         return graph, ports
 
     def _live(self, outputs: list[str]) -> tuple[set, dict]:

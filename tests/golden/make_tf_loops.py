@@ -1,0 +1,112 @@
+"""Golden files for GRUs written as loops, made the way published TensorFlow models were: tf2onnx
+1.16 on TensorFlow 2.15 (Keras 2), opset 13.
+
+    python -m venv tfenv && tfenv/bin/pip install tensorflow-cpu==2.15.1 tf2onnx==1.16.1 "numpy<2"
+    tfenv/bin/python tests/golden/make_tf_loops.py
+
+Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
+- tf_loop_precise.onnx: a Mycroft Precise wake-word model, MFCC [N, 29, 13] -> Keras GRU(20,
+  reset_after=False, hard_sigmoid gates, linear candidate) -> Dense(1, sigmoid); tf2onnx writes the
+  GRU as a Loop whose body reads the sequence from the outer graph.
+- tf_loop_keras_v1.onnx: a Keras GRU(12, reset_after=False) on [N, T, 6] of any length T, its whole
+  sequence into a second one (two Loops), then Dense(3).
+- tf_loop_reset_after.onnx: a Keras GRU(7, reset_after=True, hard_sigmoid gates, relu candidate)
+  on [N, T, 5] of any length T, returning its last state.
+- tf_scan_gru.onnx: TensorFlow 1's GRUCell(16) in dynamic_rnn over [N, 25, 10], its last step into a
+  dense layer (a frozen graph, as ARM's keyword spotters): a Scan.
+- tf_scan_stack.onnx: two GRUCells in a MultiRNNCell (both cells in one Scan body).
+- tf_loop_rnn.onnx: a Keras SimpleRNN(8) (a Loop that is no GRU: refused).
+"""
+
+import os
+from pathlib import Path
+
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf2onnx  # noqa: E402
+
+HERE = Path(__file__).parent
+OPSET = 13
+
+
+def biased(model: tf.keras.Model, seed: int) -> tf.keras.Model:
+    """Keras' initial weights, with biases that are not zero (a zero bias proves no mapping)."""
+    rng = np.random.default_rng(seed)
+    for w in model.weights:
+        if "bias" in w.name:
+            w.assign(rng.uniform(-0.3, 0.3, w.shape).astype("float32"))
+    return model
+
+
+def keras_file(name: str, model: tf.keras.Model, x: np.ndarray) -> None:
+    spec = (tf.TensorSpec((None, *model.input_shape[1:]), tf.float32, name="x"),)
+    tf2onnx.convert.from_keras(model, input_signature=spec, opset=OPSET, output_path=str(HERE / f"{name}.onnx"))
+    np.savez(HERE / f"{name}_io.npz", x=x, y=model.predict(x, verbose=0))
+
+
+def precise(rng) -> None:
+    i = tf.keras.Input((29, 13))
+    h = tf.keras.layers.GRU(20, reset_after=False, recurrent_activation="hard_sigmoid", activation="linear")(i)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid")(h)), 1)
+    keras_file("tf_loop_precise", model, rng.standard_normal((16, 29, 13)).astype("float32"))
+
+
+def keras_v1(rng) -> None:
+    i = tf.keras.Input((None, 6))
+    h = tf.keras.layers.GRU(12, reset_after=False, return_sequences=True)(i)
+    h = tf.keras.layers.GRU(12, reset_after=False)(h)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(3)(h)), 2)
+    keras_file("tf_loop_keras_v1", model, rng.standard_normal((16, 17, 6)).astype("float32"))
+
+
+def reset_after(rng) -> None:
+    i = tf.keras.Input((None, 5))
+    h = tf.keras.layers.GRU(7, reset_after=True, recurrent_activation="hard_sigmoid", activation="relu")(i)
+    x = rng.standard_normal((16, 11, 5)).astype("float32")
+    keras_file("tf_loop_reset_after", biased(tf.keras.Model(i, h), 4), x)
+
+
+def simple_rnn(rng) -> None:
+    i = tf.keras.Input((10, 4))
+    model = biased(tf.keras.Model(i, tf.keras.layers.SimpleRNN(8)(i)), 3)
+    keras_file("tf_loop_rnn", model, rng.standard_normal((4, 10, 4)).astype("float32"))
+
+
+def tf1_file(name: str, layers: int, rng) -> None:
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, (None, 25, 10), name="x")
+        cells = [tf1.nn.rnn_cell.GRUCell(16, name=f"gru{k}") for k in range(layers)]
+        cell = cells[0] if layers == 1 else tf1.nn.rnn_cell.MultiRNNCell(cells)
+        out, _ = tf1.nn.dynamic_rnn(cell, x, dtype=tf.float32)
+        tf.identity(tf1.layers.dense(out[:, -1, :], 4, name="fc"), name="y")
+        with tf1.Session(graph=g) as s:
+            s.run(tf1.global_variables_initializer())
+            for v in tf1.global_variables():
+                if "bias" in v.name:
+                    s.run(v.assign(rng.uniform(-0.3, 0.3, v.shape).astype("float32")))
+            frozen = tf1.graph_util.convert_variables_to_constants(s, g.as_graph_def(), ["y"])
+            xs = rng.standard_normal((16, 25, 10)).astype("float32")
+            y = s.run("y:0", {"x:0": xs})
+    tf2onnx.convert.from_graph_def(frozen, input_names=["x:0"], output_names=["y:0"], opset=OPSET,
+                                   output_path=str(HERE / f"{name}.onnx"))
+    np.savez(HERE / f"{name}_io.npz", x=xs, y=y)
+
+
+def main() -> None:
+    tf.random.set_seed(0)
+    rng = np.random.default_rng(0)
+    precise(rng)
+    keras_v1(rng)
+    reset_after(rng)
+    simple_rnn(rng)
+    tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
+    tf1_file("tf_scan_gru", 1, rng)
+    tf1_file("tf_scan_stack", 2, rng)
+
+
+if __name__ == "__main__":
+    main()

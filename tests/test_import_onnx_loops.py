@@ -1,0 +1,115 @@
+"""GRUs written as loops (qtool.importers.onnx.loops), in files tf2onnx wrote from TensorFlow models
+(tests/golden/make_tf_loops.py): a Keras GRU as a Loop (a Mycroft Precise-like wake-word model; a
+stack of two on sequences of any length; reset after the recurrent matmul) and TF1's GRUCell as a
+Scan (alone, and two in one body).
+Each is imported whole and held to TensorFlow's own output on held-out inputs; a loop that is no GRU,
+or one that starts from a nonzero state or whose counter the graph reads, is refused saying why."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import qtool  # noqa: E402
+import qtool.layers as L  # noqa: E402
+from qtool.errors import QtoolError  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "golden"
+# file -> (the loop's op, the GRU layers it holds, what its cells compute)
+LOOPS = {"tf_loop_precise": ("Loop", 1, "Keras GRU cell, reset before the recurrent matmul (Keras reset_after=False, "
+                             "ONNX linear_before_reset=0), gate hard_sigmoid(0.2x + 0.5), candidate linear"),
+         "tf_loop_keras_v1": ("Loop", 1, "Keras GRU cell, reset before the recurrent matmul"),
+         "tf_loop_reset_after": ("Loop", 1, "Keras GRU cell, gate hard_sigmoid(0.2x + 0.5), candidate relu"),
+         "tf_scan_gru": ("Scan", 1, "TF1 GRUCell, reset before the recurrent matmul"),
+         "tf_scan_stack": ("Scan", 2, "TF1 GRUCell, reset before the recurrent matmul")}
+
+
+def _io(name: str) -> tuple[np.ndarray, np.ndarray]:
+    io = np.load(GOLDEN / f"{name}_io.npz")
+    return io["x"], io["y"]
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_a_gru_written_as_a_loop_imports_whole_and_computes_what_tensorflow_computed(name):
+    op, layers, form = LOOPS[name]
+    g = qtool.load_model(GOLDEN / f"{name}.onnx", check=False)
+    x, want = _io(name)
+    got = L.run(g, x)[g.outputs[0]]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    grus = [n for n in g.nodes if n.op == "gru"]
+    assert sum(n.attrs.get("num_layers", 1) for n in grus) == layers * (2 if name == "tf_loop_keras_v1" else 1)
+    assert g.notes and all(f"({op}) read as" in note and form in note for note in g.notes), g.notes
+    assert all("qtool's float GRU matches the loop on 3 probe sequences" in note for note in g.notes)
+
+
+def test_the_import_check_runs_the_file_as_written_with_its_loop():
+    pytest.importorskip("onnxruntime")
+    g = qtool.load_model(GOLDEN / "tf_loop_precise.onnx")
+    assert g.check_result["checked"] and g.check_result["max_abs_diff"] < 1e-5
+    assert g.steps == 29  # the file declares its 29 frames
+
+
+def test_a_gru_of_a_loop_is_taken_alone_by_the_name_of_its_loop():
+    m = qtool.load_model(GOLDEN / "tf_scan_stack.onnx", name=_gru_name("tf_scan_stack"), check=False)
+    assert m.num_layers == 2 and m.hidden_size == 16 and m.input_size == 10
+    assert all(not c.form.reset_after for row in m.layers for c in row)
+    assert any("(Scan) read as a stack of 2 GRU layers" in n for n in m.extra["import"]["notes"])
+
+
+def _gru_name(name: str) -> str:
+    g = qtool.load_model(GOLDEN / f"{name}.onnx", check=False)
+    return next(n.name for n in g.nodes if n.op == "gru")
+
+
+def test_a_loop_that_is_no_gru_is_refused_saying_what_it_computes(cli):
+    code, out, err = cli("import", GOLDEN / "tf_loop_rnn.onnx", "-o", "unused.h5")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "(Loop) is a recurrent loop whose body computes" in err
+    assert "it is no GRU: its state" in err and "(8 wide, reading 4 channels) is computed by no GRU cell" in err
+    assert not Path("unused.h5").exists()
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    m = onnx.load(str(GOLDEN / "tf_loop_precise.onnx"))
+    edit(m)
+    path = tmp_path / "edited.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def test_a_loop_from_a_nonzero_state_or_whose_counter_is_read_is_refused(tmp_path):
+    from onnx import helper, numpy_helper
+
+    def start_at_one(m):
+        loop = next(n for n in m.graph.node if n.op_type == "Loop")
+        m.graph.initializer.append(numpy_helper.from_array(np.ones((1, 20), np.float32), "h0"))
+        loop.input[3] = "h0"  # its state: zeros of [N, 20] made from the input's shape
+
+    with pytest.raises(QtoolError, match="starts from a value that is not zero; qtool's GRU starts from h0 = 0"):
+        qtool.load_model(_edited(tmp_path, start_at_one), check=False)
+
+    def read_counter(m):
+        loop = next(n for n in m.graph.node if n.op_type == "Loop")
+        m.graph.output.append(helper.make_tensor_value_info(loop.output[0], onnx.TensorProto.INT32, None))
+
+    with pytest.raises(QtoolError, match="the graph reads its output '.*while_loop:0', which is no state of a GRU"):
+        qtool.load_model(_edited(tmp_path, read_counter), check=False)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_a_wake_word_model_written_as_a_loop_runs_in_integers_and_in_c(cli, tmp_path):
+    x, _ = _io("tf_loop_precise")
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "calib.npy", rng.standard_normal((64, 29, 13)).astype(np.float32))
+    np.save(tmp_path / "test.npy", x)
+    model, q, c = GOLDEN / "tf_loop_precise.onnx", tmp_path / "q.h5", tmp_path / "c"
+    assert cli("calibrate", model, tmp_path / "calib.npy", "-o", q, "--no-check")[0] == 0
+    sim = qtool.simulate(q, x)
+    assert next(iter(sim.outputs.values())).cosine > 0.99
+    assert cli("export", "c", q, "-o", c)[0] == 0
+    code, out, err = cli("verify", q, c, tmp_path / "test.npy")
+    assert code == 0 and "PASS" in out, out + err
