@@ -28,15 +28,26 @@ from pathlib import Path
 import numpy as np
 
 from qtool.core.graph import Graph
-from qtool.core.model import DIRECTIONS, GruModel, tensor_key  # noqa: F401 (DIRECTIONS: for the CLI's tables)
+from qtool.core.model import DIRECTIONS, GruModel, tensor_key  # noqa: F401 (DIRECTIONS: FRONT_END)
 from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.core.qmodel import QuantModel
-from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (for the CLI's tables)
+from qtool.core.tensors import cell_params, cell_tensors  # noqa: F401 (FRONT_END)
 from qtool.errors import QtoolError
-from qtool.importers.once import read_once  # noqa: F401 (the CLI reads a model file once per command)
+from qtool.importers.once import read_once
 from qtool.io.files import SequenceData, claim_output, now_utc, open_sequences, sha256_file
 from qtool.io.phases import phase
 from qtool.parallel import world
+
+# What a front end (the command line, a notebook's display, a GUI) reads besides the verbs
+# (qtool.API) and their results, to show them as qtool does: docs/api.md, "For front ends". The
+# command line uses nothing else of qtool's (tests/test_layers.py).
+FRONT_END = ("DIRECTIONS", "PRESETS", "cell_params", "cell_tensors", "claim_output", "describe_check", "file_ranges",
+             "import_lines", "import_note", "is_whole_model", "mode_explanation", "model_file_format",
+             "needs_compile", "op_text", "qgraph_rows", "read_once", "steps_text")
+TYPES = ("Graph", "GruModel", "QGraph", "QuantModel", "SequenceData", "Inspection", "Calibration", "Comparison",
+         "SimulationResult", "ExportResult", "VerifyResult", "GraphVerifyResult", "ReportResult")
+__all__ = ["advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",
+           "load_model", "observe", "precompile", "save", "simulate", "verify", *TYPES, *FRONT_END]
 
 Progress = Callable[[int, int], None]  # progress(done, total)
 DataLike = str | os.PathLike | np.ndarray | SequenceData

@@ -32,3 +32,9 @@ def test_every_public_function_has_its_signature_in_the_docs():
 def test_every_documented_function_is_public():
     documented = set(re.findall(r"^\| `(\w+)\(", DOC, re.M))
     assert documented <= set(qtool.API), documented - set(qtool.API)
+
+
+def test_every_front_end_name_is_documented():
+    section = DOC[DOC.index("## For front ends"):]
+    missing = [n for n in api.FRONT_END if f"`{n}" not in section]
+    assert not missing, missing

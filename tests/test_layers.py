@@ -109,6 +109,26 @@ def test_the_command_line_goes_through_the_api():
     assert not wrong, "\n".join(sorted(wrong))
 
 
+def _api_names(tree: ast.AST) -> set[str]:
+    """The names a module reads from qtool.api: `api.NAME` and `from qtool.api import NAME`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "api":
+            names.add(node.attr)
+        if isinstance(node, ast.ImportFrom) and node.module == "qtool.api":
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_the_command_line_uses_only_the_public_api():
+    import qtool
+    from qtool import api
+
+    used = {n for m, f in MODULES.items() if layer(m) == "cli" for n in _api_names(ast.parse(f.read_text()))}
+    assert used - set(api.__all__) == set(), sorted(used - set(api.__all__))
+    assert set(qtool.API) == set(api.__all__) - set(api.TYPES) - set(api.FRONT_END)
+
+
 # Where an op may be named outside its layer module: the registry, the stage tables (a module-level
 # NAME = {...} or (...)), the importers that write the op, and a pass that works on that op alone.
 OP_NAMED_IN = {"qtool.layers", "qtool.graph.passes"}
