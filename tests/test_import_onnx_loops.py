@@ -46,9 +46,14 @@ def test_a_gru_written_as_a_loop_imports_whole_and_computes_what_tensorflow_comp
     assert all("qtool's float GRU matches the loop on 3 probe sequences" in note for note in g.notes)
 
 
-def test_the_import_check_runs_the_file_as_written_with_its_loop():
+def test_the_import_check_runs_the_file_as_written_with_its_loop(monkeypatch):
     pytest.importorskip("onnxruntime")
+    from qtool.importers.onnx import check
+
+    ran, inlined = [], check._inlined_model
+    monkeypatch.setattr(check, "_inlined_model", lambda r: ran.append(m := inlined(r)) or m)
     g = qtool.load_model(GOLDEN / "tf_loop_precise.onnx")
+    assert [n.op_type for n in ran[0].graph.node if n.op_type in ("Loop", "GRU")] == ["Loop"]
     assert g.check_result["checked"] and g.check_result["max_abs_diff"] < 1e-5
     assert g.steps == 29  # the file declares its 29 frames
 

@@ -151,11 +151,15 @@ def _checked_model(reader):
 
 
 def _inlined_model(reader):
-    """A copy of the model with every stored tensor inline (external data read by qtool, checked first)."""
+    """A copy of the model as its file has it (loops that qtool read as GRU nodes included), every
+    stored tensor inline (external data read by qtool, checked first)."""
     from onnx import ModelProto
 
+    from qtool.importers.onnx.gru import load_onnx
+    from qtool.importers.onnx.loops import loop_notes
+
     model = ModelProto()
-    model.CopyFrom(reader.model)
+    model.CopyFrom(load_onnx(reader.path, loops=False) if loop_notes(reader.model) else reader.model)
     graph = model.graph
     inits = [reader.g.tensor(t.name) for t in graph.initializer]
     del graph.initializer[:]

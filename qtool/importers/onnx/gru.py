@@ -148,9 +148,9 @@ def _cells(graph: Graph, node, dirs: int, where: str) -> list:
     return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:], form) for d, form in enumerate(forms(node, dirs, where))]
 
 
-def load_onnx(path: Path):
+def load_onnx(path: Path, loops: bool = True):
     """The ModelProto of an ONNX file, its external data left to qtool's own checked reader
-    (external.py)."""
+    (external.py); with `loops`, its GRU cells written as loops read as GRU nodes (loops.py)."""
     try:
         import onnx
     except ImportError:
@@ -160,7 +160,8 @@ def load_onnx(path: Path):
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf decode errors have several types
         raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
-    rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
+    if loops:
+        rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
     return model
 
 
