@@ -213,7 +213,7 @@ def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
     if fmt in ("qtool-graph", "qtool-qgraph"):
         return _load_graph(path), None
     try:
-        if fmt not in (None, "keras") or detect_format(path) not in ("keras", "onnx"):
+        if fmt not in (None, "keras") or detect_format(path) not in ("keras", "onnx", "tflite"):
             return None, None
         g = _load_graph(path, check=False)
     except QtoolError as e:
@@ -647,7 +647,8 @@ def _other_model(path: Path) -> str | None:
             fmt = detect_format(path)
     return {"qtool-gru": "a float qtool model", "qtool-graph": "a float whole model",
             "keras": "a Keras model", "torch": "a PyTorch file",
-            "safetensors": "a safetensors file", "onnx": "an ONNX model", "haste": "haste weights"}.get(fmt)
+            "safetensors": "a safetensors file", "onnx": "an ONNX model", "tflite": "a TFLite model",
+            "haste": "haste weights"}.get(fmt)
 
 
 def _write_once(write: Callable[[], None]) -> None:

@@ -1,6 +1,6 @@
 """What `qtool import` says of files it cannot take whole: a GRU stack inside a model of another
 rank (DeepFilterNet's decoders) is taken in one command by naming its first GRU node; a refusal
-gives the whole model's reason first; a state input, an empty file, an LSTM, a loop and a TFLite
+gives the whole model's reason first; a state input, an empty file, an LSTM, a loop and a damaged TFLite
 file are named for what they are. One line and exit code 2 each, never a traceback."""
 
 import warnings
@@ -164,7 +164,9 @@ def test_empty_and_tflite_files_are_named(cli, tmp_path):
     one_line(code, out, err, "is empty (0 bytes)")
     assert err.count("m.onnx") == 1
     (tmp_path / "m.tflite").write_bytes(b"TFL3" + bytes(60))
-    one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "qtool does not read TFLite files")
+    one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "not a TFLite file (no TFL3 identifier)")
+    (tmp_path / "m.tflite").write_bytes(bytes(4) + b"TFL3" + bytes(60))
+    one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "TFLite file")
     assert not (tmp_path / "m.h5").exists()
 
 

@@ -80,7 +80,7 @@ def root(ctx: typer.Context,
 
 NameOpt = Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several (a Keras layer, an ONNX node, a PyTorch module prefix).")]
 NoCheckOpt = Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import of a framework file.")]
-ModelArg = Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A qtool model file or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")]
+ModelArg = Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A qtool model file or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, .tflite, haste .npz).")]
 QModelArg = Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="A quantized model from 'qtool calibrate'.")]
 DataOpt = Annotated[str | None, typer.Option("--dataset", metavar="NAME", help="Array/dataset name inside .npz/.h5 data.")]
 TimeFirst = Annotated[bool, typer.Option("--time-first", help="Data is [T, N, C] instead of [N, T, C].")]
@@ -91,9 +91,9 @@ LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N s
 
 @app.command("import")
 def import_cmd(
-    src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz.")] = None,
+    src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, .tflite, haste .npz.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx or haste (default: from the file name).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx, tflite or haste (default: from the file name).")] = None,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
     force: Force = False,
@@ -442,7 +442,7 @@ def report(
 
 @app.command()
 def inspect(
-    path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A quantized or float qtool model file, or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, haste .npz).")] = None,
+    path: Annotated[Path | None, typer.Argument(metavar="FILE", show_default=False, help="A quantized or float qtool model file, or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, .tflite, haste .npz).")] = None,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
     graph: Annotated[bool, typer.Option("--graph", help="Show the whole model of a Keras or ONNX file: every layer, its op, what it reads, its output's shape.")] = False,

@@ -26,7 +26,8 @@ def _model_file(path: Path) -> None:
         raise QtoolError(f"{path} is empty (0 bytes), not a model file")
 
 
-FORMATS = ("torch", "safetensors", "keras", "onnx", "haste")
+FORMATS = ("torch", "safetensors", "keras", "onnx", "tflite", "haste")
+GRAPH_FORMATS = ("onnx", "tflite")  # read by the ONNX importer (a TFLite file as the ONNX graph it computes)
 
 
 def detect_format(path: Path) -> str:
@@ -42,8 +43,7 @@ def detect_format(path: Path) -> str:
     if name.endswith(".npz"):
         return "haste"
     if name.endswith(".tflite"):
-        raise QtoolError(f"{path}: qtool does not read TFLite files; import the model the .tflite was converted "
-                         "from (.keras, .h5, or ONNX)")
+        return "tflite"
     if name.endswith(".pb"):
         raise QtoolError(f"{path}: a TensorFlow frozen graph, which qtool does not read; convert it to ONNX "
                          "with tf2onnx (python -m tf2onnx.convert --graphdef FILE.pb --inputs ... --outputs ... "
@@ -83,7 +83,7 @@ def read_stacks(path: Path, fmt: str) -> dict[str, Stack]:
     if fmt == "keras":
         from qtool.importers.keras.reader import read_keras
         return read_keras(path)
-    if fmt == "onnx":
+    if fmt in GRAPH_FORMATS:
         from qtool.importers.onnx.gru import read_onnx
         return read_onnx(path)
     if fmt == "haste":
@@ -206,12 +206,12 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
     path = Path(path)
     _model_file(path)
     fmt = fmt or detect_format(path)
-    if fmt == "onnx":
+    if fmt in GRAPH_FORMATS:
         from qtool.importers.onnx.model_graph import import_onnx_graph
 
         return import_onnx_graph(path, check)
     if fmt != "keras":
-        raise QtoolError(f"{path}: whole models are read from Keras (.keras, .h5) and ONNX (.onnx) files; "
+        raise QtoolError(f"{path}: whole models are read from Keras (.keras, .h5), ONNX and TFLite files; "
                          f"a {fmt} file holds weights only")
     from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
     from qtool.importers.once import once

@@ -16,6 +16,12 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   dense layer (a frozen graph, as ARM's keyword spotters): a Scan.
 - tf_scan_stack.onnx: two GRUCells in a MultiRNNCell (both cells in one Scan body).
 - tf_loop_rnn.onnx: a Keras SimpleRNN(8) (a Loop that is no GRU: refused).
+- tf_while_precise.tflite and tf_while_stack.tflite: the wake-word model, and a Keras GRU(12)
+  whose every step feeds a GRU(12, reset_after=False) then Dense(3, softmax), through TensorFlow's
+  TFLite converter at one sequence per run (as TFLite models ship): each GRU a WHILE loop, the
+  first GRU's steps in a lowered tensor list.
+- tf_flex.tflite (a GRU converted with SELECT_TF_OPS: TensorFlow's tensor-list ops inside) and
+  tf_dense_int8.tflite (a model quantized to int8 by the converter): both refused.
 """
 
 import os
@@ -40,6 +46,11 @@ def biased(model: tf.keras.Model, seed: int) -> tf.keras.Model:
     return model
 
 
+def tflite_file(name: str, model: tf.keras.Model, x: np.ndarray) -> None:
+    (HERE / f"{name}.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    np.savez(HERE / f"{name}_io.npz", x=x, y=np.concatenate([model(x[k:k + 1]).numpy() for k in range(len(x))]))
+
+
 def keras_file(name: str, model: tf.keras.Model, x: np.ndarray) -> None:
     spec = (tf.TensorSpec((None, *model.input_shape[1:]), tf.float32, name="x"),)
     tf2onnx.convert.from_keras(model, input_signature=spec, opset=OPSET, output_path=str(HERE / f"{name}.onnx"))
@@ -59,6 +70,33 @@ def keras_v1(rng) -> None:
     h = tf.keras.layers.GRU(12, reset_after=False)(h)
     model = biased(tf.keras.Model(i, tf.keras.layers.Dense(3)(h)), 2)
     keras_file("tf_loop_keras_v1", model, rng.standard_normal((16, 17, 6)).astype("float32"))
+
+
+def tflite_models(rng) -> None:
+    i = tf.keras.Input((29, 13), batch_size=1)
+    h = tf.keras.layers.GRU(20, reset_after=False, recurrent_activation="hard_sigmoid", activation="linear")(i)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid")(h)), 5)
+    tflite_file("tf_while_precise", model, rng.standard_normal((8, 29, 13)).astype("float32"))
+    i = tf.keras.Input((17, 6), batch_size=1)
+    h = tf.keras.layers.GRU(12, return_sequences=True)(i)
+    h = tf.keras.layers.GRU(12, reset_after=False)(h)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(3, activation="softmax")(h)), 6)
+    tflite_file("tf_while_stack", model, rng.standard_normal((8, 17, 6)).astype("float32"))
+
+
+def refused_tflite(rng) -> None:
+    i = tf.keras.Input((None, 6))
+    conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(i, tf.keras.layers.GRU(4)(i)))
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    conv._experimental_lower_tensor_list_ops = False
+    (HERE / "tf_flex.tflite").write_bytes(conv.convert())
+    i = tf.keras.Input((6,), batch_size=1)
+    conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(i, tf.keras.layers.Dense(3)(i)))
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = lambda: ([rng.standard_normal((1, 6)).astype("float32")] for _ in range(8))
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = conv.inference_output_type = tf.int8
+    (HERE / "tf_dense_int8.tflite").write_bytes(conv.convert())
 
 
 def reset_after(rng) -> None:
@@ -103,6 +141,8 @@ def main() -> None:
     keras_v1(rng)
     reset_after(rng)
     simple_rnn(rng)
+    tflite_models(rng)
+    refused_tflite(rng)
     tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
     tf1_file("tf_scan_gru", 1, rng)
     tf1_file("tf_scan_stack", 2, rng)

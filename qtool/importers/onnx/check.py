@@ -72,15 +72,13 @@ def check_graph(path: Path, graph, ports, reader) -> dict:
     """Run file `path` with ONNX Runtime and `graph` with qtool.layers.run on the same random inputs
     (`ports`: where its edges sit in the file, `reader`: the import that read it); raises when they
     differ by more than TOLERANCE (relative where the output exceeds 1)."""
-    import qtool.layers as L
-
     try:
         with framework_run():  # importing it writes a file into the temporary folder
             import onnxruntime as ort
     except ImportError as e:
         return {"checked": False, "reason": f"ONNX Runtime cannot be imported (no module {e.name or 'onnxruntime'!r})"}
     t0 = time.perf_counter()
-    feeds, xs, n, t = _check_inputs(reader, ports)
+    feeds, xs, n, t = check_inputs(reader, ports)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # ORT would print its own errors; qtool says them in one line
     opts.intra_op_num_threads = 1
@@ -95,18 +93,7 @@ def check_graph(path: Path, graph, ports, reader) -> dict:
             want = dict(zip(ports.outputs, sess.run(list(ports.outputs), feeds)))
     except Exception as e:  # ONNX Runtime raises its own types on files it cannot run
         raise QtoolError(f"{path}: ONNX Runtime cannot run this file ({reason(ORT_NOISE.sub('', str(e)))})") from None
-    got = L.run(graph, xs)
-    worst = 0.0
-    for name, (edge, layout) in ports.outputs.items():
-        ref = layout.to_qtool(np.asarray(want[name], np.float32), n)
-        if ref.shape != got[edge].shape:
-            raise QtoolError(f"{path}: output '{name}': ONNX Runtime gives {list(want[name].shape)} "
-                             f"({list(ref.shape)} channels-last), qtool's graph {list(got[edge].shape)}")
-        diff = float(np.abs(ref - got[edge]).max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
-        if not diff <= TOLERANCE:
-            raise QtoolError(f"{path}: output '{name}' of the imported graph differs from ONNX Runtime by up to "
-                             f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g}); refusing a wrong import")
-        worst = max(worst, diff)
+    worst = compare_outputs(path, graph, ports, xs, want, n, "ONNX Runtime")
     pairs = {"fake_quant_pairs": len(reader.fake_quant)} if reader.fake_quant else {}
     unused = {"note": f"input(s) {', '.join(repr(s) for s in ports.states)} feed none of the outputs: left out"
               } if ports.states else {}
@@ -114,13 +101,33 @@ def check_graph(path: Path, graph, ports, reader) -> dict:
             "seconds": round(time.perf_counter() - t0, 3), **pairs, **unused}
 
 
-def _check_inputs(reader, ports) -> tuple[dict, dict, int, int]:
+def compare_outputs(path: Path, graph, ports, xs: dict, want: dict, n: int, framework: str) -> float:
+    """The largest difference between the framework's outputs `want` and qtool's graph on `xs`
+    (relative where the output exceeds 1); raises beyond TOLERANCE."""
+    import qtool.layers as L
+
+    got = L.run(graph, xs)
+    worst = 0.0
+    for name, (edge, layout) in ports.outputs.items():
+        ref = layout.to_qtool(np.asarray(want[name], np.float32), n)
+        if ref.shape != got[edge].shape:
+            raise QtoolError(f"{path}: output '{name}': {framework} gives {list(want[name].shape)} "
+                             f"({list(ref.shape)} channels-last), qtool's graph {list(got[edge].shape)}")
+        diff = float(np.abs(ref - got[edge]).max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
+        if not diff <= TOLERANCE:
+            raise QtoolError(f"{path}: output '{name}' of the imported graph differs from {framework} by up to "
+                             f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g}); refusing a wrong import")
+        worst = max(worst, diff)
+    return worst
+
+
+def check_inputs(reader, ports, n: int | None = None) -> tuple[dict, dict, int, int]:
     """ONNX Runtime's feeds (each in its own layout) and qtool's inputs (channels-last): random data,
     zeros for state inputs."""
     from onnx import helper
 
     rng = np.random.default_rng(0)
-    n, t = ports.batch or CHECK_N, ports.steps or CHECK_T
+    n, t = n or ports.batch or CHECK_N, ports.steps or CHECK_T
     for name, lay in ports.inputs.items():  # a file may fix its batch and length: bounded before allocating
         if n * (t if lay.seq else 1) * lay.channels > MAX_TENSOR_ELEMENTS:
             raise QtoolError(f"{reader.where}: input '{name}' is fixed at {n:,} sequences x {t:,} steps x "
@@ -155,8 +162,7 @@ def _inlined_model(reader):
     stored tensor inline (external data read by qtool, checked first)."""
     from onnx import ModelProto
 
-    from qtool.importers.onnx.gru import load_onnx
-    from qtool.importers.onnx.loops import loop_notes
+    from qtool.importers.onnx.loops import load_onnx, loop_notes
 
     model = ModelProto()
     model.CopyFrom(load_onnx(reader.path, loops=False) if loop_notes(reader.model) else reader.model)

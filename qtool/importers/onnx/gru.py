@@ -23,7 +23,7 @@ from qtool.core.model import CellForm
 from qtool.errors import QtoolError
 from qtool.importers.checks import expect_shape, hidden_from_recurrent, reason
 from qtool.importers.onnx.graph import Graph, attr
-from qtool.importers.onnx.loops import loop_note, rewrite_loops, unread_recurrent
+from qtool.importers.onnx.loops import load_onnx, loop_note, unread_recurrent
 from qtool.importers.onnx.scope import Scope
 from qtool.importers.stack import Stack
 
@@ -146,23 +146,6 @@ def _cells(graph: Graph, node, dirs: int, where: str) -> list:
          if names[2]
          else np.zeros((dirs, 6 * H), np.float32))
     return [GruCell(W[d], R[d], B[d, :3 * H], B[d, 3 * H:], form) for d, form in enumerate(forms(node, dirs, where))]
-
-
-def load_onnx(path: Path, loops: bool = True):
-    """The ModelProto of an ONNX file, its external data left to qtool's own checked reader
-    (external.py); with `loops`, its GRU cells written as loops read as GRU nodes (loops.py)."""
-    try:
-        import onnx
-    except ImportError:
-        raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf decode errors have several types
-        raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
-    if loops:
-        rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
-    return model
 
 
 def read_onnx(path: Path) -> dict[str, Stack]:

@@ -17,11 +17,13 @@ import refuses it saying what its body does.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from qtool.core.model import CellForm, GruCell
+from qtool.errors import QtoolError
 from qtool.importers.checks import quiet, reason
 from qtool.importers.onnx.fold import attr
 
@@ -54,6 +56,7 @@ class _State:
     body_out: str
     final: str  # the loop's output of its last value ("" when not produced)
     scans: list  # (the loop's per-step output, the axis it stacks steps on)
+    copies: list = field(default_factory=list)  # (a loop output, "last" or "all" steps, its shape)
 
 
 @dataclass
@@ -63,6 +66,28 @@ class _Anatomy:
     sequence: str  # the outer value read one step at a time, time first [T, N, C]
     states: list
     unused: list  # the loop's other outputs (counters, invariants): nothing may read them
+
+
+def load_onnx(path: Path, loops: bool = True):
+    """The ModelProto of an ONNX file, its external data left to qtool's own checked reader
+    (external.py), or the one a TFLite file computes (qtool.importers.tflite); with `loops`, its
+    GRU cells written as loops read as GRU nodes (`rewrite_loops`)."""
+    try:
+        import onnx
+    except ImportError:
+        raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
+    if Path(path).suffix.lower() == ".tflite":  # a TFLite file: the ONNX graph it computes
+        from qtool.importers.tflite.to_onnx import to_onnx
+
+        model = to_onnx(Path(path))
+    else:
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # protobuf decode errors have several types
+            raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+    if loops:
+        rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
+    return model
 
 
 def rewrite_loops(model, where: str) -> None:
@@ -207,38 +232,74 @@ def _scan_outputs(body, node, states: list, body_outs: list, loop_outs: list, ax
 
 
 def _cells(model, a: _Anatomy, where: str) -> tuple[list, str]:
-    """Each state's GruCell and cell kind, proved on probe sequences; and what was checked."""
-    from qtool.numerics.float_gru import run_direction
-
+    """Each state's GruCell and cell kind, proved on probe sequences, in stack order (`a.states`
+    reordered so); and what was checked."""
     outer_reads = [o for o in _outer_names(a.body) if o]
     weights = _weights(model, a, outer_reads)
     runs = [_probe(model, a, where, steps) for steps in _probe_steps(model, a)]
-    found, worst = [], 0.0
-    for k, state in enumerate(a.states):
+    # a carried value of another rank than [N, H] is a buffer of a state's steps (TFLite's lowered
+    # tensor lists: the last step as [1, N, H], or every step as [T, N, H]), not a state
+    buffers = [s for s in a.states if runs[0][s.init].ndim != 2]
+    a.states = [s for s in a.states if s not in buffers]
+    if not a.states:
+        raise NotACell("it carries no float state [N, H] from step to step")
+    for state in a.states:
         if any(np.any(v[state.init] != 0) for v in runs):
             raise NotACell(f"its state '{state.body_in}' starts from a value that is not zero; qtool's GRU "
                            "starts from h0 = 0")
-        ran = runs
-        H = ran[0][state.init].shape[-1]
-        I = (ran[0][a.sequence].shape[-1] if k == 0 else found[-1][0].R.shape[1])
-        inputs = [v[a.sequence] if k == 0 else v[("layer", k - 1)] for v in ran]
-        cell = None
-        for candidate, kind in _candidates(weights, I, H):
-            got = [run_direction(candidate, np.ascontiguousarray(x, np.float32)) for x in inputs]
-            err = max(_distance(g, v, state) for g, v in zip(got, ran))
-            if err is not None and err <= TOLERANCE:
-                cell, worst = (candidate, kind), max(worst, err)
-                for v, g in zip(ran, got):
-                    v[("layer", k)] = g
-                break
-        if cell is None:
-            raise NotACell(f"its state '{state.body_in}' ({H} wide, reading {I} channels) is computed by no GRU cell "
-                           "among its weights (a Keras GRU or TF1 GRUCell of sigmoid or hard_sigmoid gates and a "
-                           "tanh, linear or relu candidate)")
-        found.append(cell)
+    found, order, worst, left = [], [], 0.0, list(a.states)
+    while left:  # layer k reads the sequence or layer k - 1's steps: which state it is, the search says
+        k = len(found)
+        inputs = [v[a.sequence] if k == 0 else v[("layer", k - 1)] for v in runs]
+        hit = next((h for state in left if (h := _cell(weights, state, inputs, runs)) is not None), None)
+        if hit is None:
+            state = left[0]
+            raise NotACell(f"its state '{state.body_in}' ({runs[0][state.init].shape[-1]} wide, reading "
+                           f"{inputs[0].shape[-1]} channels) is computed by no GRU cell among its weights (a Keras "
+                           "GRU or TF1 GRUCell of sigmoid or hard_sigmoid gates and a tanh, linear or relu candidate)")
+        state, cell, kind, got, err = hit
+        for v, g in zip(runs, got):
+            v[("layer", k)] = g
+        found.append((cell, kind))
+        order.append(state)
+        left.remove(state)
+        worst = max(worst, err)
+    a.states = order
+    for b in buffers:
+        _buffer(a, b, runs)
     steps = " and ".join(str(v[a.sequence].shape[0]) for v in runs)
-    return found, (f"{PROBE_SEQUENCES} probe sequences x {steps} steps, every step and state within "
+    count = runs[0][a.sequence].shape[1]
+    return found, (f"{count} probe sequence{'s' * (count != 1)} x {steps} steps, every step and state within "
                    f"{worst:.2g} (relative to the peak)")
+
+
+def _cell(weights: list, state: _State, inputs: list, runs: list) -> tuple | None:
+    """(state, cell, kind, its steps per run, distance) for the first candidate cell among
+    `weights` that computes `state` from `inputs`; None when none does."""
+    from qtool.numerics.float_gru import run_direction
+
+    H, I = runs[0][state.init].shape[-1], inputs[0].shape[-1]
+    for candidate, kind in _candidates(weights, I, H):
+        got = [run_direction(candidate, np.ascontiguousarray(x, np.float32)) for x in inputs]
+        errs = [_distance(g, v, state) for g, v in zip(got, runs)]
+        if None not in errs and max(errs) <= TOLERANCE:
+            return state, candidate, kind, got, max(errs)
+    return None
+
+
+def _buffer(a: _Anatomy, b: _State, runs: list) -> None:
+    """Give buffer `b` to the state whose last step (reshaped) or steps it holds at the loop's end."""
+    for k, state in enumerate(a.states):
+        for kind in ("last", "all"):
+            pairs = [(v[("layer", k)][-1] if kind == "last" else v[("layer", k)], v[b.final]) for v in runs]
+            if b.final and all(g.size == w.size and _close(g.reshape(w.shape), w) for g, w in pairs):
+                state.copies.append((b.final, kind, runs[0][b.final].shape))
+                return
+    raise NotACell(f"it carries '{b.body_in}', which is neither a state [N, H] of a GRU nor a buffer of its steps")
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> bool:
+    return float(np.abs(got - want).max(initial=0.0)) <= TOLERANCE * max(1.0, float(np.abs(want).max(initial=0.0)))
 
 
 def _distance(got: np.ndarray, values: dict, state: _State) -> float | None:
@@ -264,12 +325,17 @@ def _candidates(weights: list, I: int, H: int):
         return [w for w in weights if w.shape == shape]
 
     forms = [(g, a, b, c) for (g, a, b), c in itertools.product(GATES, CANDIDATES)]
-    # Keras: kernel [I, 3H], recurrent kernel [H, 3H], gates z | r | h; bias [3H] (reset before) or [2, 3H]
-    for K, R in itertools.product(of((I, 3 * H)), of((H, 3 * H))):
-        for reset_after, biases in ((True, of((2, 3 * H)) + [None]), (False, of((3 * H,)) + [None])):
-            for b in biases:
-                bx = np.zeros(3 * H, np.float32) if b is None else (b[0] if reset_after else b)
-                br = b[1] if reset_after and b is not None else np.zeros(3 * H, np.float32)
+    # Keras: kernel [I, 3H], recurrent kernel [H, 3H] (or its z | r and h blocks apart: TFLite folds
+    # the slices of a reset-before cell), gates z | r | h; bias [3H] (reset before) or [2, 3H] (the
+    # input's and the recurrent matmul's; TFLite keeps them apart, each on its FULLY_CONNECTED)
+    recurrent = of((H, 3 * H)) + [np.concatenate([a, b], axis=1) for a in of((H, 2 * H)) for b in of((H, H))]
+    zero = np.zeros(3 * H, np.float32)
+    vectors = of((3 * H,))
+    after = [(b[0], b[1]) for b in of((2, 3 * H))] + [(a, b) for a in vectors + [zero] for b in vectors + [zero]]
+    before = [(b, zero) for b in vectors + [zero]]
+    for K, R in itertools.product(of((I, 3 * H)), recurrent):
+        for reset_after, biases in ((True, after), (False, before)):
+            for bx, br in biases:
                 for g, alpha, beta, c in forms:
                     form = CellForm(reset_after, g, alpha, beta, c)
                     yield GruCell(K.T.copy(), R.T.copy(), bx.copy(), br.copy(), form), "Keras GRU cell"
@@ -461,6 +527,15 @@ def _replace(model, a: _Anatomy, cells: list, note: str) -> None:
         squeeze(Y, 1, x)
         if state.final and state.final in read:
             squeeze(Y_h, 0, state.final)
+        for out, kind, shape in state.copies:  # a buffer of its steps: fixed shapes (TFLite's)
+            if out in read:
+                steps = fresh(f"{name}/{kind}")
+                if kind == "last":
+                    squeeze(Y_h, 0, steps)
+                else:
+                    nodes.append(helper.make_node("Identity", [x], [steps]))
+                nodes.append(helper.make_node("Reshape", [steps, const(f"{out}/shape", np.array(shape, np.int64))],
+                                              [out]))
         for out, axis in state.scans:
             if out in read:
                 if axis == 0:

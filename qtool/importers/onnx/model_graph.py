@@ -69,7 +69,7 @@ def import_onnx_graph(path, check: bool = True) -> QtoolGraph:
     """`read_onnx_graph`, and with `check` its ONNX Runtime check (`graph.check_result`), from one
     reading of the file."""
     graph, ports, reader = once("onnx", path, lambda: _import(Path(path)))
-    graph.check_result = check_graph(Path(path), graph, ports, reader) if check else None
+    graph.check_result = _check(Path(path), graph, ports, reader) if check else None
     return graph
 
 
@@ -78,12 +78,21 @@ def check_onnx_graph(path, graph: QtoolGraph | None = None) -> dict:
     the same random inputs; raises when they differ by more than TOLERANCE (relative where the output
     exceeds 1). Returns what was checked, or `{"checked": False, "reason": ...}` without ONNX Runtime."""
     read, ports, reader = _import(Path(path))
-    return check_graph(Path(path), graph or read, ports, reader)
+    return _check(Path(path), graph or read, ports, reader)
+
+
+def _check(path: Path, graph: QtoolGraph, ports, reader) -> dict:
+    """The import check against the file's own runtime: ONNX Runtime, or LiteRT for a TFLite file."""
+    if path.suffix.lower() == ".tflite":
+        from qtool.importers.tflite.check import check_tflite
+
+        return check_tflite(path, graph, ports, reader)
+    return check_graph(path, graph, ports, reader)
 
 
 def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
     import qtool.layers as L
-    from qtool.importers.onnx.gru import load_onnx
+    from qtool.importers.onnx.loops import load_onnx
 
     model = load_onnx(path)
     if not model.graph.output or not model.graph.node:
@@ -190,6 +199,8 @@ class _Reader:
         name = graph.name or self.path.stem
         producer = " ".join(s for s in (self.model.producer_name, self.model.producer_version) if s)
         source = f"ONNX ({producer})" if producer else "ONNX"
+        if self.path.suffix.lower() == ".tflite":
+            source = "TFLite"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,

@@ -105,6 +105,15 @@ class Layout:
 
     def squeeze(self, axes: list[int], what: str) -> Layout:
         shape, at = self.shape(), {a % len(self.axes) for a in axes}
+        units = [k for k, r in enumerate(self.axes) if r == "1" and k not in at]
+        if self.n == 1 and units and any(self.axes[a] == "N" for a in at):
+            # a file fixed at one sequence (TFLite's): its batch and a unit axis hold the same values,
+            # and which one it squeezes says nothing; the batch stays, on the unit axis nearest it
+            n = next(a for a in at if self.axes[a] == "N")
+            keep = min(units, key=lambda k: abs(k - n))
+            axes_ = list(self.axes)
+            axes_[n], axes_[keep] = "1", "N"
+            return self.replace(axes=tuple(axes_)).squeeze(axes, what)
         for a in at:
             if self.axes[a] in SPECIAL or shape[a] != 1:
                 raise LayoutError(f"{what} squeezes axis {a} of {self.describe()}, which is not a unit axis")

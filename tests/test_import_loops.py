@@ -1,7 +1,8 @@
 """GRUs written as loops (qtool.importers.onnx.loops), in files tf2onnx wrote from TensorFlow models
 (tests/golden/make_tf_loops.py): a Keras GRU as a Loop (a Mycroft Precise-like wake-word model; a
 stack of two on sequences of any length; reset after the recurrent matmul) and TF1's GRUCell as a
-Scan (alone, and two in one body).
+Scan (alone, and two in one body); and TFLite files (qtool.importers.tflite) whose Keras GRUs are
+WHILE loops, as TensorFlow's converter writes them.
 Each is imported whole and held to TensorFlow's own output on held-out inputs; a loop that is no GRU,
 or one that starts from a nonzero state or whose counter the graph reads, is refused saying why."""
 
@@ -118,3 +119,53 @@ def test_a_wake_word_model_written_as_a_loop_runs_in_integers_and_in_c(cli, tmp_
     assert cli("export", "c", q, "-o", c)[0] == 0
     code, out, err = cli("verify", q, c, tmp_path / "test.npy")
     assert code == 0 and "PASS" in out, out + err
+
+
+TFLITE = {"tf_while_precise": 1, "tf_while_stack": 2}  # file -> its GRUs
+
+
+@pytest.mark.parametrize("name", sorted(TFLITE))
+def test_a_tflite_model_imports_whole_and_computes_what_tensorflow_computed(name):
+    pytest.importorskip("tflite")
+    g = qtool.load_model(GOLDEN / f"{name}.tflite", check=False)
+    x, want = _io(name)
+    got = L.run(g, x)[g.outputs[0]]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    assert g.source == "TFLite" and sum(n.op == "gru" for n in g.nodes) == TFLITE[name]
+    assert len(g.notes) == TFLITE[name] and all("(Loop) read as a GRU" in n for n in g.notes)
+
+
+def test_a_tflite_import_is_checked_against_litert_running_the_file():
+    pytest.importorskip("tflite")
+    pytest.importorskip("ai_edge_litert")
+    g = qtool.load_model(GOLDEN / "tf_while_stack.tflite")
+    assert g.check_result["framework"] == "LiteRT" and g.check_result["max_abs_diff"] < 1e-5
+    assert g.check_result["sequences"] == 3  # fixed at one sequence a run: run one at a time
+
+
+def test_a_tflite_model_calibrates_and_simulates_in_integers(cli, tmp_path):
+    pytest.importorskip("tflite")
+    x, _ = _io("tf_while_stack")
+    np.save(tmp_path / "calib.npy", np.random.default_rng(7).standard_normal((64, 17, 6)).astype(np.float32))
+    q = tmp_path / "q.h5"
+    code, out, err = cli("calibrate", GOLDEN / "tf_while_stack.tflite", tmp_path / "calib.npy", "-o", q, "--no-check")
+    assert code == 0, err
+    sim = qtool.simulate(q, x)
+    assert sim.core_outputs and next(iter(sim.outputs.values())).cosine > 0.99
+
+
+def test_tflite_files_qtool_cannot_read_are_refused_in_one_line(cli, tmp_path):
+    pytest.importorskip("tflite")
+    (tmp_path / "fake.tflite").write_bytes(b"\x00" * 64)
+    code, out, err = cli("import", tmp_path / "fake.tflite", "-o", tmp_path / "m.h5")
+    assert code == 2 and err.count("\n") == 1 and "not a TFLite file" in err, err
+    data = (GOLDEN / "tf_while_precise.tflite").read_bytes()
+    (tmp_path / "cut.tflite").write_bytes(data[:len(data) // 3])
+    code, out, err = cli("import", tmp_path / "cut.tflite", "-o", tmp_path / "m.h5")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "m.h5").exists()
+    for name, said in (("tf_flex", "runs TensorFlow ops inside TFLite (TensorList"),
+                       ("tf_dense_int8", "a quantized TFLite model")):
+        code, out, err = cli("import", GOLDEN / f"{name}.tflite", "-o", tmp_path / "m.h5")
+        assert code == 2 and err.count("\n") == 1 and said in err, err

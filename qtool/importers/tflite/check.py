@@ -1,0 +1,63 @@
+"""The TFLite side of the import check: the file as written, run by the LiteRT interpreter (the
+`ai-edge-litert` package, or TensorFlow's `tf.lite` where that is what is installed), against
+qtool's graph on the same random inputs. A file fixed at one sequence runs them one at a time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.importers.checks import framework_run, reason
+from qtool.importers.onnx.check import CHECK_N, check_inputs, compare_outputs
+
+
+def _interpreter(path: Path):
+    """LiteRT's interpreter of `path`; ImportError where neither LiteRT nor TensorFlow is installed."""
+    with framework_run():
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            from tensorflow.lite import Interpreter  # TensorFlow's own copy of the same interpreter
+    return Interpreter(model_path=str(path))
+
+
+def run_tflite(path: Path, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """Each output of the file on `feeds` (by tensor name, `n` sequences each)."""
+    it = _interpreter(path)
+    ins = {d["name"]: d for d in it.get_input_details()}
+    one = all(d["shape"][0] == 1 for d in ins.values()) and n > 1  # a fixed batch of one: a run per sequence
+    runs = [{k: v[s:s + 1] for k, v in feeds.items()} for s in range(n)] if one else [feeds]
+    outs: dict[str, list] = {}
+    for run in runs:
+        if not one:
+            for name, x in run.items():
+                it.resize_tensor_input(ins[name]["index"], list(x.shape))
+        it.allocate_tensors()
+        for name, x in run.items():
+            it.set_tensor(ins[name]["index"], np.ascontiguousarray(x, ins[name]["dtype"]))
+        it.invoke()
+        for d in it.get_output_details():
+            outs.setdefault(d["name"], []).append(np.array(it.get_tensor(d["index"])))
+    return {k: np.concatenate(v, axis=0) for k, v in outs.items()}
+
+
+def check_tflite(path: Path, graph, ports, reader) -> dict:
+    """The file run by LiteRT against `graph` run by qtool.layers.run; raises where they differ."""
+    try:
+        _interpreter(path)
+    except ImportError:
+        return {"checked": False, "reason": "LiteRT cannot be imported (pip install ai-edge-litert)"}
+    except Exception as e:  # the interpreter raises RuntimeError and ValueError on files it cannot load
+        raise QtoolError(f"{path}: LiteRT cannot load this file ({reason(e)})") from None
+    t0 = time.perf_counter()
+    feeds, xs, n, t = check_inputs(reader, ports, CHECK_N)
+    try:
+        want = run_tflite(path, feeds, n)
+    except Exception as e:  # as above, on inputs it cannot take
+        raise QtoolError(f"{path}: LiteRT cannot run this file ({reason(e)})") from None
+    worst = compare_outputs(path, graph, ports, xs, want, n, "LiteRT")
+    return {"checked": True, "framework": "LiteRT", "max_abs_diff": worst, "sequences": n, "steps": t,
+            "seconds": round(time.perf_counter() - t0, 3)}
