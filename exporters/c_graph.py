@@ -362,7 +362,7 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
 #define {P}_FINISH_FRAMES ({self.finish_frames()}) /* the most frames {p}_finish gives */
 #define {P}_MAX_STEPS ({self.max_steps()}) /* the longest sequence the integer sums are proved for */
 #define {P}_MODEL_FINGERPRINT "{fingerprint(self.qg)}"
-#define {P}_INPUT_EXP2_INV ({int(gin.exp2_inv)})
+#define {P}_INPUT_EXP2_INV ({int(gin.exp2_inv)}){self.input_shift_comment()}
 #define {P}_INPUT_ZP ({gin.zp})
 #define {P}_OUTPUT_EXP2_INV ({int(gout.exp2_inv)})
 #define {P}_OUTPUT_ZP ({gout.zp})
@@ -814,9 +814,17 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
 }}
 """
 
+    def input_shift_comment(self) -> str:
+        shifts = self.qg.graph.input_shifts.get(self.edges[0])
+        if not shifts:
+            return ""
+        return (f" /* plus, per input channel, {list(shifts)}: channel c's grid is "
+                f"2^-(EXP2_INV + shift[c]) ({self.p}_quantize_input) */")
+
     def floats(self) -> str:
         p = self.p
-        wrappers = float_wrappers(p, f"{p}_in_t", f"{p}_out_t", self.grid[0], self.grid[self.out])
+        wrappers = float_wrappers(p, f"{p}_in_t", f"{p}_out_t", self.grid[0], self.grid[self.out],
+                                  self.qg.graph.input_shifts.get(self.edges[0], ()))
         return f"#ifndef QGRU_NO_FLOAT\n{wrappers}{self.tail_code() if self.tail else ''}#endif\n"
 
     def tail_code(self) -> str:

@@ -510,17 +510,25 @@ def _float_literal(e: int) -> str:
     return f"0x1p{e:+d}f"
 
 
-def float_wrappers(prefix: str, in_t: str, out_t: str, x_spec, y_spec) -> str:
+def float_wrappers(prefix: str, in_t: str, out_t: str, x_spec, y_spec, shifts: tuple = ()) -> str:
     """NAME_quantize_input and NAME_dequantize_output (the float prefix and suffix of the core)
-    for an input on `x_spec`'s grid stored as `in_t`, an output on `y_spec`'s as `out_t`."""
+    for an input on `x_spec`'s grid stored as `in_t`, an output on `y_spec`'s as `out_t`; with
+    `shifts`, input channel c is on the grid 2^-(exp2_inv + shifts[c]) (a grid per channel)."""
     P = prefix.upper()
     qmin, qmax = qrange(x_spec.bits)
-    return f"""void {prefix}_quantize_input(const float *x, {in_t} *x_q, int32_t n)
+    e = int(x_spec.exp2_inv)
+    scale, table = _float_literal(e), ""
+    if shifts:
+        scale = f"{prefix}_input_scale[i % {len(shifts)}]"
+        table = (f"/* 2^(exp2_inv + shift) of each input channel: its own power-of-two grid */\n"
+                 f"static const float {prefix}_input_scale[{len(shifts)}] = {{"
+                 + ", ".join(_float_literal(e + k) for k in shifts) + "};\n\n")
+    return f"""{table}void {prefix}_quantize_input(const float *x, {in_t} *x_q, int32_t n)
 {{
     int32_t i;
     for (i = 0; i < n; i++) {{
         /* x * 2^exp2_inv is exact; + 0.5 is too for the values that do not saturate */
-        float v = x[i] * {_float_literal(int(x_spec.exp2_inv))} + 0.5f;
+        float v = x[i] * {scale} + 0.5f;
         int32_t q;
         if (!(v >= {float(qmin - x_spec.zp)!r}f)) {{ /* saturate before converting; NaN too */
             v = {float(qmin - x_spec.zp)!r}f;

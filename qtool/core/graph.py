@@ -50,7 +50,22 @@ class Graph:
     ranges: object = None  # a QDQ file's grids on its edges (qtool.importers.ranges.GraphRanges), or None
     steps: int | None = None  # the steps per sequence the file declares for its input (None: any)
     notes: list[str] = field(default_factory=list)  # what the import read as other ops (a loop as a GRU)
+    # per input edge, per channel k_c: the model multiplies channel c of that input by 2^k_c before its
+    # first layers, whose weights are divided by the same (qtool.graph.calibrate.scale_input_channels):
+    # one grid on the scaled input is a power-of-two grid per channel of the model's own input
+    input_shifts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def consumers(self, edge: str) -> list[Node]:
         return [n for n in self.nodes if edge in n.inputs]
+
+    def scale_inputs(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model's float inputs as its first layers read them: each channel times 2^k_c
+        (`input_shifts`; exact in float32), the others as they are."""
+        return {e: np.ldexp(np.asarray(v, np.float32), np.asarray(self.input_shifts[e], np.int32)).astype(np.float32)
+                if e in self.input_shifts else v for e, v in x.items()}
+
+    def unscale_inputs(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`scale_inputs` undone: the model's own inputs from what its first layers read."""
+        return {e: np.ldexp(np.asarray(v, np.float32), -np.asarray(self.input_shifts[e], np.int32)).astype(np.float32)
+                if e in self.input_shifts else v for e, v in x.items()}
 

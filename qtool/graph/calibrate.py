@@ -54,6 +54,9 @@ AUTO_METHODS = ("minmax", "percentile", "mse")
 # (a GRU's tensors by the GRU pipeline, qtool.calibration), op -> the float model of such a node.
 SELF_CALIBRATED = {"gru": gru_model}
 MAX_ERROR_SAMPLES = 1 << 21  # values an edge's auto choice measures its error on
+# A grid per input channel (scale_input_channels) where a channel's own grid would be at least this
+# many bits finer than the input's one grid; a channel's shift is at most SHIFT_MAX
+SHIFT_MIN_GAIN, SHIFT_MAX = 2, 15
 
 
 def layer_bits(config: dict[str, TensorConfig], name: str | None = None) -> LayerBits:
@@ -203,6 +206,46 @@ class Prepared:
         return self.grus[key]
 
 
+def channel_shifts(x: np.ndarray, bits: int) -> np.ndarray:
+    """Per channel of `x` [..., C], how many bits finer than the coarsest channel's its own
+    min-max power-of-two grid of `bits` is (0 for a constant channel)."""
+    flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    span = flat.max(0) - flat.min(0) if flat.size else np.zeros(x.shape[-1])
+    live = span > 0
+    if not live.any():
+        return np.zeros(x.shape[-1], np.int32)
+    e = np.floor(np.log2((2.0 ** bits - 1) / np.where(live, span, 1.0)))
+    return np.where(live, np.clip(e - e[live].min(), 0, SHIFT_MAX), 0).astype(np.int32)
+
+
+def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, config: dict[str, TensorConfig]) -> str:
+    """A power-of-two grid per channel of the model's input where the channels' ranges differ (an
+    MFCC's first coefficient spans ten times the others): channel c times 2^k_c at the input, the
+    first layers' weights divided by it (exact; each reader a layer linear in its input: a GRU's
+    W x, dense, conv1d), so that one grid on the scaled input is a grid 2^k_c finer on channel c."""
+    if g.input_shifts:
+        return "the model's input channels keep the shifts the graph holds: " + _shifts_text(g)
+    done = []
+    for edge in g.inputs:
+        readers = g.consumers(edge)
+        if edge in g.outputs or not readers or any(not hasattr(layer(r.op, r.label), "scale_input")
+                                                   for r in readers):
+            continue
+        x = np.concatenate([x for _, x in data.chunks(chunk, n)]) if n else np.zeros((0, g.inputs[edge][-1]))
+        shifts = channel_shifts(x, layer_bits(config, edge).activation)
+        if shifts.max(initial=0) < SHIFT_MIN_GAIN:
+            continue
+        for r in readers:
+            layer(r.op, r.label).scale_input(r, shifts)
+        g.input_shifts[edge] = tuple(int(k) for k in shifts)
+        done.append(edge)
+    return ("input " + _shifts_text(g)) if done else "one grid per input (its channels' ranges are alike)"
+
+
+def _shifts_text(g: Graph) -> str:
+    return "; ".join(f"{e}'s channels x 2^k, k = {list(k)}" for e, k in g.input_shifts.items())
+
+
 def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig], chunk: int = 64,
             progress: Callable[[int], None] | None = None) -> Prepared:
     g, done = run_float_passes(graph)
@@ -213,6 +256,7 @@ def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorCo
     done.append(("partition", what))
     data.check_features(next(iter(g.inputs.values()))[-1])
     check_bits_names(g, config)
+    done.append(("scale_input_channels", scale_input_channels(g, data, n, chunk, config)))
     return Prepared(g, done, core, tail, edge_values(g, core, data, n, chunk, progress))
 
 
@@ -323,7 +367,9 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     fit = n - max(1, int(n * HELD_OUT))
     if n < 10:
         return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap)
-    held = SequenceData(prep.values[next(iter(prep.graph.inputs))][fit:n], False, "the held-out calibration data")
+    edge = next(iter(prep.graph.inputs))
+    held = SequenceData(prep.graph.unscale_inputs({edge: prep.values[edge][fit:n]})[edge], False,
+                        "the held-out calibration data")
     scores = {}
     for k, m in enumerate(AUTO_CANDIDATES):
         phase(f"auto: calibrating {m} on {fit} sequences, scoring it on the other {n - fit} "

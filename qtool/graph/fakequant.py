@@ -38,7 +38,7 @@ def run_fakequant(qg: QGraph, x: np.ndarray | dict[str, np.ndarray]) -> dict[str
     """Every core edge's fake-quant values (float64), from float inputs."""
     if not isinstance(x, dict):
         x = {next(iter(qg.graph.inputs)): x}
-    v = {e: qdq(val, qg.grids[e]) for e, val in x.items()}
+    v = {e: qdq(val, qg.grids[e]) for e, val in qg.graph.scale_inputs(x).items()}
     for name in qg.core:
         node = qg.node(name)
         v.update(zip(node.outputs, forward_fq(qg, node, [v[e] for e in node.inputs])))

@@ -50,6 +50,20 @@ def _plain(v):
     return v
 
 
+def _input_shifts(raw, graph: Graph, where: str) -> dict[str, tuple[int, ...]]:
+    """The per-channel input shifts a graph file holds, each proved to fit its input."""
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{where}: input_shifts is not a table of inputs")
+    out = {}
+    for e, k in raw.items():
+        ok = (e in graph.inputs and isinstance(k, list) and len(k) == graph.inputs[e][-1]
+              and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 30 for v in k))
+        if not ok:
+            raise QtoolError(f"{where}: input_shifts of '{e}' is not one shift in 0..30 per channel of an input")
+        out[e] = tuple(k)
+    return out
+
+
 def file_format(f) -> str | None:
     fmt = f.attrs.get("format")
     return fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt
@@ -59,6 +73,7 @@ def write_graph(f, graph: Graph) -> None:
     desc = {"name": graph.name, "source": graph.source, "inputs": {k: list(v) for k, v in graph.inputs.items()},
             "outputs": graph.outputs, "check": graph.check_result, "steps": graph.steps,
             **({"notes": graph.notes} if graph.notes else {}),
+            **({"input_shifts": {e: list(k) for e, k in graph.input_shifts.items()}} if graph.input_shifts else {}),
             **({"ranges": graph.ranges.to_json()} if graph.ranges is not None else {}),
             "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
                        "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
@@ -110,6 +125,7 @@ def read_graph(f, where: str) -> Graph:
     graph.steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
     notes = desc.get("notes", [])
     graph.notes = [str(n) for n in notes] if isinstance(notes, list) else []
+    graph.input_shifts = _input_shifts(desc.get("input_shifts", {}), graph, where)
     check(graph, where)
     if "ranges" in desc:
         graph.ranges = _ranges(desc["ranges"], where)

@@ -26,6 +26,7 @@ def run_int(qg: QGraph, x: np.ndarray | dict[str, np.ndarray], runner=None) -> d
     engine's run_model (qtool.engine.backend.select_backend; the CPU's by default)."""
     if not isinstance(x, dict):
         x = {next(iter(qg.graph.inputs)): x}
+    x = qg.graph.scale_inputs(x)
     q = {e: quantize(np.asarray(v, np.float32), int(qg.grids[e].exp2_inv), qg.grids[e].zp, qg.grids[e].bits)
          for e, v in x.items()}
     for name in qg.core:

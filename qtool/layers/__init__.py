@@ -93,6 +93,7 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
             want = "[N, T, " if len(shape) == 2 else "[N, "
             got = "nothing" if v is None else f"shape {list(v.shape)}"
             raise QtoolError(f"input '{edge}' must be {want}{shape[-1]}] (batch first, channels last), got {got}")
+    values = graph.scale_inputs(values)
     for node in graph.nodes:
         outs = layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])
         values.update(zip(node.outputs, (np.asarray(o, np.float32) for o in outs)))

@@ -90,6 +90,16 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [y]
 
 
+def scale_input(node: Node, shifts: np.ndarray) -> None:
+    """The same layer on its input's channels times 2^shifts: each output channel's taps on input
+    channel c (of its group) divided by 2^shifts[c] (exact)."""
+    W = f32(node.params["W"])
+    c_out, c_g, _ = W.shape
+    groups = _attrs(node)[3]
+    per_out = shifts.reshape(groups, 1, c_g).repeat(c_out // groups, axis=1).reshape(c_out, c_g)
+    node.params["W"] = np.ldexp(W, -per_out[:, :, None]).astype(np.float32)
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     return gemm_params(node.params["W"], node.params.get("b"), g_in[0], g_out[0], bits)
 

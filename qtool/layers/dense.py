@@ -39,6 +39,11 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [y]
 
 
+def scale_input(node: Node, shifts: np.ndarray) -> None:
+    """The same layer on its input's channels times 2^shifts: W's columns divided by them (exact)."""
+    node.params["W"] = np.ldexp(f32(node.params["W"]), -shifts[None, :]).astype(np.float32)
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     return gemm_params(node.params["W"], node.params.get("b"), g_in[0], g_out[0], bits)
 

@@ -91,6 +91,14 @@ def model(node: Node) -> GruModel:
                      for cells in _names(layers, dirs)], name=node.name, source=node.source)
 
 
+def scale_input(node: Node, shifts: np.ndarray) -> None:
+    """The same GRU on its input's channels times 2^shifts: the first layer's W columns (each
+    direction's) divided by them (exact)."""
+    for d in DIRECTIONS[:_attrs(node)[1]]:
+        W = np.asarray(node.params[f"l0.{d}.W"], np.float32)
+        node.params[f"l0.{d}.W"] = np.ldexp(W, -shifts[None, :]).astype(np.float32)
+
+
 def describe(node: Node) -> str:
     """The node as tables show its op: `gru`, with its layers, direction and a cell other than the
     haste form (`gru, 2 layers, bidirectional; reset before ...`)."""
