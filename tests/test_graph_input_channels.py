@@ -41,7 +41,8 @@ def model(first: str = "gru") -> Graph:
         nodes = [Node("gru", "gru", ["x"], ["h"], {"return_sequences": False}, gru)]
     else:
         if first == "dense":
-            front = Node("front", "dense", ["x"], ["a"], {}, {"W": rng.standard_normal((12, C)).astype(np.float32) * col})
+            W = rng.standard_normal((12, C)).astype(np.float32) * col
+            front = Node("front", "dense", ["x"], ["a"], {}, {"W": W})
         else:  # two groups of 5 input channels, 6 outputs each: output o reads channels of group o // 6
             scale = col.reshape(2, 1, 5).repeat(6, axis=1).reshape(12, 5, 1)
             front = Node("front", "conv1d", ["x"], ["a"], {"kernel": 3, "groups": 2, "padding": "causal"},

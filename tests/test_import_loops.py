@@ -121,7 +121,7 @@ def test_a_wake_word_model_written_as_a_loop_runs_in_integers_and_in_c(cli, tmp_
     assert code == 0 and "PASS" in out, out + err
 
 
-TFLITE = {"tf_while_precise": 1, "tf_while_stack": 2}  # file -> its GRUs
+TFLITE = {"tf_while_precise": 1, "tf_while_stack": 2, "tf_while_gates": 1}  # file -> its GRUs
 
 
 @pytest.mark.parametrize("name", sorted(TFLITE))
@@ -134,6 +134,7 @@ def test_a_tflite_model_imports_whole_and_computes_what_tensorflow_computed(name
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
     assert g.source == "TFLite" and sum(n.op == "gru" for n in g.nodes) == TFLITE[name]
     assert len(g.notes) == TFLITE[name] and all("(Loop) read as a GRU" in n for n in g.notes)
+    assert ("a matmul per gate" in g.notes[0]) == (name == "tf_while_gates")
 
 
 def test_a_tflite_import_is_checked_against_litert_running_the_file():

@@ -16,6 +16,8 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   dense layer (a frozen graph, as ARM's keyword spotters): a Scan.
 - tf_scan_stack.onnx: two GRUCells in a MultiRNNCell (both cells in one Scan body).
 - tf_loop_rnn.onnx: a Keras SimpleRNN(8) (a Loop that is no GRU: refused).
+- tf_while_gates.tflite: the wake-word model as Precise trains it (Keras' implementation=1: a
+  matmul per gate; dropout), whose TFLite body computes each gate apart.
 - tf_while_precise.tflite and tf_while_stack.tflite: the wake-word model, and a Keras GRU(12)
   whose every step feeds a GRU(12, reset_after=False) then Dense(3, softmax), through TensorFlow's
   TFLite converter at one sequence per run (as TFLite models ship): each GRU a WHILE loop, the
@@ -77,6 +79,11 @@ def tflite_models(rng) -> None:
     h = tf.keras.layers.GRU(20, reset_after=False, recurrent_activation="hard_sigmoid", activation="linear")(i)
     model = biased(tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid")(h)), 5)
     tflite_file("tf_while_precise", model, rng.standard_normal((8, 29, 13)).astype("float32"))
+    i = tf.keras.Input((29, 13), batch_size=1)  # Precise's own cell: a matmul per gate, trained with dropout
+    h = tf.keras.layers.GRU(20, implementation=1, dropout=0.2, reset_after=False, recurrent_activation="hard_sigmoid",
+                            activation="linear")(i)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid")(h)), 7)
+    tflite_file("tf_while_gates", model, rng.standard_normal((8, 29, 13)).astype("float32"))
     i = tf.keras.Input((17, 6), batch_size=1)
     h = tf.keras.layers.GRU(12, return_sequences=True)(i)
     h = tf.keras.layers.GRU(12, reset_after=False)(h)

@@ -66,6 +66,7 @@ class _Anatomy:
     sequence: str  # the outer value read one step at a time, time first [T, N, C]
     states: list
     unused: list  # the loop's other outputs (counters, invariants): nothing may read them
+    invariant: dict = field(default_factory=dict)  # a body input carried unchanged -> its outer value
 
 
 def load_onnx(path: Path, loops: bool = True):
@@ -144,12 +145,17 @@ def _elem(value_info) -> int:
     return value_info.type.tensor_type.elem_type
 
 
-def _identity_source(body, name: str) -> str:
-    """`name`, followed back through Identity nodes of the body."""
+def _identity_source(body, name: str, moves: tuple = ("Identity",)) -> str:
+    """`name`, followed back through the body's nodes of `moves` (ops that keep the values)."""
     producer = {o: n for n in body.node for o in n.output}
-    while name in producer and producer[name].op_type == "Identity":
+    while name in producer and producer[name].op_type in moves:
         name = producer[name].input[0]
     return name
+
+
+# ops that keep a state's values in another shape: a per-step output stacks the state so (tf2onnx
+# writes a step's output as Squeeze(Unsqueeze(h))); the probe proves the values
+RESHAPES = ("Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten")
 
 
 def _loop(graph, node, body) -> _Anatomy:
@@ -172,7 +178,7 @@ def _loop(graph, node, body) -> _Anatomy:
             unused.append(final)
     sequence = _gathered(body, counters, invariant)
     _scan_outputs(body, node, states, outs[carried:], node.output[carried:carried + scans], [0] * scans)
-    return _Anatomy(node, body, sequence, states, unused)
+    return _Anatomy(node, body, sequence, states, unused, invariant)
 
 
 def _gathered(body, counters: set, invariant: dict) -> str:
@@ -180,7 +186,8 @@ def _gathered(body, counters: set, invariant: dict) -> str:
     made = {o for n in body.node for o in n.output} | {i.name for i in body.input} | {t.name for t in body.initializer}
     found = []
     for n in body.node:
-        if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] in counters and attr(n, "axis", 0) == 0:
+        index = _identity_source(body, n.input[1], RESHAPES + ("Cast",)) if len(n.input) == 2 else ""
+        if n.op_type == "Gather" and index in counters and attr(n, "axis", 0) == 0:
             data = invariant.get(n.input[0], None if n.input[0] in made else n.input[0])
             if data is not None:
                 found.append(data)
@@ -216,9 +223,9 @@ def _scan(graph, node, body) -> _Anatomy:
 
 def _scan_outputs(body, node, states: list, body_outs: list, loop_outs: list, axes: list) -> None:
     """Give each per-step output to the state it stacks; one that stacks no state is no GRU's."""
-    sources = {_identity_source(body, s.body_out): s for s in states}
+    sources = {_identity_source(body, s.body_out, RESHAPES): s for s in states}
     for out, name, axis in zip(body_outs, loop_outs, axes):
-        state = sources.get(_identity_source(body, out))
+        state = sources.get(_identity_source(body, out, RESHAPES))
         if state is None:
             raise NotACell(f"its per-step output '{name}' is not one of its states")
         if axis not in (0, 1, -3, -2):
@@ -236,6 +243,7 @@ def _cells(model, a: _Anatomy, where: str) -> tuple[list, str]:
     reordered so); and what was checked."""
     outer_reads = [o for o in _outer_names(a.body) if o]
     weights = _weights(model, a, outer_reads)
+    groups = _gate_groups(model, a)
     runs = [_probe(model, a, where, steps) for steps in _probe_steps(model, a)]
     # a carried value of another rank than [N, H] is a buffer of a state's steps (TFLite's lowered
     # tensor lists: the last step as [1, N, H], or every step as [T, N, H]), not a state
@@ -251,7 +259,7 @@ def _cells(model, a: _Anatomy, where: str) -> tuple[list, str]:
     while left:  # layer k reads the sequence or layer k - 1's steps: which state it is, the search says
         k = len(found)
         inputs = [v[a.sequence] if k == 0 else v[("layer", k - 1)] for v in runs]
-        hit = next((h for state in left if (h := _cell(weights, state, inputs, runs)) is not None), None)
+        hit = next((h for state in left if (h := _cell(weights, groups, state, inputs, runs)) is not None), None)
         if hit is None:
             state = left[0]
             raise NotACell(f"its state '{state.body_in}' ({runs[0][state.init].shape[-1]} wide, reading "
@@ -273,13 +281,13 @@ def _cells(model, a: _Anatomy, where: str) -> tuple[list, str]:
                    f"{worst:.2g} (relative to the peak)")
 
 
-def _cell(weights: list, state: _State, inputs: list, runs: list) -> tuple | None:
+def _cell(weights: list, groups: list, state: _State, inputs: list, runs: list) -> tuple | None:
     """(state, cell, kind, its steps per run, distance) for the first candidate cell among
     `weights` that computes `state` from `inputs`; None when none does."""
     from qtool.numerics.float_gru import run_direction
 
     H, I = runs[0][state.init].shape[-1], inputs[0].shape[-1]
-    for candidate, kind in _candidates(weights, I, H):
+    for candidate, kind in itertools.chain(_candidates(weights, I, H), _gate_candidates(groups, I, H)):
         got = [run_direction(candidate, np.ascontiguousarray(x, np.float32)) for x in inputs]
         errs = [_distance(g, v, state) for g, v in zip(got, runs)]
         if None not in errs and max(errs) <= TOLERANCE:
@@ -350,6 +358,134 @@ def _candidates(weights: list, I: int, H: int):
             for g, alpha, beta, c in forms:
                 form = CellForm(False, g, alpha, beta, c)
                 yield GruCell(W.copy(), R.copy(), bx.copy(), np.zeros(3 * H, np.float32), form), "TF1 GRUCell"
+
+
+# ---- a cell of one matmul per gate (Keras 2's implementation=1: Mycroft Precise's files)
+
+# ops that carry a matmul's result on linearly toward its gate (Mul and Div: by a constant)
+LINEAR = {"Add", "Sub", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Neg", "Cast", "Mul", "Div"}
+
+
+def _gate_groups(model, a: _Anatomy) -> list[dict]:
+    """The body's weights that one matmul or bias add each puts toward one gate, grouped by the
+    first nonlinear op they reach (a gate's activation; for a reset-after candidate, the recurrent
+    part reaches the product with r first): [{"x": [...], "h": [...], "b": [...]}], the matrices
+    as [in, out], "x" those reading the step's input, "h" those reading the state. Empty where the
+    body computes its gates otherwise (one matmul for all three, split after)."""
+    from qtool.importers.onnx.fold import evaluate, foldable
+
+    body = a.body
+    consts = _body_constants(model, a)
+    for n in body.node:  # constant subgraphs of the body (slices of a carried kernel)
+        if foldable(n) and n.input and all(i in consts for i in n.input if i):
+            try:
+                outs = evaluate("loop body", n, [consts[i] if i else None for i in n.input], _opset(model))
+            except Exception:  # noqa: BLE001 (a node the evaluator cannot run is simply not constant)
+                continue
+            consts.update({o: v for o, v in zip(n.output, outs) if o})
+    on_state = {s.body_in for s in a.states}
+    for n in body.node:
+        if any(i in on_state for i in n.input):
+            on_state.update(o for o in n.output if o)
+    readers: dict[str, list] = {}
+    for n in body.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in body.output}
+
+    def sinks(value: str) -> frozenset:
+        found, todo, seen = set(), [value], set()
+        while todo:
+            v = todo.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in outputs:
+                found.add("output")
+            for r in readers.get(v, []):
+                computed = [i for i in r.input if i and i not in consts]
+                if r.op_type in LINEAR and (r.op_type not in ("Mul", "Div") or len(computed) == 1):
+                    todo.extend(o for o in r.output if o)
+                else:
+                    found.add(id(r))
+        return frozenset(found)
+
+    groups: dict[frozenset, dict] = {}
+    for n in body.node:
+        ins = list(n.input)
+        if n.op_type == "MatMul" and len(ins) == 2 and ins[1] in consts and ins[0] not in consts:
+            w, side = np.asarray(consts[ins[1]]), "h" if ins[0] in on_state else "x"
+        elif n.op_type == "Add" and len(ins) == 2 and (ins[0] in consts) != (ins[1] in consts):
+            w, side = np.asarray(consts[ins[0] if ins[0] in consts else ins[1]]), "b"
+            if w.size < 2 or w.size != w.shape[-1]:
+                continue
+            w = w.reshape(-1)
+        else:
+            continue
+        if w.dtype.kind != "f" or (side != "b" and w.ndim != 2):
+            continue
+        to = sinks(n.output[0])
+        if len(to) != 1:
+            return []
+        groups.setdefault(to, {"x": [], "h": [], "b": []})[side].append(w.astype(np.float32))
+    return list(groups.values())
+
+
+def _body_constants(model, a: _Anatomy) -> dict[str, np.ndarray]:
+    """The values a body reads that are constants: its initializers and Constant nodes, the outer
+    graph's constants, and values carried unchanged from an outer constant."""
+    from onnx import numpy_helper
+
+    from qtool.importers.onnx.graph import Graph
+
+    g = Graph(model.graph, "", None, _opset(model), model)
+    consts = {t.name: numpy_helper.to_array(t) for t in a.body.initializer}
+    for n in a.body.node:
+        if n.op_type == "Constant" and attr(n, "value", None) is not None:
+            consts[n.output[0]] = numpy_helper.to_array(attr(n, "value", None))
+    for name in _outer_names(a.body):
+        if name in g.constant:
+            consts[name] = g.array(name)
+    for inner, outer in a.invariant.items():
+        if outer in g.constant:
+            consts[inner] = g.array(outer)
+    return consts
+
+
+def _gate_candidates(groups: list, I: int, H: int):
+    """GruCells of groups that each feed one gate: z, r and g among them in every order (and for a
+    reset-after cell, the group of g's recurrent part, which meets r before g's activation)."""
+    def fits(group, x: bool, h: bool) -> bool:
+        return (len(group["x"]) == int(x) and (not x or group["x"][0].shape == (I, H))
+                and len(group["h"]) == int(h) and (not h or group["h"][0].shape == (H, H))
+                and len(group["b"]) <= 2 and all(b.shape == (H,) for b in group["b"]))
+
+    zero = np.zeros(H, np.float32)
+    gates = [g for g in groups if fits(g, True, True)]
+    inputs = [g for g in groups if fits(g, True, False)]  # g's input part, reset after
+    recurrent = [g for g in groups if fits(g, False, True)]  # g's recurrent part, reset after
+    forms = [(g, a, b, c) for (g, a, b), c in itertools.product(GATES, CANDIDATES)]
+
+    def bias(group) -> np.ndarray:
+        return sum(group["b"], zero)
+
+    for z, r in itertools.permutations(gates, 2):
+        zr_W, zr_R = [z["x"][0].T, r["x"][0].T], [z["h"][0].T, r["h"][0].T]
+        bx_zr = [bias(z), bias(r)]
+        cells = []
+        for g in gates:  # reset before: g's recurrent matmul reads r * h
+            if g is not z and g is not r:
+                cells.append((False, g["x"][0].T, g["h"][0].T, bias(g), zero))
+        for gx, gh in itertools.product(inputs, recurrent):
+            cells.append((True, gx["x"][0].T, gh["h"][0].T, bias(gx), bias(gh)))
+        for reset_after, W_g, R_g, bx_g, br_g in cells:
+            W = np.concatenate([*zr_W, W_g]).astype(np.float32)
+            R = np.concatenate([*zr_R, R_g]).astype(np.float32)
+            bx = np.concatenate([*bx_zr, bx_g]).astype(np.float32)
+            br = np.concatenate([zero, zero, br_g]).astype(np.float32)
+            for gate, alpha, beta, c in forms:
+                form = CellForm(reset_after, gate, alpha, beta, c)
+                yield GruCell(W, R, bx, br, form), "Keras GRU cell, a matmul per gate"
 
 
 def _outer_names(body) -> list[str]:

@@ -117,7 +117,9 @@ def to_onnx(path: Path):
         if t.dtype is not np.float32:
             raise QtoolError(f"{path}: input '{t.name}' is {np.dtype(t.dtype).name if t.dtype else 'not numeric'}; "
                              "qtool reads float models (a quantized model's ranges: its float file with them)")
-        dims = [f"{t.name}_{k}" if k in t.dynamic else d for k, d in enumerate(t.shape)]
+        # the batch stays as the converter sized the graph (its tensor lists are one sequence wide,
+        # whatever the signature says); another dynamic axis (the steps) stays dynamic
+        dims = [f"{t.name}_{k}" if k in t.dynamic and k else d for k, d in enumerate(t.shape)]
         inputs.append(helper.make_tensor_value_info(scope.name(i), FLOAT, dims))
     try:
         _ops(scope)
@@ -191,6 +193,20 @@ def _shape(scope: _Scope, op: Op) -> None:
     scope.node("Cast", [shape], [scope.name(op.outputs[0])], to=_onnx_type(scope, op, scope.tensor(op.outputs[0])))
 
 
+def _fill(scope: _Scope, op: Op) -> None:
+    """FILL(dims, value): `value` everywhere in a tensor of shape `dims`."""
+    dims = scope.node("Cast", [scope.name(op.inputs[0])], to=INT64)[0]
+    scope.node("Expand", [scope.name(op.inputs[1]), dims], [scope.name(op.outputs[0])])
+
+
+def _pack(scope: _Scope, op: Op) -> None:
+    """PACK: the inputs stacked on a new axis."""
+    axis = int(op.options.Axis()) if op.options is not None else 0
+    axes = scope.const("axes", np.array([axis], np.int64))
+    parts = [scope.node("Unsqueeze", [scope.name(i), axes])[0] for i in op.inputs]
+    scope.node("Concat", parts, [scope.name(op.outputs[0])], axis=axis)
+
+
 def _relu6(scope: _Scope, op: Op) -> None:
     lo, hi = (-1.0, 1.0) if op.kind == "RELU_N1_TO_1" else (0.0, 6.0)
     scope.node("Clip", [scope.name(op.inputs[0]), scope.const("lo", np.float32(lo)), scope.const("hi", np.float32(hi))],
@@ -206,6 +222,10 @@ def _shape_of(scope: _Scope, i: int) -> list[int]:
 
 
 def _reshape(scope: _Scope, op: Op) -> None:
+    if len(op.inputs) > 1 and op.inputs[1] >= 0 and scope.tensor(op.inputs[1]).data is None:  # a computed shape
+        shape = scope.node("Cast", [scope.name(op.inputs[1])], to=INT64)[0]
+        scope.node("Reshape", [scope.name(op.inputs[0]), shape], [scope.name(op.outputs[0])])
+        return
     if len(op.inputs) > 1 and op.inputs[1] >= 0:
         shape = scope.array(op, 1, "shape")
     else:
@@ -384,5 +404,5 @@ HANDLERS: dict[str, Callable[[_Scope, Op], None]] = {
     "EXPAND_DIMS": _expand_dims, "TRANSPOSE": _transpose, "CONCATENATION": _concat, "SPLIT": _split,
     "SPLIT_V": _split, "GATHER": _gather, "STRIDED_SLICE": _strided_slice, "SLICE": _slice,
     "FULLY_CONNECTED": _fully_connected, "SOFTMAX": _softmax, "MEAN": _mean, "SUM": _mean, "REDUCE_MAX": _mean,
-    "REDUCE_MIN": _mean, "WHILE": _while, "SHAPE": _shape,
+    "REDUCE_MIN": _mean, "WHILE": _while, "SHAPE": _shape, "FILL": _fill, "PACK": _pack,
 }
