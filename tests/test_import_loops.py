@@ -170,3 +170,70 @@ def test_tflite_files_qtool_cannot_read_are_refused_in_one_line(cli, tmp_path):
                        ("tf_dense_int8", "a quantized TFLite model")):
         code, out, err = cli("import", GOLDEN / f"{name}.tflite", "-o", tmp_path / "m.h5")
         assert code == 2 and err.count("\n") == 1 and said in err, err
+
+
+def _per_gate_loop(tmp_path, reset_after: bool):
+    """A Loop whose body computes a GRU with a matmul per gate (Keras' implementation=1), written by
+    hand: x [T, N, 3] read by Gather at the step, weights as initializers, zero initial state."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    I, H = 3, 4
+    w = {f"W{g}": rng.standard_normal((I, H)).astype(np.float32) for g in "zrh"}
+    w |= {f"R{g}": rng.standard_normal((H, H)).astype(np.float32) * 0.5 for g in "zrh"}
+    w |= {f"b{g}": rng.standard_normal(H).astype(np.float32) * 0.2 for g in ("z", "r", "h", "rh")}
+    n = helper.make_node
+    nodes = [n("Gather", ["seq", "i_c"], ["x_t"]), n("Add", ["i_c", "one"], ["i_next"]),
+             n("Less", ["i_next", "T"], ["go"])]
+    for g in "zr":
+        nodes += [n("MatMul", ["x_t", f"W{g}"], [f"xw{g}"]), n("Add", [f"xw{g}", f"b{g}"], [f"xb{g}"]),
+                  n("MatMul", ["h", f"R{g}"], [f"hr{g}"]), n("Add", [f"xb{g}", f"hr{g}"], [f"a{g}"]),
+                  n("Sigmoid", [f"a{g}"], [g])]
+    nodes += [n("MatMul", ["x_t", "Wh"], ["xwh"]), n("Add", ["xwh", "bh"], ["xbh"])]
+    if reset_after:  # g = tanh(x Wh + bh + r * (h Rh + brh))
+        nodes += [n("MatMul", ["h", "Rh"], ["hrh"]), n("Add", ["hrh", "brh"], ["hrb"]), n("Mul", ["r", "hrb"], ["rh"])]
+    else:  # g = tanh(x Wh + bh + (r * h) Rh)
+        nodes += [n("Mul", ["r", "h"], ["r_h"]), n("MatMul", ["r_h", "Rh"], ["rh"])]
+    nodes += [n("Add", ["xbh", "rh"], ["ah"]), n("Tanh", ["ah"], ["g"]), n("Mul", ["z", "h"], ["zh"]),
+              n("Sub", ["one_f", "z"], ["zc"]), n("Mul", ["zc", "g"], ["zg"]), n("Add", ["zh", "zg"], ["h_next"]),
+              n("Identity", ["h_next"], ["h_scan"])]
+    f = TensorProto.FLOAT
+    body = helper.make_graph(nodes, "body", [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+                                             helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                             helper.make_tensor_value_info("i_c", TensorProto.INT64, []),
+                                             helper.make_tensor_value_info("h", f, None)],
+                             [helper.make_tensor_value_info("go", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("i_next", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("h_next", f, None),
+                              helper.make_tensor_value_info("h_scan", f, None)],
+                             [numpy_helper.from_array(v, k) for k, v in w.items()]
+                             + [numpy_helper.from_array(np.array(1, np.int64), "one"),
+                                numpy_helper.from_array(np.array(1, np.float32), "one_f"),
+                                numpy_helper.from_array(np.array(7, np.int64), "T")])
+    graph = helper.make_graph(
+        [n("Transpose", ["x"], ["seq"], perm=[1, 0, 2]),
+         n("Loop", ["", "yes", "zero_i", "h0"], ["i_end", "h_end", "hs"], name="loop", body=body),
+         n("Transpose", ["hs"], ["y"], perm=[1, 0, 2])], "per_gate",
+        [helper.make_tensor_value_info("x", f, ["N", 7, I])], [helper.make_tensor_value_info("y", f, None)],
+        [numpy_helper.from_array(np.array(True), "yes"), numpy_helper.from_array(np.array(0, np.int64), "zero_i"),
+         numpy_helper.from_array(np.zeros((1, H), np.float32), "h0")])
+    path = tmp_path / "per_gate.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path, w
+
+
+@pytest.mark.parametrize("reset_after", [False, True])
+def test_a_cell_of_one_matmul_per_gate_is_found_by_the_gates_its_weights_reach(tmp_path, reset_after):
+    path, w = _per_gate_loop(tmp_path, reset_after)
+    g = qtool.load_model(path, check=False, whole=True)
+    x = np.random.default_rng(2).standard_normal((5, 7, 3)).astype(np.float32)
+    h, want = np.zeros((5, 4), np.float32), []
+    for t in range(7):  # the cell by hand, as the body computes it
+        xt = x[:, t]
+        z = 1 / (1 + np.exp(-(xt @ w["Wz"] + w["bz"] + h @ w["Rz"])))
+        r = 1 / (1 + np.exp(-(xt @ w["Wr"] + w["br"] + h @ w["Rr"])))
+        rec = r * (h @ w["Rh"] + w["brh"]) if reset_after else (r * h) @ w["Rh"]
+        h = z * h + (1 - z) * np.tanh(xt @ w["Wh"] + w["bh"] + rec)
+        want.append(h)
+    assert np.abs(L.run(g, x)["y"] - np.stack(want, 1)).max() < 1e-5
+    assert "a matmul per gate" in g.notes[0]
