@@ -237,3 +237,34 @@ def test_a_cell_of_one_matmul_per_gate_is_found_by_the_gates_its_weights_reach(t
         want.append(h)
     assert np.abs(L.run(g, x)["y"] - np.stack(want, 1)).max() < 1e-5
     assert "a matmul per gate" in g.notes[0]
+
+
+def test_a_gru_of_a_loop_taken_alone_calibrates(cli, tmp_path):
+    x, _ = _io("tf_scan_stack")
+    np.save(tmp_path / "calib.npy", x)
+    code, out, err = cli("calibrate", GOLDEN / "tf_scan_stack.onnx", tmp_path / "calib.npy", "--name",
+                         _gru_name("tf_scan_stack"), "-o", tmp_path / "q.h5", "--method", "minmax", "--no-check")
+    assert code == 0, err
+    assert qtool.load(tmp_path / "q.h5").model.num_layers == 2
+
+
+def test_a_file_is_read_for_what_it_holds_whatever_its_name(tmp_path):
+    pytest.importorskip("tflite")
+    (tmp_path / "wake.onnx").write_bytes((GOLDEN / "tf_while_precise.tflite").read_bytes())
+    (tmp_path / "wake.tflite").write_bytes((GOLDEN / "tf_loop_precise.onnx").read_bytes())
+    for path in (tmp_path / "wake.onnx", tmp_path / "wake.tflite"):
+        g = qtool.load_model(path, check=False)
+        assert sum(n.op == "gru" for n in g.nodes) == 1
+    assert qtool.load_model(tmp_path / "wake.onnx", check=False).source == "TFLite"
+
+
+def test_litert_checks_a_file_of_any_length_and_a_float16_one():
+    pytest.importorskip("tflite")
+    pytest.importorskip("ai_edge_litert")
+    g = qtool.load_model(GOLDEN / "tf_while_dyn.tflite", whole=True)
+    assert g.check_result["framework"] == "LiteRT" and g.check_result["steps"] == 8  # any length: resized
+    x, want = _io("tf_while_dyn")
+    assert np.abs(L.run(g, x)[g.outputs[0]] - want).max() < 1e-5
+    g = qtool.load_model(GOLDEN / "tf_while_f16.tflite")  # float16 weights, dequantized to float32
+    x, want = _io("tf_while_f16")
+    assert g.check_result["framework"] == "LiteRT" and np.abs(L.run(g, x)[g.outputs[0]] - want).max() < 1e-3

@@ -114,9 +114,15 @@ def import_cmd(
     api.save(model, output, True, inputs=[src])
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
-              f"input {model.input_size}, hidden {model.hidden_size} -> {escape(str(output))}")
+              f"input {model.input_size}, hidden {_hidden(model)} -> {escape(str(output))}")
     for line in api.import_lines(model):
         out.print(escape(as_flags(line)), highlight=False)
+
+
+def _hidden(model) -> str:
+    """The hidden size, or each layer's where a stack's layers differ (20, 12)."""
+    sizes = [cells[0].R.shape[1] for cells in model.layers]
+    return str(sizes[0]) if len(set(sizes)) == 1 else ", ".join(map(str, sizes))
 
 
 NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)

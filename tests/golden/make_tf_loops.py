@@ -22,6 +22,8 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   whose every step feeds a GRU(12, reset_after=False) then Dense(3, softmax), through TensorFlow's
   TFLite converter at one sequence per run (as TFLite models ship): each GRU a WHILE loop, the
   first GRU's steps in a lowered tensor list.
+- tf_while_dyn.tflite (steps of any length, one sequence a run) and tf_while_f16.tflite (weights
+  stored as float16, DEQUANTIZE to float32: the converter's float16 quantization).
 - tf_flex.tflite (a GRU converted with SELECT_TF_OPS: TensorFlow's tensor-list ops inside) and
   tf_dense_int8.tflite (a model quantized to int8 by the converter): both refused.
 """
@@ -91,6 +93,20 @@ def tflite_models(rng) -> None:
     tflite_file("tf_while_stack", model, rng.standard_normal((8, 17, 6)).astype("float32"))
 
 
+def more_tflite(rng) -> None:
+    i = tf.keras.Input((None, 6), batch_size=1)
+    model = biased(tf.keras.Model(i, tf.keras.layers.GRU(11, reset_after=False)(i)), 8)
+    tflite_file("tf_while_dyn", model, rng.standard_normal((4, 13, 6)).astype("float32"))
+    i = tf.keras.Input((17, 6), batch_size=1)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(3)(tf.keras.layers.GRU(12)(i))), 9)
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.target_spec.supported_types = [tf.float16]
+    (HERE / "tf_while_f16.tflite").write_bytes(conv.convert())
+    x = rng.standard_normal((8, 17, 6)).astype("float32")
+    np.savez(HERE / "tf_while_f16_io.npz", x=x, y=np.concatenate([model(x[k:k + 1]).numpy() for k in range(len(x))]))
+
+
 def refused_tflite(rng) -> None:
     i = tf.keras.Input((None, 6))
     conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(i, tf.keras.layers.GRU(4)(i)))
@@ -150,6 +166,7 @@ def main() -> None:
     simple_rnn(rng)
     tflite_models(rng)
     refused_tflite(rng)
+    more_tflite(rng)
     tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
     tf1_file("tf_scan_gru", 1, rng)
     tf1_file("tf_scan_stack", 2, rng)

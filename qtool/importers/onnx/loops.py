@@ -77,7 +77,9 @@ def load_onnx(path: Path, loops: bool = True):
         import onnx
     except ImportError:
         raise QtoolError("reading ONNX needs the 'onnx' package (pip install onnx)") from None
-    if Path(path).suffix.lower() == ".tflite":  # a TFLite file: the ONNX graph it computes
+    from qtool.importers.tflite.reader import is_tflite
+
+    if is_tflite(Path(path)):  # whatever its name: the ONNX graph a TFLite file computes
         from qtool.importers.tflite.to_onnx import to_onnx
 
         model = to_onnx(Path(path))
@@ -85,7 +87,11 @@ def load_onnx(path: Path, loops: bool = True):
         try:
             model = onnx.load(str(path), load_external_data=False)
         except Exception as e:  # protobuf decode errors have several types
+            if Path(path).suffix.lower() == ".tflite":
+                raise QtoolError(f"{path}: not a TFLite file (no TFL3 identifier), nor an ONNX file") from None
             raise QtoolError(f"{path}: not a readable ONNX file ({reason(e)})") from None
+        if not model.graph.node and Path(path).suffix.lower() == ".tflite":
+            raise QtoolError(f"{path}: not a TFLite file (no TFL3 identifier)")
     if loops:
         rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
     return model
@@ -241,9 +247,9 @@ def _scan_outputs(body, node, states: list, body_outs: list, loop_outs: list, ax
 def _cells(model, a: _Anatomy, where: str) -> tuple[list, str]:
     """Each state's GruCell and cell kind, proved on probe sequences, in stack order (`a.states`
     reordered so); and what was checked."""
-    outer_reads = [o for o in _outer_names(a.body) if o]
-    weights = _weights(model, a, outer_reads)
-    groups = _gate_groups(model, a)
+    consts = _body_constants(model, a)
+    weights = _weights(consts)
+    groups = _gate_groups(a, consts)
     runs = [_probe(model, a, where, steps) for steps in _probe_steps(model, a)]
     # a carried value of another rank than [N, H] is a buffer of a state's steps (TFLite's lowered
     # tensor lists: the last step as [1, N, H], or every step as [T, N, H]), not a state
@@ -253,8 +259,10 @@ def _cells(model, a: _Anatomy, where: str) -> tuple[list, str]:
         raise NotACell("it carries no float state [N, H] from step to step")
     for state in a.states:
         if any(np.any(v[state.init] != 0) for v in runs):
-            raise NotACell(f"its state '{state.body_in}' starts from a value that is not zero; qtool's GRU "
-                           "starts from h0 = 0")
+            fed = state.init if state.init in {i.name for i in model.graph.input} else None
+            raise NotACell(f"its state '{state.body_in}' starts from " + (
+                f"the model's input '{fed}' (a state carried in)" if fed else "a value that is not zero")
+                + "; qtool's GRU starts from h0 = 0")
     found, order, worst, left = [], [], 0.0, list(a.states)
     while left:  # layer k reads the sequence or layer k - 1's steps: which state it is, the search says
         k = len(found)
@@ -366,23 +374,13 @@ def _candidates(weights: list, I: int, H: int):
 LINEAR = {"Add", "Sub", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Neg", "Cast", "Mul", "Div"}
 
 
-def _gate_groups(model, a: _Anatomy) -> list[dict]:
+def _gate_groups(a: _Anatomy, consts: dict[str, np.ndarray]) -> list[dict]:
     """The body's weights that one matmul or bias add each puts toward one gate, grouped by the
     first nonlinear op they reach (a gate's activation; for a reset-after candidate, the recurrent
     part reaches the product with r first): [{"x": [...], "h": [...], "b": [...]}], the matrices
     as [in, out], "x" those reading the step's input, "h" those reading the state. Empty where the
     body computes its gates otherwise (one matmul for all three, split after)."""
-    from qtool.importers.onnx.fold import evaluate, foldable
-
     body = a.body
-    consts = _body_constants(model, a)
-    for n in body.node:  # constant subgraphs of the body (slices of a carried kernel)
-        if foldable(n) and n.input and all(i in consts for i in n.input if i):
-            try:
-                outs = evaluate("loop body", n, [consts[i] if i else None for i in n.input], _opset(model))
-            except Exception:  # noqa: BLE001 (a node the evaluator cannot run is simply not constant)
-                continue
-            consts.update({o: v for o, v in zip(n.output, outs) if o})
     on_state = {s.body_in for s in a.states}
     for n in body.node:
         if any(i in on_state for i in n.input):
@@ -433,9 +431,11 @@ def _gate_groups(model, a: _Anatomy) -> list[dict]:
 
 def _body_constants(model, a: _Anatomy) -> dict[str, np.ndarray]:
     """The values a body reads that are constants: its initializers and Constant nodes, the outer
-    graph's constants, and values carried unchanged from an outer constant."""
+    graph's constants, values carried unchanged from an outer constant, and what the body computes
+    from those alone (slices of a carried kernel, a float16 model's weights cast to float32)."""
     from onnx import numpy_helper
 
+    from qtool.importers.onnx.fold import evaluate, foldable
     from qtool.importers.onnx.graph import Graph
 
     g = Graph(model.graph, "", None, _opset(model), model)
@@ -449,6 +449,13 @@ def _body_constants(model, a: _Anatomy) -> dict[str, np.ndarray]:
     for inner, outer in a.invariant.items():
         if outer in g.constant:
             consts[inner] = g.array(outer)
+    for n in a.body.node:
+        if foldable(n) and n.input and all(i in consts for i in n.input if i):
+            try:
+                outs = evaluate("loop body", n, [consts[i] if i else None for i in n.input], _opset(model))
+            except QtoolError:  # a node the evaluator cannot run is simply not constant
+                continue
+            consts.update({o: v for o, v in zip(n.output, outs) if o})
     return consts
 
 
@@ -500,19 +507,10 @@ def _outer_names(body) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _weights(model, a: _Anatomy, outer_reads: list) -> list[np.ndarray]:
-    """The float matrices and vectors a body may compute with: its own initializers and the outer
-    graph's constants it reads or carries."""
-    from onnx import numpy_helper
-
-    from qtool.importers.onnx.graph import Graph
-
-    g = Graph(model.graph, "", None, _opset(model), model)
-    names = [n for n in outer_reads + list(a.node.input) if n and n in g.constant]
-    arrays = [g.array(n) for n in dict.fromkeys(names)]
-    arrays += [numpy_helper.to_array(t) for t in a.body.initializer]
+def _weights(consts: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The float matrices and vectors among a body's constants (`_body_constants`)."""
     out = []
-    for w in arrays:
+    for w in consts.values():
         w = np.asarray(w)
         if w.dtype.kind == "f" and w.ndim in (1, 2) and w.size > 1:
             out.append(w.astype(np.float32))

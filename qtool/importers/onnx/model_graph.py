@@ -38,6 +38,8 @@ from qtool.importers.onnx.ops import HANDLERS
 from qtool.importers.onnx.ops.activation import FUNCTION_OPS, function
 from qtool.importers.ranges import GraphRanges
 
+EXPORTER_NAMES = ("tf2onnx", "torch_jit", "main_graph", "torch-jit-export", "model")
+
 # the graph input's layout, in the order they are tried: batch-first, time-first, PyTorch's Conv1d
 INPUT_LAYOUTS = {"[N, T, C]": ("N", "T", 0), "[T, N, C]": ("T", "N", 0), "[N, C, T]": ("N", 0, "T")}
 
@@ -83,7 +85,9 @@ def check_onnx_graph(path, graph: QtoolGraph | None = None) -> dict:
 
 def _check(path: Path, graph: QtoolGraph, ports, reader) -> dict:
     """The import check against the file's own runtime: ONNX Runtime, or LiteRT for a TFLite file."""
-    if path.suffix.lower() == ".tflite":
+    from qtool.importers.tflite.reader import is_tflite
+
+    if is_tflite(path):
         from qtool.importers.tflite.check import check_tflite
 
         return check_tflite(path, graph, ports, reader)
@@ -196,10 +200,11 @@ class _Reader:
                                                         if before[k] != e})
         ports.notes = self.notes
         ports.batch, ports.steps = (self.declared + [None, None])[:2]
-        name = graph.name or self.path.stem
+        # an exporter's own name for every graph it writes names no model: the file's does
+        name = self.path.stem if graph.name in EXPORTER_NAMES or not graph.name else graph.name
         producer = " ".join(s for s in (self.model.producer_name, self.model.producer_version) if s)
         source = f"ONNX ({producer})" if producer else "ONNX"
-        if self.path.suffix.lower() == ".tflite":
+        if self.model.producer_name == "TFLite":  # qtool's reading of a TFLite file (tflite.to_onnx)
             source = "TFLite"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"

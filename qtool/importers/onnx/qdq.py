@@ -18,6 +18,7 @@ from qtool.core.model import GruModel
 from qtool.errors import QtoolError
 from qtool.importers.onnx.dequant import bounds, broadcast, dequantizer, np_type
 from qtool.importers.onnx.graph import Graph, any_tensor, attr
+from qtool.importers.onnx.loops import load_onnx
 from qtool.importers.ranges import Imported, ImportedRange, learned_range, source_key
 
 
@@ -25,8 +26,10 @@ def _gru_nodes(graph, model: GruModel) -> list:
     """The GRU nodes the float import chose, layer by layer (see importers.import_model)."""
     nodes = [n for n in graph.node if n.op_type == "GRU"]
     key = source_key(model)
+    took = model.extra.get("import", {}).get("took") or [key]  # the nodes of a stack its first names
     if key:
-        nodes = [n for i, n in enumerate(nodes) if (n.name or f"GRU_{i}") == key]
+        names = [n.name or f"GRU_{i}" for i, n in enumerate(nodes)]
+        nodes = [n for name in took for n, own in zip(nodes, names) if own == name]
     if len(nodes) != model.num_layers:
         raise QtoolError(f"{model.source}: {len(nodes)} GRU nodes for {model.num_layers} layers")
     return nodes
@@ -64,9 +67,7 @@ def activation_range(dq_or_q, consts: dict, where: str):
 
 def read_qdq(path: Path, model: GruModel) -> Imported | None:
     """The quantizers around the chosen GRU nodes; None when the file has no QDQ around them."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph  # external data: read by Graph, checked
+    graph = load_onnx(path).graph  # its loops read as GRU nodes; external data: read by Graph, checked
     g = Graph(graph, str(path), Path(path).parent)
     consts = {k: any_tensor(str(path), g.tensor(k), k) for k in g.consts}  # each size checked first
     producer = g.producer

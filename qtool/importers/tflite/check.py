@@ -1,6 +1,7 @@
 """The TFLite side of the import check: the file as written, run by the LiteRT interpreter (the
 `ai-edge-litert` package, or TensorFlow's `tf.lite` where that is what is installed), against
-qtool's graph on the same random inputs. A file fixed at one sequence runs them one at a time."""
+qtool's graph on the same random inputs, in runs of the batch the file fixes (one sequence at a
+time for the converter's usual batch of 1)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,17 @@ def _interpreter(path: Path):
 
 
 def run_tflite(path: Path, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """Each output of the file on `feeds` (by tensor name, `n` sequences each)."""
+    """Each output of the file on `feeds` (by tensor name, `n` sequences each), in runs of the
+    batch the file fixes (one sequence at a time for the converter's usual batch of 1); an axis
+    the file leaves dynamic (the steps) is resized to the feeds'."""
     it = _interpreter(path)
     ins = {d["name"]: d for d in it.get_input_details()}
-    one = all(d["shape"][0] == 1 for d in ins.values()) and n > 1  # a fixed batch of one: a run per sequence
-    runs = [{k: v[s:s + 1] for k, v in feeds.items()} for s in range(n)] if one else [feeds]
+    batch = _fixed_batch(ins.values()) or n
     outs: dict[str, list] = {}
-    for run in runs:
-        if not one:
-            for name, x in run.items():
+    for start in range(0, n, batch):
+        run = {k: v[start:start + batch] for k, v in feeds.items()}
+        for name, x in run.items():
+            if list(ins[name]["shape"]) != list(x.shape):
                 it.resize_tensor_input(ins[name]["index"], list(x.shape))
         it.allocate_tensors()
         for name, x in run.items():
@@ -44,16 +47,24 @@ def run_tflite(path: Path, feeds: dict[str, np.ndarray], n: int) -> dict[str, np
     return {k: np.concatenate(v, axis=0) for k, v in outs.items()}
 
 
+def _fixed_batch(details) -> int | None:
+    """The batch the inputs are sized for: a signature may leave it open (-1) while the graph holds
+    tensor lists one sequence wide, so the sizes the file gives are the ones run."""
+    sizes = {int(d["shape"][0]) for d in details if len(d["shape"])}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def check_tflite(path: Path, graph, ports, reader) -> dict:
     """The file run by LiteRT against `graph` run by qtool.layers.run; raises where they differ."""
     try:
-        _interpreter(path)
+        batch = _fixed_batch(_interpreter(path).get_input_details())
     except ImportError:
         return {"checked": False, "reason": "LiteRT cannot be imported (pip install ai-edge-litert)"}
     except Exception as e:  # the interpreter raises RuntimeError and ValueError on files it cannot load
         raise QtoolError(f"{path}: LiteRT cannot load this file ({reason(e)})") from None
     t0 = time.perf_counter()
-    feeds, xs, n, t = check_inputs(reader, ports, CHECK_N)
+    # a batch the file fixes above one: that many sequences in one run; else CHECK_N, run by run
+    feeds, xs, n, t = check_inputs(reader, ports, batch if batch and batch > 1 else CHECK_N)
     try:
         want = run_tflite(path, feeds, n)
     except Exception as e:  # as above, on inputs it cannot take

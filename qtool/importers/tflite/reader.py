@@ -49,6 +49,15 @@ class Subgraph:
     uses: dict = field(default_factory=dict)
 
 
+def is_tflite(path: Path) -> bool:
+    """Whether the file is a TFLite flatbuffer (its identifier "TFL3" at byte 4), whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(8)[4:8] == b"TFL3"
+    except OSError:
+        return False
+
+
 def read_tflite(path: Path) -> list[Subgraph]:
     """Every subgraph of the file, the main one first; one line when the file is no TFLite model."""
     try:

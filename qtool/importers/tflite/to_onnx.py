@@ -136,8 +136,8 @@ def _ops(scope: _Scope) -> None:
         handler = HANDLERS.get(op.kind)
         if handler is None:
             what = f"the custom op '{op.custom}'" if op.custom else f"the op {op.kind}"
-            raise QtoolError(f"{scope.where(op)} is {what}, which qtool does not read from TFLite (it reads "
-                             f"{', '.join(sorted(HANDLERS))})")
+            raise QtoolError(f"{scope.where(op)} is {what}, which qtool does not read from TFLite "
+                             f"(docs/importing.md lists the {len(HANDLERS)} ops it reads)")
         handler(scope, op)
 
 
@@ -205,6 +205,16 @@ def _pack(scope: _Scope, op: Op) -> None:
     axes = scope.const("axes", np.array([axis], np.int64))
     parts = [scope.node("Unsqueeze", [scope.name(i), axes])[0] for i in op.inputs]
     scope.node("Concat", parts, [scope.name(op.outputs[0])], axis=axis)
+
+
+def _dequantize(scope: _Scope, op: Op) -> None:
+    """DEQUANTIZE of float16 weights (a float16-quantized model): the float32 values they stand for.
+    An integer DEQUANTIZE makes the model a quantized one, refused before (to_onnx)."""
+    t = scope.tensor(op.inputs[0])
+    if t.dtype is not np.float16:
+        raise QtoolError(f"{scope.where(op)} dequantizes {np.dtype(t.dtype).name if t.dtype else 'a non-numeric'} "
+                         "values; qtool reads float models and float16 weights")
+    scope.node("Cast", [scope.name(op.inputs[0])], [scope.name(op.outputs[0])], to=FLOAT)
 
 
 def _relu6(scope: _Scope, op: Op) -> None:
@@ -327,14 +337,15 @@ def _fully_connected(scope: _Scope, op: Op) -> None:
     if o is not None and o.WeightsFormat():
         raise QtoolError(f"{scope.where(op)} stores its weights shuffled; qtool reads the default format")
     W = scope.tensor(op.inputs[1])
-    if W.data is None or W.data.dtype != np.float32:
-        raise QtoolError(f"{scope.where(op)} reads {'computed' if W.data is None else W.data.dtype.name} weights; "
-                         "qtool reads float32 constants")
+    if W.data is not None and W.data.dtype != np.float32:
+        raise QtoolError(f"{scope.where(op)} reads {W.data.dtype.name} weights; qtool reads float32 ones")
     x = scope.name(op.inputs[0])
     in_shape = _shape_of(scope, op.inputs[0])
     if len(in_shape) > 2 and not (o is not None and o.KeepNumDims()):
         x = scope.node("Reshape", [x, scope.const("shape", np.array([-1, W.shape[1]], np.int64))])[0]
-    Wt = scope.const(f"{W.name}_T", W.data.T)
+    # weights stored, or computed from stored ones (a float16 model's DEQUANTIZE): transposed to [in, out]
+    Wt = (scope.const(f"{W.name}_T", W.data.T) if W.data is not None else
+          scope.node("Transpose", [scope.name(op.inputs[1])], perm=[1, 0])[0])
     if len(op.inputs) > 2 and op.inputs[2] >= 0:
         _fused(scope, op, "Add", [scope.node("MatMul", [x, Wt])[0], scope.name(op.inputs[2])])
     else:
@@ -404,5 +415,5 @@ HANDLERS: dict[str, Callable[[_Scope, Op], None]] = {
     "EXPAND_DIMS": _expand_dims, "TRANSPOSE": _transpose, "CONCATENATION": _concat, "SPLIT": _split,
     "SPLIT_V": _split, "GATHER": _gather, "STRIDED_SLICE": _strided_slice, "SLICE": _slice,
     "FULLY_CONNECTED": _fully_connected, "SOFTMAX": _softmax, "MEAN": _mean, "SUM": _mean, "REDUCE_MAX": _mean,
-    "REDUCE_MIN": _mean, "WHILE": _while, "SHAPE": _shape, "FILL": _fill, "PACK": _pack,
+    "REDUCE_MIN": _mean, "WHILE": _while, "SHAPE": _shape, "FILL": _fill, "PACK": _pack, "DEQUANTIZE": _dequantize,
 }
