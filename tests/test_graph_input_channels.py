@@ -125,3 +125,15 @@ def test_the_c_export_quantizes_each_channel_on_its_grid(tmp_path):
     assert res.name == "kws"
     v = qtool.verify(qg, tmp_path / "c", mfcc(6, 4))
     assert v.mismatches == 0
+
+
+def test_the_c_export_verifies_on_the_emulated_cortex_m4(tmp_path):
+    from qtool.exporters.c_target import missing_tools
+
+    if missing_tools():
+        pytest.skip("no Cortex-M toolchain or QEMU")
+    qg = qtool.calibrate(model("conv1d"), mfcc(40, 0), method="minmax")
+    assert qg.graph.input_shifts
+    qtool.export_c(qg, tmp_path / "c", name="kws")
+    v = qtool.verify(qg, tmp_path / "c", mfcc(3, 5), target="cortex-m4")
+    assert v.mismatches == 0 and v.target == "cortex-m4"
