@@ -57,8 +57,9 @@ def test_each_channel_gets_the_shift_its_own_min_max_grid_takes():
     x[..., 0] = np.linspace(-128, 127, 12).reshape(4, 3)  # span 255: 2^0 per step at 8 bits
     x[..., 1] = np.linspace(-16, 15.875, 12).reshape(4, 3)  # span 31.875: 2^3 finer
     x[..., 2] = np.linspace(0, 1, 12).reshape(4, 3)  # span 1: 2^7 finer (255 / 1 -> 2^7)
-    assert gc.channel_shifts(x, 8).tolist() == [0, 3, 7, 0]  # a constant channel gains nothing
-    assert gc.channel_shifts(x, 16).tolist() == [0, 3, 7, 0]
+    span = x.reshape(-1, 4).max(0) - x.reshape(-1, 4).min(0)
+    assert gc.channel_shifts(span, 8).tolist() == [0, 3, 7, 0]  # a constant channel gains nothing
+    assert gc.channel_shifts(span, 16).tolist() == [0, 3, 7, 0]
 
 
 @pytest.mark.parametrize("first", ["gru", "dense", "conv1d"])

@@ -58,14 +58,9 @@ class Graph:
     def consumers(self, edge: str) -> list[Node]:
         return [n for n in self.nodes if edge in n.inputs]
 
-    def scale_inputs(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def scale_inputs(self, x: dict[str, np.ndarray], sign: int = 1) -> dict[str, np.ndarray]:
         """The model's float inputs as its first layers read them: each channel times 2^k_c
-        (`input_shifts`; exact in float32), the others as they are."""
-        return {e: np.ldexp(np.asarray(v, np.float32), np.asarray(self.input_shifts[e], np.int32)).astype(np.float32)
-                if e in self.input_shifts else v for e, v in x.items()}
-
-    def unscale_inputs(self, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """`scale_inputs` undone: the model's own inputs from what its first layers read."""
-        return {e: np.ldexp(np.asarray(v, np.float32), -np.asarray(self.input_shifts[e], np.int32)).astype(np.float32)
-                if e in self.input_shifts else v for e, v in x.items()}
+        (`input_shifts`; exact in float32), the others as they are; `sign` -1 undoes it."""
+        return {e: np.ldexp(np.asarray(v, np.float32), sign * np.asarray(self.input_shifts[e], np.int32))
+                .astype(np.float32) if e in self.input_shifts else v for e, v in x.items()}
 

@@ -206,14 +206,13 @@ class Prepared:
         return self.grus[key]
 
 
-def channel_shifts(x: np.ndarray, bits: int) -> np.ndarray:
-    """Per channel of `x` [..., C], how many bits finer than the coarsest channel's its own
-    min-max power-of-two grid of `bits` is (0 for a constant channel)."""
-    flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
-    span = flat.max(0) - flat.min(0) if flat.size else np.zeros(x.shape[-1])
+def channel_shifts(span: np.ndarray, bits: int) -> np.ndarray:
+    """Per channel of its `span` (max - min), how many bits finer than the coarsest channel's its
+    own min-max power-of-two grid of `bits` is (0 for a constant channel)."""
+    span = np.asarray(span, np.float64)
     live = span > 0
     if not live.any():
-        return np.zeros(x.shape[-1], np.int32)
+        return np.zeros(span.shape, np.int32)
     e = np.floor(np.log2((2.0 ** bits - 1) / np.where(live, span, 1.0)))
     return np.where(live, np.clip(e - e[live].min(), 0, SHIFT_MAX), 0).astype(np.int32)
 
@@ -231,8 +230,14 @@ def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, confi
         if edge in g.outputs or not readers or any(not hasattr(layer(r.op, r.label), "scale_input")
                                                    for r in readers):
             continue
-        x = np.concatenate([x for _, x in data.chunks(chunk, n)]) if n else np.zeros((0, g.inputs[edge][-1]))
-        shifts = channel_shifts(x, layer_bits(config, edge).activation)
+        lo = hi = None
+        for _, x in data.chunks(chunk, n):  # each channel's range, a chunk at a time
+            flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
+            lo = flat.min(0) if lo is None else np.minimum(lo, flat.min(0))
+            hi = flat.max(0) if hi is None else np.maximum(hi, flat.max(0))
+        if lo is None:
+            continue
+        shifts = channel_shifts(hi - lo, layer_bits(config, edge).activation)
         if shifts.max(initial=0) < SHIFT_MIN_GAIN:
             continue
         for r in readers:
@@ -368,7 +373,7 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     if n < 10:
         return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap)
     edge = next(iter(prep.graph.inputs))
-    held = SequenceData(prep.graph.unscale_inputs({edge: prep.values[edge][fit:n]})[edge], False,
+    held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit:n]}, -1)[edge], False,
                         "the held-out calibration data")
     scores = {}
     for k, m in enumerate(AUTO_CANDIDATES):
