@@ -268,3 +268,14 @@ def test_litert_checks_a_file_of_any_length_and_a_float16_one():
     g = qtool.load_model(GOLDEN / "tf_while_f16.tflite")  # float16 weights, dequantized to float32
     x, want = _io("tf_while_f16")
     assert g.check_result["framework"] == "LiteRT" and np.abs(L.run(g, x)[g.outputs[0]] - want).max() < 1e-3
+
+
+@pytest.mark.parametrize("suffix", ["onnx", "tflite"])
+def test_keras_conv1d_written_in_2d_over_a_unit_axis_is_a_conv1d(suffix):
+    if suffix == "tflite":
+        pytest.importorskip("tflite")
+    g = qtool.load_model(GOLDEN / f"tf_conv.{suffix}", check=False)
+    x, want = _io("tf_conv")
+    assert np.abs(L.run(g, x)[g.outputs[0]] - want).max() < 1e-5
+    convs = [n for n in g.nodes if n.op == "conv1d"]
+    assert [n.attrs["stride"] for n in convs] == [2, 1] and convs[1].attrs["groups"] == 12

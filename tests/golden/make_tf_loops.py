@@ -24,6 +24,9 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   first GRU's steps in a lowered tensor list.
 - tf_while_dyn.tflite (steps of any length, one sequence a run) and tf_while_f16.tflite (weights
   stored as float16, DEQUANTIZE to float32: the converter's float16 quantization).
+- tf_conv.onnx and tf_conv.tflite: Conv1D(12, 3, relu, same, stride 2) -> DepthwiseConv1D(3) ->
+  GRU(16, reset_after=False) -> Dense(1, sigmoid) on [N, 30, 8]; both converters write the
+  convolutions in 2-D over a unit axis (ExpandDims, Conv2D, Squeeze).
 - tf_flex.tflite (a GRU converted with SELECT_TF_OPS: TensorFlow's tensor-list ops inside) and
   tf_dense_int8.tflite (a model quantized to int8 by the converter): both refused.
 """
@@ -107,6 +110,19 @@ def more_tflite(rng) -> None:
     np.savez(HERE / "tf_while_f16_io.npz", x=x, y=np.concatenate([model(x[k:k + 1]).numpy() for k in range(len(x))]))
 
 
+def conv_front(rng) -> None:
+    def build(batch):
+        i = tf.keras.Input((30, 8), batch_size=batch)
+        h = tf.keras.layers.Conv1D(12, 3, strides=2, padding="same", activation="relu")(i)
+        h = tf.keras.layers.DepthwiseConv1D(3)(h)
+        h = tf.keras.layers.GRU(16, reset_after=False)(h)
+        return tf.keras.Model(i, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+    onnx_model, lite = biased(build(None), 10), build(1)
+    lite.set_weights(onnx_model.get_weights())
+    keras_file("tf_conv", onnx_model, rng.standard_normal((16, 30, 8)).astype("float32"))
+    (HERE / "tf_conv.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(lite).convert())
+
+
 def refused_tflite(rng) -> None:
     i = tf.keras.Input((None, 6))
     conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(i, tf.keras.layers.GRU(4)(i)))
@@ -167,6 +183,7 @@ def main() -> None:
     tflite_models(rng)
     refused_tflite(rng)
     more_tflite(rng)
+    conv_front(rng)
     tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
     tf1_file("tf_scan_gru", 1, rng)
     tf1_file("tf_scan_stack", 2, rng)

@@ -46,12 +46,49 @@ def gemm(r, node) -> None:
     r.emit(node, "dense", [edge], out.with_channels(1, B.shape[1]), params=params)
 
 
+def _unit_axis_conv(r, node, lay, W):
+    """A 2-D Conv over [N, C, 1, T] (or [N, C, T, 1]) with a kernel of 1 along the unit axis: a
+    Conv1d written in 2-D (tf2onnx's Keras Conv1D: ExpandDims, Conv2D, Squeeze). Returns the node
+    with 1-D attributes, the layout without the unit axis, its position and W in 3-D; None otherwise."""
+    from onnx import NodeProto, helper
+
+    if W.ndim != 4 or len(lay.axes) != 4:
+        return None
+    unit = next((k for k in (2, 3) if lay.axes[k] == "1" and W.shape[k] == 1), None)
+    if unit is None:
+        return None
+    keep = 5 - unit  # the other spatial axis, in W's and the attributes' order (2 or 3)
+    one = {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0]}
+    flat = NodeProto()
+    flat.CopyFrom(node)
+    del flat.attribute[:]
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if a.name in one:
+            at = unit - 2
+            if a.name == "pads":
+                if v[at] or v[at + 2]:
+                    return None
+                v = [v[keep - 2], v[keep]]
+            elif v[at] != 1:
+                return None
+            else:
+                v = [v[keep - 2]]
+        flat.attribute.append(helper.make_attribute(a.name, v))
+    return flat, lay.squeeze([unit], f"{r.where}: {r.label(node)}"), unit, W.reshape(*W.shape[:2], -1)
+
+
 @handles("Conv")
 def conv(r, node) -> None:
     edge, lay = r.input(node)
     W = r.const(node, 1)
+    unit = None
+    flat = _unit_axis_conv(r, node, lay, W)
+    if flat is not None:
+        node, lay, unit, W = flat
     if W.ndim != 3:
-        raise r.fail(node, f"is a {W.ndim - 2}-D convolution; qtool reads Conv over one axis (Conv1d)")
+        raise r.fail(node, f"is a {W.ndim - 2}-D convolution; qtool reads Conv over one axis (Conv1d, or a 2-D "
+                           "Conv whose kernel is 1 along a unit axis)")
     r.ncw(node, lay)
     k = W.shape[2]
     stride, dilation = attr(node, "strides", [1])[0], attr(node, "dilations", [1])[0]
@@ -66,7 +103,8 @@ def conv(r, node) -> None:
     if bias is not None:
         params["b"] = r.floats(node, bias).reshape(-1)
     attrs = dict(kernel=k, stride=stride, dilation=dilation, groups=group, padding=padding)
-    r.emit(node, "conv1d", [edge], lay.with_channels(1, W.shape[0]).replace(t=t), attrs, params)
+    out = lay.with_channels(1, W.shape[0]).replace(t=t)
+    r.emit(node, "conv1d", [edge], out if unit is None else out.unsqueeze([unit]), attrs, params)
 
 
 @handles("BatchNormalization")
