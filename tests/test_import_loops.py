@@ -279,3 +279,11 @@ def test_keras_conv1d_written_in_2d_over_a_unit_axis_is_a_conv1d(suffix):
     assert np.abs(L.run(g, x)[g.outputs[0]] - want).max() < 1e-5
     convs = [n for n in g.nodes if n.op == "conv1d"]
     assert [n.attrs["stride"] for n in convs] == [2, 1] and convs[1].attrs["groups"] == 12
+
+
+def test_the_docs_list_every_tflite_op_qtool_reads():
+    pytest.importorskip("tflite")
+    from qtool.importers.tflite.to_onnx import HANDLERS
+
+    docs = (Path(__file__).parent.parent / "docs" / "importing.md").read_text()
+    assert [op for op in HANDLERS if f"`{op}`" not in docs] == []
