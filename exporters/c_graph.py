@@ -815,11 +815,14 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
 """
 
     def input_shift_comment(self) -> str:
+        """A grid per input channel: its shifts as an initializer macro (for a fixed-point front end
+        with QGRU_NO_FLOAT too) and what they mean."""
         shifts = self.qg.graph.input_shifts.get(self.edges[0])
         if not shifts:
             return ""
-        return (f" /* plus, per input channel, {list(shifts)}: channel c's grid is "
-                f"2^-(EXP2_INV + shift[c]) ({self.p}_quantize_input) */")
+        return (f"\n/* a grid per input channel: channel c's is 2^-(INPUT_EXP2_INV + INPUT_SHIFTS[c]); "
+                f"{self.p}_quantize_input\n * takes whole frames (x[0] is channel 0) */\n"
+                f"#define {self.P}_INPUT_SHIFTS {{{', '.join(map(str, shifts))}}}")
 
     def floats(self) -> str:
         p = self.p

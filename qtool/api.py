@@ -201,7 +201,7 @@ def _load_graph(path, fmt: str | None = None, check: bool = True, example=None):
     return graph_of_module(path, example, check)
 
 
-def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
+def whole_model(path: str | os.PathLike, fmt: str | None = None) -> tuple[Graph | None, str | None]:
     """(graph, None) when the file at `path` is a whole model: qtool's own whole-model file, or a
     Keras or ONNX file with layers besides its GRU(s) (read, not yet checked against the
     framework). (None, None) for a GRU alone or a file with no graph (a PyTorch state dict, haste
@@ -209,27 +209,28 @@ def whole_model(path: str | os.PathLike) -> tuple[Graph | None, str | None]:
     from qtool.importers import detect_format
 
     path = Path(path)
-    fmt = _h5_format(path)
-    if fmt in ("qtool-graph", "qtool-qgraph"):
+    h5 = _h5_format(path)
+    if h5 in ("qtool-graph", "qtool-qgraph"):
         return _load_graph(path), None
     try:
-        if fmt not in (None, "keras") or detect_format(path) not in ("keras", "onnx", "tflite"):
+        kind = fmt or detect_format(path)  # `fmt`: the format a file named otherwise holds
+        if h5 not in (None, "keras") or kind not in ("keras", "onnx", "tflite"):
             return None, None
-        g = _load_graph(path, check=False)
+        g = _load_graph(path, kind, check=False)
     except QtoolError as e:
         return None, str(e)
     return (None, None) if all(n.op in MODEL_OPS for n in g.nodes) else (g, None)
 
 
-def is_whole_model(path: str | os.PathLike) -> bool:
+def is_whole_model(path: str | os.PathLike, fmt: str | None = None) -> bool:
     """Whether the file at `path` is a whole model (`whole_model`). A file with more than a GRU
     whose graph cannot be taken is refused with the reason (taking its GRU alone is `name`'s
     choice): never part of a model without a word."""
     path = Path(path)
-    graph, why = whole_model(path)
+    graph, why = whole_model(path, fmt)
     if why:
         try:
-            left_out = _load_gru(path, check=False).extra.get("import", {}).get("left_out")
+            left_out = _load_gru(path, fmt, check=False).extra.get("import", {}).get("left_out")
         except QtoolError as e:  # neither the whole model nor a GRU alone: both reasons, the whole one first
             whole, alone = _unprefixed(why, path), _unprefixed(str(e), path)
             if _same_reason(whole, alone):  # a recurrent node qtool does not read, a state input: once
@@ -263,7 +264,8 @@ def op_text(node) -> str | None:
 
 def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:
     """A row per edge the integer core writes, in graph order: the layer, its op, the edge's shape
-    and grid, how the grid was set, and with a simulation (`simulate_graph`) its distances."""
+    and grid (an input with a grid per channel: `channel_shifts`, channel c's exp2_inv is
+    exp2_inv + k_c), how the grid was set, and with a simulation its distances."""
     methods = qg.info.get("edge_methods", {})
     steps = steps_text(qg.graph)
     edges = [(e, "input", "input") for e in qg.graph.inputs]
@@ -274,6 +276,8 @@ def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:
         op = node if isinstance(node, str) else (node.attrs.get("kind") or node.op)
         row = {"layer": name, "op": op, "edge": e, "shape": list(qg.graph.shapes.get(e, ())), "steps": steps.get(e),
                "bits": g.bits, "exp2_inv": int(g.exp2_inv), "zp": int(g.zp), "method": methods.get(e, "")}
+        if e in qg.graph.input_shifts:  # a grid per channel: channel c's is 2^-(exp2_inv + k_c)
+            row["channel_shifts"] = list(qg.graph.input_shifts[e])
         if sim is not None:
             row.update(sim.edges[e].as_dict())
         rows.append(row)

@@ -40,6 +40,18 @@ def model(first: str = "gru") -> Graph:
     if first == "gru":
         nodes = [Node("gru", "gru", ["x"], ["h"], {"return_sequences": False}, gru)]
     else:
+        if first == "padded":  # zero padding and a batchnorm (kept: it is on the input) before a conv
+            rng2 = np.random.default_rng(4)
+            bn = {"gamma": rng2.uniform(0.5, 2, C), "beta": rng2.standard_normal(C),
+                  "mean": np.r_[-100.0, np.zeros(C - 1)], "var": np.r_[5000.0, np.full(C - 1, 30.0)]}
+            bn = {k: v.astype(np.float32) for k, v in bn.items()}
+            nodes = [Node("pad", "zero_pad1d", ["x"], ["xp"], {"pad": (2, 0)}),
+                     Node("bn", "batchnorm", ["xp"], ["xb"], {"epsilon": 1e-3}, bn),
+                     Node("front", "conv1d", ["xb"], ["a"], {"kernel": 3},
+                          {"W": rng.standard_normal((12, C, 3)).astype(np.float32) * 0.2})]
+            gru["l0.fwd.W"] = rng.standard_normal((3 * H, 12)).astype(np.float32) * 0.2
+            return Graph([*nodes, Node("gru", "gru", ["a"], ["h"], {"return_sequences": False}, gru), head],
+                         {"x": (None, C)}, ["y"], "mfcc")
         if first == "dense":
             W = rng.standard_normal((12, C)).astype(np.float32) * col
             front = Node("front", "dense", ["x"], ["a"], {}, {"W": W})
@@ -62,7 +74,7 @@ def test_each_channel_gets_the_shift_its_own_min_max_grid_takes():
     assert gc.channel_shifts(span, 16).tolist() == [0, 3, 7, 0]
 
 
-@pytest.mark.parametrize("first", ["gru", "dense", "conv1d"])
+@pytest.mark.parametrize("first", ["gru", "dense", "conv1d", "padded"])
 def test_the_float_model_is_unchanged_to_the_bit(first):
     g, x = model(first), mfcc(40, 0)
     qg = qtool.calibrate(g, x, method="minmax")
@@ -94,11 +106,15 @@ def test_a_grid_per_channel_beats_one_grid_on_held_out_data(monkeypatch):
 
 def test_alike_channels_or_an_input_read_by_a_nonlinear_layer_keep_one_grid():
     x = np.random.default_rng(0).standard_normal((20, 30, C)).astype(np.float32)
-    assert qtool.calibrate(model(), x, method="minmax").graph.input_shifts == {}
+    qg = qtool.calibrate(model(), x, method="minmax")
+    assert qg.graph.input_shifts == {}
+    assert ("scale_input_channels", "one grid: x's channels' ranges are alike") in qg.passes
     g = model()
     g.nodes.insert(0, Node("act", "activation", ["x"], ["x1"], {"kind": "relu"}))
     g.nodes[1].inputs = ["x1"]
-    assert qtool.calibrate(g, mfcc(20, 0), method="minmax").graph.input_shifts == {}
+    qg = qtool.calibrate(g, mfcc(20, 0), method="minmax")
+    assert qg.graph.input_shifts == {}
+    assert ("scale_input_channels", "one grid: x is read by act (relu), which is not linear in it") in qg.passes
 
 
 def test_the_shifts_live_in_the_file_and_a_malformed_table_is_refused(tmp_path):
@@ -110,19 +126,28 @@ def test_the_shifts_live_in_the_file_and_a_malformed_table_is_refused(tmp_path):
     assert back.graph.input_shifts == qg.graph.input_shifts
     x = mfcc(5, 3)
     assert np.array_equal(run_int(back, x)["y"], run_int(qg, x)["y"])
+    text = None
     with h5py.File(tmp_path / "q.h5", "r+") as f:
-        f.attrs["graph"] = f.attrs["graph"].replace('"input_shifts": {"x": [0, 3', '"input_shifts": {"x": [-1, 3')
+        text = f.attrs["graph"]
+        f.attrs["graph"] = text.replace('"input_shifts": {"x": [0, 3', '"input_shifts": {"x": [-1, 3')
     with pytest.raises(QtoolError, match="input_shifts of 'x' is not one shift in 0..30 per channel"):
+        qtool.load(tmp_path / "q.h5")
+    with h5py.File(tmp_path / "q.h5", "r+") as f:  # valid shifts, but not the ones the weights were divided by
+        f.attrs["graph"] = text.replace('"input_shifts": {"x": [0, 3', '"input_shifts": {"x": [0, 2')
+    with pytest.raises(QtoolError, match="fingerprint"):
         qtool.load(tmp_path / "q.h5")
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
-def test_the_c_export_quantizes_each_channel_on_its_grid(tmp_path):
+@pytest.mark.parametrize("first", ["gru", "padded"])
+def test_the_c_export_quantizes_each_channel_on_its_grid(tmp_path, first):
     x = mfcc(40, 0)
-    qg = qtool.calibrate(model(), x, method="minmax")
+    qg = qtool.calibrate(model(first), x, method="minmax")
     res = qtool.export_c(qg, tmp_path / "c", name="kws")
     c = (tmp_path / "c" / "kws.c").read_text()
     assert "static const float kws_input_scale[10] = {0x1p" in c and "kws_input_scale[i % 10]" in c
+    shifts = ", ".join(map(str, qg.graph.input_shifts["x"]))
+    assert f"#define KWS_INPUT_SHIFTS {{{shifts}}}" in (tmp_path / "c" / "kws.h").read_text()
     assert res.name == "kws"
     v = qtool.verify(qg, tmp_path / "c", mfcc(6, 4))
     assert v.mismatches == 0

@@ -287,3 +287,11 @@ def test_the_docs_list_every_tflite_op_qtool_reads():
 
     docs = (Path(__file__).parent.parent / "docs" / "importing.md").read_text()
     assert [op for op in HANDLERS if f"`{op}`" not in docs] == []
+
+
+def test_a_whole_model_named_otherwise_imports_whole_with_its_format(cli, tmp_path):
+    pytest.importorskip("tflite")
+    (tmp_path / "wake.bin").write_bytes((GOLDEN / "tf_while_stack.tflite").read_bytes())
+    code, out, err = cli("import", tmp_path / "wake.bin", "--format", "tflite", "-o", tmp_path / "m.h5", "--no-check")
+    assert code == 0 and "imported the whole model" in out, out + err
+    assert sum(n.op == "gru" for n in qtool.load_model(tmp_path / "m.h5").nodes) == 2

@@ -107,8 +107,8 @@ def import_cmd(
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
     api.claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
-    if name is None and fmt is None and _whole_model(src):
-        graph_cmds.import_graph(src, output, not no_check)
+    if name is None and _whole_model(src, fmt):
+        graph_cmds.import_graph(src, output, not no_check, fmt)
         return
     model = api.load_model(src, fmt, name, check=not no_check, whole=False)
     api.save(model, output, True, inputs=[src])
@@ -128,10 +128,10 @@ def _hidden(model) -> str:
 NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)
 
 
-def _whole_model(path: Path) -> bool:
+def _whole_model(path: Path, fmt: str | None = None) -> bool:
     from qtool import api
 
-    return api.is_whole_model(path)
+    return api.is_whole_model(path, fmt)
 
 
 def note_what_was_left_out(model) -> None:

@@ -38,8 +38,8 @@ def qgraph_table(rows: list[dict], title: str, measured: bool) -> Table:
             snr = "exact" if r["exact"] else _fmt(r["snr_db"], ".1f")
             cells = [str(r["bits"]), snr, f"{r['cosine']:.5f}", f"{100 * r['saturated']:.2f}"]
         else:
-            cells = [shape_text(r), str(r["bits"]), str(r["exp2_inv"]), str(r["zp"]),
-                     r["method"].replace("'s calibration", "")]
+            e = str(r["exp2_inv"]) + ("+k" if r.get("channel_shifts") else "")  # per channel: + its shift
+            cells = [shape_text(r), str(r["bits"]), e, str(r["zp"]), r["method"].replace("'s calibration", "")]
         t.add_row(r["layer"], r["op"], *cells)
     return t
 
@@ -96,10 +96,10 @@ def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
     show_graph(g, path)
 
 
-def import_graph(src: Path, output: Path, check: bool) -> None:
+def import_graph(src: Path, output: Path, check: bool, fmt: str | None = None) -> None:
     from qtool import api
 
-    g = api.load_model(src, check=check, whole=True)
+    g = api.load_model(src, fmt, check=check, whole=True)
     api.save(g, output, True, inputs=[src])
     show_graph(g, src)
     out.print(f"imported the whole model -> {escape(str(output))}")

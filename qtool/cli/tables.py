@@ -195,6 +195,12 @@ def auto_lines(auto: dict, per_layer: bool = True) -> list[str]:
     return lines
 
 
+def _step(exp2_inv) -> str:
+    """A grid's step 2^-exp2_inv as written: 2^-3, or 2^1 for a negative exp2_inv (not 2^--1)."""
+    e = int(exp2_inv)
+    return f"2^-{e}" if e >= 0 else f"2^{-e}"
+
+
 def calibration_summary(qm: QuantModel, title: str) -> Table:
     """One row per layer direction: the grids of its input and state, and its tables' error."""
     t = Table(title=title)
@@ -203,8 +209,8 @@ def calibration_summary(qm: QuantModel, title: str) -> Table:
     for l, cells in enumerate(qm.cells):
         for d, cq in enumerate(cells):
             x, h = cq.spec["x"], cq.spec["h"]
-            t.add_row(f"{l}.{DIRECTIONS[d]}", f"int{x.bits} 2^-{x.exp2_inv} zp {x.zp}",
-                      f"int{h.bits} 2^-{h.exp2_inv} zp {h.zp}", f"[{float(h.lo):.3g}, {float(h.hi):.3g}]",
+            t.add_row(f"{l}.{DIRECTIONS[d]}", f"int{x.bits} {_step(x.exp2_inv)} zp {x.zp}",
+                      f"int{h.bits} {_step(h.exp2_inv)} zp {h.zp}", f"[{float(h.lo):.3g}, {float(h.hi):.3g}]",
                       f"{max(cq.lut_error.values()):g}")
     return t
 

@@ -224,11 +224,11 @@ def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, confi
     W x, dense, conv1d), so that one grid on the scaled input is a grid 2^k_c finer on channel c."""
     if g.input_shifts:
         return "the model's input channels keep the shifts the graph holds: " + _shifts_text(g)
-    done = []
+    done, why = [], []
     for edge in g.inputs:
-        readers = g.consumers(edge)
-        if edge in g.outputs or not readers or any(not hasattr(layer(r.op, r.label), "scale_input")
-                                                   for r in readers):
+        readers, blocker = _absorbers(g, edge)
+        if blocker:
+            why.append(f"{edge} is read by {blocker}, which is not linear in it")
             continue
         lo = hi = None
         for _, x in data.chunks(chunk, n):  # each channel's range, a chunk at a time
@@ -239,12 +239,33 @@ def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, confi
             continue
         shifts = channel_shifts(hi - lo, layer_bits(config, edge).activation)
         if shifts.max(initial=0) < SHIFT_MIN_GAIN:
+            why.append(f"{edge}'s channels' ranges are alike")
             continue
         for r in readers:
             layer(r.op, r.label).scale_input(r, shifts)
         g.input_shifts[edge] = tuple(int(k) for k in shifts)
         done.append(edge)
-    return ("input " + _shifts_text(g)) if done else "one grid per input (its channels' ranges are alike)"
+    text = "; ".join(([f"input {_shifts_text(g)}"] if done else []) + [f"one grid: {w}" for w in why])
+    return text or "no input to scale"
+
+
+def _absorbers(g: Graph, edge: str) -> tuple[list[Node], str | None]:
+    """The layers that take a per-channel scale of `edge` into their weights (`scale_input`),
+    through the ops that only move values (`SCALE_PASSES`); or the first reader that cannot."""
+    nodes, todo = [], [edge]
+    while todo:
+        e = todo.pop()
+        if e in g.outputs:
+            return [], "a model output"
+        for r in g.consumers(e):
+            mod = layer(r.op, r.label)
+            if r.op in getattr(mod, "SCALE_PASSES", ()):
+                todo.extend(r.outputs)
+            elif hasattr(mod, "scale_input") and r.inputs[:1] == [e] and e not in r.inputs[1:]:
+                nodes.append(r)
+            else:
+                return [], f"{r.name} ({r.attrs.get('kind') or r.op})"
+    return nodes, None
 
 
 def _shifts_text(g: Graph) -> str:

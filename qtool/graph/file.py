@@ -158,7 +158,8 @@ def fingerprint(qg: QGraph) -> str:
     structure = {"inputs": g.inputs, "outputs": g.outputs, "core": qg.core, "tail": qg.tail,
                  "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in g.nodes],
                  "grids": {e: [t.bits, int(t.exp2_inv), int(t.zp)] for e, t in qg.grids.items()},
-                 "layer_bits": qg.info.get("layer_bits", {})}
+                 "layer_bits": qg.info.get("layer_bits", {}),
+                 **({"input_shifts": {e: list(k) for e, k in g.input_shifts.items()}} if g.input_shifts else {})}
     h = hashlib.sha256(f"{QGFORMAT}/{GVERSION}|".encode())
     h.update(json.dumps(structure, default=_plain, sort_keys=True).encode())
     for k, n in enumerate(g.nodes):

@@ -36,6 +36,13 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [(xs[0] - mean) / np.sqrt(var + eps) * gamma + beta]
 
 
+def scale_input(node: Node, shifts: np.ndarray) -> None:
+    """The same layer on its input's channels times 2^shifts: mean times, gamma divided by them
+    (exact: (x s - m s) / q * g / s is (x - m) / q * g to the bit)."""
+    for k, sign in (("mean", 1), ("gamma", -1)):
+        node.params[k] = np.ldexp(f32(node.params[k]), sign * shifts).astype(np.float32)
+
+
 def affine(node: Node) -> tuple[np.ndarray, np.ndarray]:
     """(a, c) with batchnorm(x) = x * a + c per channel."""
     gamma, beta, mean, var = (np.asarray(node.params[k], np.float64) for k in PARAMS)

@@ -18,6 +18,7 @@ from qtool.layers.c import CNode, Window, ctype, requantize_expr
 from qtool.layers.integer import requantize
 
 OPS = ("zero_pad1d", "last_step")
+SCALE_PASSES = OPS  # they only move values: a per-channel scale of the input passes through them
 SHARES_GRID = OPS  # their output may keep the input's grid: no requantization
 
 

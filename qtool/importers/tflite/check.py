@@ -5,6 +5,8 @@ time for the converter's usual batch of 1)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -13,6 +15,20 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.importers.checks import framework_run, reason
 from qtool.importers.onnx.check import CHECK_N, check_inputs, compare_outputs
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """LiteRT's C++ prints `INFO: Created TensorFlow Lite XNNPACK delegate` on file descriptor 2,
+    through a progress bar: that descriptor goes to /dev/null while it runs."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _interpreter(path: Path):
@@ -57,7 +73,8 @@ def _fixed_batch(details) -> int | None:
 def check_tflite(path: Path, graph, ports, reader) -> dict:
     """The file run by LiteRT against `graph` run by qtool.layers.run; raises where they differ."""
     try:
-        batch = _fixed_batch(_interpreter(path).get_input_details())
+        with _native_stderr_silenced():
+            batch = _fixed_batch(_interpreter(path).get_input_details())
     except ImportError:
         return {"checked": False, "reason": "LiteRT cannot be imported (pip install ai-edge-litert)"}
     except Exception as e:  # the interpreter raises RuntimeError and ValueError on files it cannot load
@@ -66,7 +83,8 @@ def check_tflite(path: Path, graph, ports, reader) -> dict:
     # a batch the file fixes above one: that many sequences in one run; else CHECK_N, run by run
     feeds, xs, n, t = check_inputs(reader, ports, batch if batch and batch > 1 else CHECK_N)
     try:
-        want = run_tflite(path, feeds, n)
+        with _native_stderr_silenced():
+            want = run_tflite(path, feeds, n)
     except Exception as e:  # as above, on inputs it cannot take
         raise QtoolError(f"{path}: LiteRT cannot run this file ({reason(e)})") from None
     worst = compare_outputs(path, graph, ports, xs, want, n, "LiteRT")

@@ -357,21 +357,31 @@ def _conv2d(scope: _Scope, op: Op) -> None:
     SAME padding puts the odd step after, as ONNX's SAME_UPPER."""
     o = op.options
     W = scope.tensor(op.inputs[1])
-    if W.data is None:
-        raise QtoolError(f"{scope.where(op)} reads computed weights; qtool reads constants")
     depthwise = op.kind == "DEPTHWISE_CONV_2D"
     c_in = scope.tensor(op.inputs[0]).shape[-1]
-    # OHWI (conv) or 1HW(I*M) (depthwise) -> OIHW
-    w = W.data.transpose(3, 0, 1, 2) if depthwise else W.data.transpose(0, 3, 1, 2)
+    # OHWI (conv) or 1HW(I*M) (depthwise) -> OIHW; stored, or computed (a float16 model's DEQUANTIZE)
+    perm = [3, 0, 1, 2] if depthwise else [0, 3, 1, 2]
+    w = (scope.const(f"{W.name}_oihw", np.ascontiguousarray(W.data.transpose(perm))) if W.data is not None else
+         scope.node("Transpose", [scope.name(op.inputs[1])], perm=perm)[0])
     x = scope.node("Transpose", [scope.name(op.inputs[0])], perm=[0, 3, 1, 2])[0]
-    ins = [x, scope.const(f"{W.name}_oihw", np.ascontiguousarray(w))]
+    ins = [x, w]
     if len(op.inputs) > 2 and op.inputs[2] >= 0:
         ins.append(scope.name(op.inputs[2]))
     attrs = dict(strides=[int(o.StrideH()), int(o.StrideW())], group=int(c_in) if depthwise else 1,
                  dilations=[int(o.DilationHFactor()), int(o.DilationWFactor())],
-                 auto_pad="SAME_UPPER" if o.Padding() == 0 else "VALID", kernel_shape=list(w.shape[2:]))
+                 auto_pad="SAME_UPPER" if o.Padding() == 0 else "VALID",
+                 kernel_shape=[int(W.shape[1]), int(W.shape[2])])
     # back to NHWC, then the fused activation (it acts per value: the order does not matter)
     _fused(scope, op, "Transpose", [scope.node("Conv", ins, **attrs)[0]], perm=[0, 2, 3, 1])
+
+
+def _pad(scope: _Scope, op: Op) -> None:
+    """PAD and PADV2: constant padding, paddings [rank, 2] as ONNX's pads (all befores, then afters)."""
+    pads = np.asarray(scope.array(op, 1, "paddings"), np.int64).reshape(-1, 2)
+    ins = [scope.name(op.inputs[0]), scope.const("pads", np.concatenate([pads[:, 0], pads[:, 1]]))]
+    if op.kind == "PADV2" and len(op.inputs) > 2:
+        ins.append(scope.name(op.inputs[2]))
+    scope.node("Pad", ins, [scope.name(op.outputs[0])], mode="constant")
 
 
 def _softmax(scope: _Scope, op: Op) -> None:
@@ -438,5 +448,5 @@ HANDLERS: dict[str, Callable[[_Scope, Op], None]] = {
     "SPLIT_V": _split, "GATHER": _gather, "STRIDED_SLICE": _strided_slice, "SLICE": _slice,
     "FULLY_CONNECTED": _fully_connected, "SOFTMAX": _softmax, "MEAN": _mean, "SUM": _mean, "REDUCE_MAX": _mean,
     "REDUCE_MIN": _mean, "WHILE": _while, "SHAPE": _shape, "FILL": _fill, "PACK": _pack, "DEQUANTIZE": _dequantize,
-    "CONV_2D": _conv2d, "DEPTHWISE_CONV_2D": _conv2d,
+    "CONV_2D": _conv2d, "DEPTHWISE_CONV_2D": _conv2d, "PAD": _pad, "PADV2": _pad,
 }
