@@ -71,6 +71,12 @@ def _gru_name(name: str) -> str:
     return next(n.name for n in g.nodes if n.op == "gru")
 
 
+def test_a_gru_run_backward_around_a_loop_is_refused_saying_so(cli, tmp_path):
+    code, out, err = cli("import", GOLDEN / "tf_loop_bidir.onnx", "-o", tmp_path / "m.h5")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "(ReverseSequence) runs a sequence backward in time" in err and "go_backwards" in err
+
+
 def test_a_loop_that_is_no_gru_is_refused_saying_what_it_computes(cli):
     code, out, err = cli("import", GOLDEN / "tf_loop_rnn.onnx", "-o", "unused.h5")
     assert code == 2 and err.count("\n") == 1, err

@@ -16,6 +16,8 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   dense layer (a frozen graph, as ARM's keyword spotters): a Scan.
 - tf_scan_stack.onnx: two GRUCells in a MultiRNNCell (both cells in one Scan body).
 - tf_loop_rnn.onnx: a Keras SimpleRNN(8) (a Loop that is no GRU: refused).
+- tf_loop_bidir.onnx: a Keras Bidirectional(GRU(6, reset_after=False)): tf2onnx's backward Loop
+  reads a ReverseSequence (refused, saying so).
 - tf_while_gates.tflite: the wake-word model as Precise trains it (Keras' implementation=1: a
   matmul per gate; dropout), whose TFLite body computes each gate apart.
 - tf_while_precise.tflite and tf_while_stack.tflite: the wake-word model, and a Keras GRU(12)
@@ -145,6 +147,12 @@ def reset_after(rng) -> None:
     keras_file("tf_loop_reset_after", biased(tf.keras.Model(i, h), 4), x)
 
 
+def bidirectional(rng) -> None:
+    i = tf.keras.Input((9, 4))
+    h = tf.keras.layers.Bidirectional(tf.keras.layers.GRU(6, reset_after=False))(i)
+    keras_file("tf_loop_bidir", biased(tf.keras.Model(i, h), 11), rng.standard_normal((4, 9, 4)).astype("float32"))
+
+
 def simple_rnn(rng) -> None:
     i = tf.keras.Input((10, 4))
     model = biased(tf.keras.Model(i, tf.keras.layers.SimpleRNN(8)(i)), 3)
@@ -184,6 +192,7 @@ def main() -> None:
     refused_tflite(rng)
     more_tflite(rng)
     conv_front(rng)
+    bidirectional(rng)
     tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
     tf1_file("tf_scan_gru", 1, rng)
     tf1_file("tf_scan_stack", 2, rng)
