@@ -94,3 +94,18 @@ def test_advise_says_held_out_data_scaled_unlike_the_calibration_data(quantized)
     assert "of the held-out values lie outside the calibration data's range" in said
     assert qtool.advise(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", d / "good.npy",
                         limit=60).extra["notes"] == []
+
+
+def test_calibrate_says_when_every_candidate_of_auto_scores_poorly(monkeypatch):
+    """auto's held-out scores are all the data can say of the bits: below LOW_SNR_DB, a note names
+    the wider presets (the sample scores about 29 dB; the bar raised above it here)."""
+    pytest.importorskip("onnx")
+    import qtool.graph.calibrate as gc
+
+    qg = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", check=False)
+    assert not [n for n in qg.info.get("notes", []) if "too coarse" in n]
+    monkeypatch.setattr(gc, "LOW_SNR_DB", 1000.0)
+    qg = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", check=False)
+    best = max(qg.info["auto"]["output_snr_db"].values())
+    assert f"output SNR on the held-out calibration sequences is {best:.1f} dB at best: int8 is too coarse" in \
+        " ".join(qg.info["notes"])

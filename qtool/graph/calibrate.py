@@ -374,6 +374,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
 
 AUTO_CANDIDATES = ("per-edge", "minmax", "mse")
 HELD_OUT = 0.2  # the share of the data auto scores its candidates on
+LOW_SNR_DB = 10.0  # below this held-out output SNR, calibrate says the bits are too few for the model
 
 
 def calibrate_auto_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
@@ -406,4 +407,9 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     phase(f"auto: {best} scored best; calibrating it on all {n} sequences")
     qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
+    if scores[best] < LOW_SNR_DB:  # every candidate is poor: the grids are not what is wrong
+        qg.info["notes"] = [*qg.info.get("notes", []), (
+            f"the integer model's output SNR on the held-out calibration sequences is {scores[best]:.1f} dB at "
+            f"best: {qg.info.get('bits', 'these bits')} is too coarse for this model; try --bits w8a16, or "
+            "`qtool advise` to choose the bits per tensor")]
     return qg
