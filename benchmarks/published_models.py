@@ -1,0 +1,80 @@
+"""qtool on GRU models as their authors publish them: each file imported whole and checked against
+its own runtime (ONNX Runtime or LiteRT running the file as written), and, given features, each
+preset calibrated and simulated (the model's output against float: cosine, 99th-percentile and
+largest error) and its C verified on the host. The files are not in the repository (their
+licences are their authors'); point the script at checkouts of them:
+
+    git clone https://github.com/OpenVoiceOS/precise-lite-models
+    python benchmarks/published_models.py precise-lite-models/wakewords/en/*.onnx \\
+        precise-lite-models/wakewords/en/*.tflite [--calib calib.npy --test test.npy] [--presets int8,w8a16]
+
+ARM's ML-KWS-for-MCU GRU_S/M/L are TensorFlow frozen graphs: convert each from its MFCC input on
+(`tf2onnx.convert.from_graph_def(graph_def, input_names=["Reshape_1:0"],
+output_names=["labels_softmax:0"], opset=13)`) and pass the .onnx files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import qtool  # noqa: E402
+from qtool.errors import QtoolError  # noqa: E402
+from qtool.graph.simulate import dequantized, run_int  # noqa: E402
+from qtool.layers import run  # noqa: E402
+
+
+def output_errors(qg, x: np.ndarray) -> dict:
+    """The model's first output in integers against float on `x`: cosine, p99 and largest error."""
+    edge = qg.graph.outputs[0]
+    want = run(qg.graph, x)[edge].ravel().astype(np.float64)
+    got = dequantized(qg, run_int(qg, x))[edge].ravel().astype(np.float64)
+    err = np.abs(got - want)
+    cos = float(want @ got / max(np.linalg.norm(want) * np.linalg.norm(got), 1e-30))
+    return {"cosine": cos, "p99": float(np.percentile(err, 99)), "max": float(err.max())}
+
+
+def one(path: Path, calib, test, presets: list[str], verify: int) -> list[str]:
+    try:
+        g = qtool.load_model(path, whole=True)
+    except QtoolError as e:
+        return [f"{path.name}: refused: {e}"]
+    check = g.check_result or {}
+    lines = [f"{path.name}: {sum(n.op == 'gru' for n in g.nodes)} GRU(s), {len(g.nodes)} layers; "
+             + (f"{check['framework']} {check['max_abs_diff']:.2g}" if check.get("checked") else "not checked")]
+    for preset in presets if calib is not None else []:
+        qg = qtool.calibrate(g, calib, bits=preset, check=False)
+        e = output_errors(qg, test)
+        text = f"  {preset}: cosine {e['cosine']:.4f}, p99 error {e['p99']:.4f}, max error {e['max']:.4f}"
+        if verify:
+            with tempfile.TemporaryDirectory() as d:
+                qtool.export_c(qg, d, name="model")
+                text += f", C: {qtool.verify(qg, d, test[:verify]).mismatches} mismatches"
+        lines.append(text)
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--calib", type=Path, help="calibration features [N, T, C] (.npy)")
+    ap.add_argument("--test", type=Path, help="held-out features [N, T, C] (.npy)")
+    ap.add_argument("--presets", default="int8,w8a16")
+    ap.add_argument("--verify", type=int, default=20, metavar="N", help="verify the C on N test sequences (0: no)")
+    args = ap.parse_args()
+    calib = np.load(args.calib) if args.calib else None
+    test = np.load(args.test) if args.test else None
+    for path in args.files:
+        for line in one(path, calib, test, args.presets.split(","), args.verify):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
