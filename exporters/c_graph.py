@@ -119,6 +119,11 @@ def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool, comp
     for name in qg.core:
         node = qg.node(name)
         f = f"{prefix}_{c_name(name)}"
+        if node.op in MODEL_OPS:  # a GRU's own export takes a C prefix of at most 48 characters: the same one
+            f, k = c_name(f), 1
+            while f in used:
+                k += 1
+                f = c_name(f"{f[:44]}_{k}")
         while f in used:
             f += "_"
         used.add(f)

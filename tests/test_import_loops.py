@@ -71,10 +71,21 @@ def _gru_name(name: str) -> str:
     return next(n.name for n in g.nodes if n.op == "gru")
 
 
-def test_a_gru_run_backward_around_a_loop_is_refused_saying_so(cli, tmp_path):
-    code, out, err = cli("import", GOLDEN / "tf_loop_bidir.onnx", "-o", tmp_path / "m.h5")
+@pytest.mark.parametrize("name", ["tf_loop_bidir", "tf_loop_bidir_seq"])
+def test_a_bidirectional_gru_of_two_loops_is_one_bidirectional_gru(name):
+    g = qtool.load_model(GOLDEN / f"{name}.onnx", check=False, whole=True)
+    x, want = _io(name)
+    assert np.abs(L.run(g, x)[g.outputs[0]] - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    grus = [n for n in g.nodes if n.op == "gru"]
+    assert grus[0].attrs.get("bidirectional")
+    assert grus[0].attrs.get("return_sequences", True) == (name != "tf_loop_bidir")
+    assert any("run backward" in n for n in g.notes)
+
+
+def test_a_gru_run_backward_alone_is_refused_saying_so(cli, tmp_path):
+    code, out, err = cli("import", GOLDEN / "tf_loop_backwards.onnx", "-o", tmp_path / "m.h5")
     assert code == 2 and err.count("\n") == 1, err
-    assert "(ReverseSequence) runs a sequence backward in time" in err and "go_backwards" in err
+    assert "run backward alone (Keras' go_backwards=True)" in err
 
 
 def test_a_loop_that_is_no_gru_is_refused_saying_what_it_computes(cli):
@@ -301,3 +312,13 @@ def test_a_whole_model_named_otherwise_imports_whole_with_its_format(cli, tmp_pa
     code, out, err = cli("import", tmp_path / "wake.bin", "--format", "tflite", "-o", tmp_path / "m.h5", "--no-check")
     assert code == 0 and "imported the whole model" in out, out + err
     assert sum(n.op == "gru" for n in qtool.load_model(tmp_path / "m.h5").nodes) == 2
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_a_bidirectional_gru_of_two_loops_runs_in_c(tmp_path):
+    """Its GRU node's name (the two loops') is longer than a C prefix takes: the GRU's own C and
+    the model's call it by the same shortened prefix."""
+    x, _ = _io("tf_loop_bidir_seq")
+    qg = qtool.calibrate(GOLDEN / "tf_loop_bidir_seq.onnx", np.concatenate([x] * 8), method="minmax", check=False)
+    qtool.export_c(qg, tmp_path / "c")
+    assert qtool.verify(qg, tmp_path / "c", x).mismatches == 0

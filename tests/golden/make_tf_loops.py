@@ -16,8 +16,9 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   dense layer (a frozen graph, as ARM's keyword spotters): a Scan.
 - tf_scan_stack.onnx: two GRUCells in a MultiRNNCell (both cells in one Scan body).
 - tf_loop_rnn.onnx: a Keras SimpleRNN(8) (a Loop that is no GRU: refused).
-- tf_loop_bidir.onnx: a Keras Bidirectional(GRU(6, reset_after=False)): tf2onnx's backward Loop
-  reads a ReverseSequence (refused, saying so).
+- tf_loop_bidir.onnx and tf_loop_bidir_seq.onnx: a Keras Bidirectional(GRU(6, reset_after=False)),
+  its final states and its every step (then a second GRU): tf2onnx's backward Loop reads a
+  ReverseSequence. tf_loop_backwards.onnx: a GRU(6, go_backwards=True) alone (refused).
 - tf_while_gates.tflite: the wake-word model as Precise trains it (Keras' implementation=1: a
   matmul per gate; dropout), whose TFLite body computes each gate apart.
 - tf_while_precise.tflite and tf_while_stack.tflite: the wake-word model, and a Keras GRU(12)
@@ -151,6 +152,14 @@ def bidirectional(rng) -> None:
     i = tf.keras.Input((9, 4))
     h = tf.keras.layers.Bidirectional(tf.keras.layers.GRU(6, reset_after=False))(i)
     keras_file("tf_loop_bidir", biased(tf.keras.Model(i, h), 11), rng.standard_normal((4, 9, 4)).astype("float32"))
+    i = tf.keras.Input((None, 4))
+    h = tf.keras.layers.Bidirectional(tf.keras.layers.GRU(6, reset_after=False, return_sequences=True))(i)
+    h = tf.keras.layers.GRU(5, reset_after=False)(h)
+    keras_file("tf_loop_bidir_seq", biased(tf.keras.Model(i, h), 12),
+               rng.standard_normal((4, 9, 4)).astype("float32"))
+    i = tf.keras.Input((9, 4))
+    h = tf.keras.layers.GRU(6, reset_after=False, go_backwards=True)(i)
+    keras_file("tf_loop_backwards", biased(tf.keras.Model(i, h), 13), rng.standard_normal((4, 9, 4)).astype("float32"))
 
 
 def simple_rnn(rng) -> None:

@@ -48,7 +48,9 @@ def _check_attributes(node, where: str) -> int:
                          "ONNX defines 0 and 1")
     direction = attr(node, "direction", "forward")
     if direction not in ("forward", "bidirectional"):
-        raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional are supported")
+        raise QtoolError(f"{where} has direction '{direction}'; only forward and bidirectional are supported"
+                         + ("; a GRU run backward alone (Keras' go_backwards=True) has no integer form in qtool"
+                            if direction == "reverse" else ""))
     dirs = 2 if direction == "bidirectional" else 1
     forms(node, dirs, where)
     if attr(node, "clip", None) is not None:

@@ -26,6 +26,7 @@ from qtool.importers.checks import reason
 from qtool.importers.onnx.fold import attr
 from qtool.importers.onnx.loops.anatomy import NotACell, anatomy, name_of
 from qtool.importers.onnx.loops.cells import find_cells
+from qtool.importers.onnx.loops.directions import pair_directions
 from qtool.importers.onnx.loops.rewrite import LOOP_NOTE, read_outside, replace
 
 _LOOP_TAIL = ("; qtool reads a loop whose states are GRU cells (tf2onnx writes a Keras GRU as a Loop and a TF1 "
@@ -77,11 +78,13 @@ def rewrite_loops(model, where: str) -> None:
         except NotACell as e:
             node.doc_string = f"{LOOP_NOTE}: {e}"
             continue
-        note = (f"node '{name_of(node)}' ({node.op_type}) read as {_layers_text(cells)}: qtool's float GRU "
-                f"matches the loop on {checked}")
+        backward = " run backward on the sequence it reverses" if parts.reversed_from else ""
+        note = (f"node '{name_of(node)}' ({node.op_type}) read as {_layers_text(cells)}{backward}: qtool's float "
+                f"GRU matches the loop on {checked}")
         replace(model, parts, cells, note)
         entry = model.metadata_props.add()
         entry.key, entry.value = LOOP_NOTE, note
+    pair_directions(model)  # a backward GRU's reversals, and a Bidirectional's two halves joined
 
 
 def loop_notes(model) -> list[str]:

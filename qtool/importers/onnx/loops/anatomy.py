@@ -33,6 +33,9 @@ class Anatomy:
     states: list
     unused: list  # the loop's other outputs (counters, invariants): nothing may read them
     invariant: dict = field(default_factory=dict)  # a body input carried unchanged -> its outer value
+    # (the sequence before, the lengths) where the loop reads a ReverseSequence of it: a GRU run
+    # backward (tf2onnx's Keras go_backwards and Bidirectional); the lengths proved whole by the probe
+    reversed_from: tuple | None = None
 
 
 def name_of(node) -> str:
@@ -43,9 +46,11 @@ def anatomy(graph, node) -> Anatomy:
     body = attr(node, "body", None)
     if body is None:
         raise NotACell("it has no body")
-    if node.op_type == "Loop":
-        return _loop(graph, node, body)
-    return _scan(graph, node, body)
+    a = _loop(graph, node, body) if node.op_type == "Loop" else _scan(graph, node, body)
+    rev = next((n for n in graph.node if a.sequence in n.output and n.op_type == "ReverseSequence"), None)
+    if rev is not None and attr(rev, "batch_axis", 1) == 1 and attr(rev, "time_axis", 0) == 0:
+        a.reversed_from = (rev.input[0], rev.input[1])
+    return a
 
 
 def elem(value_info) -> int:

@@ -33,6 +33,8 @@ def find_cells(model, a: Anatomy, where: str) -> tuple[list, str]:
     a.states = [s for s in a.states if s not in buffers]
     if not a.states:
         raise NotACell("it carries no float state [N, H] from step to step")
+    if a.reversed_from and len(a.states) > 1:
+        raise NotACell("it runs a stack of cells backward; qtool reads one GRU layer run backward")
     for state in a.states:
         if any(np.any(v[state.init] != 0) for v in runs):
             fed = state.init if state.init in {i.name for i in model.graph.input} else None

@@ -37,6 +37,7 @@ def probe(model, a: Anatomy, where: str, steps: int | None) -> dict:
     g = Graph(model.graph, where, None, opset(model), model)
     wanted = [s.init for s in a.states] + [a.sequence] + [s.final for s in a.states if s.final]
     wanted += [name for s in a.states for name, _ in s.scans]
+    wanted += list(a.reversed_from or ())
     wanted = list(dict.fromkeys(wanted))
     order = {id(n): k for k, n in enumerate(g.nodes)}
     nodes, todo, seen = {}, list(wanted) + [i for i in a.node.input if i] + outer_names(a.body), set()
@@ -58,7 +59,7 @@ def probe(model, a: Anatomy, where: str, steps: int | None) -> dict:
     feeds, inputs = {}, []
     for i in model.graph.input:
         if i.name in read and i.name not in g.consts:
-            feeds[i.name] = _random_input(i, steps, rng)
+            feeds[i.name] = random_input(i, steps, rng)
             inputs.append(helper.make_tensor_value_info(i.name, elem(i), None))
     inits = [g.tensor(k) for k in g.consts if k in read]
     sub = helper.make_graph(cone, "probe", inputs, [helper.make_tensor_value_info(w, TensorProto.UNDEFINED, None)
@@ -72,13 +73,15 @@ def probe(model, a: Anatomy, where: str, steps: int | None) -> dict:
     seq = values[a.sequence]
     if seq.ndim != 3 or seq.dtype.kind != "f":
         raise NotACell(f"the sequence it reads has shape {list(seq.shape)}; a GRU reads [T, N, C]")
+    if a.reversed_from and np.any(np.asarray(values[a.reversed_from[1]]).reshape(-1) != seq.shape[0]):
+        raise NotACell("it reads a sequence reversed over lengths other than the whole sequence's")
     if a.node.op_type == "Loop":  # onnx.reference's Loop concatenates its per-step outputs where ONNX stacks them
         for name, _ in (x for s in a.states for x in s.scans):
             values[name] = values[name].reshape(seq.shape[0], -1, values[name].shape[-1])
     return values
 
 
-def _random_input(info, steps: int | None, rng) -> np.ndarray:
+def random_input(info, steps: int | None, rng) -> np.ndarray:
     dims = [d.dim_value or None for d in info.type.tensor_type.shape.dim]
     shape = [PROBE_SEQUENCES if k == 0 and d is None else (steps or PROBE_STEPS) if d is None else d
              for k, d in enumerate(dims)]

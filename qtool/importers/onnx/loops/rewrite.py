@@ -51,7 +51,8 @@ def replace(model, a: Anatomy, cells: list, note: str) -> None:
         else:
             nodes.append(helper.make_node("Squeeze", [x], [out], axes=[axis]))
 
-    x = a.sequence
+    backward = a.reversed_from is not None  # a GRU run backward on the sequence the loop reverses
+    x = a.reversed_from[0] if backward else a.sequence
     for k, ((cell, _), state) in enumerate(zip(cells, a.states)):
         name = base if len(cells) == 1 else fresh(f"{base}/cell{k}")
         H, f = cell.R.shape[1], cell.form
@@ -65,9 +66,15 @@ def replace(model, a: Anatomy, cells: list, note: str) -> None:
         Y, Y_h = fresh(f"{name}/Y"), fresh(f"{name}/Y_h")
         nodes.append(helper.make_node("GRU", [x, W, R, B], [Y, Y_h], name=name, hidden_size=H,
                                       linear_before_reset=int(f.reset_after), activations=acts,
-                                      doc_string=f"{LOOP_NOTE}: {note}", **extra))
+                                      doc_string=f"{LOOP_NOTE}: {note}",
+                                      **({"direction": "reverse"} if backward else {}), **extra))
         x = fresh(f"{name}/sequence")
         squeeze(Y, 1, x)
+        if backward:  # the loop's steps are the GRU's in reverse order (`pair_directions` undoes it)
+            steps = fresh(f"{name}/loop_order")
+            nodes.append(helper.make_node("ReverseSequence", [x, a.reversed_from[1]], [steps], batch_axis=1,
+                                          time_axis=0, doc_string=f"{LOOP_NOTE}: {Y_h}"))
+            x = steps
         if state.final and state.final in read:
             squeeze(Y_h, 0, state.final)
         for out, kind, shape in state.copies:  # a buffer of its steps: fixed shapes (TFLite's)
