@@ -163,3 +163,11 @@ def test_the_c_export_verifies_on_the_emulated_cortex_m4(tmp_path):
     qtool.export_c(qg, tmp_path / "c", name="kws")
     v = qtool.verify(qg, tmp_path / "c", mfcc(3, 5), target="cortex-m4")
     assert v.mismatches == 0 and v.target == "cortex-m4"
+
+
+def test_simulate_names_the_channel_most_outside_its_grid():
+    qg = qtool.calibrate(model(), mfcc(40, 0), method="minmax")
+    x = mfcc(20, 1)
+    x[..., 3] *= 100  # one channel scaled unlike the calibration data
+    notes = " ".join(qtool.simulate(qg, x).notes)
+    assert "lie outside its grid (saturated; most on channel 3 (its grid 2^-3 finer):" in notes, notes
