@@ -221,7 +221,8 @@ def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, confi
     """A power-of-two grid per channel of the model's input where the channels' ranges differ (an
     MFCC's first coefficient spans ten times the others): channel c times 2^k_c at the input, the
     first layers' weights divided by it (exact; each reader a layer linear in its input: a GRU's
-    W x, dense, conv1d), so that one grid on the scaled input is a grid 2^k_c finer on channel c."""
+    W x, dense, conv1d, batchnorm, through the ops that only move values: `_absorbers`), so that
+    one grid on the scaled input is a grid 2^k_c finer on channel c."""
     if g.input_shifts:
         return "the model's input channels keep the shifts the graph holds: " + _shifts_text(g)
     done, why = [], []

@@ -41,11 +41,10 @@ def _interpreter(path: Path):
     return Interpreter(model_path=str(path))
 
 
-def run_tflite(path: Path, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """Each output of the file on `feeds` (by tensor name, `n` sequences each), in runs of the
-    batch the file fixes (one sequence at a time for the converter's usual batch of 1); an axis
-    the file leaves dynamic (the steps) is resized to the feeds'."""
-    it = _interpreter(path)
+def run_tflite(it, feeds: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """Each output of the file interpreter `it` runs on `feeds` (by tensor name, `n` sequences
+    each), in runs of the batch the file fixes (one sequence at a time for the converter's usual
+    batch of 1); an axis the file leaves dynamic (the steps) is resized to the feeds'."""
     ins = {d["name"]: d for d in it.get_input_details()}
     batch = _fixed_batch(ins.values()) or n
     outs: dict[str, list] = {}
@@ -74,7 +73,8 @@ def check_tflite(path: Path, graph, ports, reader) -> dict:
     """The file run by LiteRT against `graph` run by qtool.layers.run; raises where they differ."""
     try:
         with _native_stderr_silenced():
-            batch = _fixed_batch(_interpreter(path).get_input_details())
+            it = _interpreter(path)
+        batch = _fixed_batch(it.get_input_details())
     except ImportError:
         return {"checked": False, "reason": "LiteRT cannot be imported (pip install ai-edge-litert)"}
     except Exception as e:  # the interpreter raises RuntimeError and ValueError on files it cannot load
@@ -84,7 +84,7 @@ def check_tflite(path: Path, graph, ports, reader) -> dict:
     feeds, xs, n, t = check_inputs(reader, ports, batch if batch and batch > 1 else CHECK_N)
     try:
         with _native_stderr_silenced():
-            want = run_tflite(path, feeds, n)
+            want = run_tflite(it, feeds, n)
     except Exception as e:  # as above, on inputs it cannot take
         raise QtoolError(f"{path}: LiteRT cannot run this file ({reason(e)})") from None
     worst = compare_outputs(path, graph, ports, xs, want, n, "LiteRT")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from qtool.errors import QtoolError
 from qtool.importers.checks import reason
+from qtool.importers.once import once
 from qtool.importers.onnx.fold import attr
 from qtool.importers.onnx.loops.anatomy import NotACell, anatomy, name_of
 from qtool.importers.onnx.loops.cells import find_cells
@@ -39,7 +40,13 @@ LOOPS = ("Loop", "Scan")
 def load_onnx(path: Path, loops: bool = True):
     """The ModelProto of an ONNX file, its external data left to qtool's own checked reader
     (external.py), or the one a TFLite file computes (qtool.importers.tflite); with `loops`, its
-    GRU cells written as loops read as GRU nodes (`rewrite_loops`)."""
+    GRU cells written as loops read as GRU nodes (`rewrite_loops`). Read, and its loops proved,
+    once per command (qtool.importers.once): the GRU import and its QDQ reader both ask."""
+    kind = "onnx-model" if loops else "onnx-model-as-written"
+    return once(kind, path, lambda: (_read(Path(path), loops),))[0]
+
+
+def _read(path: Path, loops: bool):
     try:
         import onnx
     except ImportError:

@@ -18,6 +18,7 @@ TOLERANCE = 1e-4  # of the larger of 1 and the state's peak: float32 rounding, n
 # what a cell's gates and candidate may compute: qtool's CellForm and how an ONNX GRU node says it
 GATES = (("sigmoid", None, None), ("hard_sigmoid", 0.2, 0.5), ("hard_sigmoid", 1 / 6, 0.5))
 CANDIDATES = ("tanh", "linear", "relu")
+FORMS = [(g, a, b, c) for (g, a, b), c in itertools.product(GATES, CANDIDATES)]  # every (gate, candidate)
 
 
 def find_cells(model, a: Anatomy, where: str) -> tuple[list, str]:
@@ -118,7 +119,6 @@ def _candidates(weights: list, I: int, H: int):
     def of(shape):
         return [w for w in weights if w.shape == shape]
 
-    forms = [(g, a, b, c) for (g, a, b), c in itertools.product(GATES, CANDIDATES)]
     # Keras: kernel [I, 3H], recurrent kernel [H, 3H] (or its z | r and h blocks apart: TFLite folds
     # the slices of a reset-before cell), gates z | r | h; bias [3H] (reset before) or [2, 3H] (the
     # input's and the recurrent matmul's; TFLite keeps them apart, each on its FULLY_CONNECTED)
@@ -130,7 +130,7 @@ def _candidates(weights: list, I: int, H: int):
     for K, R in itertools.product(of((I, 3 * H)), recurrent):
         for reset_after, biases in ((True, after), (False, before)):
             for bx, br in biases:
-                for g, alpha, beta, c in forms:
+                for g, alpha, beta, c in FORMS:
                     form = CellForm(reset_after, g, alpha, beta, c)
                     yield GruCell(K.T.copy(), R.T.copy(), bx.copy(), br.copy(), form), "Keras GRU cell"
     # TF1 GRUCell: [r | u] = gate([x, h] Kg + bg), c = candidate([x, r h] Kc + bc), z = u
@@ -141,7 +141,7 @@ def _candidates(weights: list, I: int, H: int):
             W = np.concatenate([Kg[:I, H:], Kg[:I, :H], Kc[:I]], axis=1).T
             R = np.concatenate([Kg[I:, H:], Kg[I:, :H], Kc[I:]], axis=1).T
             bx = np.concatenate([bg[H:], bg[:H], bc])
-            for g, alpha, beta, c in forms:
+            for g, alpha, beta, c in FORMS:
                 form = CellForm(False, g, alpha, beta, c)
                 yield GruCell(W.copy(), R.copy(), bx.copy(), np.zeros(3 * H, np.float32), form), "TF1 GRUCell"
 
@@ -249,7 +249,6 @@ def _gate_candidates(groups: list, I: int, H: int):
     gates = [g for g in groups if fits(g, True, True)]
     inputs = [g for g in groups if fits(g, True, False)]  # g's input part, reset after
     recurrent = [g for g in groups if fits(g, False, True)]  # g's recurrent part, reset after
-    forms = [(g, a, b, c) for (g, a, b), c in itertools.product(GATES, CANDIDATES)]
 
     def bias(group) -> np.ndarray:
         return sum(group["b"], zero)
@@ -268,7 +267,7 @@ def _gate_candidates(groups: list, I: int, H: int):
             R = np.concatenate([*zr_R, R_g]).astype(np.float32)
             bx = np.concatenate([*bx_zr, bx_g]).astype(np.float32)
             br = np.concatenate([zero, zero, br_g]).astype(np.float32)
-            for gate, alpha, beta, c in forms:
+            for gate, alpha, beta, c in FORMS:
                 form = CellForm(reset_after, gate, alpha, beta, c)
                 yield GruCell(W, R, bx, br, form), "Keras GRU cell, a matmul per gate"
 
