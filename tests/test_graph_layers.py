@@ -177,6 +177,55 @@ def test_conv1d_too_short_input():
         run(nd, rand(1, 3, 3))
 
 
+# ---- conv2d -------------------------------------------------------------------------------------
+
+TORCH_CONV2DS = [  # kernel, stride, dilation, groups, time padding, freq pads (C_in 4, C_out 6 unless depthwise)
+    ((3, 3), (1, 1), (1, 1), 1, "valid", (0, 0)), ((10, 4), (2, 2), (1, 1), 1, "valid", (0, 0)),
+    ((2, 3), (1, 2), (1, 1), 2, "causal", (1, 1)), ((3, 3), (1, 1), (2, 1), 4, "causal", (1, 1)),
+    ((1, 1), (1, 1), (1, 1), 1, "valid", (0, 0)), ((3, 2), (2, 1), (1, 2), 2, (1, 2), (2, 0)),
+    ((1, 5), (1, 2), (1, 1), 1, "valid", (2, 2)),
+]
+
+
+def _map_edge(m, order):
+    """A map [N, T, F, C] as its edge [N, T, F * C] in `order`."""
+    return (m if order == "fc" else m.transpose(0, 1, 3, 2)).reshape(*m.shape[:2], -1)
+
+
+@pytest.mark.parametrize("order,out_order", [("cf", "cf"), ("fc", "fc"), ("cf", "fc")])
+@pytest.mark.parametrize("kernel,stride,dilation,groups,padding,freq_pads", TORCH_CONV2DS)
+def test_conv2d_against_torch(kernel, stride, dilation, groups, padding, freq_pads, order, out_order):
+    c_in, freq = 4, 10
+    c_out = 4 if groups == 4 else 6
+    W, b = rand(c_out, c_in // groups, *kernel, seed=1), rand(c_out, seed=2)
+    nd = node("conv2d", {"kernel": kernel, "stride": stride, "dilation": dilation, "groups": groups,
+                         "padding": padding, "freq": freq, "freq_pads": freq_pads, "order": order,
+                         "out_order": out_order}, {"W": W, "b": b})
+    for T in (12, 13):
+        x = rand(2, c_in, T, freq, seed=T, scale=3)  # PyTorch's [N, C, T, F]
+        time_pads = {"valid": (0, 0), "causal": ((kernel[0] - 1) * dilation[0], 0)}.get(padding, padding)
+        xt = F.pad(t(x), (*freq_pads, *time_pads))
+        ref = F.conv2d(xt, t(W), t(b), stride=stride, dilation=dilation, groups=groups)  # [N, C_out, T', F']
+        y = run(nd, _map_edge(x.transpose(0, 2, 3, 1), order))
+        close(y, _map_edge(ref.permute(0, 2, 3, 1).numpy(), out_order))
+
+
+@pytest.mark.parametrize("kernel,stride,padding,T", [((3, 3), (1, 1), "same", 9), ((4, 3), (2, 2), "same", 10),
+                                                      ((4, 4), (2, 3), "same", 9), ((10, 4), (2, 2), "valid", 49)])
+def test_conv2d_against_keras(keras, kernel, stride, padding, T):
+    """Keras' Conv2D on [N, T, F, C] ("same" pads both axes the TensorFlow way: the odd one after)."""
+    conv = keras.layers.Conv2D(5, kernel, strides=stride, padding=padding, bias_initializer="random_normal")
+    x = rand(2, T, 10, 3, seed=T)
+    want = kcall(keras, conv, x)  # [N, T', F', C_out]
+    kernel_w, b = (keras.ops.convert_to_numpy(w) for w in conv.weights)  # [kt, kf, C_in, C_out]
+    from qtool.core.node_args import same_pads
+
+    freq_pads = same_pads(10, kernel[1], stride[1]) if padding == "same" else (0, 0)
+    nd = node("conv2d", {"kernel": kernel, "stride": stride, "padding": padding, "freq": 10,
+                         "freq_pads": freq_pads, "order": "fc"}, {"W": kernel_w.transpose(3, 2, 0, 1), "b": b})
+    close(run(nd, x.reshape(2, T, -1)), want.reshape(*want.shape[:2], -1))
+
+
 # ---- activations ---------------------------------------------------------------------------------
 
 def act_input(seed):
@@ -398,6 +447,13 @@ BAD = [  # op, attrs, params, input shapes, what the message says
     ("dense", {}, {"W": rand(3, 4)}, [SEQ, SEQ], "takes 1 input(s), got 2"),
     ("dense", {}, {"W": np.full((3, 4), np.nan, np.float32)}, [SEQ], "NaN"),
     ("conv1d", {"kernel": 0}, {"W": rand(2, 4, 1)}, [SEQ], "'kernel' must be an integer in 1..1048576, got 0"),
+    ("conv2d", {"kernel": (3, 0), "freq": 2}, {"W": rand(2, 2, 3, 1)}, [SEQ],
+     "'kernel' must be two integers (time, frequency) in 1..1048576"),
+    ("conv2d", {"kernel": (3, 1), "freq": 3}, {"W": rand(2, 1, 3, 1)}, [SEQ], "4 channels are no map of 3 frequencies"),
+    ("conv2d", {"kernel": (3, 1), "freq": 2, "order": "tf"}, {"W": rand(2, 2, 3, 1)}, [SEQ],
+     "'order' must be one of cf, fc"),
+    ("conv2d", {"kernel": (3, 5), "freq": 2}, {"W": rand(2, 2, 3, 5)}, [SEQ], "window spans more than the 2"),
+    ("conv2d", {"kernel": (3, 1), "freq": 2}, {"W": rand(2, 3, 3, 1)}, [SEQ], "param 'W' has shape [2, 3, 3, 1]"),
     ("conv1d", {"kernel": 3, "stride": 1.5}, {"W": rand(2, 4, 3)}, [SEQ], "'stride' must be an integer"),
     ("conv1d", {"kernel": 3, "groups": 3}, {"W": rand(2, 4, 3)}, [SEQ], "groups 3 does not divide the input's 4"),
     ("conv1d", {"kernel": 3, "groups": 2}, {"W": rand(3, 2, 3)}, [SEQ], "does not divide the 3 output channels"),

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-
 from qtool.core.graph import Graph, Node
 from qtool.errors import QtoolError
 from qtool.layers import check, layer
@@ -55,25 +53,22 @@ def prune(graph: Graph) -> str:
 
 
 def fold_batchnorm(graph: Graph) -> str:
-    """A batchnorm whose input only a dense or conv1d computes and nothing else reads becomes
-    part of that layer's weights: W' = W * a, b' = b * a + c per output channel (batchnorm's
-    affine x * a + c). Any other batchnorm stays an integer per-channel affine."""
+    """A batchnorm whose input only a weighted layer computes (one whose module can `fold_affine`)
+    and nothing else reads becomes part of that layer's weights: W' = W * a, b' = b * a + c per
+    output channel (batchnorm's affine x * a + c). Any other batchnorm stays an integer
+    per-channel affine."""
     folded, kept = [], []
     for bn in [n for n in graph.nodes if n.op == "batchnorm"]:
         prev = next((n for n in graph.nodes if bn.inputs[0] in n.outputs), None)
-        if prev is None or prev.op not in ("dense", "conv1d") or _only_reader(graph, bn.inputs[0]) is not bn:
+        fold = prev is not None and getattr(layer(prev.op, prev.label), "fold_affine", None)
+        if not fold or _only_reader(graph, bn.inputs[0]) is not bn or not fold(prev, *affine(bn)):
             kept.append(bn.name)
             continue
-        a, c = affine(bn)
-        W = np.asarray(prev.params["W"], np.float64)
-        b = np.asarray(prev.params.get("b", np.zeros(W.shape[0])), np.float64)
-        prev.params = {"W": (W * a.reshape(-1, *[1] * (W.ndim - 1))).astype(np.float32),
-                       "b": (b * a + c).astype(np.float32)}
         _bypass(graph, bn)
         folded.append(f"{bn.name} into {prev.name}")
     said = [f"folded {', '.join(folded)}"] if folded else []
-    said += [f"kept {', '.join(kept)} as an integer per-channel affine (its input is no dense or conv1d "
-             "output that only it reads)"] if kept else []
+    said += [f"kept {', '.join(kept)} as an integer per-channel affine (its input is no dense or conv "
+             "output that only it reads, or it differs along a map's frequencies)"] if kept else []
     return "; ".join(said) or "no batchnorm to fold"
 
 

@@ -13,6 +13,7 @@ import datetime
 import errno
 import hashlib
 import io
+import math
 import os
 import shutil
 import signal
@@ -432,10 +433,10 @@ def open_sequences(
 
 
 def check_array(arr, name: str) -> None:
-    """Sequence data must be a non-empty numeric 3-D array."""
-    if len(arr.shape) != 3:
-        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with `time_first`), "
-                         f"got shape {tuple(arr.shape)}")
+    """Sequence data must be a non-empty numeric 3-D array, or 4-D for a feature map's frames."""
+    if len(arr.shape) not in (3, 4):
+        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with `time_first`), or 4-D "
+                         f"[N, T, F, C] for a model that reads feature maps, got shape {tuple(arr.shape)}")
     if min(arr.shape) == 0:
         raise QtoolError(f"{name}: data has an empty dimension, shape {tuple(arr.shape)}")
     if arr.dtype.kind not in "fiu":
@@ -443,14 +444,17 @@ def check_array(arr, name: str) -> None:
 
 
 class SequenceData:
-    """A lazily read `[N, T, C]` view of a data file, read in chunks of sequences."""
+    """A lazily read `[N, T, C]` view of a data file, read in chunks of sequences. A 4-D file
+    `[N, T, A, B]` holds feature maps, each frame `[A, B]` read as its A * B channels in that
+    order: `[N, T, F, C]` for a model whose input is TensorFlow's `[N, T, F, C]`, `[N, T, C, F]`
+    for PyTorch's `[N, C, T, F]` (qtool.layers.conv2d)."""
 
     def __init__(self, arr, time_first: bool, name: str):
         check_array(arr, name)
         self.arr = arr
         self.time_first = time_first
         self.name = name
-        shape = tuple(int(n) for n in arr.shape)
+        shape = tuple(int(n) for n in arr.shape[:2]) + (math.prod(int(n) for n in arr.shape[2:]),)
         self.shape = (shape[1], shape[0], shape[2]) if time_first else shape
         if self.shape[1] * self.shape[2] > MAX_SEQUENCE_VALUES:
             raise QtoolError(f"{name}: one sequence holds {self.shape[1]} x {self.shape[2]} values, more "
@@ -471,6 +475,7 @@ class SequenceData:
         """Sequences [start, stop) as float32 `[n, T, C]`, refusing NaN and Inf."""
         part = self.arr[:, start:stop] if self.time_first else self.arr[start:stop]
         x = np.asarray(part, dtype=np.float32)
+        x = x.reshape(*x.shape[:2], -1)
         if self.time_first:
             x = x.transpose(1, 0, 2)
         if not np.all(np.isfinite(x)):

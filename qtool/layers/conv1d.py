@@ -24,6 +24,7 @@ from qtool.layers.integer import (
     LayerBits,
     abs_max,
     dequantized_weights,
+    fold_output_affine,
     gemm_dtype,
     gemm_params,
     gemm_rescale,
@@ -98,6 +99,9 @@ def scale_input(node: Node, shifts: np.ndarray) -> None:
     groups = _attrs(node)[3]
     per_out = shifts.reshape(groups, 1, c_g).repeat(c_out // groups, axis=1).reshape(c_out, c_g)
     node.params["W"] = np.ldexp(W, -per_out[:, :, None]).astype(np.float32)
+
+
+fold_affine = fold_output_affine  # a batchnorm after it folds into W and b
 
 
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:

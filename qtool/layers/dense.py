@@ -17,7 +17,15 @@ from qtool.core.graph import Node
 from qtool.core.node_args import f32, fail, only, param, want_inputs, with_channels
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, gemm_c
-from qtool.layers.integer import LayerBits, abs_max, dequantized_weights, gemm_dtype, gemm_params, gemm_rescale
+from qtool.layers.integer import (
+    LayerBits,
+    abs_max,
+    dequantized_weights,
+    fold_output_affine,
+    gemm_dtype,
+    gemm_params,
+    gemm_rescale,
+)
 
 OP = "dense"
 
@@ -42,6 +50,9 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
 def scale_input(node: Node, shifts: np.ndarray) -> None:
     """The same layer on its input's channels times 2^shifts: W's columns divided by them (exact)."""
     node.params["W"] = np.ldexp(f32(node.params["W"]), -shifts[None, :]).astype(np.float32)
+
+
+fold_affine = fold_output_affine  # a batchnorm after it folds into W and b
 
 
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:

@@ -92,6 +92,16 @@ def gemm_params(W: np.ndarray, b: np.ndarray | None, g_x: TensorQ, g_y: TensorQ,
             "W_sum_mul_x_zp": sum_mul_zp(q_W.reshape(len(q_W), -1), g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}
 
 
+def fold_output_affine(node, a: np.ndarray, c: np.ndarray) -> bool:
+    """Fold a per output channel affine `y * a + c` into a weighted layer (W's axis 0, b):
+    W' = W * a, b' = b * a + c. A layer module's `fold_affine` (qtool.graph.passes.fold_batchnorm)."""
+    W = np.asarray(node.params["W"], np.float64)
+    b = np.asarray(node.params.get("b", np.zeros(W.shape[0])), np.float64)
+    node.params = {"W": (W * a.reshape(-1, *[1] * (W.ndim - 1))).astype(np.float32),
+                   "b": (b * a + c).astype(np.float32)}
+    return True
+
+
 def dequantized_weights(node, qp: dict, g_x: TensorQ):
     """`node` with its W and b replaced by what their integers stand for (a weighted layer's
     `forward_fq`): W per output channel on its own grid, b on the accumulator's."""

@@ -42,6 +42,8 @@ EXPORTER_NAMES = ("tf2onnx", "torch_jit", "main_graph", "torch-jit-export", "mod
 
 # the graph input's layout, in the order they are tried: batch-first, time-first, PyTorch's Conv1d
 INPUT_LAYOUTS = {"[N, T, C]": ("N", "T", 0), "[T, N, C]": ("T", "N", 0), "[N, C, T]": ("N", 0, "T")}
+# a feature map's input, tried in the same turns: TensorFlow's [N, T, F, C], then PyTorch's [N, C, T, F]
+MAP_LAYOUTS = {"[N, T, F, C]": ("N", "T", 0, 1), "[N, C, T, F]": ("N", 0, "T", 1)}
 
 
 
@@ -102,14 +104,17 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
     if not model.graph.output or not model.graph.node:
         raise QtoolError(f"{path}: holds no ONNX graph with outputs (an empty or truncated file?)")
     errors: list[QtoolError] = []
-    for name, axes in INPUT_LAYOUTS.items():
-        reader = _Reader(path, model, name, axes)
+    maps = list(MAP_LAYOUTS.items())
+    for k, (name, axes) in enumerate(INPUT_LAYOUTS.items()):
+        if k >= len(maps) and not any(len(i.type.tensor_type.shape.dim) == 3 for i in model.graph.input):
+            break  # a 4-D input has no third reading
+        reader = _Reader(path, model, name, axes, maps[min(k, len(maps) - 1)])
         try:
             graph, ports = reader.read()
             return L.check(graph, str(path)), ports, reader
         except QtoolError as e:
             # the first layout's error stands, unless it was one of layout and another layout reads the graph
-            if not errors and (not isinstance(e, LayoutError) or not reader.rank3):
+            if not errors and (not isinstance(e, LayoutError) or not (reader.rank3 or reader.rank4)):
                 raise QtoolError(str(e)) from None
             errors.append(e)
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError, RecursionError) as e:
@@ -122,12 +127,13 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
 
 
 class _Reader:
-    def __init__(self, path: Path, model, layout: str, axes: tuple) -> None:
+    def __init__(self, path: Path, model, layout: str, axes: tuple, map_layout: tuple) -> None:
         self.path, self.where, self.model = path, str(path), model
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
         self.g = Graph(model.graph, str(path), path.parent, opset, model)
         self.g.fold_dequantized(model.graph, str(path))
         self.opset, self.layout, self.input_axes = opset, layout, axes
+        self.map_layout = map_layout  # (name, axes) for a 4-D input
         self.data: dict[str, tuple[str, Layout]] = {}  # ONNX value -> (qtool edge, layout)
         self.nodes: list[Node] = []
         self.names: set[str] = set()
@@ -138,7 +144,7 @@ class _Reader:
         self.ranges = GraphRanges("ONNX QDQ")  # the fake-quant pairs' grids, by qtool edge
         self.fake_quant: dict[str, tuple[str, bool]] = {}  # a pair's Quantize output -> (its input, clips at 0)
         self.notes: list[str] = loop_notes(model)
-        self.rank3 = False
+        self.rank3 = self.rank4 = False
         self.declared: list = []
 
     # ---- the walk
@@ -208,8 +214,10 @@ class _Reader:
             source = "TFLite"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
+        if self.rank4 and self.map_layout[0] != next(iter(MAP_LAYOUTS)):
+            source += f", input read as {self.map_layout[0]}"
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
-                           steps=ports.steps if self.rank3 else None)
+                           steps=ports.steps if self.rank3 or self.rank4 else None)
         graph.ranges, graph.notes = ranges, list(self.notes)
         return graph, ports
 
@@ -242,23 +250,28 @@ class _Reader:
             raise QtoolError(f"{where} is not a float32 tensor (ONNX type {tt.elem_type}); qtool reads float32 "
                              "inputs")
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-        if not tt.HasField("shape") or len(dims) not in (2, 3):
+        if not tt.HasField("shape") or len(dims) not in (2, 3, 4):
             raise QtoolError(f"{where} has shape {dims if tt.HasField('shape') else 'unknown'}; qtool reads "
-                             "sequences [N, T, C] and vectors [N, C]")
-        axes = self.input_axes if len(dims) == 3 else ("N", 0)
+                             "sequences [N, T, C], feature maps [N, T, F, C] or [N, C, T, F] and vectors [N, C]")
+        layout, axes = {3: (self.layout, self.input_axes), 4: self.map_layout}.get(len(dims), ("[N, C]", ("N", 0)))
         self.rank3 = self.rank3 or len(dims) == 3
+        self.rank4 = self.rank4 or len(dims) == 4
         sizes = dict(zip(axes, dims))
-        error = LayoutError if len(dims) == 3 else QtoolError  # read as another layout, the channels may fit
-        if sizes[0] is None:
-            raise error(f"{where} has shape {dims}: the channels (axis {axes.index(0)} of {self.layout}) "
-                        "must have a fixed size")
-        if sizes[0] > (1 << 20):
-            raise (TooWide if len(dims) == 3 else QtoolError)(f"{where} declares {sizes[0]:,} channels (at most "
-                                                              f"{1 << 20:,})")
+        error = LayoutError if len(dims) > 2 else QtoolError  # read as another layout, the channels may fit
+        factors = [a for a in axes if isinstance(a, int)]
+        if any(sizes[f] is None for f in factors):
+            raise error(f"{where} has shape {dims}: the channels (axis {axes.index(0)} of {layout}) "
+                        "must have a fixed size" if len(factors) == 1 else
+                        f"{where} has shape {dims}: read as {layout}, its frequencies and channels must have "
+                        "fixed sizes")
+        width = math.prod(sizes[f] for f in factors)
+        if width > (1 << 20):
+            raise (TooWide if len(dims) > 2 else QtoolError)(f"{where} declares {width:,} channels (at most "
+                                                             f"{1 << 20:,})")
         if not self.declared:
             self.declared = [sizes.get("N"), sizes.get("T")]
         n, t = sizes.get("N") or PROBE_N, sizes.get("T") or PROBE_T
-        return Layout.make(axes, (sizes[0],), n, t)
+        return Layout.make(axes, tuple(sizes[f] for f in factors), n, t)
 
     def label(self, node) -> str:
         return f"node '{node.name or (node.output[0] if node.output else '?')}' ({node.op_type})"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.node_args import same_pads
 from qtool.importers.onnx.graph import attr
+from qtool.importers.onnx.model_layout import Layout
 from qtool.importers.onnx.ops.registry import handles
 
 AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 and this epsilon: exact in float32
@@ -86,6 +88,8 @@ def conv(r, node) -> None:
     flat = _unit_axis_conv(r, node, lay, W)
     if flat is not None:
         node, lay, unit, W = flat
+    elif W.ndim == 4:
+        return _conv2d(r, node, edge, lay, W)
     if W.ndim != 3:
         raise r.fail(node, f"is a {W.ndim - 2}-D convolution; qtool reads Conv over one axis (Conv1d, or a 2-D "
                            "Conv whose kernel is 1 along a unit axis)")
@@ -107,14 +111,95 @@ def conv(r, node) -> None:
     r.emit(node, "conv1d", [edge], out if unit is None else out.unsqueeze([unit]), attrs, params)
 
 
+def _read_order(r, node, freq_axis: int, default: str) -> str:
+    """The order in which the model reads a Conv's output map: following its one reader through
+    ops that keep the layout, "fc" where a Transpose puts the frequencies before the channels
+    (TensorFlow's NCHW -> NHWC), else `default`. Any order computes the same; this one spares
+    the reshape that follows a permutation of the channels."""
+    value, seen = node.output[0], 0
+    while seen < 16:
+        readers = r.readers.get(value, [])
+        if len(readers) != 1:
+            break
+        n = readers[0]
+        if n.op_type == "Transpose":
+            perm = list(attr(n, "perm", [3, 2, 1, 0]))
+            return "fc" if perm.index(freq_axis) < perm.index(1) else "cf"
+        if n.op_type not in KEEPS_LAYOUT:
+            break
+        value, seen = n.output[0], seen + 1
+    return default
+
+
+KEEPS_LAYOUT = ("Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "BatchNormalization", "Add", "Mul",
+                "Identity", "Dropout", "Elu", "Selu", "HardSigmoid", "HardSwish")
+
+
+def _conv2d(r, node, edge, lay, W) -> None:
+    """A 2-D Conv over [N, C, T, F] or [N, C, F, T] where C and F are channel factors of a feature
+    map (qtool.layers.conv2d): its time axis is T, its frequency axis the other."""
+    axes = lay.axes
+    if len(axes) != 4 or axes[0] != "N" or "T" not in axes[2:] or not isinstance(axes[5 - axes.index("T")], int) \
+            or not (isinstance(axes[1], int) or axes[1] == "1"):
+        raise r.fail(node, f"reads {lay.describe()}; qtool reads a 2-D Conv over a feature map [N, C, T, F] (or "
+                           "[N, C, F, T]) whose frequencies F have a fixed size", layout=True)
+    ti = axes.index("T") - 2  # the time axis among the two spatial ones
+    fa = axes[3 - ti]  # the frequency's channel factor
+    ca = axes[1] if isinstance(axes[1], int) else None
+    F, c_in = lay.cdims[fa], (lay.cdims[ca] if ca is not None else 1)
+    group = attr(node, "group", 1)
+    if W.shape[1] * group != c_in or len(lay.cdims) != 1 + (ca is not None):
+        raise r.fail(node, f"has weights {list(W.shape)} and group {group} for a map {lay.describe()} of "
+                           f"{lay.cdims} channel factors")
+    if list(attr(node, "kernel_shape", W.shape[2:])) != list(W.shape[2:]):
+        raise r.fail(node, f"has kernel_shape {attr(node, 'kernel_shape', None)} but weights {list(W.shape)}")
+
+    def pick(v) -> tuple[int, int]:  # (time, frequency) of a pair of spatial values
+        return int(v[ti]), int(v[1 - ti])
+
+    W = W if ti == 0 else W.transpose(0, 1, 3, 2)  # [C_out, C_in/g, kt, kf]
+    kernel, stride = (W.shape[2], W.shape[3]), pick(attr(node, "strides", [1, 1]))
+    dilation = pick(attr(node, "dilations", [1, 1]))
+    auto, pads = attr(node, "auto_pad", "NOTSET"), list(attr(node, "pads", [0, 0, 0, 0]))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        total = (kernel[1] - 1) * dilation[1]
+        if auto == "SAME_LOWER" and (stride != (1, 1) or total % 2 or (kernel[0] - 1) * dilation[0] % 2):
+            raise r.fail(node, "has auto_pad SAME_LOWER with an odd padding; qtool's 'same' pads the odd step after")
+        padding, freq_pads = "same", same_pads(F, kernel[1], stride[1], dilation[1])
+        t = -(-lay.t // stride[0])
+    elif auto in ("NOTSET", "VALID") and len(pads) == 4 and min(pads) >= 0:
+        pads = [0, 0, 0, 0] if auto == "VALID" else pads
+        time_pads, freq_pads = (pads[ti], pads[2 + ti]), (pads[1 - ti], pads[3 - ti])
+        padding = "valid" if time_pads == (0, 0) else time_pads
+        t = (lay.t + sum(time_pads) - (kernel[0] - 1) * dilation[0] - 1) // stride[0] + 1
+    else:
+        raise r.fail(node, f"has auto_pad {auto} and pads {pads}")
+    order = "cf" if ca is None or ca < fa else "fc"
+    attrs = dict(kernel=kernel, stride=stride, dilation=dilation, groups=group, padding=padding, freq=F,
+                 freq_pads=tuple(int(p) for p in freq_pads), order=order, out_order=_read_order(r, node, 3 - ti, order))
+    f_out = (F + sum(freq_pads) - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
+    if t < 1 or f_out < 1:
+        raise r.fail(node, f"leaves {t} steps and {f_out} frequencies of {lay.t} and {F}")
+    params = {"W": r.floats(node, W)}
+    bias = r.const(node, 2)
+    if bias is not None:
+        params["b"] = r.floats(node, bias).reshape(-1)
+    c_first = attrs["out_order"] == "cf"
+    out_axes = list(axes)
+    out_axes[1], out_axes[3 - ti] = (0, 1) if c_first else (1, 0)
+    cdims = (W.shape[0], f_out) if c_first else (f_out, W.shape[0])
+    r.emit(node, "conv2d", [edge], Layout.make(tuple(out_axes), cdims, lay.n, t), attrs, params)
+
+
 @handles("BatchNormalization")
 def batch_normalization(r, node) -> None:
     edge, lay = r.input(node)
-    if len(lay.axes) < 2 or not lay.holds_channels(1):
+    if len(lay.axes) < 2 or not (lay.holds_channels(1) or isinstance(lay.axes[1], int)):
         raise r.fail(node, f"reads {lay.describe()}; ONNX's BatchNormalization normalizes axis 1", layout=True)
     if attr(node, "training_mode", 0) or any(r.used(node, k) for k in (1, 2, 3, 4)):
         raise r.fail(node, "runs in training mode")
-    params = {name: r.floats(node, r.const(node, k)).reshape(-1)
+    along = (-1,) + (1,) * (len(lay.axes) - 2)  # axis 1's values; on a map, repeated at each frequency
+    params = {name: lay.per_channel(r.floats(node, r.const(node, k)).reshape(along))[0]
               for k, name in enumerate(("gamma", "beta", "mean", "var"), 1)}
     r.emit(node, "batchnorm", [edge], lay, {"epsilon": float(attr(node, "epsilon", 1e-5))}, params)
 
