@@ -8,9 +8,11 @@ licences are their authors'); point the script at checkouts of them:
     python benchmarks/published_models.py precise-lite-models/wakewords/en/*.onnx \\
         precise-lite-models/wakewords/en/*.tflite [--calib calib.npy --test test.npy] [--presets int8,w8a16]
 
-ARM's ML-KWS-for-MCU GRU_S/M/L are TensorFlow frozen graphs: convert each from its MFCC input on
-(`tf2onnx.convert.from_graph_def(graph_def, input_names=["Reshape_1:0"],
-output_names=["labels_softmax:0"], opset=13)`) and pass the .onnx files.
+ARM's ML-KWS-for-MCU GRU_S/M/L and CRNN_S/M/L are TensorFlow frozen graphs: convert each from
+its MFCC input on (`tf2onnx.convert.from_graph_def(graph_def, input_names=["Reshape_1:0"],
+output_names=["labels_softmax:0"], opset=13)`) and pass the .onnx files (features [N, 25, 10] for
+the GRUs, maps [N, 49, 10, 1] for the CRNNs). Where the output is a vector of classes, the top-1
+agreement of the integer model with the float one is reported too.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def output_errors(qg, x: np.ndarray) -> dict:
     got = dequantized(qg, run_int(qg, x))[edge].ravel().astype(np.float64)
     err = np.abs(got - want)
     cos = float(want @ got / max(np.linalg.norm(want) * np.linalg.norm(got), 1e-30))
-    return {"cosine": cos, "p99": float(np.percentile(err, 99)), "max": float(err.max())}
+    out = {"cosine": cos, "p99": float(np.percentile(err, 99)), "max": float(err.max())}
+    shape = qg.graph.shapes[edge]
+    if len(shape) == 1 and shape[0] > 1:  # classes
+        out["top1"] = float(np.mean(want.reshape(len(x), -1).argmax(1) == got.reshape(len(x), -1).argmax(1)))
+    return out
 
 
 def one(path: Path, calib, test, presets: list[str], verify: int) -> list[str]:
@@ -53,6 +59,7 @@ def one(path: Path, calib, test, presets: list[str], verify: int) -> list[str]:
         qg = qtool.calibrate(g, calib, bits=preset, check=False)
         e = output_errors(qg, test)
         text = f"  {preset}: cosine {e['cosine']:.4f}, p99 error {e['p99']:.4f}, max error {e['max']:.4f}"
+        text += f", top-1 agreement {e['top1']:.1%}" if "top1" in e else ""
         if verify:
             with tempfile.TemporaryDirectory() as d:
                 qtool.export_c(qg, d, name="model")
@@ -71,6 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     calib = np.load(args.calib) if args.calib else None
     test = np.load(args.test) if args.test else None
+    calib, test = (None if a is None else a.reshape(*a.shape[:2], -1) for a in (calib, test))  # maps: frames
     for path in args.files:
         for line in one(path, calib, test, args.presets.split(","), args.verify):
             print(line, flush=True)

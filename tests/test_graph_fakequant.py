@@ -38,9 +38,14 @@ def model() -> Graph:
         Node("sum", "add", ["v", "m"], ["s"]),
         Node("mul", "mul", ["s", "a"], ["t"]),
         Node("cat", "concat", ["t", "x"], ["k"]),
-        Node("last", "last_step", ["k"], ["l"]),
+        Node("last", "last_step", ["k2"], ["l"]),
         Node("head", "dense", ["l"], ["y"], {}, {"W": w(4, 12), "b": w(4)}),
     ]
+    # x as a map of 3 frequencies x 2 channels, through a grouped conv2d into 4 channels x 3 frequencies
+    nodes[-2:-2] = [Node("map", "conv2d", ["k"], ["f"], {"kernel": (2, 2), "freq": 3, "freq_pads": (1, 0),
+                                                         "padding": "causal", "groups": 2, "order": "fc"},
+                         {"W": w(4, 2, 2, 2), "b": w(4)}),
+                    Node("sum2", "add", ["f", "k"], ["k2"])]
     return check(Graph(nodes, {"x": (None, 6)}, ["y"]))
 
 

@@ -30,6 +30,10 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
 - tf_conv.onnx and tf_conv.tflite: Conv1D(12, 3, relu, same, stride 2) -> DepthwiseConv1D(3) ->
   GRU(16, reset_after=False) -> Dense(1, sigmoid) on [N, 30, 8]; both converters write the
   convolutions in 2-D over a unit axis (ExpandDims, Conv2D, Squeeze).
+- tf_crnn.onnx and tf_crnn_lite.tflite: a convolutional recurrent keyword spotter over MFCC maps
+  [N, T, 10, 1]: Conv2D(8, 3x3, stride (1, 2), same) -> BatchNormalization -> ReLU ->
+  DepthwiseConv2D(3x3, same, relu) -> Reshape((-1, 40)) -> GRU(16, reset_after=False) -> Dense(4,
+  softmax); the ONNX file of any length T, the TFLite file at 49 steps.
 - tf_flex.tflite (a GRU converted with SELECT_TF_OPS: TensorFlow's tensor-list ops inside) and
   tf_dense_int8.tflite (a model quantized to int8 by the converter): both refused.
 """
@@ -126,6 +130,23 @@ def conv_front(rng) -> None:
     (HERE / "tf_conv.tflite").write_bytes(tf.lite.TFLiteConverter.from_keras_model(lite).convert())
 
 
+def crnn(rng) -> None:
+    def build(steps, batch):
+        i = tf.keras.Input((steps, 10, 1), batch_size=batch)
+        h = tf.keras.layers.Conv2D(8, 3, strides=(1, 2), padding="same")(i)
+        h = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization()(h))
+        h = tf.keras.layers.DepthwiseConv2D(3, padding="same", activation="relu")(h)
+        h = tf.keras.layers.GRU(16, reset_after=False)(tf.keras.layers.Reshape((-1, 40))(h))
+        return tf.keras.Model(i, tf.keras.layers.Dense(4, activation="softmax")(h))
+    onnx_model, lite = biased(build(None, None), 11), build(49, 1)
+    for w in onnx_model.weights:  # a trained batchnorm's statistics
+        if "moving" in w.name or "gamma" in w.name:
+            w.assign(rng.uniform(0.5, 1.5, w.shape).astype("float32"))
+    lite.set_weights(onnx_model.get_weights())
+    keras_file("tf_crnn", onnx_model, rng.standard_normal((16, 30, 10, 1)).astype("float32"))
+    tflite_file("tf_crnn_lite", lite, rng.standard_normal((8, 49, 10, 1)).astype("float32"))
+
+
 def refused_tflite(rng) -> None:
     i = tf.keras.Input((None, 6))
     conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(i, tf.keras.layers.GRU(4)(i)))
@@ -201,6 +222,7 @@ def main() -> None:
     refused_tflite(rng)
     more_tflite(rng)
     conv_front(rng)
+    crnn(rng)
     bidirectional(rng)
     tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
     tf1_file("tf_scan_gru", 1, rng)

@@ -118,7 +118,7 @@ def _read_order(r, node, freq_axis: int, default: str) -> str:
     the reshape that follows a permutation of the channels."""
     value, seen = node.output[0], 0
     while seen < 16:
-        readers = r.readers.get(value, [])
+        readers = [n for n in r.readers.get(value, []) if n.op_type not in ("Shape", "Size")]  # read no values
         if len(readers) != 1:
             break
         n = readers[0]

@@ -1,0 +1,232 @@
+"""Feature maps (qtool.layers.conv2d): a PyTorch CRNN (Conv2d + BatchNorm2d + ReLU over time x
+frequency, a dilated depthwise Conv2d, the channels and frequencies reshaped into a GRU's input, a
+Linear head) exported with both torch.onnx exporters imports whole and equals the module on
+held-out data; its integers equal an independent int64 loop of the formula; its C export verifies
+with 0 mismatches on the host (whole and frame by frame) and on the emulated Cortex-M4."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qtool
+from qtool.core.graph import Graph, Node
+from qtool.core.qmodel import TensorQ
+from qtool.layers import check, conv2d
+from qtool.layers.integer import LayerBits
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+F_IN = 10
+GOLDEN = Path(__file__).parent / "golden"
+
+
+class Crnn(torch.nn.Module):
+    def __init__(self, c_in: int = 1):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c_in, 8, (3, 3), stride=(1, 2), padding=(1, 1))
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.dw = torch.nn.Conv2d(8, 8, (3, 3), padding=(2, 1), dilation=(2, 1), groups=8)
+        self.gru = torch.nn.GRU(8 * 5, 16, batch_first=True)
+        self.fc = torch.nn.Linear(16, 5)
+
+    def forward(self, x):  # [N, C, T, F]
+        h = torch.relu(self.dw(torch.relu(self.bn(self.conv(x)))))
+        n, c, t, f = h.shape
+        return self.fc(self.gru(h.permute(0, 2, 1, 3).reshape(n, t, c * f))[0])
+
+
+def crnn(c_in: int = 1) -> Crnn:
+    torch.manual_seed(c_in)
+    m = Crnn(c_in)
+    with torch.no_grad():  # a trained batchnorm's statistics, not the identity
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2)
+        m.bn.weight.uniform_(0.5, 1.5)
+    return m.eval()
+
+
+def maps(n: int, seed: int, c_in: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, c_in, 24, F_IN)).astype(np.float32)
+
+
+def export(m, path, exporter: str, c_in: int = 1):
+    x = torch.from_numpy(maps(2, 0, c_in))
+    kw = {"dynamo": exporter == "dynamo"}
+    if exporter == "dynamo":
+        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
+    else:
+        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}, "y": {0: "n", 1: "t"}}
+    if exporter == "unfolded":  # the batchnorm kept as an ONNX node
+        kw.update(do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (x,), str(path), input_names=["x"], output_names=["y"], **kw)
+    return path
+
+
+def as_data(x: np.ndarray) -> np.ndarray:
+    """PyTorch's [N, C, T, F] as qtool's data [N, T, C, F] (a frame: the map as the model holds it)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo", "unfolded"])
+def test_a_pytorch_crnn_imports_whole_from_either_exporter(tmp_path, exporter):
+    pytest.importorskip("onnxscript")
+    m = crnn()
+    g = qtool.load_model(export(m, tmp_path / "crnn.onnx", exporter))
+    assert [n.op for n in g.nodes] == ["conv2d", *(["batchnorm"] if exporter == "unfolded" else []),
+                                       "activation", "conv2d", "activation", "gru", "dense"]
+    assert "input read as [N, C, T, F]" in g.source
+    x = maps(6, 1)  # held out: not what the import check ran
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = qtool.layers.run(g, as_data(x).reshape(6, 24, -1))["y"]
+    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    if exporter == "unfolded":  # calibrate folds the BatchNorm2d into the conv2d before it
+        qg = qtool.calibrate(g, as_data(maps(16, 2)), method="minmax")
+        assert [n.op for n in qg.graph.nodes][:2] == ["conv2d", "activation"]
+        assert dict(qg.passes)["fold_batchnorm"] == "folded /bn/BatchNormalization into /conv/Conv"
+
+
+def test_a_map_of_several_channels_reads_its_frames_in_the_models_order(tmp_path):
+    """Two input channels (real and imaginary parts, say): data [N, T, C, F], frames c * F + f."""
+    m = crnn(2)
+    qg = qtool.calibrate(export(m, tmp_path / "crnn2.onnx", "torchscript", 2), as_data(maps(16, 3, 2)),
+                         method="minmax")
+    x = maps(4, 4, 2)
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = qtool.layers.run(qg.graph, as_data(x).reshape(4, 24, -1))["y"]
+    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    sim = qtool.simulate(qg, as_data(x))
+    assert sim.to_dict()["outputs"]["y"]["cosine"] > 0.99
+
+
+def _brute(q_x, W, add, sh, g, geo, zp, g_out):
+    """conv2d's integers by the formula, one output at a time in Python ints."""
+    from qtool.layers.integer import rshift_round
+
+    n, t, _ = q_x.shape
+    (kt, kf), (st, sf), (dt, df), groups, F = geo["kernel"], geo["stride"], geo["dilation"], geo["groups"], geo["freq"]
+    m = conv2d.to_map(q_x, F, geo["order"])
+    c_in, c_out, c_g = m.shape[3], len(W), W.shape[1]
+    lt = (kt - 1) * dt  # causal
+    lf = geo["freq_pads"][0]
+    t_out = (t + lt - (kt - 1) * dt - 1) // st + 1
+    f_out = (F + sum(geo["freq_pads"]) - (kf - 1) * df - 1) // sf + 1
+    lo, hi = -(1 << (g_out.bits - 1)), (1 << (g_out.bits - 1)) - 1
+    y = np.zeros((n, t_out, f_out, c_out), np.int64)
+    for b in range(n):
+        for to in range(t_out):
+            for fo in range(f_out):
+                for o in range(c_out):
+                    acc = int(add[o])
+                    for j in range(kt):
+                        for k in range(kf):
+                            ti, fi = to * st + j * dt - lt, fo * sf + k * df - lf
+                            for c in range(c_g):
+                                v = int(m[b, ti, fi, (o // (c_out // groups)) * c_g + c]) \
+                                    if 0 <= ti < t and 0 <= fi < F else zp
+                                acc += int(W[o, c, j, k]) * v
+                    y[b, to, fo, o] = min(max(int(rshift_round(acc, int(sh[o]))) + g_out.zp, lo), hi)
+    return conv2d.from_map(y, geo["out_order"])
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_the_integers_are_the_formulas(bits):
+    rng = np.random.default_rng(bits)
+    geo = dict(kernel=(3, 3), stride=(2, 2), dilation=(1, 2), groups=2, freq=7, freq_pads=(2, 1), order="cf",
+               out_order="fc", padding="causal")
+    W = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    nd = Node("c", "conv2d", ["x"], ["y"], dict(geo), {"W": W, "b": rng.standard_normal(4).astype(np.float32)})
+    check(Graph([nd], {"x": (None, 4 * 7)}, ["y"]))
+    g_in, g_out = TensorQ(bits, False, 5, 13 if bits == 8 else -300, 0, 0), TensorQ(bits, False, 3, -7, 0, 0)
+    qp = conv2d.quantize(nd, [g_in], [g_out], LayerBits(8, 32, bits))
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q_x = rng.integers(lo, hi + 1, (2, 9, 28))
+    (got,) = conv2d.forward_int(nd, qp, [q_x], [g_in], [g_out])
+    want = _brute(q_x, qp["q_W"], qp["q_b"] - qp["W_sum_mul_x_zp"], np.broadcast_to(qp["sh_acc"], (4,)),
+                  None, geo | {"padding": "causal"}, g_in.zp, g_out)
+    assert np.array_equal(got, want)
+
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+
+
+@needs_cc
+def test_the_c_export_verifies_whole_and_frame_by_frame(tmp_path):
+    qg = qtool.calibrate(export(crnn(), tmp_path / "crnn.onnx", "torchscript"), as_data(maps(24, 5)),
+                         method="minmax")
+    qtool.export_c(qg, tmp_path / "c", name="crnn")
+    v = qtool.verify(qg, tmp_path / "c", as_data(maps(5, 6)))
+    assert v.mismatches == 0 and v.streaming and v.stream_values > 0
+
+
+def test_the_c_export_verifies_on_the_emulated_cortex_m4(tmp_path):
+    from qtool.exporters.c_target import missing_tools
+
+    if missing_tools():
+        pytest.skip("no Cortex-M toolchain or QEMU")
+    qg = qtool.calibrate(export(crnn(), tmp_path / "crnn.onnx", "torchscript"), as_data(maps(24, 5)),
+                         method="minmax")
+    qtool.export_c(qg, tmp_path / "c", name="crnn")
+    v = qtool.verify(qg, tmp_path / "c", as_data(maps(3, 7)), target="cortex-m4")
+    assert v.mismatches == 0 and v.target == "cortex-m4"
+
+
+@pytest.mark.parametrize("name", ["tf_crnn.onnx", "tf_crnn_lite.tflite"])
+def test_a_keras_crnn_through_tf2onnx_and_tflite_imports_whole(name):
+    """Keras' Conv2D, BatchNormalization, DepthwiseConv2D on [N, T, 10, 1] (tests/golden/make_tf_loops.py),
+    held to TensorFlow's own outputs; the frames are TensorFlow's [F, C]."""
+    if name.endswith("tflite"):
+        pytest.importorskip("tflite")
+    g = qtool.load_model(GOLDEN / name, check=False)
+    assert [n.op for n in g.nodes][:4] == ["conv2d", "activation", "conv2d", "activation"]
+    assert [n.attrs["out_order"] for n in g.nodes if n.op == "conv2d"][-1] == "fc"
+    io = np.load(GOLDEN / f"{Path(name).stem}_io.npz")
+    x, want = io["x"], io["y"]
+    got = qtool.layers.run(g, x.reshape(*x.shape[:2], -1))[g.outputs[0]]
+    assert np.abs(got - want).max() < 1e-5
+
+
+
+@needs_cc
+def test_a_map_kept_as_tensorflow_keeps_it_verifies_in_c(tmp_path):
+    """The frames in TensorFlow's order ("fc") in and out of C: 0 mismatches."""
+    g = qtool.load_model(GOLDEN / "tf_crnn.onnx", check=False)
+    x = np.load(GOLDEN / "tf_crnn_io.npz")["x"]
+    qg = qtool.calibrate(g, x[:10], method="minmax")
+    assert {(n.attrs["order"], n.attrs["out_order"]) for n in qg.graph.nodes if n.op == "conv2d"} == \
+        {("cf", "cf"), ("cf", "fc")}
+    qtool.export_c(qg, tmp_path / "c", name="crnn")
+    v = qtool.verify(qg, tmp_path / "c", x[10:])
+    assert v.mismatches == 0 and v.stream_values > 0
+
+
+@needs_cc
+def test_every_frame_order_and_padding_verifies_in_c(tmp_path):
+    """conv2d from "fc" frames to "cf" and back, "same" along time (sized at run time), strided and
+    grouped, padded along frequency: 0 mismatches whole and frame by frame."""
+    rng = np.random.default_rng(7)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    nodes = [Node("a", "conv2d", ["x"], ["h"], {"kernel": (3, 2), "stride": (1, 2), "freq": 6, "freq_pads": (1, 0),
+                                                "padding": "causal", "order": "fc", "out_order": "cf"},
+                  {"W": w(4, 2, 3, 2), "b": w(4)}),
+             Node("r", "activation", ["h"], ["z"], {"kind": "relu"}),
+             Node("b", "conv2d", ["z"], ["y"], {"kernel": (2, 3), "stride": (2, 1), "dilation": (1, 2), "groups": 2,
+                                                "freq": 3, "freq_pads": (2, 2), "padding": "same", "order": "cf",
+                                                "out_order": "fc"}, {"W": w(6, 2, 2, 3), "b": w(6)})]
+    g = check(Graph(nodes, {"x": (None, 12)}, ["y"]))
+    x = rng.standard_normal((12, 15, 6, 2)).astype(np.float32)
+    qg = qtool.calibrate(g, x[:8], method="minmax", bits="w8a16")
+    qtool.export_c(qg, tmp_path / "c", name="maps")
+    v = qtool.verify(qg, tmp_path / "c", x[8:])
+    assert v.mismatches == 0 and v.edge_values > 0
