@@ -1,4 +1,4 @@
-"""Feature maps (qtool.layers.conv2d): a PyTorch CRNN (Conv2d + BatchNorm2d + ReLU over time x
+"""Feature maps (qtool.layers.conv2d): a PyTorch CRNN (Conv2d + BatchNorm2d + PReLU over time x
 frequency, a dilated depthwise Conv2d, the channels and frequencies reshaped into a GRU's input, a
 Linear head) exported with both torch.onnx exporters imports whole and equals the module on
 held-out data; its integers equal an independent int64 loop of the formula; its C export verifies
@@ -28,12 +28,13 @@ class Crnn(torch.nn.Module):
         super().__init__()
         self.conv = torch.nn.Conv2d(c_in, 8, (3, 3), stride=(1, 2), padding=(1, 1))
         self.bn = torch.nn.BatchNorm2d(8)
+        self.act = torch.nn.PReLU(8)
         self.dw = torch.nn.Conv2d(8, 8, (3, 3), padding=(2, 1), dilation=(2, 1), groups=8)
         self.gru = torch.nn.GRU(8 * 5, 16, batch_first=True)
         self.fc = torch.nn.Linear(16, 5)
 
     def forward(self, x):  # [N, C, T, F]
-        h = torch.relu(self.dw(torch.relu(self.bn(self.conv(x)))))
+        h = torch.relu(self.dw(self.act(self.bn(self.conv(x)))))
         n, c, t, f = h.shape
         return self.fc(self.gru(h.permute(0, 2, 1, 3).reshape(n, t, c * f))[0])
 
@@ -45,6 +46,7 @@ def crnn(c_in: int = 1) -> Crnn:
         m.bn.running_mean.uniform_(-0.5, 0.5)
         m.bn.running_var.uniform_(0.5, 2)
         m.bn.weight.uniform_(0.5, 1.5)
+        m.act.weight.uniform_(-0.3, 0.6)
     return m.eval()
 
 
@@ -80,7 +82,9 @@ def test_a_pytorch_crnn_imports_whole_from_either_exporter(tmp_path, exporter):
     m = crnn()
     g = qtool.load_model(export(m, tmp_path / "crnn.onnx", exporter))
     assert [n.op for n in g.nodes] == ["conv2d", *(["batchnorm"] if exporter == "unfolded" else []),
-                                       "activation", "conv2d", "activation", "gru", "dense"]
+                                       "prelu", "conv2d", "activation", "gru", "dense"]
+    alpha = m.act.weight.detach().numpy()
+    assert np.array_equal(g.nodes[-5].params["alpha"], np.repeat(alpha, 5))  # per channel, at each frequency
     assert "input read as [N, C, T, F]" in g.source
     x = maps(6, 1)  # held out: not what the import check ran
     with torch.no_grad():
@@ -89,7 +93,7 @@ def test_a_pytorch_crnn_imports_whole_from_either_exporter(tmp_path, exporter):
     np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
     if exporter == "unfolded":  # calibrate folds the BatchNorm2d into the conv2d before it
         qg = qtool.calibrate(g, as_data(maps(16, 2)), method="minmax")
-        assert [n.op for n in qg.graph.nodes][:2] == ["conv2d", "activation"]
+        assert [n.op for n in qg.graph.nodes][:2] == ["conv2d", "prelu"]
         assert dict(qg.passes)["fold_batchnorm"] == "folded /bn/BatchNormalization into /conv/Conv"
 
 
@@ -114,7 +118,7 @@ def _brute(q_x, W, add, sh, g, geo, zp, g_out):
     n, t, _ = q_x.shape
     (kt, kf), (st, sf), (dt, df), groups, F = geo["kernel"], geo["stride"], geo["dilation"], geo["groups"], geo["freq"]
     m = conv2d.to_map(q_x, F, geo["order"])
-    c_in, c_out, c_g = m.shape[3], len(W), W.shape[1]
+    c_out, c_g = len(W), W.shape[1]
     lt = (kt - 1) * dt  # causal
     lf = geo["freq_pads"][0]
     t_out = (t + lt - (kt - 1) * dt - 1) // st + 1

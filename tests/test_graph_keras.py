@@ -42,7 +42,7 @@ def models(keras, tmp_path_factory):
                              L.AveragePooling1D(2, name="pool"), L.GRU(6, name="gru"), L.Dense(4, name="head")])
     # a skip: Dense -> GRU -> Dense(sigmoid) added to the first Dense's output, joined with the GRU's
     i = keras.Input((None, 4), name="features")
-    d = L.Dense(6, name="embed")(i)
+    d = L.PReLU(shared_axes=[1], alpha_initializer="random_normal", name="prelu")(L.Dense(6, name="embed")(i))
     g = L.GRU(6, return_sequences=True, name="gru")(L.Dropout(0.2, name="drop")(d))
     s = L.Dense(6, activation="sigmoid", name="gate")(g)
     c = L.Concatenate(name="join")([L.Add(name="skip")([d, s]), g])
@@ -66,7 +66,7 @@ def models(keras, tmp_path_factory):
 
 
 OPS = {"conv": ["conv1d", "batchnorm", "activation", "zero_pad1d", "avg_pool1d", "gru", "dense"],
-       "skip": ["dense", "gru", "dense", "activation", "add", "concat", "dense"],
+       "skip": ["dense", "prelu", "gru", "dense", "activation", "add", "concat", "dense"],
        "kws": ["dense", "activation", "gru", "gru", "dense", "softmax"],
        "heads": ["conv1d", "activation", "conv1d", "activation", "max_pool1d", "global_avg_pool1d", "dense",
                  "l2_normalize", "activation", "global_max_pool1d", "dense", "softmax"]}

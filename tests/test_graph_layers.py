@@ -267,6 +267,17 @@ def test_activation_against_keras(keras):
         close(run(node("activation", attrs), x), keras.ops.convert_to_numpy(fn(x)))
 
 
+def test_prelu_against_torch_and_keras(keras):
+    alpha = rand(6, seed=3, scale=0.4)
+    nd = node("prelu", params={"alpha": alpha})
+    for x in (rand(3, 7, 6, seed=4, scale=3), rand(5, 6, seed=5, scale=3)):
+        close(run(nd, x), F.prelu(t(x).transpose(1, -1), t(alpha)).transpose(1, -1))  # PyTorch's channels: axis 1
+    lay = keras.layers.PReLU(shared_axes=[1], alpha_initializer="random_normal")
+    x = rand(2, 9, 6, seed=6, scale=2)
+    want = kcall(keras, lay, x)
+    close(run(node("prelu", params={"alpha": keras.ops.convert_to_numpy(lay.weights[0]).reshape(-1)}), x), want)
+
+
 def test_activation_extremes_are_finite():
     x = np.array([[-1e30, -100.0, 100.0, 1e30]], np.float32)
     for attrs in ({"kind": "sigmoid"}, {"kind": "softplus"}, {"kind": "gelu"}, {"kind": "tanh"},
@@ -447,6 +458,8 @@ BAD = [  # op, attrs, params, input shapes, what the message says
     ("dense", {}, {"W": rand(3, 4)}, [SEQ, SEQ], "takes 1 input(s), got 2"),
     ("dense", {}, {"W": np.full((3, 4), np.nan, np.float32)}, [SEQ], "NaN"),
     ("conv1d", {"kernel": 0}, {"W": rand(2, 4, 1)}, [SEQ], "'kernel' must be an integer in 1..1048576, got 0"),
+    ("prelu", {}, {"alpha": rand(3)}, [SEQ], "param 'alpha' has shape [3], expected [4]"),
+    ("prelu", {"alpha": 0.1}, {"alpha": rand(4)}, [SEQ], "unknown attribute 'alpha'"),
     ("conv2d", {"kernel": (3, 0), "freq": 2}, {"W": rand(2, 2, 3, 1)}, [SEQ],
      "'kernel' must be two integers (time, frequency) in 1..1048576"),
     ("conv2d", {"kernel": (3, 1), "freq": 3}, {"W": rand(2, 1, 3, 1)}, [SEQ], "4 channels are no map of 3 frequencies"),

@@ -15,7 +15,20 @@ import numpy as np
 from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
-from qtool.layers import activation, batchnorm, concat, conv1d, conv2d, dense, elementwise, gru, pool, steps, tail
+from qtool.layers import (
+    activation,
+    batchnorm,
+    concat,
+    conv1d,
+    conv2d,
+    dense,
+    elementwise,
+    gru,
+    pool,
+    prelu,
+    steps,
+    tail,
+)
 
 MAX_EDGE_CHANNELS = 1 << 20  # a declared width beyond this is refused before anything is allocated
 
@@ -25,6 +38,7 @@ REGISTRY: dict[str, ModuleType] = {  # op -> its module
     "conv2d": conv2d,
     "batchnorm": batchnorm,
     "activation": activation,
+    "prelu": prelu,
     "add": elementwise,
     "mul": elementwise,
     "concat": concat,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
-from qtool.core.node_args import MAX_STEPS, attr_padding, f32, fail, only, param, same_pads, want_inputs
+from qtool.core.node_args import MAX_STEPS, attr_padding, fail, only, param, same_pads, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import (
     CNode,
@@ -175,12 +175,15 @@ def _convolve(g: dict, taps: np.ndarray, W: np.ndarray, out: np.ndarray, rescale
 
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     g = _geometry(node)
-    W = f32(node.params["W"])
-    taps = _windows(g, _padded(node, g, xs[0], 0, np.float32))
-    y = np.empty((*taps.shape[:3], len(W)), np.float32)
+    # float32 as the frameworks compute; float64 for the fake-quant twin's dequantized weights, whose
+    # sums of 16-bit values float32 would round
+    dt = np.float64 if np.asarray(node.params["W"]).dtype == np.float64 else np.float32
+    W = np.asarray(node.params["W"], dt)
+    taps = _windows(g, _padded(node, g, xs[0], 0, dt))
+    y = np.empty((*taps.shape[:3], len(W)), dt)
     _convolve(g, taps, W, y)
     if "b" in node.params:
-        y += f32(node.params["b"])
+        y += np.asarray(node.params["b"], dt)
     return [from_map(y, g["out_order"])]
 
 

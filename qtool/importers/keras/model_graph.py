@@ -51,7 +51,7 @@ from qtool.layers import same_pads
 GRUS = ("GRU", "Bidirectional", "RNN")  # RNN: one GRUCell; Bidirectional: of a GRU
 LAYOUT = ("Flatten", "Reshape", "Permute")  # only where they leave the layout as it is
 QKERAS = ("QDense", "QConv1D", "QActivation")  # QKeras layers (.h5 files name them 'qkeras>QDense')
-COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "BatchNormalization", "Activation", "ReLU", "LeakyReLU",
+COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "BatchNormalization", "Activation", "ReLU", "LeakyReLU", "PReLU",
              "Softmax", "UnitNormalization", "Add", "Multiply", "Concatenate", "AveragePooling1D",
              "MaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "ZeroPadding1D", *GRUS, *QKERAS)
 SUPPORTED = tuple(sorted({*COMPUTING, *LAYOUT, *NO_OPS}))
@@ -288,6 +288,15 @@ def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     r.add(e, "batchnorm", src, {"epsilon": float(eps)}, params)
 
 
+def _prelu(r: _Reader, e: _Entry, src: list[str]) -> None:
+    """A slope per channel, shared over time (`shared_axes=[1]`); one per step is refused."""
+    alpha = np.asarray(r.weights(e, ["alpha"])["alpha"], np.float32)
+    if alpha.ndim < 1 or any(d != 1 for d in alpha.shape[:-1]) or alpha.shape[-1] != r.shapes[src[0]][-1]:
+        raise r.fail(e, f"has slopes of shape {list(alpha.shape)}; qtool reads one slope per channel (PReLU with "
+                     "shared_axes=[1] on a sequence)")
+    r.add(e, "prelu", src, {}, {"alpha": alpha.reshape(-1)})
+
+
 def _relu(r: _Reader, e: _Entry, src: list[str]) -> None:
     if e.cls == "LeakyReLU":  # Keras 3: negative_slope (default 0.3); Keras 2: alpha
         slope = e.cfg.get("negative_slope", e.cfg.get("alpha", 0.3))
@@ -391,7 +400,7 @@ def _layout(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 BUILDERS = {"Dense": _dense, "Conv1D": _conv, "DepthwiseConv1D": _conv, "BatchNormalization": _batchnorm,
             "QDense": _dense, "QConv1D": _conv, "QActivation": _qactivation,
-            "ReLU": _relu, "LeakyReLU": _relu, "Activation": _act_layer, "Softmax": _act_layer,
+            "ReLU": _relu, "LeakyReLU": _relu, "PReLU": _prelu, "Activation": _act_layer, "Softmax": _act_layer,
             "UnitNormalization": _act_layer, "ZeroPadding1D": _zero_pad,
             **dict.fromkeys(MERGES, _merge), **dict.fromkeys(POOLS, _pool), **dict.fromkeys(GRUS, _gru),
             **dict.fromkeys(LAYOUT, _layout)}

@@ -41,6 +41,21 @@ def leaky_relu(r, node) -> None:
     activation(r, node, "leaky_relu", alpha=float(attr(node, "alpha", 0.01)))
 
 
+@handles("PRelu")
+def prelu(r, node) -> None:
+    """One slope: leaky_relu (an exact table); a slope per channel (repeated at each frequency of a
+    map): prelu."""
+    edge, lay = r.input(node)
+    slope = r.floats(node, r.const(node, 1))
+    if slope.size == 1:
+        return activation(r, node, "leaky_relu", alpha=float(slope.reshape(-1)[0]))
+    per = lay.per_channel(slope)
+    if per is None:
+        raise r.fail(node, f"has a slope of shape {list(slope.shape)} for {lay.describe()}; qtool reads one slope "
+                           "or one per channel")
+    r.emit(node, "prelu", [edge], lay, params={"alpha": per[0]})
+
+
 @handles("HardSigmoid")
 def hard_sigmoid(r, node) -> None:
     activation(r, node, "hard_sigmoid", alpha=float(attr(node, "alpha", 0.2)),
