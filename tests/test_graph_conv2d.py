@@ -234,3 +234,69 @@ def test_every_frame_order_and_padding_verifies_in_c(tmp_path):
     qtool.export_c(qg, tmp_path / "c", name="maps")
     v = qtool.verify(qg, tmp_path / "c", x[8:])
     assert v.mismatches == 0 and v.edge_values > 0
+
+
+class Decoder(torch.nn.Module):
+    """A U-Net enhancer's decoder as GTCRN writes it: a strided Conv2d along frequency, a depthwise
+    ConvTranspose2d along time on the causally pre-padded map, a grouped ConvTranspose2d of stride 2
+    along frequency, then a ConvTranspose1d over the channels and frequencies."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(2, 8, (1, 5), stride=(1, 2), padding=(0, 2))
+        self.act = torch.nn.PReLU(8)
+        self.dw = torch.nn.ConvTranspose2d(8, 8, (3, 3), padding=(2, 1), groups=8)
+        self.up = torch.nn.ConvTranspose2d(8, 4, (1, 5), stride=(1, 2), padding=(0, 2), groups=2)
+        self.t1 = torch.nn.ConvTranspose1d(4 * 9, 6, 3, padding=2)
+
+    def forward(self, x):  # [N, 2, T, 9]
+        h = torch.nn.functional.pad(self.act(self.down(x)), [0, 0, 2, 0])
+        h = self.up(torch.tanh(self.dw(h)))  # [N, 4, T, 9]
+        n, c, t, f = h.shape
+        return self.t1(torch.nn.functional.pad(h.permute(0, 1, 3, 2).reshape(n, c * f, t), [2, 0]))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_transposed_convolutions_import_as_the_convolutions_they_are(tmp_path, exporter):
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(3)
+    m = Decoder().eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 2, 20, 9)).astype(np.float32))
+    kw = {"dynamo": exporter == "dynamo"}
+    if exporter == "dynamo":
+        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
+    else:
+        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (x,), str(tmp_path / "dec.onnx"), input_names=["x"], output_names=["y"], **kw)
+    g = qtool.load_model(tmp_path / "dec.onnx")
+    assert [(n.op, n.attrs.get("freq_up", 1)) for n in g.nodes if n.op.startswith("conv")] == \
+        [("conv2d", 1), ("conv2d", 1), ("conv2d", 2), ("conv1d", 1)]
+    xs = np.random.default_rng(1).standard_normal((3, 2, 17, 9)).astype(np.float32)
+    with torch.no_grad():
+        want = m(torch.from_numpy(xs)).numpy().transpose(0, 2, 1)
+    got = qtool.layers.run(g, as_data(xs).reshape(3, 17, -1))["y"]
+    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    if exporter == "torchscript" and (shutil.which("cc") or shutil.which("gcc")):
+        data = as_data(np.random.default_rng(2).standard_normal((12, 2, 16, 9)).astype(np.float32))
+        qg = qtool.calibrate(g, data[:8], method="minmax")
+        qtool.export_c(qg, tmp_path / "c", name="dec")
+        v = qtool.verify(qg, tmp_path / "c", data[8:])
+        assert v.mismatches == 0 and v.stream_values > 0
+
+
+def test_a_transposed_convolution_that_upsamples_time_is_refused(tmp_path):
+    from qtool.errors import QtoolError
+
+    m = torch.nn.Sequential(torch.nn.ConvTranspose1d(4, 4, 3, stride=2)).eval()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.randn(1, 4, 10),), str(tmp_path / "up.onnx"), input_names=["x"],
+                          output_names=["y"], dynamo=False, dynamic_axes={"x": {0: "n", 2: "t"}})
+    with pytest.raises(QtoolError, match=r"ConvTranspose\).*upsamples time \(strides \[2\]\)"):
+        qtool.load_model(tmp_path / "up.onnx")

@@ -210,6 +210,21 @@ def test_conv2d_against_torch(kernel, stride, dilation, groups, padding, freq_pa
         close(y, _map_edge(ref.permute(0, 2, 3, 1).numpy(), out_order))
 
 
+@pytest.mark.parametrize("up,kf,pad,groups", [(2, 5, 2, 1), (2, 4, 1, 2), (3, 3, 0, 1), (1, 3, 1, 4)])
+def test_conv2d_spread_is_pytorchs_transposed_convolution(up, kf, pad, groups):
+    """freq_up u with the kernel flipped and (k - 1) - p zeros each side: ConvTranspose2d of stride
+    (1, u) and padding (0, p) (time kernel 2, causal)."""
+    c_in, c_out, freq = 4, 8, 7
+    Wt = rand(c_in, c_out // groups, 2, kf, seed=up)  # ConvTranspose2d's [C_in, C_out / groups, kt, kf]
+    W = Wt.reshape(groups, c_in // groups, c_out // groups, 2, kf).swapaxes(1, 2).reshape(c_out, c_in // groups, 2, kf)
+    W = np.ascontiguousarray(W[:, :, ::-1, ::-1])
+    nd = node("conv2d", {"kernel": (2, kf), "freq": freq, "freq_up": up, "freq_pads": (kf - 1 - pad, kf - 1 - pad),
+                         "groups": groups, "padding": "causal"}, {"W": W})
+    x = rand(2, c_in, 9, freq, seed=5)
+    ref = F.conv_transpose2d(F.pad(t(x), (0, 0, 1, 0)), t(Wt), stride=(1, up), padding=(1, pad), groups=groups)
+    close(run(nd, _map_edge(x.transpose(0, 2, 3, 1), "cf")), _map_edge(ref.permute(0, 2, 3, 1).numpy(), "cf"))
+
+
 @pytest.mark.parametrize("kernel,stride,padding,T", [((3, 3), (1, 1), "same", 9), ((4, 3), (2, 2), "same", 10),
                                                       ((4, 4), (2, 3), "same", 9), ((10, 4), (2, 2), "valid", 49)])
 def test_conv2d_against_keras(keras, kernel, stride, padding, T):

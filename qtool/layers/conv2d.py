@@ -11,6 +11,8 @@ order the model reads it in.
 
 with `xp` the map padded with zeros: along time as conv1d's `padding` (valid, same, causal or
 (left, right)), along frequency by `freq_pads` (before, after); `g(o) = o // (C_out / groups)`.
+With `freq_up` u > 1 the input's frequencies are first spread u apart, u - 1 zeros between each
+two: a transposed convolution of stride u along frequency is this conv2d of its flipped kernel.
 
 Integers: conv1d's, per output channel weights over the channel's kt * kf * C_in/groups taps,
 on the map padded with its zero point (a padded tap adds exactly nothing).
@@ -46,7 +48,7 @@ from qtool.layers.integer import (
 )
 
 OP = "conv2d"
-ATTRS = ("kernel", "stride", "dilation", "groups", "padding", "freq", "freq_pads", "order", "out_order")
+ATTRS = ("kernel", "stride", "dilation", "groups", "padding", "freq", "freq_pads", "freq_up", "order", "out_order")
 ORDERS = ("cf", "fc")
 
 
@@ -66,21 +68,25 @@ def _geometry(node: Node) -> dict:
     for name, v in (("order", order), ("out_order", out_order)):
         if v not in ORDERS:
             raise fail(node, f"attribute '{name}' must be one of {', '.join(ORDERS)}, got {v!r:.40}")
-    groups = node.attrs.get("groups", 1)
-    freq = node.attrs.get("freq")
-    for name, v in (("groups", groups), ("freq", freq)):
+    groups, freq, up = node.attrs.get("groups", 1), node.attrs.get("freq"), node.attrs.get("freq_up", 1)
+    for name, v in (("groups", groups), ("freq", freq), ("freq_up", up)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= MAX_STEPS:
             raise fail(node, f"attribute '{name}' must be an integer in 1..{MAX_STEPS}, got {v!r:.40}")
     return dict(kernel=_pair(node, "kernel", None, 1), stride=_pair(node, "stride", (1, 1), 1),
-                dilation=_pair(node, "dilation", (1, 1), 1), groups=int(groups), freq=int(freq),
+                dilation=_pair(node, "dilation", (1, 1), 1), groups=int(groups), freq=int(freq), up=int(up),
                 pads_f=_pair(node, "freq_pads", (0, 0), 0), padding=attr_padding(node, ("valid", "same", "causal")),
                 order=order, out_order=out_order)
+
+
+def freq_spread(g: dict) -> int:
+    """The input's frequencies once spread `freq_up` apart."""
+    return (g["freq"] - 1) * g["up"] + 1
 
 
 def freq_out(g: dict) -> int:
     """The output map's frequencies."""
     span = (g["kernel"][1] - 1) * g["dilation"][1] + 1
-    return (g["freq"] + sum(g["pads_f"]) - span) // g["stride"][1] + 1
+    return (freq_spread(g) + sum(g["pads_f"]) - span) // g["stride"][1] + 1
 
 
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
@@ -130,9 +136,9 @@ def from_map(y: np.ndarray, order: str) -> np.ndarray:
 
 def _padded(node: Node, g: dict, x: np.ndarray, zero, dtype) -> np.ndarray:
     m = to_map(np.asarray(x), g["freq"], g["order"])
-    (lt, rt), (lf, rf) = _time_pads(g, m.shape[1]), g["pads_f"]
-    xp = np.full((m.shape[0], lt + m.shape[1] + rt, lf + m.shape[2] + rf, m.shape[3]), zero, dtype)
-    xp[:, lt:lt + m.shape[1], lf:lf + m.shape[2]] = m
+    (lt, rt), (lf, rf), up = _time_pads(g, m.shape[1]), g["pads_f"], g["up"]
+    xp = np.full((m.shape[0], lt + m.shape[1] + rt, lf + freq_spread(g) + rf, m.shape[3]), zero, dtype)
+    xp[:, lt:lt + m.shape[1], lf:lf + freq_spread(g):up] = m
     span = (g["kernel"][0] - 1) * g["dilation"][0] + 1
     if xp.shape[1] < span:
         raise fail(node, f"{xp.shape[1]} steps (after padding) are fewer than the window's {span}")
@@ -246,23 +252,25 @@ def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: s
     (kt, kf), (_, sf), (_, df) = g["kernel"], g["stride"], g["dilation"]
     W = np.asarray(qp["q_W"], np.int64).transpose(0, 2, 3, 1)  # [C_out, kt, kf, C_g]
     c_out, c_g = len(W), W.shape[3]
-    per, F, F_out, lf = c_out // g["groups"], g["freq"], freq_out(g), g["pads_f"][0]
+    per, F, F_out, lf, up = c_out // g["groups"], g["freq"], freq_out(g), g["pads_f"][0], g["up"]
     c_in = c_g * g["groups"]
     bias, sh = qp["q_b"] - qp["W_sum_mul_x_zp"], qp["sh_acc"]
     w_t, x_t, y_t = table_type(W), ctype(g_in[0]), ctype(g_out[0])
     acc_bound = int(np.abs(W).sum(axis=(1, 2, 3)).max(initial=0)) * max_abs(g_in[0])
     acc = int_bits(acc_bound)
     bits = rescale_bits(acc_bound + int(np.abs(bias).max(initial=0)), sh)
-    x_at = f"v[fi * {c_in} + g0 + i]" if g["order"] == "fc" else f"v[(g0 + i) * {F} + fi]"
+    src = "fi" if up == 1 else f"(fi / {up})"
+    x_at = f"v[{src} * {c_in} + g0 + i]" if g["order"] == "fc" else f"v[(g0 + i) * {F} + {src}]"
     y_at = f"y[fo * {c_out} + c]" if g["out_order"] == "fc" else f"y[c * {F_out} + fo]"
     zp = lit(g_in[0].zp)
-    pad = (f"""                    if (fi < 0 || fi >= {F}) {{ /* a padded frequency: the zero point */
+    outside = f"fi < 0 || fi >= {freq_spread(g)}" + (f" || fi % {up}" if up > 1 else "")
+    pad = (f"""                    if ({outside}) {{ /* a padded (or spread) frequency: the zero point */
                         for (i = 0; i < {c_g}; i++) {{
                             acc += (int{acc}_t)w[i] * {zp};
                         }}
                         continue;
                     }}
-""" if lf or (F_out - 1) * sf + (kf - 1) * df - lf >= F else "")
+""" if lf or up > 1 or (F_out - 1) * sf + (kf - 1) * df - lf >= freq_spread(g) else "")
     code = f"""/* {node.label} */
 static void {f}(const {x_t} *const *rows, int32_t n_real, {y_t} *y)
 {{

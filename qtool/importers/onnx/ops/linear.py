@@ -82,14 +82,57 @@ def _unit_axis_conv(r, node, lay, W):
 
 @handles("Conv")
 def conv(r, node) -> None:
+    _conv(r, node, r.const(node, 1))
+
+
+@handles("ConvTranspose")
+def conv_transpose(r, node) -> None:
+    """A transposed convolution of stride 1 along time is the Conv of its flipped kernel (input and
+    output channels swapped within each group), padded by (k - 1) * d - p at each end and the
+    output padding after; along a map's frequency a stride u spreads the input's frequencies u
+    apart first (conv2d's freq_up)."""
+    from onnx import NodeProto, helper
+
     edge, lay = r.input(node)
-    W = r.const(node, 1)
+    W, group = r.const(node, 1), attr(node, "group", 1)
+    nd = W.ndim - 2
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", "VALID") or attr(node, "output_shape", None) is not None:
+        raise r.fail(node, "sets auto_pad or output_shape; qtool reads a ConvTranspose by its pads")
+    k = list(W.shape[2:])
+    strides, dil = list(attr(node, "strides", [1] * nd)), list(attr(node, "dilations", [1] * nd))
+    pads, opad = list(attr(node, "pads", [0] * 2 * nd)), list(attr(node, "output_padding", [0] * nd))
+    time = [a for a in range(nd) if len(lay.axes) == nd + 2 and lay.axes[2 + a] == "T"]
+    if any(strides[a] != 1 for a in time):
+        raise r.fail(node, f"upsamples time (strides {strides}); qtool's layers keep or reduce the steps")
+    if W.shape[0] % group or len(pads) != 2 * nd or len(opad) != nd:
+        raise r.fail(node, f"has weights {list(W.shape)}, group {group}, pads {pads}, output_padding {opad}")
+    begin = [dil[a] * (k[a] - 1) - pads[a] for a in range(nd)]
+    end = [dil[a] * (k[a] - 1) - pads[nd + a] + opad[a] for a in range(nd)]
+    if min(begin + end) < 0:
+        raise r.fail(node, f"crops its output (pads {pads} beyond its kernel's reach); qtool reads a ConvTranspose "
+                           "whose pads are at most (kernel - 1) * dilation")
+    c_in_g = W.shape[0] // group
+    Wc = W.reshape(group, c_in_g, W.shape[1], *k).swapaxes(1, 2).reshape(group * W.shape[1], c_in_g, *k)
+    Wc = np.ascontiguousarray(np.flip(Wc, axis=tuple(range(2, 2 + nd))))
+    as_conv = NodeProto()
+    as_conv.CopyFrom(node)
+    del as_conv.attribute[:]
+    as_conv.attribute.extend([helper.make_attribute("kernel_shape", k), helper.make_attribute("strides", [1] * nd),
+                              helper.make_attribute("dilations", dil), helper.make_attribute("pads", begin + end),
+                              helper.make_attribute("group", group)])
+    ups = {strides[a] for a in range(nd) if a not in time}
+    _conv(r, as_conv, Wc, max(ups, default=1) if nd == 2 else 1)
+
+
+def _conv(r, node, W, up: int = 1) -> None:
+    """A Conv (or a ConvTranspose written as one) of weights W; `up`: its input's frequencies spread apart."""
+    edge, lay = r.input(node)
     unit = None
     flat = _unit_axis_conv(r, node, lay, W)
     if flat is not None:
         node, lay, unit, W = flat
     elif W.ndim == 4:
-        return _conv2d(r, node, edge, lay, W)
+        return _conv2d(r, node, edge, lay, W, up)
     if W.ndim != 3:
         raise r.fail(node, f"is a {W.ndim - 2}-D convolution; qtool reads Conv over one axis (Conv1d, or a 2-D "
                            "Conv whose kernel is 1 along a unit axis)")
@@ -135,7 +178,7 @@ KEEPS_LAYOUT = ("Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "BatchN
                 "Identity", "Dropout", "Elu", "Selu", "HardSigmoid", "HardSwish")
 
 
-def _conv2d(r, node, edge, lay, W) -> None:
+def _conv2d(r, node, edge, lay, W, up: int = 1) -> None:
     """A 2-D Conv over [N, C, T, F] or [N, C, F, T] where C and F are channel factors of a feature
     map (qtool.layers.conv2d): its time axis is T, its frequency axis the other."""
     axes = lay.axes
@@ -165,7 +208,7 @@ def _conv2d(r, node, edge, lay, W) -> None:
         total = (kernel[1] - 1) * dilation[1]
         if auto == "SAME_LOWER" and (stride != (1, 1) or total % 2 or (kernel[0] - 1) * dilation[0] % 2):
             raise r.fail(node, "has auto_pad SAME_LOWER with an odd padding; qtool's 'same' pads the odd step after")
-        padding, freq_pads = "same", same_pads(F, kernel[1], stride[1], dilation[1])
+        padding, freq_pads = "same", same_pads((F - 1) * up + 1, kernel[1], stride[1], dilation[1])
         t = -(-lay.t // stride[0])
     elif auto in ("NOTSET", "VALID") and len(pads) == 4 and min(pads) >= 0:
         pads = [0, 0, 0, 0] if auto == "VALID" else pads
@@ -177,7 +220,9 @@ def _conv2d(r, node, edge, lay, W) -> None:
     order = "cf" if ca is None or ca < fa else "fc"
     attrs = dict(kernel=kernel, stride=stride, dilation=dilation, groups=group, padding=padding, freq=F,
                  freq_pads=tuple(int(p) for p in freq_pads), order=order, out_order=_read_order(r, node, 3 - ti, order))
-    f_out = (F + sum(freq_pads) - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
+    f_out = ((F - 1) * up + 1 + sum(freq_pads) - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
+    if up > 1:
+        attrs["freq_up"] = up
     if t < 1 or f_out < 1:
         raise r.fail(node, f"leaves {t} steps and {f_out} frequencies of {lay.t} and {F}")
     params = {"W": r.floats(node, W)}
