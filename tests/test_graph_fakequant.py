@@ -31,7 +31,9 @@ def model() -> Graph:
         Node("conv", "conv1d", ["x"], ["c"], {"kernel": 3, "padding": "causal", "groups": 2},
              {"W": w(6, 3, 3), "b": w(6)}),
         Node("pre", "prelu", ["c"], ["c1"], {}, {"alpha": 0.3 * w(6)}),
-        Node("act", "activation", ["c1"], ["a"], {"kind": "tanh"}),
+        Node("ln", "layernorm", ["c1"], ["c2"], {"size": 3, "stride": 2, "epsilon": 1e-5},
+             {"gamma": 1 + 0.2 * w(6), "beta": w(6)}),
+        Node("act", "activation", ["c2"], ["a"], {"kind": "tanh"}),
         Node("bn", "batchnorm", ["a"], ["n"], {"epsilon": 1e-3}, bn),  # after an activation: an integer affine
         Node("pad", "zero_pad1d", ["n"], ["p"], {"pad": (1, 0)}),
         Node("avg", "avg_pool1d", ["p"], ["v"], {"pool": 2, "stride": 1}),

@@ -49,6 +49,7 @@ def models(keras, tmp_path_factory):
     skip = keras.Model(i, L.Dense(2, name="head")(c))
     # a keyword spotter
     kws = keras.Sequential([keras.Input((None, 5)), L.Dense(8, activation="relu", name="embed"),
+                            L.LayerNormalization(beta_initializer="random_normal", name="norm"),
                             L.Bidirectional(L.GRU(6, return_sequences=True), name="bigru"),
                             L.GRU(6, return_sequences=False, name="gru"), L.Dense(3, activation="softmax", name="cls")])
     # pooled heads, fixed T, two outputs
@@ -67,7 +68,7 @@ def models(keras, tmp_path_factory):
 
 OPS = {"conv": ["conv1d", "batchnorm", "activation", "zero_pad1d", "avg_pool1d", "gru", "dense"],
        "skip": ["dense", "prelu", "gru", "dense", "activation", "add", "concat", "dense"],
-       "kws": ["dense", "activation", "gru", "gru", "dense", "softmax"],
+       "kws": ["dense", "activation", "layernorm", "gru", "gru", "dense", "softmax"],
        "heads": ["conv1d", "activation", "conv1d", "activation", "max_pool1d", "global_avg_pool1d", "dense",
                  "l2_normalize", "activation", "global_max_pool1d", "dense", "softmax"]}
 
@@ -98,7 +99,7 @@ def test_graph_names_and_attrs(keras, models):
     m, folder = models["kws"]
     graph = read_keras_graph(folder / "m.keras")
     nodes = {n.name: n for n in graph.nodes}
-    assert list(nodes) == ["embed", "embed/activation", "bigru", "gru", "cls", "cls/activation"]
+    assert list(nodes) == ["embed", "embed/activation", "norm", "bigru", "gru", "cls", "cls/activation"]
     assert nodes["embed/activation"].attrs == {"kind": "relu"} and nodes["cls/activation"].op == "softmax"
     assert nodes["bigru"].attrs == {"return_sequences": True, "bidirectional": True, "layers": 1}
     assert nodes["gru"].attrs == {"return_sequences": False, "bidirectional": False, "layers": 1}

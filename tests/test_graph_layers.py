@@ -293,6 +293,27 @@ def test_prelu_against_torch_and_keras(keras):
     close(run(node("prelu", params={"alpha": keras.ops.convert_to_numpy(lay.weights[0]).reshape(-1)}), x), want)
 
 
+@pytest.mark.parametrize("size,stride", [(12, 1), (4, 1), (4, 3), (2, 2)])
+def test_layernorm_against_torch(size, stride):
+    """Groups of `size` channels `stride` apart (the whole frame; each frequency's channels in "fc" or
+    "cf" frames) normalized as PyTorch's LayerNorm over that axis, then gamma and beta per channel."""
+    gamma, beta = 1 + rand(12, seed=1, scale=0.3), rand(12, seed=2)
+    nd = node("layernorm", {"size": size, "stride": stride, "epsilon": 1e-5}, {"gamma": gamma, "beta": beta})
+    for x in (rand(3, 7, 12, seed=3, scale=3) + 1, rand(4, 12, seed=4)):
+        g = t(x).reshape(*x.shape[:-1], -1, size, stride).transpose(-1, -2)
+        ref = F.layer_norm(g, (size,), eps=1e-5).transpose(-1, -2).reshape(x.shape) * t(gamma) + t(beta)
+        close(run(nd, x), ref)
+
+
+def test_layernorm_against_keras(keras):
+    lay = keras.layers.LayerNormalization(epsilon=1e-3, gamma_initializer="random_normal",
+                                          beta_initializer="random_normal")
+    x = rand(2, 9, 6, seed=6, scale=2)
+    want = kcall(keras, lay, x)
+    gamma, beta = (keras.ops.convert_to_numpy(w) for w in lay.weights)
+    close(run(node("layernorm", {"size": 6, "epsilon": 1e-3}, {"gamma": gamma, "beta": beta}), x), want)
+
+
 def test_activation_extremes_are_finite():
     x = np.array([[-1e30, -100.0, 100.0, 1e30]], np.float32)
     for attrs in ({"kind": "sigmoid"}, {"kind": "softplus"}, {"kind": "gelu"}, {"kind": "tanh"},
@@ -474,6 +495,9 @@ BAD = [  # op, attrs, params, input shapes, what the message says
     ("dense", {}, {"W": np.full((3, 4), np.nan, np.float32)}, [SEQ], "NaN"),
     ("conv1d", {"kernel": 0}, {"W": rand(2, 4, 1)}, [SEQ], "'kernel' must be an integer in 1..1048576, got 0"),
     ("prelu", {}, {"alpha": rand(3)}, [SEQ], "param 'alpha' has shape [3], expected [4]"),
+    ("layernorm", {"size": 3, "epsilon": 1e-5}, {"gamma": rand(4), "beta": rand(4)}, [SEQ],
+     "groups of 3 channels 1 apart do not tile the frame's 4 channels"),
+    ("layernorm", {"size": 4}, {"gamma": rand(4), "beta": rand(4)}, [SEQ], "attribute 'epsilon' is missing"),
     ("prelu", {"alpha": 0.1}, {"alpha": rand(4)}, [SEQ], "unknown attribute 'alpha'"),
     ("conv2d", {"kernel": (3, 0), "freq": 2}, {"W": rand(2, 2, 3, 1)}, [SEQ],
      "'kernel' must be two integers (time, frequency) in 1..1048576"),

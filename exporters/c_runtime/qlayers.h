@@ -33,6 +33,31 @@ QGRU_INLINE void qlayers_dot3_s8(const int8_t *w, int32_t row_step, const int8_t
 #endif
 }
 
+/* floor(sqrt(v)) for 0 <= v < 2^62, bit by bit (layernorm's r) */
+QGRU_INLINE int64_t qlayers_isqrt64(int64_t v)
+{
+    uint64_t x = (uint64_t)v, r = 0, b = UINT64_C(1) << 62;
+    while (b > x) {
+        b >>= 2;
+    }
+    while (b != 0) {
+        if (x >= r + b) {
+            x -= r + b;
+            r = (r >> 1) + b;
+        } else {
+            r >>= 1;
+        }
+        b >>= 2;
+    }
+    return (int64_t)r;
+}
+
+/* num / den rounded half away from zero, den > 0 (layernorm's z) */
+QGRU_INLINE int64_t qlayers_div_round64(int64_t num, int64_t den)
+{
+    return num >= 0 ? (num + den / 2) / den : -((-num + den / 2) / den);
+}
+
 /* one row of the same */
 QGRU_INLINE int32_t qlayers_dot1_s8(const int8_t *w, const int8_t *v, int32_t n)
 {

@@ -24,13 +24,14 @@ def qdq(v: np.ndarray, g: TensorQ) -> np.ndarray:
 def forward_fq(qg: QGraph, node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     """One core node on values already on their grids; its outputs rounded onto theirs. A module
     with a fake-quant of its own (`forward_fq`: a weighted layer on its dequantized weights, an
-    activation's interpolated table) computes it; any other its float forward."""
+    activation's interpolated table) computes it; any other its float forward, in float64 (which
+    holds the product of two 16-bit values exactly; float32 would round it)."""
     module = layer(node.op, node.label)
     if hasattr(module, "forward_fq"):
         ys = module.forward_fq(node, qg.qparams[node.name], [qg.grids[e] for e in node.inputs],
                                [qg.grids[e] for e in node.outputs], xs)
     else:
-        ys = module.forward(node, [np.asarray(x, np.float32) for x in xs])
+        ys = module.forward(node, [np.asarray(x, np.float64) for x in xs])
     return [qdq(y, qg.grids[e]) for y, e in zip(ys, node.outputs)]
 
 

@@ -51,7 +51,8 @@ from qtool.layers import same_pads
 GRUS = ("GRU", "Bidirectional", "RNN")  # RNN: one GRUCell; Bidirectional: of a GRU
 LAYOUT = ("Flatten", "Reshape", "Permute")  # only where they leave the layout as it is
 QKERAS = ("QDense", "QConv1D", "QActivation")  # QKeras layers (.h5 files name them 'qkeras>QDense')
-COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "BatchNormalization", "Activation", "ReLU", "LeakyReLU", "PReLU",
+COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "BatchNormalization", "LayerNormalization", "Activation", "ReLU",
+             "LeakyReLU", "PReLU",
              "Softmax", "UnitNormalization", "Add", "Multiply", "Concatenate", "AveragePooling1D",
              "MaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "ZeroPadding1D", *GRUS, *QKERAS)
 SUPPORTED = tuple(sorted({*COMPUTING, *LAYOUT, *NO_OPS}))
@@ -288,6 +289,23 @@ def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     r.add(e, "batchnorm", src, {"epsilon": float(eps)}, params)
 
 
+def _layernorm(r: _Reader, e: _Entry, src: list[str]) -> None:
+    """Over the channels (axis -1), with its gamma and beta where it has them."""
+    axis, c = e.cfg.get("axis", -1), r.shapes[src[0]][-1]
+    axes = axis if isinstance(axis, list) else [axis]
+    rank = len(r.shapes[src[0]]) + 1
+    if [a % rank for a in axes] != [rank - 1] or e.cfg.get("rms_scaling"):
+        raise r.fail(e, f"normalizes axis {axis}{' by RMS' if e.cfg.get('rms_scaling') else ''}; qtool's "
+                     "layernorm normalizes the channels (axis -1)")
+    scale, center = e.cfg.get("scale", True), e.cfg.get("center", True)
+    w = r.weights(e, ["gamma"] * scale + ["beta"] * center)
+    eps = e.cfg.get("epsilon", 1e-3)
+    if not isinstance(eps, (int, float)) or not eps > 0:
+        raise r.fail(e, f"has epsilon={eps!r}")
+    r.add(e, "layernorm", src, {"size": c, "epsilon": float(eps)},
+          {"gamma": w.get("gamma", np.ones(c, np.float32)), "beta": w.get("beta", np.zeros(c, np.float32))})
+
+
 def _prelu(r: _Reader, e: _Entry, src: list[str]) -> None:
     """A slope per channel, shared over time (`shared_axes=[1]`); one per step is refused."""
     alpha = np.asarray(r.weights(e, ["alpha"])["alpha"], np.float32)
@@ -399,6 +417,7 @@ def _layout(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 BUILDERS = {"Dense": _dense, "Conv1D": _conv, "DepthwiseConv1D": _conv, "BatchNormalization": _batchnorm,
+            "LayerNormalization": _layernorm,
             "QDense": _dense, "QConv1D": _conv, "QActivation": _qactivation,
             "ReLU": _relu, "LeakyReLU": _relu, "PReLU": _prelu, "Activation": _act_layer, "Softmax": _act_layer,
             "UnitNormalization": _act_layer, "ZeroPadding1D": _zero_pad,
