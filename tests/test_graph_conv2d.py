@@ -1,4 +1,4 @@
-"""Feature maps (qtool.layers.conv2d): a PyTorch CRNN (Conv2d + BatchNorm2d + PReLU over time x
+"""Feature maps (qtool.layers.conv.conv2d): a PyTorch CRNN (Conv2d + BatchNorm2d + PReLU over time x
 frequency, a dilated depthwise Conv2d, the channels and frequencies reshaped into a GRU's input, a
 Linear head) exported with both torch.onnx exporters imports whole and equals the module on
 held-out data; its integers equal an independent int64 loop of the formula; its C export verifies
@@ -13,7 +13,8 @@ import pytest
 import qtool
 from qtool.core.graph import Graph, Node
 from qtool.core.qmodel import TensorQ
-from qtool.layers import check, conv2d
+from qtool.layers import check
+from qtool.layers.conv import conv2d
 from qtool.layers.integer import LayerBits
 
 torch = pytest.importorskip("torch")

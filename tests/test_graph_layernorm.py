@@ -1,4 +1,4 @@
-"""layernorm (qtool.layers.layernorm): its integers against an independent reference in Python's
+"""layernorm (qtool.layers.norm.layernorm): its integers against an independent reference in Python's
 own integers (math.isqrt, exact rational rounding) on held-out and extreme inputs; the bound that
 refuses what int64 cannot hold; PyTorch's LayerNorm over a map's frequencies and channels (GTCRN's),
 over each frequency's channels and over a GRU's output, through both torch.onnx exporters, equal
@@ -16,8 +16,9 @@ import qtool
 from qtool.core.graph import Graph, Node
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
-from qtool.layers import check, layernorm
+from qtool.layers import check
 from qtool.layers.integer import LayerBits
+from qtool.layers.norm import layernorm
 
 
 def _reference(q, zp, qp, size, stride, e_x, eps, g_out):

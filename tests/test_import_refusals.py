@@ -33,8 +33,9 @@ def one_line(code, out, err, *want):
 
 
 @needs_onnx
-def test_a_gru_stack_inside_a_feature_map_model_is_taken_by_naming_its_first_gru(cli, tmp_path):
-    """DeepFilterNet's ERB decoder: a 4-D input, a 2-layer GRU written as two GRU nodes, a Linear."""
+def test_a_gru_stack_inside_a_feature_map_model_imports_whole_or_alone_by_its_first_grus_name(cli, tmp_path):
+    """DeepFilterNet's ERB decoder: a 4-D input (a map of one channel), a 2-layer GRU written as two
+    GRU nodes, a Linear: whole, or the GRU stack alone with --name."""
     import onnx
     import torch
 
@@ -54,8 +55,16 @@ def test_a_gru_stack_inside_a_feature_map_model_is_taken_by_naming_its_first_gru
                   dynamic_axes={"x": {0: "N", 2: "T"}})
     grus = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "GRU"]
     assert len(grus) == 2
-    one_line(*cli("import", path, "-o", tmp_path / "whole.h5"), "the whole model cannot be taken: input 'x'",
-             f"--name takes one GRU, or the stack of GRU layers it starts, alone: {grus[0]}, {grus[1]})")
+    code, out, err = cli("import", path, "-o", tmp_path / "whole.h5")
+    assert code == 0 and "input read as [N, C, T, F]" in out, err
+    x = np.random.default_rng(1).standard_normal((3, 7, 16)).astype(np.float32)  # held out: [N, T, F]
+    with torch.no_grad():
+        want = m(torch.from_numpy(x[:, None])).numpy()
+    import qtool
+    import qtool.layers
+
+    g = qtool.load_model(tmp_path / "whole.h5")
+    assert np.abs(qtool.layers.run(g, x)[g.outputs[0]] - want).max() < 1e-5
     code, out, err = cli("import", path, "--name", grus[0], "-o", tmp_path / "gru.h5")
     assert code == 0, err
     said = " ".join(out.split())

@@ -12,7 +12,8 @@ import pytest
 
 from qtool.core.graph import Node
 from qtool.core.qmodel import TensorQ
-from qtool.layers import conv1d, dense, integer
+from qtool.layers import dense, integer
+from qtool.layers.conv import conv1d
 from qtool.layers.integer import (
     EXACT_FLOAT,
     EXACT_FLOAT32,

@@ -169,4 +169,7 @@ def test_the_registry_is_static_imports():
     assert "importlib" not in text and "__import__" not in text
     from qtool.layers import REGISTRY
 
-    assert all(m.__name__ == f"qtool.layers.{m.__name__.rpartition('.')[2]}" for m in REGISTRY.values())
+    names = {alias.name for node in ast.parse(text).body if isinstance(node, ast.ImportFrom)
+             and (node.module or "").startswith("qtool.layers") for alias in node.names}
+    assert all(m.__name__.startswith("qtool.layers.") and m.__name__.rpartition(".")[2] in names
+               for m in REGISTRY.values())

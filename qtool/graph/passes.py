@@ -10,8 +10,8 @@ import copy
 from qtool.core.graph import Graph, Node
 from qtool.errors import QtoolError
 from qtool.layers import check, layer
-from qtool.layers.batchnorm import affine
 from qtool.layers.gru import form as gru_form
+from qtool.layers.norm.batchnorm import affine
 
 
 def _only_reader(graph: Graph, edge: str) -> Node | None:

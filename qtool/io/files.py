@@ -447,7 +447,7 @@ class SequenceData:
     """A lazily read `[N, T, C]` view of a data file, read in chunks of sequences. A 4-D file
     `[N, T, A, B]` holds feature maps, each frame `[A, B]` read as its A * B channels in that
     order: `[N, T, F, C]` for a model whose input is TensorFlow's `[N, T, F, C]`, `[N, T, C, F]`
-    for PyTorch's `[N, C, T, F]` (qtool.layers.conv2d)."""
+    for PyTorch's `[N, C, T, F]` (qtool.layers.conv.conv2d)."""
 
     def __init__(self, arr, time_first: bool, name: str):
         check_array(arr, name)

@@ -15,21 +15,9 @@ import numpy as np
 from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
-from qtool.layers import (
-    activation,
-    batchnorm,
-    concat,
-    conv1d,
-    conv2d,
-    dense,
-    elementwise,
-    gru,
-    layernorm,
-    pool,
-    prelu,
-    steps,
-    tail,
-)
+from qtool.layers import activation, concat, dense, elementwise, gru, pool, prelu, steps, tail
+from qtool.layers.conv import conv1d, conv2d
+from qtool.layers.norm import batchnorm, layernorm
 
 MAX_EDGE_CHANNELS = 1 << 20  # a declared width beyond this is refused before anything is allocated
 

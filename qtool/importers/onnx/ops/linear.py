@@ -180,7 +180,7 @@ KEEPS_LAYOUT = ("Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "BatchN
 
 def _conv2d(r, node, edge, lay, W, up: int = 1) -> None:
     """A 2-D Conv over [N, C, T, F] or [N, C, F, T] where C and F are channel factors of a feature
-    map (qtool.layers.conv2d): its time axis is T, its frequency axis the other."""
+    map (qtool.layers.conv.conv2d): its time axis is T, its frequency axis the other."""
     axes = lay.axes
     if len(axes) != 4 or axes[0] != "N" or "T" not in axes[2:] or not isinstance(axes[5 - axes.index("T")], int) \
             or not (isinstance(axes[1], int) or axes[1] == "1"):

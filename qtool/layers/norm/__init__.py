@@ -1,0 +1,1 @@
+"""The normalizations: batchnorm (a per-channel affine) and layernorm (over groups of channels)."""
