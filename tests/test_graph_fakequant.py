@@ -48,7 +48,10 @@ def model() -> Graph:
     nodes[-2:-2] = [Node("map", "conv2d", ["k"], ["f"], {"kernel": (2, 2), "freq": 3, "freq_pads": (1, 0),
                                                          "padding": "causal", "groups": 2, "order": "fc"},
                          {"W": w(4, 2, 2, 2), "b": w(4)}),
-                    Node("sum2", "add", ["f", "k"], ["k2"])]
+                    Node("sq", "activation", ["f"], ["f2"], {"kind": "square"}),
+                    Node("fmean", "reduce_mean", ["f2"], ["fm"], {"size": 3, "stride": 4}),
+                    Node("att", "mul", ["f", "fm"], ["fa"], {"repeat": (3, 4)}),
+                    Node("sum2", "add", ["fa", "k"], ["k2"])]
     return check(Graph(nodes, {"x": (None, 6)}, ["y"]))
 
 

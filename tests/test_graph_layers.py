@@ -261,6 +261,7 @@ ACTIVATIONS = [
     ({"kind": "gelu"}, F.gelu),
     ({"kind": "gelu", "approximate": "none"}, F.gelu),
     ({"kind": "gelu", "approximate": "tanh"}, lambda v: F.gelu(v, approximate="tanh")),
+    ({"kind": "square"}, lambda v: v.pow(2)),
     ({"kind": "linear"}, lambda v: v),
 ]
 
@@ -312,6 +313,20 @@ def test_layernorm_against_keras(keras):
     want = kcall(keras, lay, x)
     gamma, beta = (keras.ops.convert_to_numpy(w) for w in lay.weights)
     close(run(node("layernorm", {"size": 6, "epsilon": 1e-3}, {"gamma": gamma, "beta": beta}), x), want)
+
+
+@pytest.mark.parametrize("size,stride", [(3, 1), (3, 2), (6, 1), (2, 3)])
+def test_reduce_mean_and_a_repeated_input(size, stride):
+    """reduce_mean over groups (a map's frequencies in "cf" or "fc" frames) as torch.mean, and
+    add/mul repeating its output over the groups as PyTorch broadcasts it."""
+    x = rand(3, 5, 6, seed=size, scale=2)
+    view = t(x).reshape(3, 5, -1, size, stride)
+    mean = view.mean(dim=-2)
+    y = run(node("reduce_mean", {"size": size, "stride": stride}), x)
+    close(y, mean.reshape(3, 5, -1))
+    for op, f in (("mul", torch.mul), ("add", torch.add)):
+        got = run(node(op, {"repeat": (size, stride)}, inputs=2), x, y)
+        close(got, f(view, mean[..., None, :]).reshape(3, 5, 6))
 
 
 def test_activation_extremes_are_finite():
@@ -495,6 +510,9 @@ BAD = [  # op, attrs, params, input shapes, what the message says
     ("dense", {}, {"W": np.full((3, 4), np.nan, np.float32)}, [SEQ], "NaN"),
     ("conv1d", {"kernel": 0}, {"W": rand(2, 4, 1)}, [SEQ], "'kernel' must be an integer in 1..1048576, got 0"),
     ("prelu", {}, {"alpha": rand(3)}, [SEQ], "param 'alpha' has shape [3], expected [4]"),
+    ("reduce_mean", {"size": 3}, {}, [SEQ], "groups of 3 channels 1 apart do not tile the frame's 4 channels"),
+    ("mul", {"repeat": (2, 1)}, {}, [SEQ, (None, 3)], "inputs of different shapes"),
+    ("add", {"repeat": (0, 1)}, {}, [SEQ, (None, 2)], "'repeat' must be (size, stride)"),
     ("layernorm", {"size": 3, "epsilon": 1e-5}, {"gamma": rand(4), "beta": rand(4)}, [SEQ],
      "groups of 3 channels 1 apart do not tile the frame's 4 channels"),
     ("layernorm", {"size": 4}, {"gamma": rand(4), "beta": rand(4)}, [SEQ], "attribute 'epsilon' is missing"),

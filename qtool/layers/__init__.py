@@ -15,7 +15,7 @@ import numpy as np
 from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
-from qtool.layers import activation, concat, dense, elementwise, gru, pool, prelu, steps, tail
+from qtool.layers import activation, concat, dense, elementwise, gru, pool, prelu, reduce, steps, tail
 from qtool.layers.conv import conv1d, conv2d
 from qtool.layers.norm import batchnorm, layernorm
 
@@ -36,6 +36,7 @@ REGISTRY: dict[str, ModuleType] = {  # op -> its module
     "max_pool1d": pool,
     "global_avg_pool1d": pool,
     "global_max_pool1d": pool,
+    "reduce_mean": reduce,
     "zero_pad1d": steps,
     "last_step": steps,
     "gru": gru,

@@ -10,6 +10,7 @@
     softplus      log(1 + exp(x))
     gelu          x * Phi(x) (the exact erf form); `approximate` "tanh" (or true, Keras' flag):
                   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
+    square        x * x   (PyTorch's x.pow(2), ONNX's Pow(x, 2) or Mul(x, x) of one value)
     linear        x
 
 Integers: the exact table of the function on the input's grid: for every input integer, the
@@ -41,7 +42,7 @@ from qtool.numerics.qparams import dequantize, qrange
 from qtool.numerics.qparams import quantize as quantize_values
 
 OP = "activation"
-KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "linear")
+KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "square", "linear")
 ATTRS = {"leaky_relu": ("alpha",), "hard_sigmoid": ("alpha", "beta"), "gelu": ("approximate",)}
 
 
@@ -106,6 +107,8 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
             y = 0.5 * x * (1 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x ** 3)))
     elif kind == "gelu":
         y = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+    elif kind == "square":
+        y = x * x
     else:
         y = x
     return [np.asarray(y, np.float32)]

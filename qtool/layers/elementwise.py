@@ -1,6 +1,9 @@
 """add, mul: the elementwise sum or product of two or more inputs of one shape (Keras' Add and
-Multiply, ONNX's Add and Mul between two computed edges). No broadcasting: a sequence and a
-vector do not mix.
+Multiply, ONNX's Add and Mul between two computed edges). A sequence and a vector do not mix.
+With `repeat` (size, stride), an input of W / size channels is repeated over groups of the
+others' W, as reduce_mean's groups (the frame viewed as `[W / (size * stride), size, stride]`,
+the narrow input as `[W / (size * stride), 1, stride]`): GTCRN's attention, a value per channel
+and frame, multiplying every frequency of a map.
 
 Integers, aligned on the finest input exponent E = max exp2_inv_i (shifts left, exact):
     add: q_y = clamp(rshift_round(sum_i (q_i - zp_i) << (E - exp2_inv_i), E - exp2_inv_y) + zp_y)
@@ -21,16 +24,41 @@ from qtool.layers.integer import LayerBits, rescale
 OPS = ("add", "mul")
 
 
+def _repeat(node: Node) -> tuple[int, int] | None:
+    v = node.attrs.get("repeat")
+    if v is None:
+        return None
+    if not (isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(k, (int, np.integer)) and
+                                                                   not isinstance(k, bool) and k >= 1 for k in v)):
+        raise fail(node, f"attribute 'repeat' must be (size, stride), two positive integers, got {v!r:.40}")
+    return int(v[0]), int(v[1])
+
+
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
-    only(node)
+    only(node, ("repeat",))
     want_inputs(node, shapes, count=None)
-    if any(s != shapes[0] for s in shapes):
-        raise fail(node, f"inputs of different shapes: {', '.join(map(str, shapes))}")
-    return [shapes[0]]
+    rep, width = _repeat(node), max(s[-1] for s in shapes)
+    narrow = width // rep[0] if rep and width % (rep[0] * rep[1]) == 0 else None
+    if any(s[:-1] != shapes[0][:-1] or s[-1] not in (width, narrow) for s in shapes):
+        raise fail(node, f"inputs of different shapes: {', '.join(map(str, shapes))}"
+                   + (f" (repeat {rep}: {width} or {narrow} channels)" if rep else ""))
+    return [shapes[0][:-1] + (width,)]
+
+
+def widen(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
+    """Each narrow input repeated over its groups, to the widest input's channels."""
+    rep, width = _repeat(node), max(x.shape[-1] for x in xs)
+    if rep is None:
+        return xs
+    size, stride = rep
+    return [x if x.shape[-1] == width else np.broadcast_to(
+        x.reshape(*x.shape[:-1], -1, 1, stride), (*x.shape[:-1], width // (size * stride), size, stride)
+    ).reshape(*x.shape[:-1], width) for x in xs]
 
 
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     same_steps(node, xs)
+    xs = widen(node, xs)
     y = xs[0]
     for x in xs[1:]:  # left to right, as the frameworks fold them
         y = y + x if node.op == "add" else y * x
@@ -52,7 +80,7 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
     same_steps(node, qs)
-    terms = [np.asarray(q, np.int64) - g.zp for q, g in zip(qs, g_in)]
+    terms = [np.asarray(q, np.int64) - g.zp for q, g in zip(widen(node, qs), g_in)]
     if node.op == "mul":
         acc = terms[0]
         for t in terms[1:]:
@@ -64,7 +92,9 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
     """add: the inputs aligned by left shifts and summed; mul: their product; then the rescale."""
-    terms = [f"((int64_t)x{i}[c] - {lit(g.zp)})" for i, g in enumerate(g_in)]
+    rep, width = _repeat(node), max(widths)
+    at = [f"[(c / {rep[0] * rep[1]}) * {rep[1]} + c % {rep[1]}]" if rep and w != width else "[c]" for w in widths]
+    terms = [f"((int64_t)x{i}{at[i]} - {lit(g.zp)})" for i, g in enumerate(g_in)]
     mags = [max_abs(g) + abs(g.zp) for g in g_in]
     if node.op == "mul":
         bound = 1
@@ -83,7 +113,7 @@ def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: s
 static void {f}({args}, {y_t} *y)
 {{
     int32_t c;
-    for (c = 0; c < {widths[0]}; c++) {{
+    for (c = 0; c < {width}; c++) {{
         y[c] = ({y_t}){rescale_expr(v, qp["sh"], None, f, g_out[0], bits)};
     }}
 }}

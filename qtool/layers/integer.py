@@ -69,6 +69,22 @@ def requantize(q, g_in: TensorQ, g_out: TensorQ) -> np.ndarray:
     return rescale(np.asarray(q, np.int64) - g_in.zp, int(g_in.exp2_inv) - int(g_out.exp2_inv), g_out)
 
 
+def average(s, count, gx: TensorQ, gy: TensorQ) -> np.ndarray:
+    """The mean `s / count` of integers on gx's grid (s a sum of q - zp_x) on gy's, rounded half
+    up exactly: floor((2 s 2^d + n) / 2n), d = exp2_inv_y - exp2_inv_x (C: qlayers_average)."""
+    d = int(gy.exp2_inv) - int(gx.exp2_inv)
+    # |s| < count * 2^bits_x: below -(bits_x + 2) the result is 0, above bits_y + 1 + bitlen(count) it
+    # saturates (or is 0), exactly as at those ends
+    width = int(np.max(count)).bit_length()
+    d = min(max(d, -(gx.bits + 2)), gy.bits + 1 + width)
+    # 2 * s * 2^d + n needs about 2 * bitlen(count) + bits_x + bits_y + 3 bits: Python's integers
+    # beyond int64 (windows of millions of steps at extreme grids), int64 otherwise
+    kind = object if 2 * width + gx.bits + gy.bits + 3 > 62 else np.int64
+    num = np.asarray(s, kind) * (1 << max(d, 0))
+    n = np.asarray(count, kind) * (1 << max(-d, 0))
+    return saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy).astype(np.int64)
+
+
 def weights(W: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """Per output channel (axis 0) symmetric weights: (q_W, exp2_inv_W [C_out])."""
     rows = np.asarray(W, np.float64).reshape(W.shape[0], -1)

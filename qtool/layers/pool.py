@@ -18,7 +18,7 @@ from qtool.core.graph import Node
 from qtool.core.node_args import attr_int, attr_padding, fail, only, same_pads, want_inputs, windows
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
-from qtool.layers.integer import LayerBits, requantize, saturate
+from qtool.layers.integer import LayerBits, average, requantize
 
 OPS = ("avg_pool1d", "max_pool1d", "global_avg_pool1d", "global_max_pool1d")
 ATTRS = ("pool", "stride", "padding")
@@ -82,17 +82,7 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     if node.op.endswith("max_pool1d"):
         return [requantize(_pooled(node, x, 0, np.iinfo(np.int64).min)[0], gx, gy)]
     s, count = _pooled(node, x, gx.zp, 0)
-    d = int(gy.exp2_inv) - int(gx.exp2_inv)
-    # |s| < count * 2^bits_x: below -(bits_x + 2) the result is 0, above bits_y + 1 + bitlen(count) it
-    # saturates (or is 0), exactly as at those ends
-    width = int(np.max(count)).bit_length()
-    d = min(max(d, -(gx.bits + 2)), gy.bits + 1 + width)
-    # 2 * s * 2^d + n needs about 2 * bitlen(count) + bits_x + bits_y + 3 bits: Python's integers
-    # beyond int64 (windows of millions of steps at extreme grids), int64 otherwise
-    kind = object if 2 * width + gx.bits + gy.bits + 3 > 62 else np.int64
-    num = np.asarray(s, kind) * (1 << max(d, 0))
-    n = np.asarray(count, kind) * (1 << max(-d, 0))
-    return [saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy).astype(np.int64)]
+    return [average(s, count, gx, gy)]
 
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:

@@ -41,6 +41,16 @@ def leaky_relu(r, node) -> None:
     activation(r, node, "leaky_relu", alpha=float(attr(node, "alpha", 0.01)))
 
 
+@handles("Pow")
+def power(r, node) -> None:
+    """Pow(x, 2): square (x.pow(2), x ** 2); Pow(x, 1): no node."""
+    e = r.const(node, 1)
+    e = None if e is None or np.size(e) != 1 else float(np.asarray(e).reshape(()))
+    if e not in (1.0, 2.0):
+        raise r.fail(node, f"raises to the power {e}; qtool reads Pow(x, 2) (square)")
+    activation(r, node, "square" if e == 2.0 else "linear")
+
+
 @handles("PRelu")
 def prelu(r, node) -> None:
     """One slope: leaky_relu (an exact table); a slope per channel (repeated at each frequency of a
@@ -254,6 +264,7 @@ def _fit(y) -> tuple[str, dict] | None:
         return None
     at = {v: int(np.argmin(np.abs(PROBE_X - v))) for v in (-1.0, 0.0, 1.0)}
     kinds = [("relu", {}), ("relu6", {}), ("sigmoid", {}), ("tanh", {}), ("softplus", {}), ("linear", {}),
+             ("square", {}),
              ("gelu", {"approximate": "none"}), ("gelu", {"approximate": "tanh"}),
              ("hard_sigmoid", {"alpha": 1 / 6, "beta": 0.5}), ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
              ("leaky_relu", {"alpha": float(-y[at[-1.0]])}),

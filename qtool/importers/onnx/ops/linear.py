@@ -249,19 +249,46 @@ def batch_normalization(r, node) -> None:
     r.emit(node, "batchnorm", [edge], lay, {"epsilon": float(attr(node, "epsilon", 1e-5))}, params)
 
 
+def _repeat(wide, narrow) -> tuple[int, int] | None:
+    """(size, stride) of elementwise's `repeat` where `narrow` is `wide` with a run of its channel
+    factors broadcast (a unit axis there, or fewer leading axes); None otherwise."""
+    axes = ("1",) * (len(wide.axes) - len(narrow.axes)) + narrow.axes
+    if len(axes) != len(wide.axes) or (wide.seq and wide.t != narrow.t):
+        return None
+    missing = []
+    for a, b in zip(wide.axes, axes):
+        if isinstance(a, int) and b == "1":
+            missing.append(a)
+        elif (a, b) != (a, a) and not (isinstance(a, int) and isinstance(b, int)):
+            return None
+    missing.sort()
+    kept = tuple(d for k, d in enumerate(wide.cdims) if k not in missing)
+    if not missing or missing != list(range(missing[0], missing[-1] + 1)) or kept != narrow.cdims:
+        return None
+    return int(np.prod([wide.cdims[k] for k in missing])), int(np.prod(wide.cdims[missing[-1] + 1:], dtype=np.int64))
+
+
 @handles("Add", "Sub", "Mul", "Div")
 def arith(r, node) -> None:
     """Add, Sub, Mul, Div: of two computed tensors (add, mul), a MatMul's bias, or a per-channel affine."""
     op, (a, b) = node.op_type, (list(node.input) + ["", ""])[:2]
+    if a in r.data and a == b and op == "Mul":  # x * x
+        from qtool.importers.onnx.ops.activation import activation
+
+        return activation(r, node, "square")
     if a in r.data and b in r.data:
         (ea, la), (eb, lb) = r.data[a], r.data[b]
         if op not in ("Add", "Mul"):
             raise r.fail(node, "computes on two computed tensors; qtool reads Add and Mul of them")
-        if (la.axes, la.cdims, la.t if la.seq else 0) != (lb.axes, lb.cdims, lb.t if lb.seq else 0):
+        if (la.axes, la.cdims, la.t if la.seq else 0) == (lb.axes, lb.cdims, lb.t if lb.seq else 0):
+            r.emit(node, op.lower(), [ea, eb], la)
+            return
+        rep = _repeat(la, lb) or _repeat(lb, la)
+        if rep is None:
             raise r.fail(node, f"combines {la.describe()} and {lb.describe()} (channels {la.channels} and "
-                                  f"{lb.channels}); qtool's {op.lower()} takes two tensors of one shape, "
-                                  "without broadcasting")
-        r.emit(node, op.lower(), [ea, eb], la)
+                                  f"{lb.channels}); qtool's {op.lower()} takes two tensors of one shape, or "
+                                  "one repeated over a map's frequencies or channels")
+        r.emit(node, op.lower(), [ea, eb], la if la.channels >= lb.channels else lb, {"repeat": rep})
         return
     first = a in r.data
     x = a if first else b

@@ -16,12 +16,26 @@ def reduce_time(r, node) -> None:
     edge, lay = r.input(node)
     axes = r.axes_of(node, 1, len(lay.axes))
     roles = [lay.axes[a] for a in axes or []]
+    if node.op_type == "ReduceMean" and roles and any(isinstance(a, int) for a in roles) and "T" not in roles:
+        return _reduce_channels(r, node, edge, lay, axes)
     if roles.count("T") != 1 or any(role not in ("T", "1") for role in roles):
         raise r.fail(node, f"reduces axes {axes} of {lay.describe()}; qtool reads a {node.op_type} over the "
                               "time steps only", layout=True)
     keep = attr(node, "keepdims", 1)
     axes_out = tuple("1" if k in axes else a for k, a in enumerate(lay.axes) if keep or k not in axes)
     r.emit(node, OVER_TIME[node.op_type], [edge], lay.replace(axes=axes_out))
+
+
+def _reduce_channels(r, node, edge, lay, axes: list[int]) -> None:
+    """A mean over channel factors of a map (its frequencies, say): reduce_mean over those groups."""
+    from qtool.importers.onnx.ops.activation import norm_groups
+
+    size, stride = norm_groups(r, node, lay, axes)
+    out = lay
+    for a in sorted(axes, reverse=True):
+        out = out.take(a, bool(attr(node, "keepdims", 1))) if isinstance(out.axes[a], int) else \
+            (out if attr(node, "keepdims", 1) else out.squeeze([a], r.label(node)))
+    r.emit(node, "reduce_mean", [edge], out, {"size": size, "stride": stride})
 
 
 @handles("GlobalAveragePool", "GlobalMaxPool")

@@ -1,5 +1,5 @@
-"""Feature maps (qtool.layers.conv.conv2d): a PyTorch CRNN (Conv2d + BatchNorm2d + PReLU over time x
-frequency, a dilated depthwise Conv2d, the channels and frequencies reshaped into a GRU's input, a
+"""Feature maps (qtool.layers.conv.conv2d and the layers around it): a PyTorch CRNN (Conv2d +
+BatchNorm2d + PReLU over time x frequency, a dilated depthwise Conv2d, the channels and frequencies reshaped into a GRU's input, a
 Linear head) exported with both torch.onnx exporters imports whole and equals the module on
 held-out data; its integers equal an independent int64 loop of the formula; its C export verifies
 with 0 mismatches on the host (whole and frame by frame) and on the emulated Cortex-M4."""
@@ -301,3 +301,55 @@ def test_a_transposed_convolution_that_upsamples_time_is_refused(tmp_path):
                           output_names=["y"], dynamo=False, dynamic_axes={"x": {0: "n", 2: "t"}})
     with pytest.raises(QtoolError, match=r"ConvTranspose\).*upsamples time \(strides \[2\]\)"):
         qtool.load_model(tmp_path / "up.onnx")
+
+
+
+class Attention(torch.nn.Module):
+    """GTCRN's temporal recurrent attention: the mean over frequency of the map squared, a GRU and
+    a sigmoid over time, multiplying every frequency of the map."""
+
+    def __init__(self, c: int = 4):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, c, (1, 3), padding=(0, 1))
+        self.att_gru = torch.nn.GRU(c, c * 2, 1, batch_first=True)
+        self.att_fc = torch.nn.Linear(c * 2, c)
+
+    def forward(self, x):  # [N, 2, T, 9]
+        x = self.conv(x)
+        zt = torch.mean(x.pow(2), dim=-1)  # [N, C, T]
+        at = torch.sigmoid(self.att_fc(self.att_gru(zt.transpose(1, 2))[0]).transpose(1, 2))
+        return x * at[..., None]
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_an_attention_over_frequency_imports_and_verifies(tmp_path, exporter):
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(5)
+    m = Attention().eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 2, 20, 9)).astype(np.float32))
+    kw = {"dynamo": exporter == "dynamo"}
+    if exporter == "dynamo":
+        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
+    else:
+        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (x,), str(tmp_path / "att.onnx"), input_names=["x"], output_names=["y"], **kw)
+    g = qtool.load_model(tmp_path / "att.onnx")
+    assert [(n.op, n.attrs) for n in g.nodes if n.op in ("activation", "reduce_mean", "mul")] == [
+        ("activation", {"kind": "square"}), ("reduce_mean", {"size": 9, "stride": 1}),
+        ("activation", {"kind": "sigmoid"}), ("mul", {"repeat": (9, 1)})]
+    xs = np.random.default_rng(1).standard_normal((3, 2, 17, 9)).astype(np.float32)
+    with torch.no_grad():
+        want = m(torch.from_numpy(xs)).numpy()  # [N, C, T, F]
+    got = qtool.layers.run(g, as_data(xs).reshape(3, 17, -1))["y"]
+    np.testing.assert_allclose(got.reshape(3, 17, 4, 9), want.transpose(0, 2, 1, 3), atol=2e-5 * np.abs(want).max())
+    if exporter == "torchscript" and (shutil.which("cc") or shutil.which("gcc")):
+        data = as_data(np.random.default_rng(2).standard_normal((12, 2, 16, 9)).astype(np.float32))
+        qg = qtool.calibrate(g, data[:8], method="minmax")
+        assert qtool.simulate(qg, data[8:]).to_dict()["outputs"]["y"]["cosine"] > 0.999
+        qtool.export_c(qg, tmp_path / "c", name="att")
+        v = qtool.verify(qg, tmp_path / "c", data[8:])
+        assert v.mismatches == 0 and v.stream_values > 0
