@@ -1,8 +1,10 @@
 """Feature maps (qtool.layers.conv.conv2d and the layers around it): a PyTorch CRNN (Conv2d +
-BatchNorm2d + PReLU over time x frequency, a dilated depthwise Conv2d, the channels and frequencies reshaped into a GRU's input, a
-Linear head) exported with both torch.onnx exporters imports whole and equals the module on
-held-out data; its integers equal an independent int64 loop of the formula; its C export verifies
-with 0 mismatches on the host (whole and frame by frame) and on the emulated Cortex-M4."""
+BatchNorm2d + PReLU over time x frequency, a dilated depthwise Conv2d, the channels and
+frequencies reshaped into a GRU's input, a Linear head) exported with both torch.onnx exporters
+imports whole and equals the module on held-out data; its integers equal an independent int64
+loop of the formula; its C export verifies with 0 mismatches on the host (whole and frame by
+frame) and on the emulated Cortex-M4. Keras' Conv2D CRNN through tf2onnx and TFLite, transposed
+convolutions (a U-Net decoder) and GTCRN's attention over frequency likewise."""
 
 import shutil
 from pathlib import Path
