@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # the families register their handlers as they are imported; a fake-quant pair's two halves too
 from qtool.importers.onnx import fake_quant
-from qtool.importers.onnx.ops import activation, layout, linear, pool, recurrent  # noqa: F401
+from qtool.importers.onnx.ops import activation, layout, linear, norm, pool, recurrent  # noqa: F401
 from qtool.importers.onnx.ops.registry import HANDLERS
 
 HANDLERS.update(QuantizeLinear=fake_quant.quantize_linear, DequantizeLinear=fake_quant.dequantize_linear)

@@ -102,39 +102,6 @@ def softmax(r, node) -> None:
     r.emit(node, "softmax", [edge], lay)
 
 
-def norm_groups(r, node, lay, axes: list[int]) -> tuple[int, int]:
-    """(size, stride) of qtool's layernorm for a normalization over ONNX axes `axes` of `lay`: the
-    channel factors it spans, a run of them in the edge's channel order."""
-    names = [lay.axes[a] for a in axes]
-    factors = sorted(a for a in names if isinstance(a, int))
-    if any(a not in ("1",) and not isinstance(a, int) for a in names) or not factors or \
-            factors != list(range(factors[0], factors[-1] + 1)):
-        raise r.fail(node, f"normalizes axes {axes} of {lay.describe()}; qtool normalizes channels (and a map's "
-                           "frequencies), never batch or time", layout=True)
-    size = int(np.prod([lay.cdims[f] for f in factors]))
-    return size, int(np.prod(lay.cdims[factors[-1] + 1:], dtype=np.int64))
-
-
-@handles("LayerNormalization")
-def layer_normalization(r, node) -> None:
-    edge, lay = r.input(node)
-    rank = len(lay.axes)
-    axis = attr(node, "axis", -1) % rank
-    if r.used(node, 1) or r.used(node, 2):
-        raise r.fail(node, "has its Mean or InvStdDev read; qtool's layernorm gives the normalized value only")
-    size, stride = norm_groups(r, node, lay, list(range(axis, rank)))
-    params = {}
-    for k, name, default in ((1, "gamma", 1.0), (2, "beta", 0.0)):
-        c = r.const(node, k)
-        c = np.full(lay.shape()[axis:], default, np.float32) if c is None else r.floats(node, c)
-        per = lay.per_channel(c)
-        if per is None:
-            raise r.fail(node, f"has a {name} of shape {list(c.shape)} for {lay.describe()}")
-        params[name] = per[0]
-    r.emit(node, "layernorm", [edge], lay, {"size": size, "stride": stride,
-                                            "epsilon": float(attr(node, "epsilon", 1e-5))}, params)
-
-
 @handles("LpNormalization")
 def lp_normalization(r, node) -> None:
     edge, lay = r.input(node)

@@ -27,10 +27,13 @@ def reduce_time(r, node) -> None:
 
 
 def _reduce_channels(r, node, edge, lay, axes: list[int]) -> None:
-    """A mean over channel factors of a map (its frequencies, say): reduce_mean over those groups."""
-    from qtool.importers.onnx.ops.activation import norm_groups
+    """A mean over channel factors of a map (its frequencies, say): reduce_mean over those groups;
+    or the first op of a LayerNorm written out (qtool.importers.onnx.ops.norm)."""
+    from qtool.importers.onnx.ops.norm import norm_groups, written_layer_norm
 
     size, stride = norm_groups(r, node, lay, axes)
+    if written_layer_norm(r, node, edge, lay, axes, size, stride):
+        return
     out = lay
     for a in sorted(axes, reverse=True):
         out = out.take(a, bool(attr(node, "keepdims", 1))) if isinstance(out.axes[a], int) else \
