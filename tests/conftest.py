@@ -57,6 +57,30 @@ def fit_and_save(m, folder: Path, x: np.ndarray, batch_size: int):
     return m, folder
 
 
+def export_map_model(module, x, path, exporter: str = "torchscript"):
+    """`module` on a map [N, C, T, F] through torch.onnx.export as a user runs it: "torchscript"
+    (dynamo=False, dynamic batch and time), "dynamo" (dynamic_shapes), "unfolded" (the
+    TorchScript exporter keeping BatchNormalization), "opsetK" (the TorchScript exporter at opset
+    K). Input "x", output "y"; returns `path`."""
+    import warnings
+
+    import torch
+
+    kw = {"dynamo": exporter == "dynamo"}
+    if exporter == "dynamo":
+        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
+    else:
+        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}
+    if exporter == "unfolded":
+        kw.update(do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE)
+    if exporter.startswith("opset"):
+        kw["opset_version"] = int(exporter[5:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.as_tensor(x),), str(path), input_names=["x"], output_names=["y"], **kw)
+    return path
+
+
 def random_model(C=5, H=6, layers=1, dirs=1, seed=0, scale=0.5):
     from qtool.core.model import GruCell, GruModel
 

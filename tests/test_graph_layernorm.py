@@ -6,11 +6,11 @@ to the module; the C export with 0 mismatches on the host and the emulated Corte
 
 import math
 import shutil
-import warnings
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import export_map_model
 
 import qtool
 from qtool.core.graph import Graph, Node
@@ -109,18 +109,8 @@ def normed():
 
 
 def export(m, path, exporter):
-    x = torch.randn(2, 2, 20, 9)
-    kw = {"dynamo": exporter == "dynamo"}
-    if exporter.startswith("opset"):  # the TorchScript exporter below opset 17 writes LayerNorm out
-        kw.update(dynamo=False, opset_version=int(exporter[5:]))
-    if exporter == "dynamo":
-        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
-    else:
-        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(m, (x,), str(path), input_names=["x"], output_names=["y"], **kw)
-    return path
+    return export_map_model(m, np.random.default_rng(0).standard_normal((2, 2, 20, 9)).astype(np.float32), path,
+                            exporter)
 
 
 def data(n, seed):

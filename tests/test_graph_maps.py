@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import export_map_model
 
 import qtool
 from qtool.core.graph import Graph, Node
@@ -58,20 +59,7 @@ def maps(n: int, seed: int, c_in: int = 1) -> np.ndarray:
 
 
 def export(m, path, exporter: str, c_in: int = 1):
-    x = torch.from_numpy(maps(2, 0, c_in))
-    kw = {"dynamo": exporter == "dynamo"}
-    if exporter == "dynamo":
-        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
-    else:
-        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}, "y": {0: "n", 1: "t"}}
-    if exporter == "unfolded":  # the batchnorm kept as an ONNX node
-        kw.update(do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(m, (x,), str(path), input_names=["x"], output_names=["y"], **kw)
-    return path
+    return export_map_model(m, maps(2, 0, c_in), path, exporter)
 
 
 def as_data(x: np.ndarray) -> np.ndarray:
@@ -239,6 +227,11 @@ def test_every_frame_order_and_padding_verifies_in_c(tmp_path):
     assert v.mismatches == 0 and v.edge_values > 0
 
 
+def nine(n: int, seed: int = 0) -> np.ndarray:
+    """Maps [N, 2, T, 9]: two channels of nine frequencies."""
+    return np.random.default_rng(seed).standard_normal((n, 2, 20, 9)).astype(np.float32)
+
+
 class Decoder(torch.nn.Module):
     """A U-Net enhancer's decoder as GTCRN writes it: a strided Conv2d along frequency, a depthwise
     ConvTranspose2d along time on the causally pre-padded map, a grouped ConvTranspose2d of stride 2
@@ -264,17 +257,7 @@ def test_transposed_convolutions_import_as_the_convolutions_they_are(tmp_path, e
     pytest.importorskip("onnxscript")
     torch.manual_seed(3)
     m = Decoder().eval()
-    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 2, 20, 9)).astype(np.float32))
-    kw = {"dynamo": exporter == "dynamo"}
-    if exporter == "dynamo":
-        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
-    else:
-        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(m, (x,), str(tmp_path / "dec.onnx"), input_names=["x"], output_names=["y"], **kw)
+    export_map_model(m, nine(2), tmp_path / "dec.onnx", exporter)
     g = qtool.load_model(tmp_path / "dec.onnx")
     assert [(n.op, n.attrs.get("freq_up", 1)) for n in g.nodes if n.op.startswith("conv")] == \
         [("conv2d", 1), ("conv2d", 1), ("conv2d", 2), ("conv1d", 1)]
@@ -328,17 +311,7 @@ def test_an_attention_over_frequency_imports_and_verifies(tmp_path, exporter):
     pytest.importorskip("onnxscript")
     torch.manual_seed(5)
     m = Attention().eval()
-    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 2, 20, 9)).astype(np.float32))
-    kw = {"dynamo": exporter == "dynamo"}
-    if exporter == "dynamo":
-        kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
-    else:
-        kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(m, (x,), str(tmp_path / "att.onnx"), input_names=["x"], output_names=["y"], **kw)
+    export_map_model(m, nine(2), tmp_path / "att.onnx", exporter)
     g = qtool.load_model(tmp_path / "att.onnx")
     assert [(n.op, n.attrs) for n in g.nodes if n.op in ("activation", "reduce_mean", "mul")] == [
         ("activation", {"kind": "square"}), ("reduce_mean", {"size": 9, "stride": 1}),
