@@ -328,3 +328,35 @@ def test_an_attention_over_frequency_imports_and_verifies(tmp_path, exporter):
         qtool.export_c(qg, tmp_path / "c", name="att")
         v = qtool.verify(qg, tmp_path / "c", data[8:])
         assert v.mismatches == 0 and v.stream_values > 0
+
+
+class Bands(torch.nn.Module):
+    """GTCRN's ERB bands: a Linear along the frequency axis of a map [N, C, T, F] (and its inverse)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, (1, 3), padding=(0, 1))
+        self.erb = torch.nn.Linear(9, 5, bias=False)
+        self.ierb = torch.nn.Linear(5, 9)
+
+    def forward(self, x):
+        return self.ierb(torch.tanh(self.erb(self.conv(x))))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_linear_along_frequency_is_a_grouped_conv1d_of_kernel_1(tmp_path, exporter):
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(6)
+    m = Bands().eval()
+    g = qtool.load_model(export_map_model(m, nine(2), tmp_path / "erb.onnx", exporter))
+    assert [(n.op, n.attrs) for n in g.nodes if n.op == "conv1d"] == [("conv1d", {"kernel": 1, "groups": 3})] * 2
+    xs = nine(3, 1)
+    with torch.no_grad():
+        want = m(torch.from_numpy(xs)).numpy()  # [N, C, T, F]
+    got = qtool.layers.run(g, as_data(xs).reshape(3, 20, -1))["y"]
+    np.testing.assert_allclose(got.reshape(3, 20, 3, 9), want.transpose(0, 2, 1, 3), atol=2e-5 * np.abs(want).max())
+    if exporter == "torchscript" and (shutil.which("cc") or shutil.which("gcc")):
+        data = as_data(nine(12, 2))
+        qg = qtool.calibrate(g, data[:8], method="minmax")
+        qtool.export_c(qg, tmp_path / "c", name="erb")
+        assert qtool.verify(qg, tmp_path / "c", data[8:]).mismatches == 0

@@ -16,11 +16,27 @@ AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 a
 def mat_mul(r, node) -> None:
     edge, lay = r.input(node)
     W = r.const(node, 1)
+    last = lay.axes[-1] if lay.axes else None
+    if W is not None and W.ndim == 2 and isinstance(last, int) and len(lay.cdims) > 1 and last == len(lay.cdims) - 1 \
+            and W.shape[0] == lay.cdims[last]:
+        return _matmul_last_factor(r, node, edge, lay, W)
     if W.ndim != 2 or not lay.holds_channels(len(lay.axes) - 1) or W.shape[0] != lay.channels:
         raise r.fail(node, f"multiplies {lay.describe()} by a constant of shape {list(W.shape)}; qtool "
                               "reads a MatMul of the channels (last axis) by a [C_in, C_out] matrix")
     q = r.emit(node, "dense", [edge], lay.with_channels(len(lay.axes) - 1, W.shape[1]),
                    params={"W": r.floats(node, W.T)})
+    if r.uses.get(node.output[0]) == 1:
+        r.dense[node.output[0]] = q
+
+
+def _matmul_last_factor(r, node, edge, lay, W) -> None:
+    """A MatMul along the last of a map's channel factors (its frequencies, as GTCRN's ERB bands
+    are a Linear along frequency): the same matrix for every value of the factors before it,
+    which is conv1d of kernel 1 with a group each, its weights the matrix repeated."""
+    groups = lay.channels // lay.cdims[-1]
+    Wg = np.tile(r.floats(node, W.T)[:, :, None], (groups, 1, 1))  # [groups * F', F, 1]
+    out = lay.replace(cdims=lay.cdims[:-1] + (W.shape[1],))
+    q = r.emit(node, "conv1d", [edge], out, {"kernel": 1, "groups": groups}, {"W": Wg}, source="MatMul")
     if r.uses.get(node.output[0]) == 1:
         r.dense[node.output[0]] = q
 
