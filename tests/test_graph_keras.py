@@ -21,13 +21,18 @@ def steps(m):
     return m.inputs[0].shape[1] or 9
 
 
+def frame(m) -> tuple:
+    """An input step's shape: (C,), or a map's (F, C)."""
+    return tuple(m.inputs[0].shape[2:])
+
+
 def train_and_save(keras, m, folder):
     """Compiled with a custom loss (code the file names, never needed to import), one epoch, saved twice."""
     def loss(y, p):
         return keras.ops.mean(keras.ops.square(y - p))
 
     m.compile(optimizer="adam", loss=loss)
-    x = np.random.RandomState(0).randn(16, steps(m), m.inputs[0].shape[-1]).astype(np.float32)
+    x = np.random.RandomState(0).randn(16, steps(m), *frame(m)).astype(np.float32)
     return fit_and_save(m, folder, x, batch_size=8)
 
 
@@ -62,15 +67,23 @@ def models(keras, tmp_path_factory):
     probs = L.Softmax(name="softmax")(L.Dense(3, name="logits")(L.Flatten(name="flat")(
         L.GlobalMaxPooling1D(name="gmp")(L.ReLU(max_value=6.0, name="relu6")(h)))))
     heads = keras.Model(i, [emb, probs])
+    # a convolutional recurrent keyword spotter over MFCC maps [N, T, 10, 1]
+    crnn = keras.Sequential([keras.Input((None, 10, 1)), L.Conv2D(8, 3, strides=(1, 2), padding="same", name="conv",
+                                                                  activation="relu"),
+                             L.BatchNormalization(name="bn"), L.PReLU(shared_axes=[1, 2], name="prelu"),
+                             L.DepthwiseConv2D(3, padding="same", name="dw"),
+                             L.LayerNormalization(name="norm"), L.Reshape((-1, 40), name="frames"),
+                             L.GRU(6, name="gru"), L.Dense(3, activation="softmax", name="cls")])
     return {name: train_and_save(keras, m, root / name)
-            for name, m in (("conv", conv), ("skip", skip), ("kws", kws), ("heads", heads))}
+            for name, m in (("conv", conv), ("skip", skip), ("kws", kws), ("heads", heads), ("crnn", crnn))}
 
 
 OPS = {"conv": ["conv1d", "batchnorm", "activation", "zero_pad1d", "avg_pool1d", "gru", "dense"],
        "skip": ["dense", "prelu", "gru", "dense", "activation", "add", "concat", "dense"],
        "kws": ["dense", "activation", "layernorm", "gru", "gru", "dense", "softmax"],
        "heads": ["conv1d", "activation", "conv1d", "activation", "max_pool1d", "global_avg_pool1d", "dense",
-                 "l2_normalize", "activation", "global_max_pool1d", "dense", "softmax"]}
+                 "l2_normalize", "activation", "global_max_pool1d", "dense", "softmax"],
+       "crnn": ["conv2d", "activation", "batchnorm", "prelu", "conv2d", "layernorm", "gru", "dense", "softmax"]}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -82,14 +95,35 @@ def test_whole_model_equals_keras(keras, models, kind, fmt):
     m, folder = models[kind]
     graph = qtool.layers.check(read_keras_graph(folder / fmt))
     assert sorted(n.op for n in graph.nodes) == sorted(OPS[kind])
-    x = np.random.RandomState(21).randn(4, steps(m), m.inputs[0].shape[-1]).astype(np.float32)
+    x = np.random.RandomState(21).randn(4, steps(m), *frame(m)).astype(np.float32)
     want = m.predict(x, verbose=0)
-    got = qtool.layers.run(graph, x)
+    got = qtool.layers.run(graph, x.reshape(*x.shape[:2], -1))  # a map's frames [F, C] flattened
     for edge, w in zip(graph.outputs, want if isinstance(want, list) else [want]):
         assert got[edge].shape == w.shape
         assert np.abs(got[edge] - w).max() < 1e-4
     check = check_keras_graph(folder / fmt, graph)
     assert check["checked"] and check["max_abs_diff"] < 1e-4 and check["framework"] == "Keras"
+
+
+def test_a_map_and_its_refusals(keras, tmp_path):
+    """LayerNormalization over a map's frequencies and channels (one group: the whole frame, .keras: Keras'
+    own .h5 cannot reload its gamma); a Dense, or a Reshape that mixes time into the frames, on a map is refused."""
+    from qtool.errors import QtoolError
+    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+
+    L = keras.layers
+    i = keras.Input((None, 6, 2))
+    m = keras.Model(i, L.Reshape((-1, 12))(L.LayerNormalization(axis=[2, 3], beta_initializer="random_normal")(
+        L.Conv2D(2, (2, 3), padding="same")(i))))
+    m.save(tmp_path / "norm.keras")
+    g = read_keras_graph(tmp_path / "norm.keras")
+    assert [(n.op, n.attrs.get("size")) for n in g.nodes] == [("conv2d", None), ("layernorm", 12)]
+    assert check_keras_graph(tmp_path / "norm.keras", g)["checked"]
+    for name, top in (("dense", L.Dense(3)), ("mix", L.Reshape((6, -1)))):
+        keras.Model(i, top(L.Conv2D(2, 3, padding="same")(i))).save(tmp_path / f"{name}.keras")
+        with pytest.raises(QtoolError, match="feature map") as e:
+            read_keras_graph(tmp_path / f"{name}.keras")
+        assert "\n" not in str(e.value)
 
 
 def test_graph_names_and_attrs(keras, models):

@@ -51,10 +51,10 @@ from qtool.layers import same_pads
 GRUS = ("GRU", "Bidirectional", "RNN")  # RNN: one GRUCell; Bidirectional: of a GRU
 LAYOUT = ("Flatten", "Reshape", "Permute")  # only where they leave the layout as it is
 QKERAS = ("QDense", "QConv1D", "QActivation")  # QKeras layers (.h5 files name them 'qkeras>QDense')
-COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "BatchNormalization", "LayerNormalization", "Activation", "ReLU",
-             "LeakyReLU", "PReLU",
-             "Softmax", "UnitNormalization", "Add", "Multiply", "Concatenate", "AveragePooling1D",
-             "MaxPooling1D", "GlobalAveragePooling1D", "GlobalMaxPooling1D", "ZeroPadding1D", *GRUS, *QKERAS)
+COMPUTING = ("Dense", "Conv1D", "DepthwiseConv1D", "Conv2D", "DepthwiseConv2D", "BatchNormalization",
+             "LayerNormalization", "Activation", "ReLU", "LeakyReLU", "PReLU", "Softmax", "UnitNormalization", "Add",
+             "Multiply", "Concatenate", "AveragePooling1D", "MaxPooling1D", "GlobalAveragePooling1D",
+             "GlobalMaxPooling1D", "ZeroPadding1D", *GRUS, *QKERAS)
 SUPPORTED = tuple(sorted({*COMPUTING, *LAYOUT, *NO_OPS}))
 MERGES = {"Add": "add", "Multiply": "mul", "Concatenate": "concat"}
 POOLS = {"AveragePooling1D": "avg_pool1d", "MaxPooling1D": "max_pool1d",
@@ -102,6 +102,9 @@ class _Reader:
         self.shapes: dict[str, tuple] = {}
         self.nodes: list[Node] = []
         self.ranges = GraphRanges("QKeras")  # QKeras quantizers on the data, by qtool edge
+        self.maps: dict[str, int] = {}  # a feature map's edge -> its frequencies (frames [F, C] flattened)
+        self.map_layers: dict[str, int] = {}  # the layers (and inputs) whose output is a map -> its frequencies
+        self.on_map: int | None = None  # the frequencies of the map the layer being read reads
 
     def fail(self, e: _Entry, why: str) -> QtoolError:
         return QtoolError(f"{self.where}: layer {e.label} {why}")
@@ -246,6 +249,48 @@ def _conv(r: _Reader, e: _Entry, src: list[str]) -> None:
     r.add(e, "conv1d", src, attrs, params, e.cfg.get("activation"))
 
 
+def _conv2d(r: _Reader, e: _Entry, src: list[str]) -> None:
+    """Conv2D and DepthwiseConv2D over a map [N, T, F, C] (time, frequency): conv2d on "fc" frames."""
+    if src[0] not in r.maps:
+        raise r.fail(e, "reads no feature map; qtool reads Conv2D over a map [N, T, F, C] (a 4-D input)")
+    if e.cfg.get("data_format", "channels_last") not in ("channels_last", None):
+        raise r.fail(e, f"has data_format={e.cfg.get('data_format')!r}; qtool reads channels_last maps")
+    freq = r.maps[src[0]]
+    c_in = r.shapes[src[0]][-1] // freq
+    kernel, stride = _ints(r, e, "kernel_size", None, 2), _ints(r, e, "strides", 1, 2)
+    dilation = _ints(r, e, "dilation_rate", 1, 2)
+    padding = e.cfg.get("padding", "valid")
+    if padding not in ("valid", "same"):
+        raise r.fail(e, f"has padding={padding!r}; supported: 'valid', 'same'")
+    use_bias = bool(e.cfg.get("use_bias", True))
+    w = r.weights(e, ["kernel", "bias"][:1 + use_bias])
+    k = w["kernel"]
+    if e.cls == "Conv2D":
+        (groups,) = _ints(r, e, "groups", 1)
+        if k.ndim != 4 or tuple(k.shape[:2]) != tuple(kernel) or k.shape[2] * groups != c_in:
+            raise r.fail(e, f"has a kernel of shape {k.shape} for {c_in} channels")
+        W = k.transpose(3, 2, 0, 1)  # [C_out, C_in / groups, kt, kf]
+    else:  # DepthwiseConv2D: [kt, kf, C_in, multiplier], output channel c * multiplier + m
+        (mult,) = _ints(r, e, "depth_multiplier", 1)
+        if k.shape != (*kernel, c_in, mult):
+            raise r.fail(e, f"has a kernel of shape {k.shape}, expected [{kernel[0]}, {kernel[1]}, {c_in}, {mult}]")
+        groups, W = c_in, k.transpose(2, 3, 0, 1).reshape(c_in * mult, 1, *kernel)
+    freq_pads = same_pads(freq, kernel[1], stride[1], dilation[1]) if padding == "same" else (0, 0)
+    attrs = {"kernel": tuple(kernel), "stride": tuple(stride), "dilation": tuple(dilation), "groups": groups,
+             "padding": padding, "freq": freq, "freq_pads": freq_pads, "order": "fc"}
+    params = {"W": np.ascontiguousarray(W)} | ({"b": w["bias"]} if use_bias else {})
+    r.add(e, "conv2d", src, attrs, params, e.cfg.get("activation"))
+    span = (kernel[1] - 1) * dilation[1] + 1
+    r.maps[r.edge[e.name]] = (freq + sum(freq_pads) - span) // stride[1] + 1
+
+
+def _tiled(r: _Reader, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-channel params of a layer on a map repeated at each of its frequencies ("fc" frames)."""
+    if not r.on_map:
+        return values
+    return {k: np.tile(np.asarray(v).reshape(-1), r.on_map) for k, v in values.items()}
+
+
 def _quantized_weights(r: _Reader, e: _Entry, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A QDense's or QConv1D's kernel and bias as its forward uses them: through its
     kernel_quantizer and bias_quantizer (quantized_bits, qtool's port of QKeras' own arithmetic),
@@ -274,7 +319,7 @@ def _qactivation(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
-    _last_axis(r, e, "axis", r.shapes[src[0]])
+    _last_axis(r, e, "axis", (None, None, None) if r.on_map else r.shapes[src[0]])
     if e.cfg.get("renorm"):
         raise r.fail(e, "has renorm=True; only plain batch normalization is supported")
     scale, center = bool(e.cfg.get("scale", True)), bool(e.cfg.get("center", True))
@@ -286,14 +331,18 @@ def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     eps = e.cfg.get("epsilon", 1e-3)
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise r.fail(e, f"has epsilon={eps!r}")
-    r.add(e, "batchnorm", src, {"epsilon": float(eps)}, params)
+    r.add(e, "batchnorm", src, {"epsilon": float(eps)}, _tiled(r, params))
 
 
 def _layernorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     """Over the channels (axis -1), with its gamma and beta where it has them."""
     axis, c = e.cfg.get("axis", -1), r.shapes[src[0]][-1]
     axes = axis if isinstance(axis, list) else [axis]
-    rank = len(r.shapes[src[0]]) + 1
+    rank = len(r.shapes[src[0]]) + 1 + bool(r.on_map)
+    if r.on_map and sorted(a % rank for a in axes) == [2, 3] and not e.cfg.get("rms_scaling"):
+        axes = [rank - 1]  # a map's frequencies and channels: the whole frame
+    elif r.on_map:
+        c //= r.on_map  # each frequency's channels, "fc" frames: groups of C, one after another
     if [a % rank for a in axes] != [rank - 1] or e.cfg.get("rms_scaling"):
         raise r.fail(e, f"normalizes axis {axis}{' by RMS' if e.cfg.get('rms_scaling') else ''}; qtool's "
                      "layernorm normalizes the channels (axis -1)")
@@ -302,13 +351,17 @@ def _layernorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     eps = e.cfg.get("epsilon", 1e-3)
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise r.fail(e, f"has epsilon={eps!r}")
-    r.add(e, "layernorm", src, {"size": c, "epsilon": float(eps)},
-          {"gamma": w.get("gamma", np.ones(c, np.float32)), "beta": w.get("beta", np.zeros(c, np.float32))})
+    width = r.shapes[src[0]][-1]
+    params = {k: np.resize(np.asarray(w.get(k, np.full(c, v, np.float32)), np.float32).reshape(-1), width)
+              for k, v in (("gamma", 1.0), ("beta", 0.0))}  # per channel, repeated at each frequency
+    r.add(e, "layernorm", src, {"size": c, "epsilon": float(eps)}, params)
 
 
 def _prelu(r: _Reader, e: _Entry, src: list[str]) -> None:
     """A slope per channel, shared over time (`shared_axes=[1]`); one per step is refused."""
     alpha = np.asarray(r.weights(e, ["alpha"])["alpha"], np.float32)
+    if r.on_map and alpha.ndim == 3 and alpha.shape[0] == 1:  # [1, F or 1, C]: per frequency and channel
+        alpha = np.broadcast_to(alpha, (1, r.on_map, alpha.shape[2])).reshape(1, -1)
     if alpha.ndim < 1 or any(d != 1 for d in alpha.shape[:-1]) or alpha.shape[-1] != r.shapes[src[0]][-1]:
         raise r.fail(e, f"has slopes of shape {list(alpha.shape)}; qtool reads one slope per channel (PReLU with "
                      "shared_axes=[1] on a sequence)")
@@ -401,6 +454,13 @@ def _layout(r: _Reader, e: _Entry, src: list[str]) -> None:
     """Flatten, Reshape, Permute: the identity where they leave [N, T, C] or [N, C] as it is."""
     shape = r.shapes[src[0]]
     seq = len(shape) == 2
+    if r.on_map:  # [N, T, F, C] -> [N, T, F * C]: the frames as they are ("fc")
+        target = list(e.cfg.get("target_shape") or [])
+        if e.cls != "Reshape" or len(target) != 2 or target[-1] != shape[-1]:
+            raise r.fail(e, f"changes the layout of a feature map [N, T, {r.on_map}, {shape[-1] // r.on_map}]; qtool "
+                         f"reads a Reshape of it into [N, T, {shape[-1]}]")
+        r.edge[e.name] = src[0]
+        return
     if e.cls == "Flatten":
         same = not seq
     elif e.cls == "Permute":
@@ -416,7 +476,12 @@ def _layout(r: _Reader, e: _Entry, src: list[str]) -> None:
     r.edge[e.name] = src[0]
 
 
-BUILDERS = {"Dense": _dense, "Conv1D": _conv, "DepthwiseConv1D": _conv, "BatchNormalization": _batchnorm,
+# the layers that read a feature map [N, T, F, C] (the others are refused on one), those that make one
+ON_MAPS = ("Conv2D", "DepthwiseConv2D", "BatchNormalization", "LayerNormalization", "Activation", "ReLU", "LeakyReLU",
+           "PReLU", "Add", "Multiply", "Reshape", "QActivation")
+MAP_MAKERS = ("Conv2D", "DepthwiseConv2D", "Reshape")
+BUILDERS = {"Dense": _dense, "Conv1D": _conv, "DepthwiseConv1D": _conv, "Conv2D": _conv2d, "DepthwiseConv2D": _conv2d,
+            "BatchNormalization": _batchnorm,
             "LayerNormalization": _layernorm,
             "QDense": _dense, "QConv1D": _conv, "QActivation": _qactivation,
             "ReLU": _relu, "LeakyReLU": _relu, "PReLU": _prelu, "Activation": _act_layer, "Softmax": _act_layer,
@@ -480,11 +545,16 @@ def input_shapes(config: dict, where: str) -> dict[str, tuple[tuple, int | None]
             icfg = next(((l.get("config") or {}) for l in model_layers(config, where)[1]
                          if isinstance(l, dict) and (l.get("config") or {}).get("name") == name), {})
             shape = icfg.get("batch_shape") or icfg.get("batch_input_shape")
-        ok = isinstance(shape, list) and len(shape) in (2, 3) and isinstance(shape[-1], int) and shape[-1] > 0
-        if not ok or len(shape) == 3 and shape[1] is not None and not (isinstance(shape[1], int) and shape[1] > 0):
-            raise QtoolError(f"{where}: input '{name}' has shape {shape}; qtool reads sequences [N, T, C] and "
-                             "vectors [N, C] with a known C")
-        found[str(name)] = ((None, shape[-1]), shape[1]) if len(shape) == 3 else ((shape[-1],), None)
+        sizes = (shape[2:] if len(shape) == 4 else shape[-1:]) if isinstance(shape, list) else []
+        ok = isinstance(shape, list) and len(shape) in (2, 3, 4) and all(isinstance(d, int) and d > 0
+                                                                         for d in sizes)
+        if not ok or len(shape) >= 3 and shape[1] is not None and not (isinstance(shape[1], int) and shape[1] > 0):
+            raise QtoolError(f"{where}: input '{name}' has shape {shape}; qtool reads sequences [N, T, C], feature "
+                             "maps [N, T, F, C] and vectors [N, C] with a known C (and F)")
+        if len(shape) == 4:  # a map: its frames [F, C] flattened ("fc", qtool.layers.conv.conv2d)
+            found[str(name)] = ((None, shape[2] * shape[3]), shape[1], tuple(shape[2:]))
+        else:
+            found[str(name)] = ((None, shape[-1]), shape[1], ()) if len(shape) == 3 else ((shape[-1],), None, ())
     return found
 
 
@@ -498,11 +568,13 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
     ins, outs = _model(config, "", layers)
     r = _Reader(where, f, legacy, grus, major)
     inputs, steps = {}, None
-    for start, (edge, (shape, fixed)) in zip(ins, input_shapes(config, where).items()):
+    for start, (edge, (shape, fixed, frame)) in zip(ins, input_shapes(config, where).items()):
         r.edge[start] = edge
         r.shapes[edge] = shape
         inputs[edge] = shape
         steps = steps or fixed
+        if frame:
+            r.maps[edge] = r.map_layers[start] = frame[0]
     for name in _order(where, layers, ins):
         layer = layers[name]
         cls = _class(layer.cls)
@@ -526,7 +598,18 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
         _policy_ok(r, e)
         if cls not in MERGES and len(src) != 1:
             raise r.fail(e, f"is called with {len(src)} inputs (a state or a mask); only its input is supported")
+        maps = {r.map_layers[s] for s in layer.calls[0] if s in r.map_layers}
+        if maps and cls not in ON_MAPS:
+            raise r.fail(e, f"reads a feature map [N, T, {next(iter(maps))}, C]; qtool reads Conv2D, "
+                         "DepthwiseConv2D, BatchNormalization, LayerNormalization, activations, Add and Multiply on a "
+                         "map, and a Reshape of it into [N, T, F * C]")
+        r.on_map = next(iter(maps)) if maps else None
         build(r, e, src)
+        out = r.edge.get(name)
+        if maps and cls not in MAP_MAKERS and r.shapes.get(out, (None,))[-1] == r.shapes[src[0]][-1]:
+            r.maps[out] = r.map_layers[name] = next(iter(maps))  # a layer channel by channel keeps the map
+        elif cls in ("Conv2D", "DepthwiseConv2D"):
+            r.map_layers[name] = r.maps[out]
     name = str(((config.get("config") or {}) if isinstance(config.get("config"), dict) else {}).get("name", "model"))
     graph = Graph(r.nodes, inputs, [r.edge[o] for o in outs], name, "Keras", steps=steps)
     graph.ranges = r.ranges if r.ranges.edges else None  # QKeras' quantizers on the data
@@ -577,7 +660,7 @@ def _steps(graph: Graph, specs: dict) -> int:
     """STEPS, or the first count of steps from there on where no average pooling pads unevenly."""
     for t in range(STEPS, 4 * STEPS):
         zeros = {k: np.zeros((1, fixed or t, *shape[1:]) if len(shape) == 2 else (1, *shape), np.float32)
-                 for k, (shape, fixed) in specs.items()}
+                 for k, (shape, fixed, _) in specs.items()}
         if not _uneven_avg_pools(graph, zeros):
             return t
     return STEPS
@@ -599,14 +682,15 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
             raise
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError, zipfile.BadZipFile) as e:
             raise QtoolError(f"{path}: not a readable Keras file ({reason(e)})") from None
-    for k, (shape, fixed) in specs.items():  # before anything is allocated
+    for k, (shape, fixed, _) in specs.items():  # before anything is allocated
         if SEQUENCES * (fixed or 4 * STEPS) * shape[-1] > MAX_TENSOR_ELEMENTS:
             raise QtoolError(f"{path}: input '{k}' of {fixed} steps x {shape[-1]} channels is too large to check "
                              f"({SEQUENCES} sequences would hold more than {MAX_TENSOR_ELEMENTS:,} values)")
     rng, t = np.random.default_rng(0), _steps(graph, specs)
-    x = {k: rng.standard_normal((SEQUENCES, fixed or t, *shape[1:]) if len(shape) == 2 else (SEQUENCES, *shape))
-         .astype(np.float32) for k, (shape, fixed) in specs.items()}
-    steps = max((v.shape[1] for v in x.values() if v.ndim == 3), default=0)
+    x = {k: rng.standard_normal((SEQUENCES, fixed or t, *(frame or shape[1:])) if len(shape) == 2
+                                else (SEQUENCES, *shape)).astype(np.float32)
+         for k, (shape, fixed, frame) in specs.items()}
+    steps = max((v.shape[1] for v in x.values() if v.ndim >= 3), default=0)
     big = _oversized(config)
     if big:
         raise QtoolError(f"{path}: {big} would make Keras allocate more than {MAX_TENSOR_ELEMENTS:,} values for "
@@ -633,7 +717,9 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
         raise
     except Exception as e:  # Keras refused the file qtool accepted: say so, in one line
         raise QtoolError(f"{path}: Keras cannot run this model ({reason(e)})") from None
-    got = qtool.layers.run(graph, dict(zip(graph.inputs, args)))
+    got = qtool.layers.run(graph, {k: a.reshape(*a.shape[:2], -1) if a.ndim == 4 else a  # a map's frames
+                                   for k, a in zip(graph.inputs, args)})
+    want = [w.reshape(*w.shape[:2], -1) if w.ndim == 4 else w for w in want]
     if len(want) != len(graph.outputs):
         raise QtoolError(f"{path}: Keras gives {len(want)} outputs, the graph {len(graph.outputs)}")
     diff = 0.0
