@@ -1385,7 +1385,9 @@ def _verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike,
     if missing:
         raise QtoolError(f"{export_dir}: the export '{prefix}' lacks {', '.join(missing)}; run 'qtool export c' again")
     data = as_data(data, dataset, time_first)
-    data.check_features(next(iter(qg.graph.inputs.values()))[-1])
+    from qtool.layers import input_map
+
+    data.check_features(next(iter(qg.graph.inputs.values()))[-1], input_map(qg.graph))
     x = data.chunk(0, count(data, limit))
     phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
     c = run_graph_c(layout, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once

@@ -360,3 +360,46 @@ def test_a_linear_along_frequency_is_a_grouped_conv1d_of_kernel_1(tmp_path, expo
         qg = qtool.calibrate(g, data[:8], method="minmax")
         qtool.export_c(qg, tmp_path / "c", name="erb")
         assert qtool.verify(qg, tmp_path / "c", data[8:]).mismatches == 0
+
+
+class Padded(torch.nn.Module):
+    """Zeros along frequency (and time) written as a Pad before each Conv2d (Keras' "same" through
+    the torch exporter, or F.pad by hand)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(2, 4, 3, stride=(1, 2))
+        self.c2 = torch.nn.Conv2d(4, 4, (1, 3))
+
+    def forward(self, x):
+        h = torch.relu(self.c(torch.nn.functional.pad(x, [0, 1, 2, 0])))  # frequency (0, 1), time (2, 0)
+        return self.c2(torch.nn.functional.pad(h, [1, 1]))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_pad_along_frequency_is_the_conv2ds_own(tmp_path, exporter):
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(7)
+    m = Padded().eval()
+    g = qtool.load_model(export_map_model(m, nine(2), tmp_path / "pad.onnx", exporter))
+    assert [n.attrs["freq_pads"] for n in g.nodes if n.op == "conv2d"] == [(0, 1), (1, 1)]
+    xs = nine(3, 1)
+    with torch.no_grad():
+        want = m(torch.from_numpy(xs)).numpy()
+    got = qtool.layers.run(g, as_data(xs))["y"]  # 4-D data: each frame [C, F] flattened
+    np.testing.assert_allclose(got.reshape(3, 20, 4, -1), want.transpose(0, 2, 1, 3), atol=2e-5 * np.abs(want).max())
+
+
+def test_data_frames_in_the_other_order_are_refused_naming_the_order(tmp_path):
+    """Two channels of ten frequencies: TensorFlow's [N, T, F, C] given to a PyTorch model, whose
+    frames are [C, F], holds as many values a frame but not the same ones."""
+    from qtool.errors import QtoolError
+
+    qg = qtool.calibrate(export(crnn(2), tmp_path / "m.onnx", "torchscript", 2), as_data(maps(8, 1, 2)),
+                         method="minmax")
+    x = maps(4, 2, 2)
+    with pytest.raises(QtoolError, match=r"its frames are \[10, 2\] but the model reads data \[N, T, 2, 10\]"):
+        qtool.simulate(qg, np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+    with pytest.raises(QtoolError, match=r"data shape \(4, 2, 24, 10\) read as \[N, T, A, B\]\); the model reads"):
+        qtool.simulate(qg, x)  # PyTorch's own [N, C, T, F]
+    assert qtool.simulate(qg, as_data(x)).to_dict()["outputs"]["y"]["cosine"] > 0.99

@@ -44,7 +44,7 @@ from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
 from qtool.io.phases import phase
-from qtool.layers import layer, run
+from qtool.layers import input_map, layer, run
 from qtool.layers.gru import model as gru_model
 from qtool.layers.integer import LayerBits
 from qtool.numerics.qparams import dequantize, quantize
@@ -229,7 +229,7 @@ def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, confi
     for edge in g.inputs:
         readers, blocker = _absorbers(g, edge)
         if blocker:
-            why.append(f"{edge} is read by {blocker}, which is not linear in it")
+            why.append(f"{edge} is read by {blocker}")
             continue
         lo = hi = None
         for _, x in data.chunks(chunk, n):  # each channel's range, a chunk at a time
@@ -265,7 +265,8 @@ def _absorbers(g: Graph, edge: str) -> tuple[list[Node], str | None]:
             elif hasattr(mod, "scale_input") and r.inputs[:1] == [e] and e not in r.inputs[1:]:
                 nodes.append(r)
             else:
-                return [], f"{r.name} ({r.attrs.get('kind') or r.op})"
+                why = getattr(mod, "NO_INPUT_SCALE", "which is not linear in it")
+                return [], f"{r.name} ({r.attrs.get('kind') or r.op}), {why}"
     return nodes, None
 
 
@@ -281,7 +282,7 @@ def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorCo
             g.ranges.drop(edge, "the passes removed the edge it rounds")
     core, tail, what = partition(g)
     done.append(("partition", what))
-    data.check_features(next(iter(g.inputs.values()))[-1])
+    data.check_features(next(iter(g.inputs.values()))[-1], input_map(g))
     check_bits_names(g, config)
     done.append(("scale_input_channels", scale_input_channels(g, data, n, chunk, config)))
     return Prepared(g, done, core, tail, edge_values(g, core, data, n, chunk, progress))

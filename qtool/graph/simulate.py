@@ -16,7 +16,7 @@ from qtool.engine.metrics import Distance
 from qtool.errors import QtoolError
 from qtool.graph.fakequant import run_fakequant
 from qtool.io.files import SequenceData
-from qtool.layers import layer, run
+from qtool.layers import input_map, layer, run
 from qtool.numerics.fakequant import to_int
 from qtool.numerics.qparams import dequantize, qrange, quantize
 
@@ -206,7 +206,7 @@ def output_snr_db(sim: GraphSimulation, qg: QGraph) -> float:
 
 
 def check_inputs(qg: QGraph, data: SequenceData, n: int, labels: np.ndarray | None) -> None:
-    data.check_features(next(iter(qg.graph.inputs.values()))[-1])
+    data.check_features(next(iter(qg.graph.inputs.values()))[-1], input_map(qg.graph))
     if labels is not None and (len(labels) < n or labels.dtype.kind not in "iu"):
         raise QtoolError(f"labels must be {n} integer class indexes, got {len(labels)} of dtype {labels.dtype}")
 

@@ -432,11 +432,19 @@ def open_sequences(
     return SequenceData(arr, time_first, str(path))
 
 
+def _frame_text(frame: tuple) -> str:
+    """A map model's data, from its input's (order, F, C) (qtool.layers.input_map)."""
+    order, F, C = frame
+    return (f"data [N, T, {C}, {F}]: channels then frequencies, a PyTorch [N, C, T, F] input's" if order == "cf"
+            else f"data [N, T, {F}, {C}]: frequencies then channels, a TensorFlow [N, T, F, C] input's")
+
+
 def check_array(arr, name: str) -> None:
     """Sequence data must be a non-empty numeric 3-D array, or 4-D for a feature map's frames."""
     if len(arr.shape) not in (3, 4):
-        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with `time_first`), or 4-D "
-                         f"[N, T, F, C] for a model that reads feature maps, got shape {tuple(arr.shape)}")
+        raise QtoolError(f"{name}: data must be 3-D [N, T, C] (or [T, N, C] with `time_first`), or 4-D for a "
+                         "model that reads feature maps ([N, T, C, F] for a PyTorch model's [N, C, T, F] input, "
+                         f"[N, T, F, C] for a TensorFlow one), got shape {tuple(arr.shape)}")
     if min(arr.shape) == 0:
         raise QtoolError(f"{name}: data has an empty dimension, shape {tuple(arr.shape)}")
     if arr.dtype.kind not in "fiu":
@@ -456,6 +464,8 @@ class SequenceData:
         self.name = name
         shape = tuple(int(n) for n in arr.shape[:2]) + (math.prod(int(n) for n in arr.shape[2:]),)
         self.shape = (shape[1], shape[0], shape[2]) if time_first else shape
+        self.file_shape = tuple(int(n) for n in arr.shape)  # as the file holds it
+        self.frame = tuple(int(n) for n in arr.shape[2:]) if len(arr.shape) == 4 else ()  # a map's [A, B]
         if self.shape[1] * self.shape[2] > MAX_SEQUENCE_VALUES:
             raise QtoolError(f"{name}: one sequence holds {self.shape[1]} x {self.shape[2]} values, more "
                              f"than qtool accepts ({MAX_SEQUENCE_VALUES}); check the layout (`time_first`?)")
@@ -464,12 +474,22 @@ class SequenceData:
     def num_sequences(self) -> int:
         return self.shape[0]
 
-    def check_features(self, input_size: int) -> None:
+    def check_features(self, input_size: int, frame: tuple | None = None) -> None:
+        """The data's channels are the model's input's; a map's frames in the model's order
+        (`frame`: the input's (order, F, C), qtool.layers.input_map; one channel either way round)."""
+        read_as = "[N, T, A, B]" if self.frame else "[N, T, C]"
         if self.shape[2] != input_size:
+            hint = f"; the model reads feature maps, {_frame_text(frame)}" if frame else ""
             raise QtoolError(
                 f"{self.name}: feature size {self.shape[2]} does not match the model's input size "
-                f"{input_size} (data shape {self.shape} read as [N, T, C])"
-            )
+                f"{input_size} (data shape {self.file_shape} read as {read_as}{', time first' * self.time_first})"
+                + hint)
+        if frame and self.frame:
+            order, F, C = frame
+            want = (C, F) if order == "cf" else (F, C)
+            if self.frame != want and not (C == 1 and sorted(self.frame) == sorted(want)):
+                raise QtoolError(f"{self.name}: its frames are {list(self.frame)} but the model reads "
+                                 f"{_frame_text(frame)}; transpose the data to that order")
 
     def chunk(self, start: int, stop: int) -> np.ndarray:
         """Sequences [start, stop) as float32 `[n, T, C]`, refusing NaN and Inf."""

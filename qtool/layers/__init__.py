@@ -93,6 +93,7 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
             raise QtoolError(f"the model has {len(graph.inputs)} inputs; pass a dict of arrays")
         x = {next(iter(graph.inputs)): x}
     values = {k: np.asarray(v, np.float32) for k, v in x.items()}
+    values = {k: v.reshape(*v.shape[:2], -1) if v.ndim == 4 else v for k, v in values.items()}  # a map's frames
     for edge, shape in graph.inputs.items():  # batch-first, channels last: [N, T, C] or [N, C]
         v = values.get(edge)
         if v is None or v.ndim != len(shape) + 1 or v.shape[-1] != shape[-1]:
@@ -104,6 +105,19 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
         outs = layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])
         values.update(zip(node.outputs, (np.asarray(o, np.float32) for o in outs)))
     return values if keep else {e: values[e] for e in graph.outputs}
+
+
+def input_map(graph: Graph) -> tuple[str, int, int] | None:
+    """(order, F, C) of the model's one input where it is a feature map (a conv2d reads it), else
+    None: what its data's 4-D frames must be (qtool.io.files.SequenceData.check_features)."""
+    if len(graph.inputs) != 1:
+        return None
+    edge, shape = next(iter(graph.inputs.items()))
+    reader = next((n for n in graph.nodes if n.op == "conv2d" and n.inputs[0] == edge), None)
+    if reader is None or len(shape) != 2:
+        return None
+    F = int(reader.attrs["freq"])
+    return str(reader.attrs.get("order", "cf")), F, shape[-1] // F
 
 
 PROBE_STEPS = (240, 480)  # divisible by every stride and pool size up to 6, and by 8, 10, 12, 15, 16

@@ -116,14 +116,17 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
             # the first layout's error stands, unless it was one of layout and another layout reads the graph
             if not errors and (not isinstance(e, LayoutError) or not (reader.rank3 or reader.rank4)):
                 raise QtoolError(str(e)) from None
+            e.progress = len(reader.nodes)  # how far this reading got
             errors.append(e)
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError, RecursionError) as e:
             if not errors:
                 raise QtoolError(f"{path}: malformed ONNX graph ({reason(e)})") from None
     # a layout that got past the layout questions met the model's real problem (an unsupported op), or
-    # found its channels too many: say that rather than the first layout's complaint
+    # found its channels too many: say that rather than the first layout's complaint; among complaints of
+    # layout alone, the one of the reading that got furthest (the others stumbled before it)
     worst = [e for e in errors if not isinstance(e, LayoutError)] + [e for e in errors if isinstance(e, TooWide)]
-    raise QtoolError(str((worst or errors)[0])) from None
+    furthest = max(errors, key=lambda e: getattr(e, "progress", 0)) if errors else None
+    raise QtoolError(str((worst or [furthest])[0])) from None
 
 
 class _Reader:
@@ -141,6 +144,7 @@ class _Reader:
         self.probe: dict[str, np.ndarray] = {}
         self.dense: dict[str, Node] = {}  # a MatMul's output -> its dense node, while it has no bias
         self.affine: dict[str, Node] = {}  # a per-channel affine's output -> its batchnorm node
+        self.freq_pads: dict[str, tuple] = {}  # a Pad along a map's frequencies -> (edge, layout, pads) for its Conv
         self.ranges = GraphRanges("ONNX QDQ")  # the fake-quant pairs' grids, by qtool edge
         self.fake_quant: dict[str, tuple[str, bool]] = {}  # a pair's Quantize output -> (its input, clips at 0)
         self.notes: list[str] = loop_notes(model)
@@ -214,8 +218,9 @@ class _Reader:
             source = "TFLite"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
-        if self.rank4 and self.map_layout[0] != next(iter(MAP_LAYOUTS)):
-            source += f", input read as {self.map_layout[0]}"
+        if self.rank4:  # and what its data's frames are
+            source += (f", input read as {self.map_layout[0]}: data [N, T, C, F]"
+                       if self.map_layout[0] != next(iter(MAP_LAYOUTS)) else ", input read as [N, T, F, C]")
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
                            steps=ports.steps if self.rank3 or self.rank4 else None)
         graph.ranges, graph.notes = ranges, list(self.notes)

@@ -50,6 +50,8 @@ from qtool.layers.integer import (
 OP = "conv2d"
 ATTRS = ("kernel", "stride", "dilation", "groups", "padding", "freq", "freq_pads", "freq_up", "order", "out_order")
 ORDERS = ("cf", "fc")
+# why the input's grid per channel (qtool.graph.calibrate.scale_input_channels) cannot reach it
+NO_INPUT_SCALE = "whose kernel is shared by every frequency (a scale per frequency has no weight to go into)"
 
 
 def _pair(node: Node, name: str, default, low: int) -> tuple[int, int]:
@@ -242,7 +244,8 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
 def describe(node: Node) -> str:
     g = _geometry(node)
     return (f"{g['kernel'][0]}x{g['kernel'][1]} over {g['freq']} freq, stride {g['stride'][0]}x{g['stride'][1]}"
-            + (f", groups {g['groups']}" if g["groups"] > 1 else ""))
+            + (f", groups {g['groups']}" if g["groups"] > 1 else "")
+            + (f", frequencies spread {g['up']} apart (transposed)" if g["up"] > 1 else ""))
 
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:

@@ -208,6 +208,25 @@ def pad(r, node) -> None:
     before, after = {}, {}
     for k, a in enumerate(axes):
         before[a], after[a] = pads[k], pads[k + len(axes)]
+    freq = [a for a in axes if (before[a] or after[a]) and isinstance(lay.axes[a], int)]
+    readers = r.readers.get(node.output[0], [])
+    t = lay.axes.index("T") if "T" in lay.axes else None
+    if len(freq) == 1 and before[freq[0]] >= 0 and after[freq[0]] >= 0 and len(readers) == 1 and \
+            readers[0].op_type == "Conv" and node.output[0] not in r.outputs and \
+            not any(before[a] or after[a] for a in axes if a not in (freq[0], t)) and \
+            min(before.get(t, 0), after.get(t, 0)) >= 0:
+        # zeros along a map's frequencies, read by a Conv alone: that conv2d's own freq_pads (after
+        # the steps' padding, where the Pad pads them too)
+        f = lay.axes[freq[0]]
+        pads = (int(before[freq[0]]), int(after[freq[0]]))
+        if t is not None and (before.get(t) or after.get(t)):
+            steps = (int(before[t]), int(after[t]))
+            lay = lay.replace(t=lay.t + sum(steps))
+            edge = r.emit(node, "zero_pad1d", [edge], lay, {"pad": steps}, suffix="/steps").outputs[0]
+        r.freq_pads[node.output[0]] = (edge, lay, pads)
+        r.data[node.output[0]] = (edge, lay.replace(cdims=lay.cdims[:f] + (lay.cdims[f] + sum(pads),) +
+                                                    lay.cdims[f + 1:]))
+        return
     bad = [a for a in axes if (before[a] or after[a]) and (lay.axes[a] != "T" or before[a] < 0 or after[a] < 0)]
     if bad:
         raise r.fail(node, f"pads axis {bad[0]} ({lay.axes[bad[0]]}) of {lay.describe()} by "

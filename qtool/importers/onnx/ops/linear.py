@@ -196,7 +196,11 @@ KEEPS_LAYOUT = ("Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "BatchN
 
 def _conv2d(r, node, edge, lay, W, up: int = 1) -> None:
     """A 2-D Conv over [N, C, T, F] or [N, C, F, T] where C and F are channel factors of a feature
-    map (qtool.layers.conv.conv2d): its time axis is T, its frequency axis the other."""
+    map (qtool.layers.conv.conv2d): its time axis is T, its frequency axis the other. A Pad of the
+    frequencies before it (r.freq_pads) is its own."""
+    before = r.freq_pads.get(node.input[0])
+    if before is not None:
+        edge, lay, extra = before
     axes = lay.axes
     if len(axes) != 4 or axes[0] != "N" or "T" not in axes[2:] or not isinstance(axes[5 - axes.index("T")], int) \
             or not (isinstance(axes[1], int) or axes[1] == "1"):
@@ -224,7 +228,8 @@ def _conv2d(r, node, edge, lay, W, up: int = 1) -> None:
         total = (kernel[1] - 1) * dilation[1]
         if auto == "SAME_LOWER" and (stride != (1, 1) or total % 2 or (kernel[0] - 1) * dilation[0] % 2):
             raise r.fail(node, "has auto_pad SAME_LOWER with an odd padding; qtool's 'same' pads the odd step after")
-        padding, freq_pads = "same", same_pads((F - 1) * up + 1, kernel[1], stride[1], dilation[1])
+        spread = (F - 1) * up + 1 + (sum(before[2]) if before is not None else 0)
+        padding, freq_pads = "same", same_pads(spread, kernel[1], stride[1], dilation[1])
         t = -(-lay.t // stride[0])
     elif auto in ("NOTSET", "VALID") and len(pads) == 4 and min(pads) >= 0:
         pads = [0, 0, 0, 0] if auto == "VALID" else pads
@@ -234,6 +239,10 @@ def _conv2d(r, node, edge, lay, W, up: int = 1) -> None:
     else:
         raise r.fail(node, f"has auto_pad {auto} and pads {pads}")
     order = "cf" if ca is None or ca < fa else "fc"
+    if before is not None:
+        if up > 1:
+            raise r.fail(node, "spreads frequencies a Pad before it padded; qtool pads after the spreading")
+        freq_pads = (freq_pads[0] + extra[0], freq_pads[1] + extra[1])
     attrs = dict(kernel=kernel, stride=stride, dilation=dilation, groups=group, padding=padding, freq=F,
                  freq_pads=tuple(int(p) for p in freq_pads), order=order, out_order=_read_order(r, node, 3 - ti, order))
     f_out = ((F - 1) * up + 1 + sum(freq_pads) - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
