@@ -28,7 +28,8 @@ def mfcc(n: int, seed: int) -> np.ndarray:
 
 
 def model(first: str = "gru") -> Graph:
-    """MFCC frames -> (a GRU | a dense | a conv1d) -> ... -> dense(4): weights that read the wide
+    """MFCC frames -> (a GRU | a dense | a conv1d | a conv2d over them as a map) -> ... -> dense(4):
+    weights that read the wide
     first channel as the narrow ones (a trained model's)."""
     rng = np.random.default_rng(1)
     col = np.r_[1 / 150, np.full(C - 1, 0.05)].astype(np.float32)
@@ -52,6 +53,14 @@ def model(first: str = "gru") -> Graph:
             gru["l0.fwd.W"] = rng.standard_normal((3 * H, 12)).astype(np.float32) * 0.2
             return Graph([*nodes, Node("gru", "gru", ["a"], ["h"], {"return_sequences": False}, gru), head],
                          {"x": (None, C)}, ["y"], "mfcc")
+        if first == "conv2d":  # the frames a map of C frequencies (one channel): its kernel shared by all
+            front = Node("front", "conv2d", ["x"], ["a"], {"kernel": (3, 3), "freq": C, "freq_pads": (1, 1),
+                                                           "padding": "causal", "out_order": "fc"},
+                         {"W": rng.standard_normal((2, 1, 3, 3)).astype(np.float32) * 0.05,
+                          "b": rng.standard_normal(2).astype(np.float32) * 0.1})
+            gru["l0.fwd.W"] = rng.standard_normal((3 * H, 2 * C)).astype(np.float32) * 0.2
+            return Graph([front, Node("gru", "gru", ["a"], ["h"], {"return_sequences": False}, gru), head],
+                         {"x": (None, C)}, ["y"], "mfcc")
         if first == "dense":
             W = rng.standard_normal((12, C)).astype(np.float32) * col
             front = Node("front", "dense", ["x"], ["a"], {}, {"W": W})
@@ -74,7 +83,7 @@ def test_each_channel_gets_the_shift_its_own_min_max_grid_takes():
     assert gc.channel_shifts(span, 16).tolist() == [0, 3, 7, 0]
 
 
-@pytest.mark.parametrize("first", ["gru", "dense", "conv1d", "padded"])
+@pytest.mark.parametrize("first", ["gru", "dense", "conv1d", "padded", "conv2d"])
 def test_the_float_model_is_unchanged_to_the_bit(first):
     g, x = model(first), mfcc(40, 0)
     qg = qtool.calibrate(g, x, method="minmax")
@@ -139,7 +148,7 @@ def test_the_shifts_live_in_the_file_and_a_malformed_table_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
-@pytest.mark.parametrize("first", ["gru", "padded"])
+@pytest.mark.parametrize("first", ["gru", "padded", "conv2d"])
 def test_the_c_export_quantizes_each_channel_on_its_grid(tmp_path, first):
     x = mfcc(40, 0)
     qg = qtool.calibrate(model(first), x, method="minmax")

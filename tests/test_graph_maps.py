@@ -102,8 +102,9 @@ def test_a_map_of_several_channels_reads_its_frames_in_the_models_order(tmp_path
     assert sim.to_dict()["outputs"]["y"]["cosine"] > 0.99
 
 
-def _brute(q_x, W, add, sh, g, geo, zp, g_out):
-    """conv2d's integers by the formula, one output at a time in Python ints."""
+def _brute(q_x, W, add, sh, g, geo, zp, g_out, in_sh=None):
+    """conv2d's integers by the formula, one output at a time in Python ints (with `in_sh`, each
+    tap (q - zp) 2^in_sh[channel], a padded one 0)."""
     from qtool.layers.integer import rshift_round
 
     n, t, _ = q_x.shape
@@ -125,20 +126,24 @@ def _brute(q_x, W, add, sh, g, geo, zp, g_out):
                         for k in range(kf):
                             ti, fi = to * st + j * dt - lt, fo * sf + k * df - lf
                             for c in range(c_g):
-                                v = int(m[b, ti, fi, (o // (c_out // groups)) * c_g + c]) \
-                                    if 0 <= ti < t and 0 <= fi < F else zp
+                                ci = (o // (c_out // groups)) * c_g + c
+                                v = int(m[b, ti, fi, ci]) if 0 <= ti < t and 0 <= fi < F else zp
+                                if in_sh is not None:  # the frame's channel index of (fi, ci), "cf" frames
+                                    v = (v - zp) * 2 ** int(in_sh[ci * F + fi]) if 0 <= ti < t and 0 <= fi < F else 0
                                 acc += int(W[o, c, j, k]) * v
                     y[b, to, fo, o] = min(max(int(rshift_round(acc, int(sh[o]))) + g_out.zp, lo), hi)
     return conv2d.from_map(y, geo["out_order"])
 
 
-@pytest.mark.parametrize("bits", [8, 16])
-def test_the_integers_are_the_formulas(bits):
+@pytest.mark.parametrize("bits,shifted", [(8, False), (16, False), (8, True), (16, True)])
+def test_the_integers_are_the_formulas(bits, shifted):
+    """With in_shifts (a grid per input channel), every tap onto the finest grid first."""
     rng = np.random.default_rng(bits)
     geo = dict(kernel=(3, 3), stride=(2, 2), dilation=(1, 2), groups=2, freq=7, freq_pads=(2, 1), order="cf",
                out_order="fc", padding="causal")
     W = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
-    nd = Node("c", "conv2d", ["x"], ["y"], dict(geo), {"W": W, "b": rng.standard_normal(4).astype(np.float32)})
+    attrs = dict(geo) | ({"in_shifts": tuple(int(k) for k in rng.integers(0, 6, 28))} if shifted else {})
+    nd = Node("c", "conv2d", ["x"], ["y"], attrs, {"W": W, "b": rng.standard_normal(4).astype(np.float32)})
     check(Graph([nd], {"x": (None, 4 * 7)}, ["y"]))
     g_in, g_out = TensorQ(bits, False, 5, 13 if bits == 8 else -300, 0, 0), TensorQ(bits, False, 3, -7, 0, 0)
     qp = conv2d.quantize(nd, [g_in], [g_out], LayerBits(8, 32, bits))
@@ -146,8 +151,10 @@ def test_the_integers_are_the_formulas(bits):
     q_x = rng.integers(lo, hi + 1, (2, 9, 28))
     (got,) = conv2d.forward_int(nd, qp, [q_x], [g_in], [g_out])
     want = _brute(q_x, qp["q_W"], qp["q_b"] - qp["W_sum_mul_x_zp"], np.broadcast_to(qp["sh_acc"], (4,)),
-                  None, geo | {"padding": "causal"}, g_in.zp, g_out)
+                  None, geo | {"padding": "causal"}, g_in.zp, g_out, qp.get("in_sh"))
     assert np.array_equal(got, want)
+    if shifted:  # exponent exp2_inv_x + K for the accumulator: the bias and shifts say so
+        assert qp["exp2_inv_W"].tolist() == [int(e) for e in qp["sh_acc"] - 5 - max(attrs["in_shifts"]) + 3]
 
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")

@@ -16,6 +16,12 @@ two: a transposed convolution of stride u along frequency is this conv2d of its 
 
 Integers: conv1d's, per output channel weights over the channel's kt * kf * C_in/groups taps,
 on the map padded with its zero point (a padded tap adds exactly nothing).
+
+`in_shifts` k (one per input channel of the frame; the model's input with a grid per channel,
+qtool.graph.calibrate.scale_input_channels): the layer reads its input divided by 2^k, exact in
+float. Its kernel is shared by every frequency, so the shifts cannot go into its weights; the
+integers instead bring every tap onto the finest grid first, v = (q_x - zp_x) * 2^(K - k) with
+K = max k, and convolve v (zero point 0, exponent exp2_inv_x + K): exact too.
 """
 
 from __future__ import annotations
@@ -48,10 +54,10 @@ from qtool.layers.integer import (
 )
 
 OP = "conv2d"
-ATTRS = ("kernel", "stride", "dilation", "groups", "padding", "freq", "freq_pads", "freq_up", "order", "out_order")
+ATTRS = ("kernel", "stride", "dilation", "groups", "padding", "freq", "freq_pads", "freq_up", "order", "out_order",
+         "in_shifts")
 ORDERS = ("cf", "fc")
-# why the input's grid per channel (qtool.graph.calibrate.scale_input_channels) cannot reach it
-NO_INPUT_SCALE = "whose kernel is shared by every frequency (a scale per frequency has no weight to go into)"
+MAX_IN_SHIFT = 30
 
 
 def _pair(node: Node, name: str, default, low: int) -> tuple[int, int]:
@@ -107,7 +113,23 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     param(node, "b", (W.shape[0],), optional=True)
     if freq_out(g) < 1:
         raise fail(node, f"its window spans more than the {g['freq']} frequencies (after padding)")
+    k = node.attrs.get("in_shifts")
+    if k is not None and (not isinstance(k, (tuple, list)) or len(k) != width or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v <= MAX_IN_SHIFT for v in k)):
+        raise fail(node, f"attribute 'in_shifts' must be one shift in 0..{MAX_IN_SHIFT} per input channel "
+                         f"({width}), got {k!r:.40}")
     return [(None, W.shape[0] * freq_out(g))]
+
+
+def _in_shifts(node: Node) -> np.ndarray | None:
+    k = node.attrs.get("in_shifts")
+    return None if k is None else np.asarray(k, np.int64)
+
+
+def scale_input(node: Node, shifts: np.ndarray) -> None:
+    """The same layer on its input's channels times 2^shifts: it divides them back (in_shifts)."""
+    old = _in_shifts(node)
+    node.attrs["in_shifts"] = tuple(int(v) for v in (shifts if old is None else old + shifts))
 
 
 def _time_pads(g: dict, steps: int) -> tuple[int, int]:
@@ -187,7 +209,8 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     # sums of 16-bit values float32 would round
     dt = np.float64 if np.asarray(node.params["W"]).dtype == np.float64 else np.float32
     W = np.asarray(node.params["W"], dt)
-    taps = _windows(g, _padded(node, g, xs[0], 0, dt))
+    x = xs[0] if _in_shifts(node) is None else np.ldexp(np.asarray(xs[0], dt), -_in_shifts(node)).astype(dt)
+    taps = _windows(g, _padded(node, g, x, 0, dt))
     y = np.empty((*taps.shape[:3], len(W)), dt)
     _convolve(g, taps, W, y)
     if "b" in node.params:
@@ -195,8 +218,20 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [from_map(y, g["out_order"])]
 
 
+def _tap_grid(node: Node, g_x: TensorQ) -> TensorQ:
+    """The grid the integers convolve on: the input's, or with in_shifts its finest (zero point 0)."""
+    k = _in_shifts(node)
+    if k is None:
+        return g_x
+    return TensorQ(g_x.bits, True, int(g_x.exp2_inv) + int(k.max()), 0, g_x.lo, g_x.hi)
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
-    return gemm_params(node.params["W"], node.params.get("b"), g_in[0], g_out[0], bits)
+    qp = gemm_params(node.params["W"], node.params.get("b"), _tap_grid(node, g_in[0]), g_out[0], bits)
+    k = _in_shifts(node)
+    if k is not None:
+        qp["in_sh"] = k.max() - k  # each input channel's left shift onto the finest grid
+    return qp
 
 
 def fold_affine(node: Node, a: np.ndarray, c: np.ndarray) -> bool:
@@ -216,7 +251,7 @@ def fold_affine(node: Node, a: np.ndarray, c: np.ndarray) -> bool:
 def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
                ) -> list[np.ndarray]:
     """The fake-quant layer (simulate --mode fakequant): the float layer on its dequantized weights."""
-    return forward(dequantized_weights(node, qp, g_in[0]), xs)
+    return forward(dequantized_weights(node, qp, _tap_grid(node, g_in[0])), xs)
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
@@ -227,6 +262,8 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     kt * kf * C_in/groups * max(|q_x|, |zp|) * max|q_W| (gemm_dtype)."""
     g = _geometry(node)
     q_W, x, zp = qp["q_W"], np.asarray(qs[0]), g_in[0].zp
+    if "in_sh" in qp:  # every tap on the finest grid: (q - zp) 2^(K - k), zero point 0
+        x, zp = np.left_shift(x.astype(np.int64) - zp, qp["in_sh"]), 0
     bound = int(np.prod(q_W.shape[1:])) * max(abs_max(x), abs(zp)) * abs_max(q_W)
     dt = gemm_dtype(bound)
     taps = _windows(g, _padded(node, g, x, zp, dt))
@@ -259,13 +296,18 @@ def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: s
     c_in = c_g * g["groups"]
     bias, sh = qp["q_b"] - qp["W_sum_mul_x_zp"], qp["sh_acc"]
     w_t, x_t, y_t = table_type(W), ctype(g_in[0]), ctype(g_out[0])
-    acc_bound = int(np.abs(W).sum(axis=(1, 2, 3)).max(initial=0)) * max_abs(g_in[0])
+    in_sh = qp.get("in_sh")
+    x_max = max_abs(g_in[0]) if in_sh is None else (max_abs(g_in[0]) + abs(g_in[0].zp)) << int(in_sh.max())
+    acc_bound = int(np.abs(W).sum(axis=(1, 2, 3)).max(initial=0)) * x_max
     acc = int_bits(acc_bound)
     bits = rescale_bits(acc_bound + int(np.abs(bias).max(initial=0)), sh)
     src = "fi" if up == 1 else f"(fi / {up})"
-    x_at = f"v[{src} * {c_in} + g0 + i]" if g["order"] == "fc" else f"v[(g0 + i) * {F} + {src}]"
+    idx = f"{src} * {c_in} + g0 + i" if g["order"] == "fc" else f"(g0 + i) * {F} + {src}"
+    x_at = f"v[{idx}]"
+    if in_sh is not None:  # onto the finest grid: (q - zp) 2^(K - k), a padded tap 0
+        x_at = f"((int{acc}_t)v[{idx}] - {lit(g_in[0].zp)}) * ((int{acc}_t)1 << {f}_xs[{idx}])"
     y_at = f"y[fo * {c_out} + c]" if g["out_order"] == "fc" else f"y[c * {F_out} + fo]"
-    zp = lit(g_in[0].zp)
+    zp = lit(g_in[0].zp if in_sh is None else 0)
     outside = f"fi < 0 || fi >= {freq_spread(g)}" + (f" || fi % {up}" if up > 1 else "")
     pad = (f"""                    if ({outside}) {{ /* a padded (or spread) frequency: the zero point */
                         for (i = 0; i < {c_g}; i++) {{
@@ -299,6 +341,7 @@ static void {f}(const {x_t} *const *rows, int32_t n_real, {y_t} *y)
 }}
 """
     tables = [(w_t, f"{f}_W", W), (table_type(bias), f"{f}_b", bias), *shift_table(f, sh)]
+    tables += [] if in_sh is None else [("int8_t", f"{f}_xs", np.asarray(in_sh, np.int64))]
     pads = {"valid": (0, 0), "causal": ((kt - 1) * g["dilation"][0], 0)}.get(g["padding"], g["padding"])
     cn = CNode("window", code, tables, macs=F_out * c_out * kt * kf * c_g)
     cn.window = Window(kt, g["stride"][0], g["dilation"][0], pads, pad_value=True)
