@@ -287,7 +287,8 @@ def describe(node: Node) -> str:
 
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
     """A window function over the kt frames of the map: each output frequency and channel the sum
-    over its taps (a tap outside the frequencies reads the zero point), rescaled."""
+    over its taps (a tap outside the frequencies reads the zero point; with in_shifts each tap
+    is (q - zp) 2^(K - k), a padded one 0), rescaled."""
     g = _geometry(node)
     (kt, kf), (_, sf), (_, df) = g["kernel"], g["stride"], g["dilation"]
     W = np.asarray(qp["q_W"], np.int64).transpose(0, 2, 3, 1)  # [C_out, kt, kf, C_g]
@@ -307,13 +308,14 @@ def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: s
     if in_sh is not None:  # onto the finest grid: (q - zp) 2^(K - k), a padded tap 0
         x_at = f"((int{acc}_t)v[{idx}] - {lit(g_in[0].zp)}) * ((int{acc}_t)1 << {f}_xs[{idx}])"
     y_at = f"y[fo * {c_out} + c]" if g["out_order"] == "fc" else f"y[c * {F_out} + fo]"
-    zp = lit(g_in[0].zp if in_sh is None else 0)
+    zp = 0 if in_sh is not None else g_in[0].zp  # what a padded tap adds: w times the zero point
     outside = f"fi < 0 || fi >= {freq_spread(g)}" + (f" || fi % {up}" if up > 1 else "")
-    pad = (f"""                    if ({outside}) {{ /* a padded (or spread) frequency: the zero point */
-                        for (i = 0; i < {c_g}; i++) {{
-                            acc += (int{acc}_t)w[i] * {zp};
+    add_zp = "" if zp == 0 else f"""                        for (i = 0; i < {c_g}; i++) {{
+                            acc += (int{acc}_t)w[i] * {lit(zp)};
                         }}
-                        continue;
+"""
+    pad = (f"""                    if ({outside}) {{ /* a padded (or spread) frequency: the zero point */
+{add_zp}                        continue;
                     }}
 """ if lf or up > 1 or (F_out - 1) * sf + (kf - 1) * df - lf >= freq_spread(g) else "")
     code = f"""/* {node.label} */
