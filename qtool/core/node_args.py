@@ -145,6 +145,19 @@ def same_pads(steps: int, kernel: int, stride: int, dilation: int = 1) -> tuple[
     return total // 2, total - total // 2
 
 
+def window_pads(padding: str | tuple[int, int], steps: int, kernel: int, stride: int, dilation: int = 1
+                ) -> tuple[int, int]:
+    """The (before, after) steps of zeros a convolution's `padding` adds to `steps` steps: none
+    ("valid"), Keras' "same", "causal" ((kernel - 1) * dilation before) or explicit (left, right)."""
+    if padding == "valid":
+        return 0, 0
+    if padding == "same":
+        return same_pads(steps, kernel, stride, dilation)
+    if padding == "causal":
+        return (kernel - 1) * dilation, 0
+    return padding
+
+
 def windows(node: Node, x: np.ndarray, kernel: int, stride: int, dilation: int = 1) -> np.ndarray:
     """The sliding windows of an already padded `x [N, T, C]`: `[N, T_out, kernel, C]`, tap j of
     output step t being step t * stride + j * dilation; a read-only view of `x` (nothing copied)."""

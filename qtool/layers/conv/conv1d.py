@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
-from qtool.core.node_args import attr_int, attr_padding, f32, fail, only, param, same_pads, want_inputs, windows
+from qtool.core.node_args import attr_int, attr_padding, f32, fail, only, param, want_inputs, window_pads, windows
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, Window, gemm_c
 from qtool.layers.integer import (
@@ -57,13 +57,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
 
 def _pads(node: Node, steps: int) -> tuple[int, int]:
     kernel, stride, dilation, _, padding = _attrs(node)
-    if padding == "valid":
-        return 0, 0
-    if padding == "same":
-        return same_pads(steps, kernel, stride, dilation)
-    if padding == "causal":
-        return (kernel - 1) * dilation, 0
-    return padding
+    return window_pads(padding, steps, kernel, stride, dilation)
 
 
 def _taps(node: Node, x: np.ndarray, zero) -> np.ndarray:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.graph import Node
-from qtool.core.node_args import MAX_STEPS, attr_padding, fail, only, param, same_pads, want_inputs
+from qtool.core.node_args import MAX_STEPS, attr_padding, fail, only, param, want_inputs, window_pads
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import (
     CNode,
@@ -134,14 +134,7 @@ def scale_input(node: Node, shifts: np.ndarray) -> None:
 
 def _time_pads(g: dict, steps: int) -> tuple[int, int]:
     (kt, _), (st, _), (dt, _) = g["kernel"], g["stride"], g["dilation"]
-    padding = g["padding"]
-    if padding == "valid":
-        return 0, 0
-    if padding == "same":
-        return same_pads(steps, kt, st, dt)
-    if padding == "causal":
-        return (kt - 1) * dt, 0
-    return padding
+    return window_pads(g["padding"], steps, kt, st, dt)
 
 
 def to_map(x: np.ndarray, freq: int, order: str) -> np.ndarray:
