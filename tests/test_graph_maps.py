@@ -410,3 +410,28 @@ def test_data_frames_in_the_other_order_are_refused_naming_the_order(tmp_path):
     with pytest.raises(QtoolError, match=r"data shape \(4, 2, 24, 10\) read as \[N, T, A, B\]\); the model reads"):
         qtool.simulate(qg, x)  # PyTorch's own [N, C, T, F]
     assert qtool.simulate(qg, as_data(x)).to_dict()["outputs"]["y"]["cosine"] > 0.99
+
+
+def test_the_frame_order_is_checked_through_a_pad_before_the_first_conv(tmp_path):
+    """A causal model pads time before its first Conv2d: the data's frames are still the conv's."""
+    from qtool.errors import QtoolError
+
+    m = Padded().eval()
+    g = qtool.load_model(export_map_model(m, nine(2), tmp_path / "pad.onnx", "torchscript"))
+    assert qtool.layers.input_map(g) == ("cf", 9, 2)
+    x = nine(4, 3)
+    with pytest.raises(QtoolError, match=r"its frames are \[9, 2\] but the model reads \[2, 9\]"):
+        qtool.layers.run(g, np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+    qg = qtool.calibrate(g, as_data(x), method="minmax")
+    with pytest.raises(QtoolError, match=r"its frames are \[9, 2\] but the model reads data \[N, T, 2, 9\]"):
+        qtool.simulate(qg, np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+
+
+def test_a_module_on_maps_loads_from_an_example():
+    m = crnn(2)
+    g = qtool.load_model(m, example=maps(2, 0, 2))
+    assert "input read as [N, C, T, F]: data [N, T, C, F]" in g.source
+    x = maps(3, 5, 2)
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(qtool.layers.run(g, as_data(x))["y"], want, atol=2e-5 * np.abs(want).max())

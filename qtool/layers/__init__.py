@@ -93,7 +93,16 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
             raise QtoolError(f"the model has {len(graph.inputs)} inputs; pass a dict of arrays")
         x = {next(iter(graph.inputs)): x}
     values = {k: np.asarray(v, np.float32) for k, v in x.items()}
-    values = {k: v.reshape(*v.shape[:2], -1) if v.ndim == 4 else v for k, v in values.items()}  # a map's frames
+    for k, v in values.items():  # a map's frames, in the model's order
+        frame = input_map(graph) if v.ndim == 4 else None
+        if frame is not None:
+            order, F, C = frame
+            want = (C, F) if order == "cf" else (F, C)
+            if v.shape[2:] != want and not (C == 1 and sorted(v.shape[2:]) == sorted(want)):
+                what = "channels then frequencies" if order == "cf" else "frequencies then channels"
+                raise QtoolError(f"input '{k}': its frames are {list(v.shape[2:])} but the model reads "
+                                 f"{list(want)} ({what})")
+    values = {k: v.reshape(*v.shape[:2], -1) if v.ndim == 4 else v for k, v in values.items()}
     for edge, shape in graph.inputs.items():  # batch-first, channels last: [N, T, C] or [N, C]
         v = values.get(edge)
         if v is None or v.ndim != len(shape) + 1 or v.shape[-1] != shape[-1]:
@@ -107,17 +116,30 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
     return values if keep else {e: values[e] for e in graph.outputs}
 
 
+FRAME_KEEPING = ("zero_pad1d", "activation", "prelu", "batchnorm", "add", "mul")  # a frame's channels stay put
+
+
 def input_map(graph: Graph) -> tuple[str, int, int] | None:
     """(order, F, C) of the model's one input where it is a feature map (a conv2d reads it), else
     None: what its data's 4-D frames must be (qtool.io.files.SequenceData.check_features)."""
     if len(graph.inputs) != 1:
         return None
     edge, shape = next(iter(graph.inputs.items()))
-    reader = next((n for n in graph.nodes if n.op == "conv2d" and n.inputs[0] == edge), None)
-    if reader is None or len(shape) != 2:
+    if len(shape) != 2:
         return None
-    F = int(reader.attrs["freq"])
-    return str(reader.attrs.get("order", "cf")), F, shape[-1] // F
+    todo, seen = [edge], set()
+    while todo:  # through the ops that keep each frame's channels where they are, to the first conv2d
+        e = todo.pop()
+        seen.add(e)
+        for n in graph.nodes:
+            if e not in n.inputs:
+                continue
+            if n.op == "conv2d" and n.inputs[0] == e:
+                F = int(n.attrs["freq"])
+                return str(n.attrs.get("order", "cf")), F, shape[-1] // F
+            if n.op in FRAME_KEEPING and graph.shapes.get(n.outputs[0], (None, 0))[-1] == shape[-1]:
+                todo.extend(o for o in n.outputs if o not in seen)
+    return None
 
 
 PROBE_STEPS = (240, 480)  # divisible by every stride and pool size up to 6, and by 8, 10, 12, 15, 16

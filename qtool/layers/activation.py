@@ -10,7 +10,8 @@
     softplus      log(1 + exp(x))
     gelu          x * Phi(x) (the exact erf form); `approximate` "tanh" (or true, Keras' flag):
                   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
-    square        x * x   (PyTorch's x.pow(2), ONNX's Pow(x, 2) or Mul(x, x) of one value)
+    square        x * x   (PyTorch's x.pow(2), ONNX's Pow(x, 2) or Mul(x, x) of one value); in
+                  integers no table: (q_x - zp_x)^2 rescaled, exact
     linear        x
 
 Integers: the exact table of the function on the input's grid: for every input integer, the
@@ -36,7 +37,7 @@ from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, requantize_expr
-from qtool.layers.integer import LayerBits, lookup, requantize, table
+from qtool.layers.integer import LayerBits, lookup, requantize, rescale, table
 from qtool.numerics.lut import LUT_INDEX_BITS, lut_values
 from qtool.numerics.qparams import dequantize, qrange
 from qtool.numerics.qparams import quantize as quantize_values
@@ -121,6 +122,8 @@ LUT_ERROR = 1  # an interpolated table may differ from the exact one by this man
 
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     kind, gx, gy = _kind(node), g_in[0], g_out[0]
+    if kind == "square":  # exact in integers, no table: (q - zp)^2 rescaled
+        return {"sh_sq": np.array([2 * int(gx.exp2_inv) - int(gy.exp2_inv)], np.int64)}
     f = lambda v: forward(node, [v])[0]  # noqa: E731
     if kind in CLAMPS and gx.bits > TABLE_BITS:
         qmin, qmax = qrange(gy.bits)
@@ -151,6 +154,8 @@ def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], 
                ) -> list[np.ndarray]:
     """The fake-quant layer on values on the input's grid: the float function, or where an
     interpolated table stands for it, what that table's integers stand for."""
+    if "sh_sq" in qp:  # float64 holds the square of a 16-bit value: the integers' to the bit
+        return [np.square(np.asarray(xs[0], np.float64))]
     if "lut" not in qp:
         return forward(node, [np.asarray(xs[0], np.float32)])
     gx, gy = g_in[0], g_out[0]
@@ -161,6 +166,9 @@ def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
                 ) -> list[np.ndarray]:
+    if "sh_sq" in qp:
+        v = np.asarray(qs[0], np.int64) - g_in[0].zp
+        return [rescale(v * v, int(qp["sh_sq"][0]), g_out[0])]
     if "clamp" in qp:
         low, high = (int(v) for v in qp["clamp"])
         return [np.clip(requantize(qs[0], g_in[0], g_out[0]), low, high)]
@@ -173,6 +181,19 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
 def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: str, widths: list[int]) -> CNode:
     """y[c] = table[x[c] - qmin_x]; or x[c] requantized and clamped (`forward_int`)."""
     gx, gy = g_in[0], g_out[0]
+    if "sh_sq" in qp:
+        y = f"QGRU_SAT64(qgru_rshift_round64(v * v, {int(qp['sh_sq'][0])}) + {lit(gy.zp)}, {gy.bits})"
+        code = f"""/* {node.label}: square, (x - zp)^2 rescaled (no table) */
+static void {f}(const {ctype(gx)} *x0, {ctype(gy)} *y)
+{{
+    int32_t c;
+    for (c = 0; c < {widths[0]}; c++) {{
+        const int64_t v = (int64_t)x0[c] - {lit(gx.zp)};
+        y[c] = ({ctype(gy)}){y};
+    }}
+}}
+"""
+        return CNode("frame", code, [])
     if "clamp" in qp:
         low, high = (lit(int(v)) for v in qp["clamp"])
         code = f"""/* {node.label}: {_kind(node)}, requantized and clamped (its exact table's values) */

@@ -203,6 +203,10 @@ class _Reader:
             if "N" not in layout.axes and "NT" not in layout.axes:
                 raise QtoolError(f"{self.where}: output '{name}' has no batch axis ({layout.describe()})")
             ports.outputs[name] = (edge, layout)
+            if len(layout.cdims) > 1:  # a map: say how its frames hold it, which no shape shows
+                order = " then ".join(f"axis {layout.axes.index(k)} ({d})" for k, d in enumerate(layout.cdims))
+                self.notes.append(f"output '{name}' is a map {layout.describe()}: each frame qtool gives holds "
+                                  f"its {order}, flattened in that order")
         before = {name: edge for name, (edge, _) in ports.outputs.items()}
         self._name_outputs(ports, set(inputs))
         keep = self._prune([e for e, _ in ports.outputs.values()])

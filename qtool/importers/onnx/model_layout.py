@@ -126,7 +126,7 @@ class Layout:
             raise LayoutError(f"{what} reshapes {ins} to {list(out)}, an empty or malformed shape")
         if math.prod(ins) != math.prod(out):
             raise LayoutError(f"{what} reshapes {ins} to {list(out)}, which does not fit (a size fixed "
-                              "when the file was exported?)")
+                              "when the file was exported, or time folded into another axis?)")
         big_in = [k for k, s in enumerate(ins) if s != 1]
         big_out = [k for k, s in enumerate(out) if s != 1]
         roles: dict[int, object] = {}

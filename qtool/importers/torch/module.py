@@ -16,7 +16,8 @@ TOLERANCE = 1e-4  # as the file imports: float32 libraries differ by ~1e-7, a mi
 
 def graph_of_module(module, example, check: bool = True):
     """`module`'s graph, exported from `example` (the module's own input: `[N, T, C]`, `[N, C, T]`
-    for a convolution first, or `[N, C]`) with the batch free; the graph takes any number of steps.
+    for a convolution first, `[N, C]`, or a map `[N, C, T, F]`, its time free too) with the batch
+    free; the graph takes any number of steps.
     With `check`, ONNX Runtime runs the export and, for `[N, T, C]` inputs, the graph's float run
     equals `module(example)` to 1e-4. The module's training mode is left as it was."""
     try:
@@ -31,16 +32,17 @@ def graph_of_module(module, example, check: bool = True):
     if example is None:
         raise QtoolError("a PyTorch module needs `example`: an input to export it with")
     x = torch.as_tensor(np.asarray(example, np.float32))
-    if x.ndim not in (2, 3):
-        raise QtoolError(f"`example` must be the module's input, [N, T, C], [N, C, T] or [N, C]; got shape "
-                         f"{tuple(x.shape)}")
+    if x.ndim not in (2, 3, 4):
+        raise QtoolError(f"`example` must be the module's input, [N, T, C], [N, C, T], [N, C] or a map "
+                         f"[N, C, T, F]; got shape {tuple(x.shape)}")
     name, training = type(module).__name__, module.training
     with tempfile.TemporaryDirectory(prefix="qtool-module-") as tmp:
         path = Path(tmp) / f"{name}.onnx"
         try:  # the batch left free; the reader takes any number of steps from a fixed-length export
             with framework_run(), torch.no_grad():
                 torch.onnx.export(module.eval(), (x,), str(path), input_names=["x"], output_names=["y"],
-                                  dynamo=False, dynamic_axes={"x": {0: "batch"}})
+                                  dynamo=False, dynamic_axes={"x": {0: "batch", **({2: "time"} if x.ndim == 4
+                                                                                         else {})}})
         except Exception as e:  # the exporter raises many types for what it cannot trace
             raise QtoolError(f"torch.onnx.export cannot export {name} ({reason(e)})") from None
         finally:

@@ -20,6 +20,13 @@ def mat_mul(r, node) -> None:
     if W is not None and W.ndim == 2 and isinstance(last, int) and len(lay.cdims) > 1 and last == len(lay.cdims) - 1 \
             and W.shape[0] == lay.cdims[last]:
         return _matmul_last_factor(r, node, edge, lay, W)
+    if isinstance(last, int) and len(lay.cdims) > 1 and W is not None and W.ndim == 2 and \
+            W.shape[0] == lay.cdims[last]:
+        frame = " x ".join(str(d) for d in lay.cdims)
+        raise r.fail(node, f"multiplies {lay.describe()} along its axis of {W.shape[0]}, which is not the innermost "
+                           f"of the map's frames ({frame}, after the permutes before it); qtool reads a MatMul "
+                           "along a map's innermost axis (a Linear along frequency on [N, C, T, F] as PyTorch "
+                           "holds it) or of all its channels")
     if W.ndim != 2 or not lay.holds_channels(len(lay.axes) - 1) or W.shape[0] != lay.channels:
         raise r.fail(node, f"multiplies {lay.describe()} by a constant of shape {list(W.shape)}; qtool "
                               "reads a MatMul of the channels (last axis) by a [C_in, C_out] matrix")
