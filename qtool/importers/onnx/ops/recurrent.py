@@ -12,6 +12,10 @@ def gru(r, node) -> None:
     from qtool.importers.onnx.gru import _check_inputs as _gru_inputs
 
     edge, lay = r.input(node)
+    if len(lay.axes) == 3 and isinstance(lay.axes[0], int) and lay.axes[1] in ("NT", "N"):
+        raise r.fail(node, f"runs along an axis of {lay.cdims[lay.axes[0]]} of a map ({lay.describe()}: its "
+                           "frequencies, say), not along time: a dual-path RNN's GRU within each frame, which "
+                           "qtool does not read yet (its GRUs run along time)")
     if len(lay.axes) != 3 or lay.axes[:2] != ("T", "N") or not lay.holds_channels(2):
         raise r.fail(node, f"reads X as {lay.describe()}; ONNX's GRU reads [T, N, C] (time-first)",
                         layout=True)
