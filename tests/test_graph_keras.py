@@ -119,6 +119,7 @@ def test_a_map_and_its_refusals(keras, tmp_path):
     g = read_keras_graph(tmp_path / "norm.keras")
     assert [(n.op, n.attrs.get("size")) for n in g.nodes] == [("conv2d", None), ("layernorm", 12)]
     assert check_keras_graph(tmp_path / "norm.keras", g)["checked"]
+    assert g.name == "norm"  # Keras' own "functional_N" names no model: the file's stem does
     for name, top in (("dense", L.Dense(3)), ("mix", L.Reshape((6, -1)))):
         keras.Model(i, top(L.Conv2D(2, 3, padding="same")(i))).save(tmp_path / f"{name}.keras")
         with pytest.raises(QtoolError, match="feature map") as e:

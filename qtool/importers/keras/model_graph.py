@@ -15,6 +15,7 @@ safe mode, float32) and compares it with `qtool.layers.run` on random inputs.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 import zipfile
@@ -611,6 +612,8 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
         elif cls in ("Conv2D", "DepthwiseConv2D"):
             r.map_layers[name] = r.maps[out]
     name = str(((config.get("config") or {}) if isinstance(config.get("config"), dict) else {}).get("name", "model"))
+    if re.fullmatch(r"(functional|sequential|model)(_\d+)?", name):  # Keras' own name for every model: the file's
+        name = path.stem
     graph = Graph(r.nodes, inputs, [r.edge[o] for o in outs], name, "Keras", steps=steps)
     graph.ranges = r.ranges if r.ranges.edges else None  # QKeras' quantizers on the data
     return qtool.layers.check(graph, where)
