@@ -62,6 +62,27 @@ def export(m, path, exporter: str, c_in: int = 1):
     return export_map_model(m, maps(2, 0, c_in), path, exporter)
 
 
+def equals_module(g, m, x: np.ndarray, out: str = "y") -> None:
+    """qtool's float graph on PyTorch's maps `x` [N, C, T, F] gives the module's output within
+    2e-5 of its peak: a map output as its frames hold it ([N, T, C, F]), a conv1d's [N, C, T] time
+    first."""
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = qtool.layers.run(g, as_data(x))[out]
+    if want.ndim == 4:
+        want = want.transpose(0, 2, 1, 3).reshape(got.shape)
+    elif want.shape != got.shape:
+        want = want.transpose(0, 2, 1)
+    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+
+
+def verified_in_c(g, data: np.ndarray, tmp_path, name: str):
+    """g calibrated (minmax) on data[:8], exported to C and verified on the rest: (qg, verify's result)."""
+    qg = qtool.calibrate(g, data[:8], method="minmax")
+    qtool.export_c(qg, tmp_path / "c", name=name)
+    return qg, qtool.verify(qg, tmp_path / "c", data[8:])
+
+
 def as_data(x: np.ndarray) -> np.ndarray:
     """PyTorch's [N, C, T, F] as qtool's data [N, T, C, F] (a frame: the map as the model holds it)."""
     return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
@@ -77,11 +98,7 @@ def test_a_pytorch_crnn_imports_whole_from_either_exporter(tmp_path, exporter):
     alpha = m.act.weight.detach().numpy()
     assert np.array_equal(g.nodes[-5].params["alpha"], np.repeat(alpha, 5))  # per channel, at each frequency
     assert "input read as [N, C, T, F]" in g.source
-    x = maps(6, 1)  # held out: not what the import check ran
-    with torch.no_grad():
-        want = m(torch.from_numpy(x)).numpy()
-    got = qtool.layers.run(g, as_data(x).reshape(6, 24, -1))["y"]
-    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    equals_module(g, m, maps(6, 1))  # held out: not what the import check ran
     if exporter == "unfolded":  # calibrate folds the BatchNorm2d into the conv2d before it
         qg = qtool.calibrate(g, as_data(maps(16, 2)), method="minmax")
         assert [n.op for n in qg.graph.nodes][:2] == ["conv2d", "prelu"]
@@ -94,10 +111,7 @@ def test_a_map_of_several_channels_reads_its_frames_in_the_models_order(tmp_path
     qg = qtool.calibrate(export(m, tmp_path / "crnn2.onnx", "torchscript", 2), as_data(maps(16, 3, 2)),
                          method="minmax")
     x = maps(4, 4, 2)
-    with torch.no_grad():
-        want = m(torch.from_numpy(x)).numpy()
-    got = qtool.layers.run(qg.graph, as_data(x).reshape(4, 24, -1))["y"]
-    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    equals_module(qg.graph, m, x)
     sim = qtool.simulate(qg, as_data(x))
     assert sim.to_dict()["outputs"]["y"]["cosine"] > 0.99
 
@@ -268,16 +282,10 @@ def test_transposed_convolutions_import_as_the_convolutions_they_are(tmp_path, e
     g = qtool.load_model(tmp_path / "dec.onnx")
     assert [(n.op, n.attrs.get("freq_up", 1)) for n in g.nodes if n.op.startswith("conv")] == \
         [("conv2d", 1), ("conv2d", 1), ("conv2d", 2), ("conv1d", 1)]
-    xs = np.random.default_rng(1).standard_normal((3, 2, 17, 9)).astype(np.float32)
-    with torch.no_grad():
-        want = m(torch.from_numpy(xs)).numpy().transpose(0, 2, 1)
-    got = qtool.layers.run(g, as_data(xs).reshape(3, 17, -1))["y"]
-    np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max())
+    equals_module(g, m, np.random.default_rng(1).standard_normal((3, 2, 17, 9)).astype(np.float32))
     if exporter == "torchscript" and (shutil.which("cc") or shutil.which("gcc")):
         data = as_data(np.random.default_rng(2).standard_normal((12, 2, 16, 9)).astype(np.float32))
-        qg = qtool.calibrate(g, data[:8], method="minmax")
-        qtool.export_c(qg, tmp_path / "c", name="dec")
-        v = qtool.verify(qg, tmp_path / "c", data[8:])
+        _, v = verified_in_c(g, data, tmp_path, "dec")
         assert v.mismatches == 0 and v.stream_values > 0
 
 
@@ -323,17 +331,11 @@ def test_an_attention_over_frequency_imports_and_verifies(tmp_path, exporter):
     assert [(n.op, n.attrs) for n in g.nodes if n.op in ("activation", "reduce_mean", "mul")] == [
         ("activation", {"kind": "square"}), ("reduce_mean", {"size": 9, "stride": 1}),
         ("activation", {"kind": "sigmoid"}), ("mul", {"repeat": (9, 1)})]
-    xs = np.random.default_rng(1).standard_normal((3, 2, 17, 9)).astype(np.float32)
-    with torch.no_grad():
-        want = m(torch.from_numpy(xs)).numpy()  # [N, C, T, F]
-    got = qtool.layers.run(g, as_data(xs).reshape(3, 17, -1))["y"]
-    np.testing.assert_allclose(got.reshape(3, 17, 4, 9), want.transpose(0, 2, 1, 3), atol=2e-5 * np.abs(want).max())
+    equals_module(g, m, np.random.default_rng(1).standard_normal((3, 2, 17, 9)).astype(np.float32))
     if exporter == "torchscript" and (shutil.which("cc") or shutil.which("gcc")):
         data = as_data(np.random.default_rng(2).standard_normal((12, 2, 16, 9)).astype(np.float32))
-        qg = qtool.calibrate(g, data[:8], method="minmax")
+        qg, v = verified_in_c(g, data, tmp_path, "att")
         assert qtool.simulate(qg, data[8:]).to_dict()["outputs"]["y"]["cosine"] > 0.999
-        qtool.export_c(qg, tmp_path / "c", name="att")
-        v = qtool.verify(qg, tmp_path / "c", data[8:])
         assert v.mismatches == 0 and v.stream_values > 0
 
 
@@ -357,16 +359,9 @@ def test_a_linear_along_frequency_is_a_grouped_conv1d_of_kernel_1(tmp_path, expo
     m = Bands().eval()
     g = qtool.load_model(export_map_model(m, nine(2), tmp_path / "erb.onnx", exporter))
     assert [(n.op, n.attrs) for n in g.nodes if n.op == "conv1d"] == [("conv1d", {"kernel": 1, "groups": 3})] * 2
-    xs = nine(3, 1)
-    with torch.no_grad():
-        want = m(torch.from_numpy(xs)).numpy()  # [N, C, T, F]
-    got = qtool.layers.run(g, as_data(xs).reshape(3, 20, -1))["y"]
-    np.testing.assert_allclose(got.reshape(3, 20, 3, 9), want.transpose(0, 2, 1, 3), atol=2e-5 * np.abs(want).max())
+    equals_module(g, m, nine(3, 1))
     if exporter == "torchscript" and (shutil.which("cc") or shutil.which("gcc")):
-        data = as_data(nine(12, 2))
-        qg = qtool.calibrate(g, data[:8], method="minmax")
-        qtool.export_c(qg, tmp_path / "c", name="erb")
-        assert qtool.verify(qg, tmp_path / "c", data[8:]).mismatches == 0
+        assert verified_in_c(g, as_data(nine(12, 2)), tmp_path, "erb")[1].mismatches == 0
 
 
 class Padded(torch.nn.Module):
@@ -390,11 +385,7 @@ def test_a_pad_along_frequency_is_the_conv2ds_own(tmp_path, exporter):
     m = Padded().eval()
     g = qtool.load_model(export_map_model(m, nine(2), tmp_path / "pad.onnx", exporter))
     assert [n.attrs["freq_pads"] for n in g.nodes if n.op == "conv2d"] == [(0, 1), (1, 1)]
-    xs = nine(3, 1)
-    with torch.no_grad():
-        want = m(torch.from_numpy(xs)).numpy()
-    got = qtool.layers.run(g, as_data(xs))["y"]  # 4-D data: each frame [C, F] flattened
-    np.testing.assert_allclose(got.reshape(3, 20, 4, -1), want.transpose(0, 2, 1, 3), atol=2e-5 * np.abs(want).max())
+    equals_module(g, m, nine(3, 1))  # 4-D data: each frame [C, F] flattened
 
 
 def test_data_frames_in_the_other_order_are_refused_naming_the_order(tmp_path):
@@ -431,10 +422,7 @@ def test_a_module_on_maps_loads_from_an_example():
     m = crnn(2)
     g = qtool.load_model(m, example=maps(2, 0, 2))
     assert "input read as [N, C, T, F]: data [N, T, C, F]" in g.source
-    x = maps(3, 5, 2)
-    with torch.no_grad():
-        want = m(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(qtool.layers.run(g, as_data(x))["y"], want, atol=2e-5 * np.abs(want).max())
+    equals_module(g, m, maps(3, 5, 2))
 
 
 def test_a_gru_within_each_frame_is_refused_saying_so(tmp_path):

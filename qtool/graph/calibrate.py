@@ -265,8 +265,7 @@ def _absorbers(g: Graph, edge: str) -> tuple[list[Node], str | None]:
             elif hasattr(mod, "scale_input") and r.inputs[:1] == [e] and e not in r.inputs[1:]:
                 nodes.append(r)
             else:
-                why = getattr(mod, "NO_INPUT_SCALE", "which is not linear in it")
-                return [], f"{r.name} ({r.attrs.get('kind') or r.op}), {why}"
+                return [], f"{r.name} ({r.attrs.get('kind') or r.op}), which is not linear in it"
     return nodes, None
 
 

@@ -432,6 +432,19 @@ def open_sequences(
     return SequenceData(arr, time_first, str(path))
 
 
+def map_frame(model_map: tuple) -> tuple[int, int]:
+    """The frame [A, B] a map model's data holds, from its input's (order, F, C): [C, F] ("cf")
+    or [F, C] ("fc")."""
+    order, F, C = model_map
+    return (C, F) if order == "cf" else (F, C)
+
+
+def frames_fit(frame: tuple, model_map: tuple) -> bool:
+    """Whether data frames `frame` are the model's (a map of one channel either way round)."""
+    want = map_frame(model_map)
+    return tuple(frame) == want or (model_map[2] == 1 and sorted(frame) == sorted(want))
+
+
 def _frame_text(frame: tuple) -> str:
     """A map model's data, from its input's (order, F, C) (qtool.layers.input_map)."""
     order, F, C = frame
@@ -484,12 +497,9 @@ class SequenceData:
                 f"{self.name}: feature size {self.shape[2]} does not match the model's input size "
                 f"{input_size} (data shape {self.file_shape} read as {read_as}{', time first' * self.time_first})"
                 + hint)
-        if frame and self.frame:
-            order, F, C = frame
-            want = (C, F) if order == "cf" else (F, C)
-            if self.frame != want and not (C == 1 and sorted(self.frame) == sorted(want)):
-                raise QtoolError(f"{self.name}: its frames are {list(self.frame)} but the model reads "
-                                 f"{_frame_text(frame)}; transpose the data to that order")
+        if frame and self.frame and not frames_fit(self.frame, frame):
+            raise QtoolError(f"{self.name}: its frames are {list(self.frame)} but the model reads "
+                             f"{_frame_text(frame)}; transpose the data to that order")
 
     def chunk(self, start: int, stop: int) -> np.ndarray:
         """Sequences [start, stop) as float32 `[n, T, C]`, refusing NaN and Inf."""

@@ -15,6 +15,7 @@ import numpy as np
 from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
+from qtool.io.files import frames_fit, map_frame
 from qtool.layers import activation, concat, dense, elementwise, gru, pool, prelu, reduce, steps, tail
 from qtool.layers.conv import conv1d, conv2d
 from qtool.layers.norm import batchnorm, layernorm
@@ -95,13 +96,10 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
     values = {k: np.asarray(v, np.float32) for k, v in x.items()}
     for k, v in values.items():  # a map's frames, in the model's order
         frame = input_map(graph) if v.ndim == 4 else None
-        if frame is not None:
-            order, F, C = frame
-            want = (C, F) if order == "cf" else (F, C)
-            if v.shape[2:] != want and not (C == 1 and sorted(v.shape[2:]) == sorted(want)):
-                what = "channels then frequencies" if order == "cf" else "frequencies then channels"
-                raise QtoolError(f"input '{k}': its frames are {list(v.shape[2:])} but the model reads "
-                                 f"{list(want)} ({what})")
+        if frame is not None and not frames_fit(v.shape[2:], frame):
+            what = "channels then frequencies" if frame[0] == "cf" else "frequencies then channels"
+            raise QtoolError(f"input '{k}': its frames are {list(v.shape[2:])} but the model reads "
+                             f"{list(map_frame(frame))} ({what})")
     values = {k: v.reshape(*v.shape[:2], -1) if v.ndim == 4 else v for k, v in values.items()}
     for edge, shape in graph.inputs.items():  # batch-first, channels last: [N, T, C] or [N, C]
         v = values.get(edge)

@@ -285,11 +285,14 @@ def _conv2d(r: _Reader, e: _Entry, src: list[str]) -> None:
     r.maps[r.edge[e.name]] = (freq + sum(freq_pads) - span) // stride[1] + 1
 
 
-def _tiled(r: _Reader, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-channel params of a layer on a map repeated at each of its frequencies ("fc" frames)."""
-    if not r.on_map:
-        return values
-    return {k: np.tile(np.asarray(v).reshape(-1), r.on_map) for k, v in values.items()}
+def _per_channel(r: _Reader, v, width: int) -> np.ndarray:
+    """Values per channel (or per frequency and channel) as one per edge channel: repeated at
+    each frequency of a map ("fc" frames) where they are one per channel of it; otherwise as
+    they are (the op's own check says what does not fit)."""
+    v = np.asarray(v, np.float32)
+    if r.on_map and v.size != width and v.size == v.shape[-1] and v.size * r.on_map == width:
+        return np.tile(v.reshape(-1), r.on_map)
+    return v.reshape(-1)
 
 
 def _quantized_weights(r: _Reader, e: _Entry, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -332,7 +335,8 @@ def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     eps = e.cfg.get("epsilon", 1e-3)
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise r.fail(e, f"has epsilon={eps!r}")
-    r.add(e, "batchnorm", src, {"epsilon": float(eps)}, _tiled(r, params))
+    width = r.shapes[src[0]][-1]
+    r.add(e, "batchnorm", src, {"epsilon": float(eps)}, {k: _per_channel(r, v, width) for k, v in params.items()})
 
 
 def _layernorm(r: _Reader, e: _Entry, src: list[str]) -> None:
@@ -353,20 +357,19 @@ def _layernorm(r: _Reader, e: _Entry, src: list[str]) -> None:
     if not isinstance(eps, (int, float)) or not eps > 0:
         raise r.fail(e, f"has epsilon={eps!r}")
     width = r.shapes[src[0]][-1]
-    params = {k: np.resize(np.asarray(w.get(k, np.full(c, v, np.float32)), np.float32).reshape(-1), width)
-              for k, v in (("gamma", 1.0), ("beta", 0.0))}  # per channel, repeated at each frequency
+    params = {k: _per_channel(r, w.get(k, np.full(c, v, np.float32)), width)
+              for k, v in (("gamma", 1.0), ("beta", 0.0))}
     r.add(e, "layernorm", src, {"size": c, "epsilon": float(eps)}, params)
 
 
 def _prelu(r: _Reader, e: _Entry, src: list[str]) -> None:
     """A slope per channel, shared over time (`shared_axes=[1]`); one per step is refused."""
     alpha = np.asarray(r.weights(e, ["alpha"])["alpha"], np.float32)
-    if r.on_map and alpha.ndim == 3 and alpha.shape[0] == 1:  # [1, F or 1, C]: per frequency and channel
-        alpha = np.broadcast_to(alpha, (1, r.on_map, alpha.shape[2])).reshape(1, -1)
-    if alpha.ndim < 1 or any(d != 1 for d in alpha.shape[:-1]) or alpha.shape[-1] != r.shapes[src[0]][-1]:
+    per = _per_channel(r, alpha, r.shapes[src[0]][-1])
+    if alpha.ndim < 1 or alpha.shape[0] != 1 or per.size != r.shapes[src[0]][-1]:
         raise r.fail(e, f"has slopes of shape {list(alpha.shape)}; qtool reads one slope per channel (PReLU with "
                      "shared_axes=[1] on a sequence)")
-    r.add(e, "prelu", src, {}, {"alpha": alpha.reshape(-1)})
+    r.add(e, "prelu", src, {}, {"alpha": per})
 
 
 def _relu(r: _Reader, e: _Entry, src: list[str]) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 from qtool.core.node_args import same_pads
 from qtool.importers.onnx.graph import attr
 from qtool.importers.onnx.model_layout import Layout
+from qtool.importers.onnx.ops.activation import activation
 from qtool.importers.onnx.ops.registry import handles
 
 AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 and this epsilon: exact in float32
@@ -305,8 +306,6 @@ def arith(r, node) -> None:
     """Add, Sub, Mul, Div: of two computed tensors (add, mul), a MatMul's bias, or a per-channel affine."""
     op, (a, b) = node.op_type, (list(node.input) + ["", ""])[:2]
     if a in r.data and a == b and op == "Mul":  # x * x
-        from qtool.importers.onnx.ops.activation import activation
-
         return activation(r, node, "square")
     if a in r.data and b in r.data:
         (ea, la), (eb, lb) = r.data[a], r.data[b]

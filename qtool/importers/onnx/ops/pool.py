@@ -4,6 +4,7 @@ GlobalMaxPool, ReduceMean and ReduceMax over the time axis)."""
 from __future__ import annotations
 
 from qtool.importers.onnx.graph import attr
+from qtool.importers.onnx.ops.norm import norm_groups, written_layer_norm
 from qtool.importers.onnx.ops.registry import handles
 
 # a reduction over all the steps -> the qtool op
@@ -29,8 +30,6 @@ def reduce_time(r, node) -> None:
 def _reduce_channels(r, node, edge, lay, axes: list[int]) -> None:
     """A mean over channel factors of a map (its frequencies, say): reduce_mean over those groups;
     or the first op of a LayerNorm written out (qtool.importers.onnx.ops.norm)."""
-    from qtool.importers.onnx.ops.norm import norm_groups, written_layer_norm
-
     size, stride = norm_groups(r, node, lay, axes)
     if written_layer_norm(r, node, edge, lay, axes, size, stride):
         return
