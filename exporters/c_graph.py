@@ -79,6 +79,7 @@ class _Node:
     cn: CNode
     gru: object = None  # a GRU: its CExport
     qm: object = None
+    dual: tuple = ("time", 1, "fc")  # a GRU over a map: (along, F, order) (qtool.layers.gru.dual_path)
 
 
 @dataclass
@@ -137,8 +138,9 @@ def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool, comp
         if node.op in MODEL_OPS:  # its own C, as `qtool export c` writes a GRU alone
             qm = qg.qparams[name]["qm"]
             sub = render_c(qm, f, compensation, fully_integral)
-            out.append(_Node(name, f, node.op, ins, len(edges) - 1, CNode(node.op, macs=sub.footprint.macs_per_step),
-                             sub, qm))
+            dual = layer(node.op, node.label).dual_path(node)
+            out.append(_Node(name, f, node.op, ins, len(edges) - 1,
+                             CNode(node.op, macs=sub.footprint.macs_per_step * dual[1]), sub, qm, dual))
             continue
         cn = layer(node.op, node.label).c_code(node, qg.qparams[name], g_in, g_out, f, widths)
         out.append(_Node(name, f, node.op, ins, len(edges) - 1, cn))
@@ -186,7 +188,7 @@ def _stream_plan(qg: QGraph, nodes: list[_Node]) -> _Stream:
             readers.setdefault(e, []).append(i)
     for i, n in enumerate(nodes):
         label, w = qg.node(n.name).label, n.cn.window
-        if n.qm is not None and n.qm.model.num_directions != 1:
+        if n.qm is not None and n.qm.model.num_directions != 1 and n.dual[0] == "time":
             plan.refusal = f"node {label} is bidirectional: its backward half reads the sequence from its end"
         elif n.cn.kind == "pad" and w.pads != (0, 0):
             nxt = readers.get(n.out, [])
@@ -253,7 +255,7 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
     layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
               sorted(n for n in files if n.endswith(".c")))
     gru_work = [(edges[n.ins[0]], _gru_work_per_step(n.qm) + n.qm.model.output_size + m.width[n.ins[0]],
-                 SIZES[act_type(n.qm)]) for n in nodes if n.gru is not None]
+                 SIZES[act_type(n.qm)]) for n in nodes if n.gru is not None and n.dual[0] == "time"]
     return GraphExport(prefix, files, m.footprint(tables), edges, layout, gru_work)
 
 
@@ -310,8 +312,12 @@ class _Model:
         for n in self.nodes:
             cn, e_in, e = n.cn, n.ins[0], n.out
             if n.gru is not None:
-                out.append(f"    {n.f}_state_t {c_name(n.name)}; /* {comment(n.name)} */")
+                along, F, _ = n.dual
+                many = f"[{F}]" if along == "time" and F > 1 else ""  # a state per frequency
+                out.append(f"    {n.f}_state_t {c_name(n.name)}{many}; /* {comment(n.name)} */")
                 out.append(f"    {n.f}_q_t {c_name(n.name)}_y[{n.f.upper()}_OUTPUT_SIZE];")
+                if along == "freq":  # run_sequence's work over a frame's F positions, and their input and output
+                    out.append(f"    {n.f}_q_t {c_name(n.name)}_work[{self.freq_work(n)}];")
             if cn.kind == "window":
                 out.append(f"    {self.t[e_in]} {c_name(n.name)}_ring[{cn.window.span * self.width[e_in]}];")
                 out.append(f"    int32_t {c_name(n.name)}_at[4]; /* next row, rows held, frames to skip, first step */")
@@ -536,7 +542,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
                  f"{self.width[e] * SIZES[self.t[e]] + 3}" for e in range(1, len(self.edges))]
         terms += [f"({n.f.upper()}_SEQUENCE_WORK({steps(n.ins[0])}) + {steps(n.ins[0])} * "
                   f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t) + 3"
-                  for n in self.nodes if n.gru is not None]
+                  for n in self.nodes if n.gru is not None and n.dual[0] == "time"]
         return f"#define {self.P}_SEQUENCE_WORK_MAX(T) ({' + '.join(f'({t})' for t in terms) or '0'})"
 
     def layout_code(self) -> str:
@@ -549,7 +555,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
             lines.append(f"    offset[{e}] = at;\n    at += ({size} + 3) & ~3;")
         # a GRU's own work (its run_sequence) and, where its types or grids differ, its input and output
         for i, n in enumerate(self.nodes):
-            if n.gru is not None:
+            if n.gru is not None and n.dual[0] == "time":
                 lines.append(f"    offset[{len(self.edges) + i}] = at;\n"
                              f"    at += (({n.f.upper()}_SEQUENCE_WORK(steps[{n.ins[0]}]) + steps[{n.ins[0]}] * "
                              f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t)"
@@ -616,7 +622,79 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
 """
         return head + self.gru_sequence(i, n, X[0], Y)
 
+    def freq_work(self, n: _Node) -> int:
+        """Values of a GRU along frequency's work in the state: its run_sequence over F positions
+        (NAME_SEQUENCE_WORK(F)), then their input and output."""
+        F, C, DH = n.dual[1], self.width[n.ins[0]] // n.dual[1], n.qm.model.output_size
+        return _gru_work_per_step(n.qm) * F + F * (C + DH)
+
+    def at(self, n: _Node, f: str, c: str) -> str:
+        """Where channel c of frequency f lies in a frame of the GRU's input map."""
+        F, C = n.dual[1], self.width[n.ins[0]] // n.dual[1]
+        return f"{f} * {C} + {c}" if n.dual[2] == "fc" else f"{c} * {F} + {f}"
+
+    def gru_frames(self) -> str:
+        """A GRU along frequency, one frame: its F positions a sequence, from a zero state."""
+        out = []
+        for i, n in enumerate(self.nodes):
+            if n.gru is None or n.dual[0] != "freq":
+                continue
+            k, a, e, q_t = c_name(n.name), n.ins[0], n.out, f"{n.f}_q_t"
+            F, C, DH = n.dual[1], self.width[a] // n.dual[1], n.qm.model.output_size
+            h = n.qm.cells[-1][0].spec["h"]
+            out.append(f"""/* {comment(self.qg.node(n.name).label)}: one frame, its {F} frequencies a sequence */
+static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {self.t[e]} *y)
+{{
+    {q_t} *gwork = s->{k}_work;
+    {q_t} *gx = gwork + {n.f.upper()}_SEQUENCE_WORK({F});
+    {q_t} *gy = gx + {F * C};
+    int32_t f, c;
+    for (f = 0; f < {F}; f++) {{
+        for (c = 0; c < {C}; c++) {{
+            gx[f * {C} + c] = ({q_t})x[{self.at(n, "f", "c")}];
+        }}
+    }}
+    {n.f}_run_sequence(&s->{k}, gx, {F}, gy, gwork);
+    for (c = 0; c < {F * DH}; c++) {{
+        y[c] = {requantize_expr("gy[c]", h, self.grid[e])};
+    }}
+}}
+""")
+        return "\n".join(out)
+
+    def gru_per_freq(self, i: int, n: _Node, X: str, Y: str) -> str:
+        """A GRU along time on each frequency of a map: a sequence (and a state) per frequency."""
+        a, e, q_t, sub, k = n.ins[0], n.out, f"{n.f}_q_t", n.f, c_name(n.name)
+        F, C, DH = n.dual[1], self.width[a] // n.dual[1], n.qm.model.output_size
+        h = n.qm.cells[-1][0].spec["h"]
+        region = f"((void *)((unsigned char *)work + offset[{len(self.edges) + i}]))"
+        return f"""    {{
+        {q_t} *gwork = ({q_t} *){region};
+        {q_t} *gy = gwork + {sub.upper()}_SEQUENCE_WORK(steps[{a}]);
+        {q_t} *gin = gy + steps[{a}] * {DH};
+        int32_t f, c;
+        for (f = 0; f < {F}; f++) {{
+            for (t = 0; t < steps[{a}]; t++) {{
+                for (c = 0; c < {C}; c++) {{
+                    gin[t * {C} + c] = ({q_t}){X}[t * {self.width[a]} + {self.at(n, "f", "c")}];
+                }}
+            }}
+            {sub}_run_sequence(&s->{k}[f], gin, steps[{a}], gy, gwork);
+            for (t = 0; t < steps[{a}]; t++) {{
+                for (c = 0; c < {DH}; c++) {{
+                    {Y}[t * {self.width[e]} + f * {DH} + c] = {requantize_expr(f"gy[t * {DH} + c]", h, self.grid[e])};
+                }}
+            }}
+        }}
+    }}
+"""
+
     def gru_sequence(self, i: int, n: _Node, X: str, Y: str) -> str:
+        if n.dual[0] == "freq":
+            return (f"    for (t = 0; t < steps[{n.ins[0]}]; t++) {{\n        {self.p}_gru_frame_{i}(s, {X} + t * "
+                    f"{self.width[n.ins[0]]}, {Y} + t * {self.width[n.out]});\n    }}\n")
+        if n.dual[1] > 1:
+            return self.gru_per_freq(i, n, X, Y)
         a, e = n.ins[0], n.out
         q_t, sub = f"{n.f}_q_t", n.f
         qm = n.qm
@@ -660,7 +738,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
     def run_sequence(self) -> str:
         p = self.p
         body = "".join(self.sequence_node(i, n) for i, n in enumerate(self.nodes))
-        grus = any(n.gru is not None for n in self.nodes)
+        grus = any(n.gru is not None and n.dual[1] == 1 for n in self.nodes)
         out_bytes = f"steps[{self.out}] * {self.width[self.out] * SIZES[self.t[self.out]]}"
         return f"""int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work)
 {{
@@ -678,7 +756,9 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
         lines = []
         for n in self.nodes:
             k = c_name(n.name)
-            if n.gru is not None:
+            if n.gru is not None and n.dual[0] == "time" and n.dual[1] > 1:
+                lines.append(f"    for (i = 0; i < {n.dual[1]}; i++) {{\n        {n.f}_reset(&s->{k}[i]);\n    }}")
+            elif n.gru is not None:
                 lines.append(f"    {n.f}_reset(&s->{k});")
             if n.cn.kind == "window" and not self.refusal:
                 (left, _), values = self.plan.pads[self.nodes.index(n)]
@@ -719,6 +799,23 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
             return head + f"        {self.p}_push_{i}(s, {X[0]}, fresh);\n    }}\n"
         qm = n.qm
         h = qm.cells[-1][0].spec["h"]
+        along, F, _ = n.dual
+        if along == "freq":
+            return head + f"        {self.p}_gru_frame_{i}(s, {X[0]}, {Y});\n" + done
+        if F > 1:
+            C, DH = self.width[a] // F, qm.model.output_size
+            return head + f"""        {n.f}_q_t xin[{C}];
+        int32_t f, c;
+        for (f = 0; f < {F}; f++) {{
+            for (c = 0; c < {C}; c++) {{
+                xin[c] = ({n.f}_q_t){X[0]}[{self.at(n, "f", "c")}];
+            }}
+            (void){n.f}_step(&s->{k}[f], xin, s->{k}_y);
+            for (c = 0; c < {DH}; c++) {{
+                {Y}[f * {DH} + c] = {requantize_expr(f"s->{k}_y[c]", h, self.grid[e])};
+            }}
+        }}
+""" + done
         conv = X[0] if act_type(qm) == self.t[a] else None
         lines = []
         if conv is None:
@@ -912,7 +1009,7 @@ int32_t {p}_sequence_work(int32_t T)
     return {p}_edge_layout(T, steps, offset);
 }}
 
-{self.run_sequence()}
+{self.gru_frames()}{self.run_sequence()}
 {self.step()}{self.argmax()}{self.extra_source()}"""
 
     def footprint(self, tables) -> GraphFootprint:
@@ -924,7 +1021,10 @@ int32_t {p}_sequence_work(int32_t T)
             state = self.width[e] * SIZES[self.t[e]]
             if n.gru is not None:
                 flash = n.gru.footprint.flash_bytes
-                state += n.gru.footprint.ram_bytes + n.qm.model.output_size * SIZES[act_type(n.qm)]
+                along, F, _ = n.dual
+                state += (n.gru.footprint.ram_bytes * (F if along == "time" else 1)
+                          + n.qm.model.output_size * SIZES[act_type(n.qm)])
+                state += self.freq_work(n) * SIZES[act_type(n.qm)] if along == "freq" else 0
             else:
                 flash = layer_flash(n.cn, self.width[a], self.t[a])
                 if n.cn.kind == "window":

@@ -149,7 +149,8 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
         edge_unit[node.inputs[0]] = (0, "x")
         edge_unit[node.outputs[0]] = (m.num_layers - 1, "h")
         obs = new_estimators(m, seed, gamma, repeats)
-        for _, x in SequenceData(prep.values[node.inputs[0]][:rows], False, node.name).chunks(chunk):
+        x_gru = layer(node.op, node.label).sequences(node, prep.values[node.inputs[0]][:rows])
+        for _, x in SequenceData(x_gru, False, node.name).chunks(chunk):
             observe_batch(m, x, obs)
         for u, db in unit_snr(model_stats(m, obs, seed, gamma, repeats), m).items():
             low(u, db)

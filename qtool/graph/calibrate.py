@@ -201,8 +201,8 @@ class Prepared:
                repr(sorted(getattr(config, "layers", {}).items())))
         if key not in self.grus:
             autos = self.autos.setdefault((node.name, rows, percentile, chunk), {})
-            self.grus[key] = calibrate_gru(node, self.values[node.inputs[0]][:rows], config, method, percentile,
-                                           chunk, info, autos)
+            x = layer(node.op, node.label).sequences(node, self.values[node.inputs[0]][:rows])
+            self.grus[key] = calibrate_gru(node, x, config, method, percentile, chunk, info, autos)
         return self.grus[key]
 
 
@@ -262,7 +262,8 @@ def _absorbers(g: Graph, edge: str) -> tuple[list[Node], str | None]:
             mod = layer(r.op, r.label)
             if r.op in getattr(mod, "SCALE_PASSES", ()):
                 todo.extend(r.outputs)
-            elif hasattr(mod, "scale_input") and r.inputs[:1] == [e] and e not in r.inputs[1:]:
+            elif (hasattr(mod, "scale_input") and getattr(mod, "scales_input", lambda _: True)(r)
+                  and r.inputs[:1] == [e] and e not in r.inputs[1:]):
                 nodes.append(r)
             else:
                 return [], f"{r.name} ({r.attrs.get('kind') or r.op}), which is not linear in it"

@@ -10,6 +10,7 @@ import copy
 from qtool.core.graph import Graph, Node
 from qtool.errors import QtoolError
 from qtool.layers import check, layer
+from qtool.layers.gru import dual_path
 from qtool.layers.gru import form as gru_form
 from qtool.layers.norm.batchnorm import affine
 
@@ -82,7 +83,8 @@ def stack_grus(graph: Graph) -> str:
         if (a is None or a.op != "gru" or _only_reader(graph, b.inputs[0]) is not b
                 or not a.attrs.get("return_sequences", True)
                 or bool(a.attrs.get("bidirectional", False)) != bool(b.attrs.get("bidirectional", False))
-                or gru_form(a) != gru_form(b)):  # a gru node has one cell form
+                or gru_form(a) != gru_form(b)  # a gru node has one cell form
+                or dual_path(a)[:2] != dual_path(b)[:2] or dual_path(b)[2] != "fc"):  # b reads a's frames as a did
             continue
         layers_a = a.attrs.get("layers", 1)
         for k, v in b.params.items():

@@ -17,6 +17,15 @@ direction after the whole (reversed) sequence, i.e. at step 0 of its output. Tha
 `output[:, -1]` differs for the backward direction (its state after one step): that model is a
 gru with return_sequences true followed by last_step.
 
+Along a feature map (a dual-path RNN's GRUs; the map `[T, F, C]` is the edge `[T, F * C]` in
+`order` "fc" (f * C + c) or "cf" (c * F + f), as conv2d's): `freq` F > 1 runs the GRU on each
+frequency's C channels, the weights shared, and `along` says along which axis:
+- "time" (the inter-frame GRU): F independent sequences over time, each frequency its own state;
+- "freq" (the intra-frame GRU): within each frame, a sequence of F positions (bidirectional: from
+  both ends), its state zero at each frame's first position; each frame on its own, so streaming.
+Either way the output frame holds, per frequency f, the GRU's H * directions values: order "fc"
+`[T, F * H * directions]`; `return_sequences` stays true.
+
 Integers: the GRU core exactly as qtool quantizes a GRU alone (docs/numerics.md), its input
 edge on x's grid and its output edge on h's: `qp["qm"]`, the QuantModel calibrated on the
 GRU's own input (qtool.graph.calibrate), run by the CPU engine (or `qp["runner"]`, another
@@ -37,7 +46,9 @@ from qtool.numerics.float_gru import run_float
 
 OP = "gru"
 FORM = ("reset_after", "gate", "gate_alpha", "gate_beta", "candidate")  # CellForm's fields
-ATTRS = ("layers", "bidirectional", "return_sequences", *FORM)
+ATTRS = ("layers", "bidirectional", "return_sequences", "along", "freq", "order", *FORM)
+ALONG = ("time", "freq")
+ORDERS = ("cf", "fc")
 MAX_LAYERS = 64
 
 
@@ -55,6 +66,44 @@ def _attrs(node: Node) -> tuple[int, int, bool]:
     return layers, dirs, attr_bool(node, "return_sequences", True)
 
 
+def dual_path(node: Node) -> tuple[str, int, str]:
+    """(along, F, order) of the node: ("time", 1, "fc") for a GRU over a plain sequence."""
+    along, order = node.attrs.get("along", "time"), node.attrs.get("order", "fc")
+    if along not in ALONG:
+        raise fail(node, f"attribute 'along' must be one of {', '.join(ALONG)}, got {along!r:.40}")
+    if order not in ORDERS:
+        raise fail(node, f"attribute 'order' must be one of {', '.join(ORDERS)}, got {order!r:.40}")
+    F = attr_int(node, "freq", 1)
+    if along == "freq" and F < 2:
+        raise fail(node, "runs along frequency over a map of fewer than 2 frequencies (attribute 'freq')")
+    if F > 1 and not attr_bool(node, "return_sequences", True):
+        raise fail(node, "runs over a map's frequencies and returns final states; it returns its sequence")
+    return along, F, order
+
+
+def sequences(node: Node, x: np.ndarray) -> np.ndarray:
+    """The GRU's own sequences `[N', T', C]` from its input edge `[N, T, F * C]`: [N * F, T, C] along
+    time, [N * T, F, C] along frequency; the edge itself for a plain GRU."""
+    along, F, order = dual_path(node)
+    if F == 1:
+        return x
+    N, T, W = x.shape
+    m = x.reshape(N, T, F, W // F) if order == "fc" else x.reshape(N, T, W // F, F).transpose(0, 1, 3, 2)
+    if along == "freq":
+        return m.reshape(N * T, F, W // F)
+    return m.transpose(0, 2, 1, 3).reshape(N * F, T, W // F)
+
+
+def unsequences(node: Node, y: np.ndarray, N: int) -> np.ndarray:
+    """The output edge `[N, T, F * H * dirs]` (order "fc") from the GRU's own output sequences."""
+    along, F, _ = dual_path(node)
+    if F == 1:
+        return y
+    if along == "freq":
+        return y.reshape(N, -1, F * y.shape[-1])
+    return y.reshape(N, F, -1, y.shape[-1]).transpose(0, 2, 1, 3).reshape(N, -1, F * y.shape[-1])
+
+
 def _names(layers: int, dirs: int) -> list[list[str]]:
     return [[f"l{k}.{DIRECTIONS[d]}." for d in range(dirs)] for k in range(layers)]
 
@@ -65,7 +114,10 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ATTRS, params=tuple(p + w for cells in names for p in cells for w in ("W", "R", "bx", "br")))
     want_inputs(node, shapes, seq=True)
     form(node)
-    width = shapes[0][-1]
+    _, F, _ = dual_path(node)
+    if shapes[0][-1] % F:
+        raise fail(node, f"reads {shapes[0][-1]} channels, which are not {F} frequencies of equal channels")
+    width = shapes[0][-1] // F
     for k, cells in enumerate(names):
         hidden = None
         for p in cells:
@@ -80,7 +132,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
                 raise fail(node, f"param '{p}W' is {list(W.shape)} but layer {k} reads {width} channels")
             param(node, p + "bx", (3 * H,)), param(node, p + "br", (3 * H,))
         width = hidden * dirs
-    return [(None, width) if seqs else (width,)]
+    return [(None, width * F) if seqs else (width,)]
 
 
 def model(node: Node) -> GruModel:
@@ -89,6 +141,12 @@ def model(node: Node) -> GruModel:
     cell_form = form(node)
     return GruModel([[GruCell(*(node.params[p + w] for w in ("W", "R", "bx", "br")), cell_form) for p in cells]
                      for cells in _names(layers, dirs)], name=node.name, source=node.source)
+
+
+def scales_input(node: Node) -> bool:
+    """Whether `scale_input` can take a grid per input channel: not over a map, whose frequencies
+    share W's columns."""
+    return dual_path(node)[1] == 1
 
 
 def scale_input(node: Node, shifts: np.ndarray) -> None:
@@ -100,11 +158,13 @@ def scale_input(node: Node, shifts: np.ndarray) -> None:
 
 
 def describe(node: Node) -> str:
-    """The node as tables show its op: `gru`, with its layers, direction and a cell other than the
-    haste form (`gru, 2 layers, bidirectional; reset before ...`)."""
+    """The node as tables show its op: `gru`, with its layers, direction, axis and a cell other
+    than the haste form (`gru, 2 layers, bidirectional, along 33 freqs; reset before ...`)."""
     layers, f = int(node.attrs.get("layers", 1)), form(node)
+    along, F, _ = dual_path(node)
     parts = [f"{layers} layers"] if layers > 1 else []
     parts += ["bidirectional"] if node.attrs.get("bidirectional") else []
+    parts += [] if F == 1 else [f"along {F} freqs" if along == "freq" else f"per freq (x{F})"]
     return ", ".join([node.op, *parts]) + ("" if f.haste else f"; {f.describe()}")
 
 
@@ -121,7 +181,8 @@ def _final(node: Node, y: np.ndarray, H: int, dirs: int) -> np.ndarray:
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     gru = model(node)
     # [N, T, H * dirs]; the backward half at step t saw steps T-1..t
-    return [_final(node, run_float(gru, xs[0]), gru.hidden_size, gru.num_directions)]
+    y = run_float(gru, sequences(node, xs[0]))
+    return [unsequences(node, _final(node, y, gru.hidden_size, gru.num_directions), len(xs[0]))]
 
 
 def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], xs: list[np.ndarray]
@@ -130,7 +191,8 @@ def forward_fq(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], 
     from qtool.numerics.fakequant import run_fakequant
 
     qm = qp["qm"]
-    return [_final(node, run_fakequant(qm, xs[0]), qm.model.hidden_size, qm.model.num_directions)]
+    y = run_fakequant(qm, sequences(node, xs[0]))
+    return [unsequences(node, _final(node, y, qm.model.hidden_size, qm.model.num_directions), len(xs[0]))]
 
 
 def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ], g_out: list[TensorQ]
@@ -138,6 +200,7 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
     from qtool.engine.cpu import run_model
 
     qm = qp["qm"]
-    y = qp.get("runner", run_model)(qm, None, xq=qs[0]).y_int.astype(np.int64)
+    y = qp.get("runner", run_model)(qm, None, xq=np.ascontiguousarray(sequences(node, qs[0]))).y_int.astype(np.int64)
     h = qm.cells[-1][0].spec["h"]
-    return [requantize(_final(node, y, qm.model.hidden_size, qm.model.num_directions), h, g_out[0])]
+    y = unsequences(node, _final(node, y, qm.model.hidden_size, qm.model.num_directions), len(qs[0]))
+    return [requantize(y, h, g_out[0])]

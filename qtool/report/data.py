@@ -25,6 +25,7 @@ from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.core.tensors import BY_NAME, cell_names
 from qtool.io.files import SequenceData
+from qtool.layers import layer
 from qtool.numerics.rescale import qrange
 from qtool.simulation.run import Simulation, tensor_key
 
@@ -227,7 +228,8 @@ def collect_graph(qg: QGraph, data: SequenceData, n: int, *, batch_size: int = 2
 
     def observe(ref: dict[str, np.ndarray]) -> None:
         for name, c in grus.items():
-            c.add(np.ascontiguousarray(ref[qg.node(name).inputs[0]], np.float32))
+            node = qg.node(name)
+            c.add(np.ascontiguousarray(layer(node.op, node.label).sequences(node, ref[node.inputs[0]]), np.float32))
 
     sim = simulate_graph(qg, data, n, batch_size, progress=progress, runner=runner, observe=observe)
     return sim, {name: c.finish() for name, c in grus.items()}
