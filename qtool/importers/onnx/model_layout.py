@@ -2,7 +2,9 @@
 imports as qtool's channels-last graph (qtool.core.graph) with its layout-only ops absorbed.
 
 A `Layout` names each axis of an ONNX tensor: "N" (batch), "T" (time steps), "NT" (batch and time
-merged, `[N * T, C]`, as some exporters flatten before a MatMul), "1" (a unit axis: an Unsqueeze,
+merged, `[N * T, C]`, as some exporters flatten before a MatMul), ("N", k) (the batch merged with
+channel factor k, `[N * F, T, C]`: a dual-path RNN's GRU along time, run per frequency, the
+factor still the edge's), "1" (a unit axis: an Unsqueeze,
 a last step kept as `[N, 1, C]`, a direction count of 1), or an int k: the k-th channel factor.
 The qtool edge's channels are the factors' sizes `cdims` flattened row-major in factor order: an
 ONNX GRU's Y `[T, dirs, N, H]` is `("T", 0, "N", 1)` with `cdims (dirs, H)`, qtool's `[fwd | bwd]`
@@ -29,7 +31,16 @@ class LayoutError(QtoolError):
 
 
 def _name(a) -> str:
-    return f"C{a}" if isinstance(a, int) else a
+    return f"C{a}" if isinstance(a, int) else f"N*C{a[1]}" if isinstance(a, tuple) else a
+
+
+def _renumber(a, index: dict):
+    """Axis name `a` with its channel factor renumbered (a factor gone: a unit axis, or the batch)."""
+    if isinstance(a, int):
+        return index.get(a, "1")
+    if isinstance(a, tuple):
+        return ("N", index[a[1]]) if a[1] in index else "N"
+    return a
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ class Layout:
         """A layout with its unit channel factors made unit axes, factors renumbered in order."""
         keep = [k for k, d in enumerate(cdims) if d != 1]
         index = {k: i for i, k in enumerate(keep)}
-        axes = tuple(index.get(a, "1") if isinstance(a, int) else a for a in axes)
+        axes = tuple(_renumber(a, index) for a in axes)
         return Layout(axes, tuple(cdims[k] for k in keep), n, t)
 
     @property
@@ -63,7 +74,13 @@ class Layout:
         return "[" + ", ".join(_name(a) for a in self.axes) + "]"
 
     def size(self, a) -> int:
+        if isinstance(a, tuple):
+            return self.n * self.cdims[a[1]]
         return {"N": self.n, "T": self.t, "NT": self.n * self.t, "1": 1}[a] if isinstance(a, str) else self.cdims[a]
+
+    def batch_factor(self) -> int | None:
+        """The channel factor merged with the batch, if one is."""
+        return next((a[1] for a in self.axes if isinstance(a, tuple)), None)
 
     def shape(self) -> list[int]:
         """The probe's concrete shape."""
@@ -165,7 +182,8 @@ class Layout:
         cdims = [0] * len(pieces)
         for _, k, s in pieces:
             cdims[order[k]] = s
-        axes = tuple(order[k] if k in order else roles.get(k, "1") for k in range(len(out)))
+        axes = tuple(order[k] if k in order else ("N", order[("N", k)]) if ("N", k) in order else roles.get(k, "1")
+                     for k in range(len(out)))
         return Layout.make(axes, tuple(cdims), self.n, self.t)
 
     def _block(self, roles_in: list, outs: list[int], out: list[int], roles: dict, pieces: list, what: str) -> None:
@@ -175,12 +193,22 @@ class Layout:
             for s, k in enumerate(outs):  # channel factors merged in their order, then split
                 pieces.append(((roles_in[0], s), k, out[k]))
             return
-        if len(roles_in) == 1 and len(outs) == 1:
+        if len(roles_in) == 1 and len(outs) == 1 and isinstance(first, tuple):  # [N * F] kept, F still a factor
+            pieces.append(((first[1], 0), ("N", outs[0]), self.cdims[first[1]]))
+        elif len(roles_in) == 1 and len(outs) == 1:
             roles[outs[0]] = roles_in[0]
         elif roles_in == ["N", "T"] and len(outs) == 1:
             roles[outs[0]] = "NT"
         elif roles_in == ["NT"] and [out[k] for k in outs] == [self.n, self.t]:
             roles[outs[0]], roles[outs[1]] = "N", "T"
+        elif len(roles_in) == 2 and roles_in[0] == "N" and isinstance(roles_in[1], int) and len(outs) == 1:
+            f = roles_in[1]  # [N, F, ...] -> [N * F, ...]: the factor stays the edge's
+            pieces.append(((f, 0), ("N", outs[0]), self.cdims[f]))
+        elif (len(roles_in) == 1 and isinstance(roles_in[0], tuple)
+              and [out[k] for k in outs] == [self.n, self.cdims[roles_in[0][1]]]):
+            f = roles_in[0][1]  # [N * F, ...] -> [N, F, ...]
+            roles[outs[0]] = "N"
+            pieces.append(((f, 0), outs[1], self.cdims[f]))
         else:
             raise LayoutError(f"{what} reshapes {self.describe()} to {list(out)}, mixing "
                               f"{', '.join(_name(r) for r in roles_in)} (qtool keeps batch, time and channels apart)")
@@ -199,6 +227,9 @@ class Layout:
                 return None
         factors = [a for a in self.axes if isinstance(a, int)]
         sub = c[tuple(slice(None) if isinstance(a, int) else 0 for a in self.axes)]
+        merged = [a[1] for a in self.axes if isinstance(a, tuple)]  # the same for each of its values
+        sub = sub.reshape(sub.shape + (1,) * len(merged))
+        factors += merged
         sub = np.broadcast_to(sub, [self.cdims[f] for f in factors])
         return np.ascontiguousarray(sub.transpose(np.argsort(factors))).reshape(-1), extra
 

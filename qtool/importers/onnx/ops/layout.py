@@ -116,10 +116,57 @@ def slice(r, node) -> None:
                            source="Slice")
             edge, lay = q.outputs[0], r.data[q.outputs[0]][1]
             continue
+        if isinstance(lay.axes[a], int) and step != 0 and len(range(s, e, step)):
+            edge, lay = pick(r, node, edge, lay, a, list(range(s, e, step)), suffix=f"_{a}")
+            continue
         raise r.fail(node, f"takes [{s}:{e}:{step}] of axis {a} ({lay.axes[a]}) of {lay.describe()}; qtool "
-                              "follows a Slice of a whole axis or of the last time step only",
+                              "follows a Slice of a whole axis, of part of the channels or of the last time step",
                         layout=lay.axes[a] in ("N", "NT"))
     r.alias(node, edge, lay)
+
+
+def pick(r, node, edge, lay, a: int, picks: list[int], out: int = 0, suffix: str = ""):
+    """Indices `picks` of channel factor axis `a`: a select node (its edge and layout)."""
+    f = lay.axes[a]
+    index = np.arange(lay.channels).reshape(lay.cdims or (1,)).take(picks, axis=f).reshape(-1)
+    out_lay = lay.replace(cdims=lay.cdims[:f] + (len(picks),) + lay.cdims[f + 1:])
+    q = r.emit(node, "select", [edge], out_lay, {"index": tuple(int(i) for i in index)}, out=out, suffix=suffix)
+    return q.outputs[0], out_lay
+
+
+def conform(r, node, edge, lay, target, suffix: str):
+    """`edge` (layout `lay`) with its channels in the order of `target`, a layout of the same ONNX
+    axes whose channel factors are numbered otherwise (the same map, its frames' order another:
+    a select); None where the axes differ in more than that."""
+    if len(lay.axes) != len(target.axes) or lay.shape() != target.shape() or len(lay.cdims) != len(target.cdims):
+        return None
+    for a, b in zip(lay.axes, target.axes):
+        if isinstance(a, int) != isinstance(b, int) or (not isinstance(a, int) and a != b):
+            return None
+    perm = [lay.axes[target.axes.index(j)] for j in range(len(target.cdims))]
+    index = np.arange(lay.channels).reshape(lay.cdims).transpose(perm).reshape(-1)
+    q = r.emit(node, "select", [edge], target, {"index": tuple(int(i) for i in index)}, suffix=suffix)
+    return q.outputs[0]
+
+
+@handles("Split")
+def split(r, node) -> None:
+    """Parts of a channel factor axis, each output a select."""
+    edge, lay = r.input(node)
+    a = attr(node, "axis", 0) % len(lay.axes)
+    size = lay.shape()[a]
+    sizes = ints(r.value(node, 1)) if len(node.input) > 1 and node.input[1] else attr(node, "split", [])
+    if not sizes:
+        k = attr(node, "num_outputs", len(node.output))
+        sizes = [-(-size // k)] * (k - 1) + [size - (k - 1) * -(-size // k)]
+    if not isinstance(lay.axes[a], int) or sum(sizes) != size or len(sizes) != len(node.output):
+        raise r.fail(node, f"splits axis {a} ({lay.describe()}) into {sizes}; qtool splits a map's channel "
+                           "axis", layout=lay.axes[a] in ("N", "NT"))
+    at = 0
+    for k, n in enumerate(sizes):
+        if r.used(node, k):
+            pick(r, node, edge, lay, a, list(range(at, at + n)), out=k)
+        at += n
 
 
 @handles("Gather")
@@ -165,6 +212,8 @@ def concat(r, node) -> None:
         raise r.fail(node, "joins the data with a constant; qtool's concat joins computed tensors")
     edges, lays = [r.data[i][0] for i in ins], [r.data[i][1] for i in ins]
     axis = attr(node, "axis", 0) % len(lays[0].axes)
+    if not all(la.holds_channels(axis) for la in lays) and _inner_concat(r, node, edges, lays, axis):
+        return
     if not all(la.holds_channels(axis) for la in lays):
         rest = {(la.take(axis, False).axes, la.take(axis, False).cdims) for la in lays}
         if all(la.axes[axis] in ("1", 0) for la in lays) and len(rest) == 1:  # PyTorch's h_n of a stack
@@ -189,6 +238,29 @@ def concat(r, node) -> None:
         r.alias(node, names.pop(), out)
         return
     r.emit(node, "concat", edges, out)
+
+
+def _inner_concat(r, node, edges, lays, axis: int) -> bool:
+    """A Concat along one channel factor of maps alike in every other (GTCRN's two GRUs' outputs
+    joined on the channels of [N * T, F, C]): qtool's concat, then a select into the map's order."""
+    f = lays[0].axes[axis]
+    if not isinstance(f, int) or any(isinstance(e, Part) for e in edges):
+        return False
+    other = {(la.axes, la.cdims[:f], la.cdims[f + 1:], la.t if la.seq else 0) for la in lays}
+    if len(other) != 1:
+        return False
+    blocks, at = [], 0
+    for la in lays:
+        blocks.append(at + np.arange(la.channels).reshape(la.cdims))
+        at += la.channels
+    index = np.concatenate(blocks, axis=f).reshape(-1)
+    joined = lays[0].replace(axes=tuple(0 if k == axis else "1" if isinstance(x, int) else x
+                                        for k, x in enumerate(lays[0].axes)), cdims=(at,))
+    q = r.emit(node, "concat", list(edges), joined, suffix="_join")
+    joined_f = sum(la.cdims[f] for la in lays)
+    out = lays[0].replace(cdims=lays[0].cdims[:f] + (joined_f,) + lays[0].cdims[f + 1:])
+    r.emit(node, "select", [q.outputs[0]], out, {"index": tuple(int(i) for i in index)})
+    return True
 
 
 @handles("Pad")

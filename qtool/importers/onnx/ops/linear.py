@@ -9,6 +9,7 @@ from qtool.core.node_args import same_pads
 from qtool.importers.onnx.graph import attr
 from qtool.importers.onnx.model_layout import Layout
 from qtool.importers.onnx.ops.activation import activation
+from qtool.importers.onnx.ops.layout import conform
 from qtool.importers.onnx.ops.registry import handles
 
 AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 and this epsilon: exact in float32
@@ -313,6 +314,10 @@ def arith(r, node) -> None:
             raise r.fail(node, "computes on two computed tensors; qtool reads Add and Mul of them")
         if (la.axes, la.cdims, la.t if la.seq else 0) == (lb.axes, lb.cdims, lb.t if lb.seq else 0):
             r.emit(node, op.lower(), [ea, eb], la)
+            return
+        moved = conform(r, node, eb, lb, la, "_order")  # the same map, its frames in another order
+        if moved is not None:
+            r.emit(node, op.lower(), [ea, moved], la)
             return
         rep = _repeat(la, lb) or _repeat(lb, la)
         if rep is None:
