@@ -161,7 +161,7 @@ def split(r, node) -> None:
         sizes = [-(-size // k)] * (k - 1) + [size - (k - 1) * -(-size // k)]
     if not isinstance(lay.axes[a], int) or sum(sizes) != size or len(sizes) != len(node.output):
         raise r.fail(node, f"splits axis {a} ({lay.describe()}) into {sizes}; qtool splits a map's channel "
-                           "axis", layout=lay.axes[a] in ("N", "NT"))
+                           "axis", layout=not isinstance(lay.axes[a], int))
     at = 0
     for k, n in enumerate(sizes):
         if r.used(node, k):

@@ -1,0 +1,229 @@
+"""Dual-path RNNs (qtool.layers.gru over a feature map, qtool.layers.select): a GRU along each
+frame's frequencies and a GRU along time per frequency equal PyTorch's nn.GRU run the way a
+dual-path block runs them; a DPRNN block (Conv2d, a bidirectional GRU along frequency, Linear,
+LayerNorm, a GRU along time) and a GTCRN-like grouped block (the channels split in two, a GRU
+each, joined) exported with both torch.onnx exporters import whole and equal the module on
+held-out data; their C export verifies with 0 mismatches, whole and frame by frame."""
+
+import shutil
+
+import numpy as np
+import pytest
+from conftest import export_map_model
+
+import qtool
+from qtool.core.graph import Graph, Node
+from qtool.core.qmodel import TensorQ
+from qtool.errors import QtoolError
+from qtool.layers import check, run, select
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+F, C = 6, 3
+
+
+def gru_params(g, H: int, bidirectional: bool) -> dict:
+    """nn.GRU's weights as a gru node's params (PyTorch's r | z | n rows as qtool's z | r | g)."""
+    def zrg(a):
+        return np.concatenate([a[H:2 * H], a[:H], a[2 * H:]])
+
+    out = {}
+    for d, suffix in enumerate(["", "_reverse"][:1 + bidirectional]):
+        for w, name in (("W", "weight_ih"), ("R", "weight_hh"), ("bx", "bias_ih"), ("br", "bias_hh")):
+            out[f"l0.{('fwd', 'bwd')[d]}.{w}"] = zrg(getattr(g, f"{name}_l0{suffix}").detach().numpy())
+    return out
+
+
+def pytorch_dual_path(g, x: np.ndarray, along: str, order: str) -> np.ndarray:
+    """nn.GRU `g` on the maps `x` [N, T, F * C] as a dual-path block runs it, frames "fc" out."""
+    N, T, _ = x.shape
+    m = x.reshape(N, T, F, C) if order == "fc" else x.reshape(N, T, C, F).transpose(0, 1, 3, 2)
+    with torch.no_grad():
+        if along == "freq":
+            return g(torch.from_numpy(np.ascontiguousarray(m.reshape(N * T, F, C))))[0].numpy().reshape(N, T, -1)
+        y = g(torch.from_numpy(np.ascontiguousarray(m.transpose(0, 2, 1, 3).reshape(N * F, T, C))))[0].numpy()
+    return y.reshape(N, F, T, -1).transpose(0, 2, 1, 3).reshape(N, T, -1)
+
+
+@pytest.mark.parametrize("along,bidirectional,order", [("freq", True, "fc"), ("freq", False, "cf"),
+                                                       ("time", False, "cf"), ("time", True, "fc")])
+def test_a_gru_over_a_map_is_pytorchs_gru_run_along_that_axis(along, bidirectional, order):
+    torch.manual_seed(0)
+    g = torch.nn.GRU(C, 4, batch_first=True, bidirectional=bidirectional)
+    node = Node("g", "gru", ["x"], ["y"], {"along": along, "freq": F, "order": order,
+                                          "bidirectional": bidirectional}, gru_params(g, 4, bidirectional))
+    graph = check(Graph([node], {"x": (None, F * C)}, ["y"]))
+    assert graph.shapes["y"] == (None, F * 4 * (1 + bidirectional))
+    x = np.random.default_rng(1).normal(size=(3, 7, F * C)).astype(np.float32)
+    np.testing.assert_allclose(run(graph, x)["y"], pytorch_dual_path(g, x, along, order), atol=1e-6)
+
+
+def test_a_gru_over_a_map_refuses_what_does_not_fit():
+    torch.manual_seed(0)
+    params = gru_params(torch.nn.GRU(C, 4), 4, False)
+    for attrs, why in (({"along": "freq", "freq": 1}, "fewer than 2 frequencies"),
+                       ({"along": "freq", "freq": 4}, "not 4 frequencies"),
+                       ({"along": "diagonal", "freq": F}, "'along' must be one of"),
+                       ({"along": "time", "freq": F, "return_sequences": False}, "returns its sequence")):
+        with pytest.raises(QtoolError, match=why):
+            check(Graph([Node("g", "gru", ["x"], ["y"], attrs, params)], {"x": (None, F * C)}, ["y"]))
+
+
+def test_select_takes_channels_and_keeps_the_grid():
+    node = Node("s", "select", ["x"], ["y"], {"index": (4, 0, 0, 2)})
+    graph = check(Graph([node], {"x": (None, 5)}, ["y"]))
+    x = np.arange(10, dtype=np.float32).reshape(1, 2, 5)
+    assert run(graph, x)["y"].tolist() == [[[4, 0, 0, 2], [9, 5, 5, 7]]]
+    g = TensorQ(8, False, 3, 5, 0, 0)
+    q = np.array([[[-128, 1, 2, 3, 127]]])
+    assert select.forward_int(node, {}, [q], [g], [g])[0].tolist() == [[[127, -128, -128, 2]]]
+    with pytest.raises(QtoolError, match="channels of its input"):
+        check(Graph([Node("s", "select", ["x"], ["y"], {"index": (5,)})], {"x": (None, 5)}, ["y"]))
+
+
+class DualPath(torch.nn.Module):
+    """A DPRNN block over [N, 1, T, F]: Conv2d, a bidirectional GRU along frequency (batch and time
+    merged), Linear, LayerNorm over (F, C), a residual; a GRU along time (batch and frequency
+    merged), Linear, LayerNorm, a residual; a 1x1 Conv2d out."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, c, (1, 3), padding=(0, 1))
+        self.intra = torch.nn.GRU(c, c // 2, batch_first=True, bidirectional=True)
+        self.intra_fc = torch.nn.Linear(c, c)
+        self.intra_ln = torch.nn.LayerNorm((F, c))
+        self.inter = torch.nn.GRU(c, c, batch_first=True)
+        self.inter_fc = torch.nn.Linear(c, c)
+        self.inter_ln = torch.nn.LayerNorm((F, c))
+        self.out = torch.nn.Conv2d(c, 1, 1)
+
+    def forward(self, x):
+        x = self.conv(x).permute(0, 2, 3, 1)  # [N, T, F, C]
+        n, t, f, c = x.shape
+        intra = self.intra_fc(self.intra(x.reshape(n * t, f, c))[0])
+        x = x + self.intra_ln(intra.reshape(n, t, f, c))
+        inter = self.inter(x.permute(0, 2, 1, 3).reshape(n * f, t, c))[0]
+        x = x + self.inter_ln(self.inter_fc(inter).reshape(n, f, t, c).permute(0, 2, 1, 3))
+        return self.out(x.permute(0, 3, 1, 2))
+
+
+class Grouped(torch.nn.Module):
+    """GTCRN's grouped dual-path block as its authors write it, over [N, C, T, F]: the channels
+    split in two halves, a GRU each (bidirectional along frequency, then along time), joined."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.intra = torch.nn.ModuleList(torch.nn.GRU(c // 2, c // 4, batch_first=True, bidirectional=True)
+                                         for _ in range(2))
+        self.intra_fc = torch.nn.Linear(c, c)
+        self.intra_ln = torch.nn.LayerNorm((F, c), eps=1e-8)
+        self.inter = torch.nn.ModuleList(torch.nn.GRU(c // 2, c // 2, batch_first=True) for _ in range(2))
+        self.inter_fc = torch.nn.Linear(c, c)
+        self.inter_ln = torch.nn.LayerNorm((F, c), eps=1e-8)
+
+    @staticmethod
+    def grouped(grus, x):
+        halves = torch.chunk(x, 2, dim=-1)
+        return torch.cat([gru(h)[0] for gru, h in zip(grus, halves)], dim=-1)
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)  # [N, T, F, C]
+        n, t, f, c = x.shape
+        intra = self.intra_fc(self.grouped(self.intra, x.reshape(n * t, f, c)))
+        x = x + self.intra_ln(intra.reshape(n, t, f, c))
+        y = x.permute(0, 2, 1, 3)
+        inter = self.inter_fc(self.grouped(self.inter, y.reshape(n * f, t, c)))
+        x = x + self.inter_ln(inter.reshape(n, f, t, c).permute(0, 2, 1, 3))
+        return x.permute(0, 3, 1, 2)
+
+
+def maps(n: int, seed: int, c: int = 1, t: int = 24) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, c, t, F)).astype(np.float32)
+
+
+def as_data(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+
+
+def imported(m, tmp_path, exporter: str, c: int, t: int = 24):
+    torch.manual_seed(3)
+    return qtool.load_model(export_map_model(m, maps(2, 0, c, t), tmp_path / "dp.onnx", exporter))
+
+
+def equals_module(g, m, x: np.ndarray) -> None:
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = run(g, as_data(x))["y"]
+    np.testing.assert_allclose(got, want.transpose(0, 2, 1, 3).reshape(got.shape), atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_dprnn_block_imports_whole_from_either_exporter(tmp_path, exporter):
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    m = DualPath().eval()
+    g = imported(m, tmp_path, exporter, 1)
+    grus = [n for n in g.nodes if n.op == "gru"]
+    assert [(n.attrs["along"], n.attrs["freq"], n.attrs["bidirectional"]) for n in grus] == [
+        ("freq", F, True), ("time", F, False)]
+    equals_module(g, m, maps(4, 11))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_gtcrns_grouped_block_imports_whole(tmp_path, exporter):
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(1)
+    m = Grouped().eval()
+    if exporter == "dynamo":  # torch.export fixes the time steps this block reshapes by
+        g = qtool.load_model(export_map_model(m, maps(2, 0, 8), tmp_path / "g.onnx", "dynamo"))
+    else:
+        g = imported(m, tmp_path, exporter, 8)
+    assert sum(n.op == "gru" for n in g.nodes) == 4 and "select" in {n.op for n in g.nodes}
+    equals_module(g, m, maps(4, 12, 8))
+
+
+def test_dual_path_integers_verify_in_c_whole_and_frame_by_frame(tmp_path):
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    torch.manual_seed(1)
+    g = imported(Grouped().eval(), tmp_path, "torchscript", 8)
+    data = as_data(maps(12, 5, 8))
+    qg = qtool.calibrate(g, data[:8], method="minmax")
+    sim = qtool.simulate(qg, data[8:])
+    assert sim.outputs["y"].cosine > 0.99
+    qtool.export_c(qg, tmp_path / "c", name="dp")
+    v = qtool.verify(qg, tmp_path / "c", data[8:])
+    assert v.mismatches == 0 and v.streaming and v.stream_values > 0
+
+
+def test_a_dprnn_block_verifies_on_the_emulated_cortex_m4(tmp_path):
+    if not (shutil.which("arm-none-eabi-gcc") and shutil.which("qemu-system-arm")):
+        pytest.skip("no arm-none-eabi-gcc or qemu-system-arm")
+    torch.manual_seed(0)
+    g = imported(DualPath().eval(), tmp_path, "torchscript", 1)
+    data = as_data(maps(10, 6))
+    qg = qtool.calibrate(g, data[:8], method="minmax")
+    qtool.export_c(qg, tmp_path / "c", name="dp")
+    v = qtool.verify(qg, tmp_path / "c", data[8:], target="cortex-m4")
+    assert v.mismatches == 0 and v.target == "cortex-m4"
+
+
+def test_final_states_along_frequency_are_refused_saying_so(tmp_path):
+    class Last(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 2, (1, 3), padding=(0, 1))
+            self.gru = torch.nn.GRU(2, 4, batch_first=True)
+
+        def forward(self, x):  # [N, 1, T, F]
+            x = self.conv(x)
+            n, c, t, f = x.shape
+            return self.gru(x.permute(0, 2, 3, 1).reshape(n * t, f, c))[1].reshape(n, t, 4)
+
+    torch.manual_seed(0)
+    path = export_map_model(Last().eval(), maps(2, 0), tmp_path / "last.onnx", "torchscript")
+    with pytest.raises(QtoolError, match="final states"):
+        qtool.load_model(path)
