@@ -31,6 +31,7 @@ REGISTRY: dict[str, ModuleType] = {  # op -> its module
     "prelu": prelu,
     "layernorm": layernorm,
     "add": elementwise,
+    "sub": elementwise,
     "mul": elementwise,
     "concat": concat,
     "select": select,
@@ -115,7 +116,7 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
     return values if keep else {e: values[e] for e in graph.outputs}
 
 
-FRAME_KEEPING = ("zero_pad1d", "activation", "prelu", "batchnorm", "add", "mul")  # a frame's channels stay put
+FRAME_KEEPING = ("zero_pad1d", "activation", "prelu", "batchnorm", "add", "sub", "mul")  # a frame's channels stay put
 
 
 def input_map(graph: Graph) -> tuple[str, int, int] | None:

@@ -12,6 +12,7 @@
                   0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
     square        x * x   (PyTorch's x.pow(2), ONNX's Pow(x, 2) or Mul(x, x) of one value); in
                   integers no table: (q_x - zp_x)^2 rescaled, exact
+    sqrt          sqrt(max(x, 0))   (a magnitude, sqrt(re^2 + im^2 + eps); ONNX's Sqrt)
     linear        x
 
 Integers: the exact table of the function on the input's grid: for every input integer, the
@@ -43,7 +44,8 @@ from qtool.numerics.qparams import dequantize, qrange
 from qtool.numerics.qparams import quantize as quantize_values
 
 OP = "activation"
-KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "square", "linear")
+KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "softplus", "gelu", "square", "sqrt",
+         "linear")
 ATTRS = {"leaky_relu": ("alpha",), "hard_sigmoid": ("alpha", "beta"), "gelu": ("approximate",)}
 
 
@@ -110,6 +112,8 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
         y = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
     elif kind == "square":
         y = x * x
+    elif kind == "sqrt":
+        y = np.sqrt(np.maximum(x, 0))
     else:
         y = x
     return [np.asarray(y, np.float32)]

@@ -1,5 +1,6 @@
-"""add, mul: the elementwise sum or product of two or more inputs of one shape (Keras' Add and
-Multiply, ONNX's Add and Mul between two computed edges). A sequence and a vector do not mix.
+"""add, sub, mul: the elementwise sum, difference (of two: x0 - x1) or product of two or more
+inputs of one shape (Keras' Add, Subtract and Multiply, ONNX's Add, Sub and Mul between two
+computed edges: GTCRN's complex mask, re = s_re m_re - s_im m_im). A sequence and a vector do not mix.
 With `repeat` (size, stride), an input of W / size channels is repeated over groups of the
 others' W, as reduce_mean's groups (the frame viewed as `[W / (size * stride), size, stride]`,
 the narrow input as `[W / (size * stride), 1, stride]`): GTCRN's attention, a value per channel
@@ -7,6 +8,7 @@ and frame, multiplying every frequency of a map.
 
 Integers, aligned on the finest input exponent E = max exp2_inv_i (shifts left, exact):
     add: q_y = clamp(rshift_round(sum_i (q_i - zp_i) << (E - exp2_inv_i), E - exp2_inv_y) + zp_y)
+    sub: the same with the second term negated
     mul: q_y = clamp(rshift_round(prod_i (q_i - zp_i), sum_i exp2_inv_i - exp2_inv_y) + zp_y)
 The product of inputs of b_i bits needs sum_i b_i bits; beyond 62 it is refused.
 """
@@ -21,7 +23,7 @@ from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, max_abs, rescale_bits, rescale_expr
 from qtool.layers.integer import LayerBits, rescale
 
-OPS = ("add", "mul")
+OPS = ("add", "sub", "mul")
 
 
 def _repeat(node: Node) -> tuple[int, int] | None:
@@ -36,7 +38,7 @@ def _repeat(node: Node) -> tuple[int, int] | None:
 
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ("repeat",))
-    want_inputs(node, shapes, count=None)
+    want_inputs(node, shapes, count=2 if node.op == "sub" else None)
     rep, width = _repeat(node), max(s[-1] for s in shapes)
     narrow = width // rep[0] if rep and width % (rep[0] * rep[1]) == 0 else None
     if any(s[:-1] != shapes[0][:-1] or s[-1] not in (width, narrow) for s in shapes):
@@ -61,7 +63,7 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     xs = widen(node, xs)
     y = xs[0]
     for x in xs[1:]:  # left to right, as the frameworks fold them
-        y = y + x if node.op == "add" else y * x
+        y = y + x if node.op == "add" else y - x if node.op == "sub" else y * x
     return [y]
 
 
@@ -81,6 +83,8 @@ def forward_int(node: Node, qp: dict, qs: list[np.ndarray], g_in: list[TensorQ],
                 ) -> list[np.ndarray]:
     same_steps(node, qs)
     terms = [np.asarray(q, np.int64) - g.zp for q, g in zip(widen(node, qs), g_in)]
+    if node.op == "sub":
+        terms[1] = -terms[1]
     if node.op == "mul":
         acc = terms[0]
         for t in terms[1:]:
@@ -103,7 +107,8 @@ def c_code(node: Node, qp: dict, g_in: list[TensorQ], g_out: list[TensorQ], f: s
         v = " * ".join(terms)
     else:
         bound = sum(m << a for m, a in zip(mags, qp["align"]))
-        v = " + ".join(f"{t} * {1 << a}" if a else t for t, a in zip(terms, qp["align"]))
+        v = (" - " if node.op == "sub" else " + ").join(f"{t} * {1 << a}" if a else t
+                                                      for t, a in zip(terms, qp["align"]))
     bits = rescale_bits(bound, np.array([qp["sh"]]))
     if bits == 32:
         v = f"(int32_t)({v})"

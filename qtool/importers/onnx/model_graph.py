@@ -33,7 +33,7 @@ from qtool.importers.onnx.check import check_graph
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
 from qtool.importers.onnx.loops import loop_notes, unread_recurrent
-from qtool.importers.onnx.model_layout import FLOAT, PROBE_N, PROBE_T, Layout, LayoutError, Stack, ints
+from qtool.importers.onnx.model_layout import FLOAT, PROBE_N, PROBE_T, Layout, LayoutError, Part, Stack, ints
 from qtool.importers.onnx.ops import HANDLERS
 from qtool.importers.onnx.ops.activation import FUNCTION_OPS, function
 from qtool.importers.ranges import GraphRanges
@@ -369,14 +369,21 @@ class _Reader:
     def alias(self, node, edge: str, layout: Layout, out: int = 0) -> None:
         self.data[node.output[out]] = (edge, layout)
 
+    def _part(self, node, part: Part, k: int) -> str:
+        """Channels [lo, hi) of an edge read on their own (PyTorch's `x[:, 0]` of a map): a select."""
+        q = Node(f"{node.name or node.op_type}_part{k}", "select", [part.edge], [f"{node.output[0]}_part{k}"],
+                 {"index": tuple(range(part.lo, part.hi))}, {}, "Gather")
+        while q.name in self.names:
+            q.name += "_"
+        self.names.add(q.name)
+        self.nodes.append(q)
+        return q.outputs[0]
+
     def emit(self, node, op: str, inputs: list[str], layout: Layout, attrs: dict | None = None,
               params: dict | None = None, out: int = 0, source: str = "", suffix: str = "") -> Node:
         """A qtool node for ONNX `node`, writing the edge named after its output `out` (with `suffix`: an
         edge of its own, for a node before the one that writes the output)."""
-        part = next((e for e in inputs if not isinstance(e, str)), None)
-        if part is not None:
-            raise self.fail(node, f"reads channels [{part.lo}:{part.hi}] of the {part.full} of '{part.edge}' "
-                                  f"alone; qtool's {op} reads whole edges (only a Concat may join the parts back)")
+        inputs = [e if isinstance(e, str) else self._part(node, e, k) for k, e in enumerate(inputs)]
         base = (node.name or f"{node.op_type}_{self.k}") + suffix
         name, i = base, 1
         while name in self.names:

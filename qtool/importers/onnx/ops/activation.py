@@ -20,7 +20,8 @@ FUNCTION_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Erf", "Tanh", "Sigmo
 PROBE_X = np.concatenate([np.linspace(-8, 8, 1601), [-1e4, -1e3, -100, -40, -25, -20.5, -15, 15, 20.5, 25, 40, 100, 1e3,
                                                       1e4]]).astype(np.float32)
 FIT_TOLERANCE = 1e-5
-PLAIN = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Softplus": "softplus"}  # op -> its kind, no attrs
+PLAIN = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Softplus": "softplus",
+         "Sqrt": "sqrt"}  # op -> its kind, no attrs
 
 
 def activation(r, node, kind: str, **attrs) -> None:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from qtool.importers.onnx.graph import attr
-from qtool.importers.onnx.model_layout import FLOAT, Part, Stack, ints
+from qtool.importers.onnx.model_layout import FLOAT, LayoutError, Part, Stack, ints
 from qtool.importers.onnx.ops.registry import handles
 
 
@@ -69,7 +69,21 @@ def reshape(r, node) -> None:
     if -1 in target:
         rest = math.prod(s for s in target if s != -1)
         target[target.index(-1)] = math.prod(ins) // rest if rest else 0
-    r.alias(node, edge, lay.reshape(target, f"{r.where}: {r.label(node)}"))
+    what = f"{r.where}: {r.label(node)}"
+    try:
+        r.alias(node, edge, lay.reshape(target, what))
+    except LayoutError:
+        # factors merged out of their order (a channel shuffle): the frames put in the tensor's axis
+        # order first (a select), where every merge of neighbouring axes is in order
+        seen = [a for a in lay.axes if isinstance(a, int)] + [a[1] for a in lay.axes if isinstance(a, tuple)]
+        number = {f: k for k, f in enumerate(seen)}
+        if seen == sorted(seen):
+            raise
+        axes = tuple(number[a] if isinstance(a, int) else (a[0], number[a[1]]) if isinstance(a, tuple) else a
+                     for a in lay.axes)
+        ordered = lay.replace(axes=axes, cdims=tuple(lay.cdims[f] for f in seen))
+        out = ordered.reshape(target, what)
+        r.alias(node, conform(r, node, edge, lay, ordered, "_order"), out)
 
 
 @handles("Flatten")
@@ -125,12 +139,17 @@ def slice(r, node) -> None:
     r.alias(node, edge, lay)
 
 
+def _indices(lay, a: int, picks: list[int]) -> tuple[int, ...]:
+    """The edge's channels at indices `picks` of channel factor axis `a`, in order."""
+    index = np.arange(lay.channels).reshape(lay.cdims or (1,)).take(picks, axis=lay.axes[a])
+    return tuple(int(i) for i in index.reshape(-1))
+
+
 def pick(r, node, edge, lay, a: int, picks: list[int], out: int = 0, suffix: str = ""):
     """Indices `picks` of channel factor axis `a`: a select node (its edge and layout)."""
     f = lay.axes[a]
-    index = np.arange(lay.channels).reshape(lay.cdims or (1,)).take(picks, axis=f).reshape(-1)
     out_lay = lay.replace(cdims=lay.cdims[:f] + (len(picks),) + lay.cdims[f + 1:])
-    q = r.emit(node, "select", [edge], out_lay, {"index": tuple(int(i) for i in index)}, out=out, suffix=suffix)
+    q = r.emit(node, "select", [edge], out_lay, {"index": _indices(lay, a, picks)}, out=out, suffix=suffix)
     return q.outputs[0], out_lay
 
 
@@ -140,10 +159,15 @@ def conform(r, node, edge, lay, target, suffix: str):
     a select); None where the axes differ in more than that."""
     if len(lay.axes) != len(target.axes) or lay.shape() != target.shape() or len(lay.cdims) != len(target.cdims):
         return None
+    def factor(a):
+        return a if isinstance(a, int) else a[1] if isinstance(a, tuple) else None
+
     for a, b in zip(lay.axes, target.axes):
-        if isinstance(a, int) != isinstance(b, int) or (not isinstance(a, int) and a != b):
+        if (factor(a) is None) != (factor(b) is None) or (factor(a) is None and a != b) or \
+                isinstance(a, tuple) != isinstance(b, tuple) or (isinstance(a, tuple) and a[0] != b[0]):
             return None
-    perm = [lay.axes[target.axes.index(j)] for j in range(len(target.cdims))]
+    at = {factor(b): k for k, b in enumerate(target.axes) if factor(b) is not None}
+    perm = [factor(lay.axes[at[j]]) for j in range(len(target.cdims))]
     index = np.arange(lay.channels).reshape(lay.cdims).transpose(perm).reshape(-1)
     q = r.emit(node, "select", [edge], target, {"index": tuple(int(i) for i in index)}, suffix=suffix)
     return q.outputs[0]
@@ -199,6 +223,8 @@ def gather(r, node) -> None:
         name = edge.edge if isinstance(edge, Part) else edge
         lo, hi = base + i * inner, base + (i + 1) * inner
         r.alias(node, name if (lo, hi) == (0, full) else Part(name, lo, hi, full), lay.take(axis, keep))
+    elif isinstance(role, int) and not isinstance(edge, Part):  # one index of an inner factor: a select
+        r.emit(node, "select", [edge], lay.take(axis, keep), {"index": _indices(lay, axis, [i])})
     else:
         raise r.fail(node, f"takes index {i} of axis {axis} ({role}) of {lay.describe()}; qtool follows the "
                               "last time step, and an index of a GRU's directions or layers",
@@ -216,6 +242,13 @@ def concat(r, node) -> None:
         return
     if not all(la.holds_channels(axis) for la in lays):
         rest = {(la.take(axis, False).axes, la.take(axis, False).cdims) for la in lays}
+        stacked = all(la.axes[axis] == "1" for la in lays) and len(rest) == 1
+        if stacked and any(x.op_type != "Gather" for x in r.readers.get(node.output[0], [])):
+            # torch.stack of maps read as one: the stacked values a new outermost channel factor
+            axes = tuple(0 if k == axis else a + 1 if isinstance(a, int) else ("N", a[1] + 1)
+                         if isinstance(a, tuple) else a for k, a in enumerate(lays[0].axes))
+            r.emit(node, "concat", edges, lays[0].replace(axes=axes, cdims=(len(lays), *lays[0].cdims)))
+            return
         if all(la.axes[axis] in ("1", 0) for la in lays) and len(rest) == 1:  # PyTorch's h_n of a stack
             r.alias(node, Stack(axis, tuple(zip(edges, lays))), lays[0])
             return

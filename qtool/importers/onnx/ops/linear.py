@@ -310,8 +310,8 @@ def arith(r, node) -> None:
         return activation(r, node, "square")
     if a in r.data and b in r.data:
         (ea, la), (eb, lb) = r.data[a], r.data[b]
-        if op not in ("Add", "Mul"):
-            raise r.fail(node, "computes on two computed tensors; qtool reads Add and Mul of them")
+        if op not in ("Add", "Sub", "Mul"):
+            raise r.fail(node, "computes on two computed tensors; qtool reads Add, Sub and Mul of them")
         if (la.axes, la.cdims, la.t if la.seq else 0) == (lb.axes, lb.cdims, lb.t if lb.seq else 0):
             r.emit(node, op.lower(), [ea, eb], la)
             return
