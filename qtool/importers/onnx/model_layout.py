@@ -2,9 +2,9 @@
 imports as qtool's channels-last graph (qtool.core.graph) with its layout-only ops absorbed.
 
 A `Layout` names each axis of an ONNX tensor: "N" (batch), "T" (time steps), "NT" (batch and time
-merged, `[N * T, C]`, as some exporters flatten before a MatMul), ("N", k) (the batch merged with
-channel factor k, `[N * F, T, C]`: a dual-path RNN's GRU along time, run per frequency, the
-factor still the edge's), "1" (a unit axis: an Unsqueeze,
+merged, `[N * T, C]`, as some exporters flatten before a MatMul), ("N", k) or ("T", k) (the batch
+or time merged with channel factor k: `[N * F, T, C]`, a dual-path RNN's GRU along time run per
+frequency; `[N, C, T * F]`, PyTorch's Unfold; the factor still the edge's), "1" (a unit axis: an Unsqueeze,
 a last step kept as `[N, 1, C]`, a direction count of 1), or an int k: the k-th channel factor.
 The qtool edge's channels are the factors' sizes `cdims` flattened row-major in factor order: an
 ONNX GRU's Y `[T, dirs, N, H]` is `("T", 0, "N", 1)` with `cdims (dirs, H)`, qtool's `[fwd | bwd]`
@@ -31,7 +31,7 @@ class LayoutError(QtoolError):
 
 
 def _name(a) -> str:
-    return f"C{a}" if isinstance(a, int) else f"N*C{a[1]}" if isinstance(a, tuple) else a
+    return f"C{a}" if isinstance(a, int) else f"{a[0]}*C{a[1]}" if isinstance(a, tuple) else a
 
 
 def _renumber(a, index: dict):
@@ -39,7 +39,7 @@ def _renumber(a, index: dict):
     if isinstance(a, int):
         return index.get(a, "1")
     if isinstance(a, tuple):
-        return ("N", index[a[1]]) if a[1] in index else "N"
+        return (a[0], index[a[1]]) if a[1] in index else a[0]
     return a
 
 
@@ -60,7 +60,11 @@ class Layout:
 
     @property
     def seq(self) -> bool:
-        return "T" in self.axes or "NT" in self.axes
+        return "T" in self.axes or "NT" in self.axes or ("T", self.merged("T")) in self.axes
+
+    def merged(self, role: str) -> int | None:
+        """The channel factor merged with the batch ("N") or time ("T"), if one is."""
+        return next((a[1] for a in self.axes if isinstance(a, tuple) and a[0] == role), None)
 
     @property
     def channels(self) -> int:
@@ -75,12 +79,9 @@ class Layout:
 
     def size(self, a) -> int:
         if isinstance(a, tuple):
-            return self.n * self.cdims[a[1]]
+            return (self.n if a[0] == "N" else self.t) * self.cdims[a[1]]
         return {"N": self.n, "T": self.t, "NT": self.n * self.t, "1": 1}[a] if isinstance(a, str) else self.cdims[a]
 
-    def batch_factor(self) -> int | None:
-        """The channel factor merged with the batch, if one is."""
-        return next((a[1] for a in self.axes if isinstance(a, tuple)), None)
 
     def shape(self) -> list[int]:
         """The probe's concrete shape."""
@@ -182,8 +183,11 @@ class Layout:
         cdims = [0] * len(pieces)
         for _, k, s in pieces:
             cdims[order[k]] = s
-        axes = tuple(order[k] if k in order else ("N", order[("N", k)]) if ("N", k) in order else roles.get(k, "1")
-                     for k in range(len(out)))
+        def role(k):
+            merged = next((m for m in ("N", "T") if (m, k) in order), None)
+            return order[k] if k in order else (merged, order[(merged, k)]) if merged else roles.get(k, "1")
+
+        axes = tuple(role(k) for k in range(len(out)))
         return Layout.make(axes, tuple(cdims), self.n, self.t)
 
     def _block(self, roles_in: list, outs: list[int], out: list[int], roles: dict, pieces: list, what: str) -> None:
@@ -194,20 +198,20 @@ class Layout:
                 pieces.append(((roles_in[0], s), k, out[k]))
             return
         if len(roles_in) == 1 and len(outs) == 1 and isinstance(first, tuple):  # [N * F] kept, F still a factor
-            pieces.append(((first[1], 0), ("N", outs[0]), self.cdims[first[1]]))
+            pieces.append(((first[1], 0), (first[0], outs[0]), self.cdims[first[1]]))
         elif len(roles_in) == 1 and len(outs) == 1:
             roles[outs[0]] = roles_in[0]
         elif roles_in == ["N", "T"] and len(outs) == 1:
             roles[outs[0]] = "NT"
         elif roles_in == ["NT"] and [out[k] for k in outs] == [self.n, self.t]:
             roles[outs[0]], roles[outs[1]] = "N", "T"
-        elif len(roles_in) == 2 and roles_in[0] == "N" and isinstance(roles_in[1], int) and len(outs) == 1:
+        elif len(roles_in) == 2 and roles_in[0] in ("N", "T") and isinstance(roles_in[1], int) and len(outs) == 1:
             f = roles_in[1]  # [N, F, ...] -> [N * F, ...]: the factor stays the edge's
-            pieces.append(((f, 0), ("N", outs[0]), self.cdims[f]))
-        elif (len(roles_in) == 1 and isinstance(roles_in[0], tuple)
-              and [out[k] for k in outs] == [self.n, self.cdims[roles_in[0][1]]]):
-            f = roles_in[0][1]  # [N * F, ...] -> [N, F, ...]
-            roles[outs[0]] = "N"
+            pieces.append(((f, 0), (roles_in[0], outs[0]), self.cdims[f]))
+        elif (len(roles_in) == 1 and isinstance(first, tuple)
+              and [out[k] for k in outs] == [self.size(first[0]), self.cdims[first[1]]]):
+            f = first[1]  # [N * F, ...] -> [N, F, ...]
+            roles[outs[0]] = first[0]
             pieces.append(((f, 0), outs[1], self.cdims[f]))
         else:
             raise LayoutError(f"{what} reshapes {self.describe()} to {list(out)}, mixing "

@@ -139,9 +139,13 @@ def slice(r, node) -> None:
     r.alias(node, edge, lay)
 
 
-def _indices(lay, a: int, picks: list[int]) -> tuple[int, ...]:
-    """The edge's channels at indices `picks` of channel factor axis `a`, in order."""
-    index = np.arange(lay.channels).reshape(lay.cdims or (1,)).take(picks, axis=lay.axes[a])
+def _indices(lay, a: int, picks) -> tuple[int, ...]:
+    """The edge's channels at indices `picks` (any shape; -1: a zero) of channel factor axis `a`, in order."""
+    picks = np.asarray(picks, np.int64)
+    padded = np.pad(np.arange(lay.channels).reshape(lay.cdims or (1,)), [(0, 1) if k == lay.axes[a] else (0, 0)
+                                                                         for k in range(len(lay.cdims or (1,)))],
+                    constant_values=-1)  # index -1 takes the appended -1
+    index = padded.take(np.where(picks < 0, lay.cdims[lay.axes[a]], picks), axis=lay.axes[a])
     return tuple(int(i) for i in index.reshape(-1))
 
 
@@ -193,10 +197,44 @@ def split(r, node) -> None:
         at += n
 
 
+def _gather_many(r, node, edge, lay, index: np.ndarray) -> bool:
+    """A Gather of an index array: every step in order along time (an identity with unit axes, as
+    PyTorch's Unfold writes it), or any indices of a channel factor (a select, the index's axes new
+    factors in its place: Unfold's windows of frequencies)."""
+    axis = attr(node, "axis", 0) % len(lay.axes)
+    role, size = lay.axes[axis], lay.shape()[axis]
+    index = np.where(index < 0, index + size, index).astype(np.int64)
+    if index.size and (index.min() < 0 or index.max() >= size):
+        return False
+    units = ("1",) * (index.ndim - 1)
+    if role == "T" and index.size == size and np.array_equal(index.reshape(-1), np.arange(size)):
+        at = next(k for k, d in enumerate(index.shape) if d == size)
+        new = units[:at] + ("T",) + units[at:]
+        r.alias(node, edge, lay.replace(axes=lay.axes[:axis] + new + lay.axes[axis + 1:]))
+        return True
+    if not isinstance(role, int) or index.ndim == 0:
+        return False
+    k = index.ndim
+
+    def shifted(a):
+        f = a if isinstance(a, int) else a[1] if isinstance(a, tuple) else None
+        if f is None or f < role:
+            return a
+        return f + k - 1 if isinstance(a, int) else (a[0], f + k - 1)
+
+    axes = tuple(shifted(a) for a in lay.axes[:axis]) + tuple(range(role, role + k)) + \
+        tuple(shifted(a) for a in lay.axes[axis + 1:])
+    out = lay.replace(axes=axes, cdims=lay.cdims[:role] + index.shape + lay.cdims[role + 1:])
+    r.emit(node, "select", [edge], out, {"index": _indices(lay, axis, index)})
+    return True
+
+
 @handles("Gather")
 def gather(r, node) -> None:
     edge, lay = r.input(node)
     index = np.asarray(r.value(node, 1))
+    if (index.size != 1 or index.ndim > 1) and not isinstance(edge, Stack) and _gather_many(r, node, edge, lay, index):
+        return
     if index.size != 1 or index.ndim > 1:
         raise r.fail(node, f"gathers {index.size} indices; qtool follows one index (the last time step)")
     i, keep = int(index.reshape(())), index.ndim == 1
@@ -245,7 +283,7 @@ def concat(r, node) -> None:
         stacked = all(la.axes[axis] == "1" for la in lays) and len(rest) == 1
         if stacked and any(x.op_type != "Gather" for x in r.readers.get(node.output[0], [])):
             # torch.stack of maps read as one: the stacked values a new outermost channel factor
-            axes = tuple(0 if k == axis else a + 1 if isinstance(a, int) else ("N", a[1] + 1)
+            axes = tuple(0 if k == axis else a + 1 if isinstance(a, int) else (a[0], a[1] + 1)
                          if isinstance(a, tuple) else a for k, a in enumerate(lays[0].axes))
             r.emit(node, "concat", edges, lays[0].replace(axes=axes, cdims=(len(lays), *lays[0].cdims)))
             return
@@ -332,6 +370,12 @@ def pad(r, node) -> None:
         r.data[node.output[0]] = (edge, lay.replace(cdims=lay.cdims[:f] + (lay.cdims[f] + sum(pads),) +
                                                     lay.cdims[f + 1:]))
         return
+    for a in freq:  # zeros along a channel factor otherwise: a select of -1s there
+        if before[a] >= 0 and after[a] >= 0:
+            n = lay.shape()[a]
+            edge, lay = pick(r, node, edge, lay, a, [-1] * before[a] + list(range(n)) + [-1] * after[a],
+                             suffix=f"_pad{a}")
+            before[a] = after[a] = 0
     bad = [a for a in axes if (before[a] or after[a]) and (lay.axes[a] != "T" or before[a] < 0 or after[a] < 0)]
     if bad:
         raise r.fail(node, f"pads axis {bad[0]} ({lay.axes[bad[0]]}) of {lay.describe()} by "

@@ -14,7 +14,7 @@ def _dual_path(r, node, lay) -> tuple[str, int, str] | None:
         return None
     if isinstance(axes[0], int) and axes[1] == "NT":
         f, along = axes[0], "freq"
-    elif axes[0] == "T" and isinstance(axes[1], tuple):
+    elif axes[0] == "T" and isinstance(axes[1], tuple) and axes[1][0] == "N":
         f, along = axes[1][1], "time"
     else:
         return None
