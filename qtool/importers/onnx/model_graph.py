@@ -33,7 +33,17 @@ from qtool.importers.onnx.check import check_graph
 from qtool.importers.onnx.fold import evaluate, foldable
 from qtool.importers.onnx.graph import Graph, attr
 from qtool.importers.onnx.loops import loop_notes, unread_recurrent
-from qtool.importers.onnx.model_layout import FLOAT, PROBE_N, PROBE_T, Layout, LayoutError, Part, Stack, ints
+from qtool.importers.onnx.model_layout import (
+    FLOAT,
+    PROBE_N,
+    PROBE_T,
+    FixedSteps,
+    Layout,
+    LayoutError,
+    Part,
+    Stack,
+    ints,
+)
 from qtool.importers.onnx.ops import HANDLERS
 from qtool.importers.onnx.ops.activation import FUNCTION_OPS, function
 from qtool.importers.ranges import GraphRanges
@@ -110,7 +120,13 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
             break  # a 4-D input has no third reading
         reader = _Reader(path, model, name, axes, maps[min(k, len(maps) - 1)])
         try:
-            graph, ports = reader.read()
+            try:
+                graph, ports = reader.read()
+            except FixedSteps as e:  # once, with the steps the graph fixes
+                reader = _Reader(path, model, name, axes, maps[min(k, len(maps) - 1)], e.steps)
+                graph, ports = reader.read()
+                graph.notes.append(f"the graph computes on {e.steps} time steps whatever its input declares "
+                                   "(its exporter fixed them): its sequences have that many")
             return L.check(graph, str(path)), ports, reader
         except QtoolError as e:
             # the first layout's error stands, unless it was one of layout and another layout reads the graph
@@ -130,8 +146,10 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
 
 
 class _Reader:
-    def __init__(self, path: Path, model, layout: str, axes: tuple, map_layout: tuple) -> None:
+    def __init__(self, path: Path, model, layout: str, axes: tuple, map_layout: tuple,
+                 steps: int | None = None) -> None:
         self.path, self.where, self.model = path, str(path), model
+        self.fixed_steps = steps  # the steps the graph fixes, where its input declares none
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
         self.g = Graph(model.graph, str(path), path.parent, opset, model)
         self.g.fold_dequantized(model.graph, str(path))
@@ -278,8 +296,8 @@ class _Reader:
             raise (TooWide if len(dims) > 2 else QtoolError)(f"{where} declares {width:,} channels (at most "
                                                              f"{1 << 20:,})")
         if not self.declared:
-            self.declared = [sizes.get("N"), sizes.get("T")]
-        n, t = sizes.get("N") or PROBE_N, sizes.get("T") or PROBE_T
+            self.declared = [sizes.get("N"), sizes.get("T") or self.fixed_steps]
+        n, t = sizes.get("N") or PROBE_N, sizes.get("T") or self.fixed_steps or PROBE_T
         return Layout.make(axes, tuple(sizes[f] for f in factors), n, t)
 
     def label(self, node) -> str:

@@ -30,6 +30,15 @@ class LayoutError(QtoolError):
     """A value's axes do not fit what an op reads (the graph input may be laid out otherwise)."""
 
 
+class FixedSteps(QtoolError):
+    """The graph computes on `steps` time steps whatever its input declares (torch.export fixes a
+    length it computes on, such as Unfold's): read again with the input of that many steps."""
+
+    def __init__(self, what: str, steps: int) -> None:
+        super().__init__(what)
+        self.steps = steps
+
+
 def _name(a) -> str:
     return f"C{a}" if isinstance(a, int) else f"{a[0]}*C{a[1]}" if isinstance(a, tuple) else a
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from qtool.importers.onnx.graph import attr
-from qtool.importers.onnx.model_layout import FLOAT, LayoutError, Part, Stack, ints
+from qtool.importers.onnx.model_layout import FLOAT, FixedSteps, LayoutError, Part, Stack, ints
 from qtool.importers.onnx.ops.registry import handles
 
 
@@ -203,6 +203,9 @@ def _gather_many(r, node, edge, lay, index: np.ndarray) -> bool:
     factors in its place: Unfold's windows of frequencies)."""
     axis = attr(node, "axis", 0) % len(lay.axes)
     role, size = lay.axes[axis], lay.shape()[axis]
+    if role == "T" and index.size != size and np.array_equal(index.reshape(-1), np.arange(index.size)) \
+            and r.fixed_steps is None:
+        raise FixedSteps(f"{r.where}: {r.label(node)} takes steps 0..{index.size - 1} of {size}", index.size)
     index = np.where(index < 0, index + size, index).astype(np.int64)
     if index.size and (index.min() < 0 or index.max() >= size):
         return False
