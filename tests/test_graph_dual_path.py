@@ -227,3 +227,107 @@ def test_final_states_along_frequency_are_refused_saying_so(tmp_path):
     path = export_map_model(Last().eval(), maps(2, 0), tmp_path / "last.onnx", "torchscript")
     with pytest.raises(QtoolError, match="final states"):
         qtool.load_model(path)
+
+
+class Unfold3(torch.nn.Module):
+    """GTCRN's subband features: each frequency with its two neighbours (PyTorch's Unfold)."""
+
+    def __init__(self):
+        super().__init__()
+        self.unfold = torch.nn.Unfold((1, 3), padding=(0, 1))
+
+    def forward(self, x):
+        n, c, t, f = x.shape
+        return self.unfold(x).reshape(n, c * 3, t, f)
+
+
+class Attention(torch.nn.Module):
+    """GTCRN's temporal recurrent attention: a GRU over each frame's mean energy per channel."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.gru = torch.nn.GRU(c, 2 * c, batch_first=True)
+        self.fc = torch.nn.Linear(2 * c, c)
+
+    def forward(self, x):
+        z = x.pow(2).mean(-1)
+        a = torch.sigmoid(self.fc(self.gru(z.transpose(1, 2))[0])).transpose(1, 2)
+        return x * a[..., None]
+
+
+class GroupedConv(torch.nn.Module):
+    """GTCRN's grouped temporal convolution: half the channels through subband features, a
+    pointwise conv, a causal dilated depthwise conv and the attention; the halves shuffled."""
+
+    def __init__(self, c: int = 8, d: int = 2):
+        super().__init__()
+        self.sfe = Unfold3()
+        self.pw1 = torch.nn.Conv2d(c // 2 * 3, c, 1)
+        self.bn = torch.nn.BatchNorm2d(c)
+        self.act1, self.act2 = torch.nn.PReLU(), torch.nn.PReLU()
+        self.dw = torch.nn.Conv2d(c, c, (3, 3), padding=(0, 1), dilation=(d, 1), groups=c)
+        self.pw2 = torch.nn.Conv2d(c, c // 2, 1)
+        self.att = Attention(c // 2)
+        self.pad = 2 * d
+
+    def forward(self, x):
+        x1, x2 = torch.chunk(x, 2, dim=1)
+        h = self.act1(self.bn(self.pw1(self.sfe(x1))))
+        h = self.act2(self.dw(torch.nn.functional.pad(h, [0, 0, self.pad, 0])))
+        h = self.att(self.pw2(h))
+        x = torch.stack([h, x2], dim=1).transpose(1, 2)  # the channel shuffle
+        return x.reshape(x.shape[0], -1, x.shape[3], x.shape[4])
+
+
+class MiniGtcrn(torch.nn.Module):
+    """GTCRN's computation in small, as its authors write it, on a spectrum [N, F, T, 2]: the
+    magnitude, subband features, a strided encoder, the grouped convolution, the grouped
+    dual-path block, a transposed-convolution decoder and the complex mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.sfe = Unfold3()
+        self.enc = torch.nn.Conv2d(9, 8, (1, 3), stride=(1, 2), padding=(0, 1))
+        self.act = torch.nn.PReLU()
+        self.block = GroupedConv()
+        self.dp = Grouped()
+        self.dec = torch.nn.ConvTranspose2d(8, 2, (1, 3), stride=(1, 2), padding=(0, 1))
+
+    def forward(self, spec):
+        re, im = spec[..., 0].permute(0, 2, 1), spec[..., 1].permute(0, 2, 1)
+        mag = torch.sqrt(re ** 2 + im ** 2 + 1e-12)
+        e = self.act(self.enc(self.sfe(torch.stack([mag, re, im], dim=1))))
+        m = torch.tanh(self.dec(self.dp(self.block(e)) + e))
+        s = spec.permute(0, 3, 2, 1)
+        out_re = s[:, 0] * m[:, 0] - s[:, 1] * m[:, 1]
+        out_im = s[:, 1] * m[:, 0] + s[:, 0] * m[:, 1]
+        return torch.stack([out_re, out_im], dim=1).permute(0, 3, 2, 1)
+
+
+def spectra(n: int, seed: int, t: int = 24) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 11, t, 2)).astype(np.float32)
+
+
+def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path):
+    torch.manual_seed(4)
+    m = MiniGtcrn().eval()
+    with torch.no_grad():
+        m.block.bn.running_mean.uniform_(-0.3, 0.3)
+        m.block.bn.running_var.uniform_(0.5, 2)
+    g = qtool.load_model(export_map_model(m, spectra(2, 0), tmp_path / "gtcrn.onnx", "torchscript"))
+    ops = {n.op for n in g.nodes}
+    assert {"select", "sub", "mul", "concat", "gru", "layernorm", "conv2d"} <= ops
+    assert any(n.op == "activation" and n.attrs["kind"] == "sqrt" for n in g.nodes)
+    x = spectra(12, 9)
+    data = np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # [N, T, F, 2]: its frames as the file holds them
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = run(g, data)["y"]  # frames [2, F]: the output's axis 3, then axis 1 (the import's note)
+    np.testing.assert_allclose(got, want.transpose(0, 2, 3, 1).reshape(got.shape), atol=2e-5 * np.abs(want).max())
+    if shutil.which("cc") is None:
+        return
+    qg = qtool.calibrate(g, data[:8], method="minmax")
+    assert qtool.simulate(qg, data[8:]).outputs["y"].cosine > 0.95
+    qtool.export_c(qg, tmp_path / "c", name="gtcrn")
+    v = qtool.verify(qg, tmp_path / "c", data[8:])
+    assert v.mismatches == 0 and v.streaming and v.stream_values > 0
