@@ -164,6 +164,10 @@ def run_graph_c(layout, export_dir: Path, prefix: str, x: np.ndarray, target: st
         if res.returncode != 0:
             why = ": the sequences are too short or too long for the model" if res.returncode == 6 else ""
             raise QtoolError(f"{where} failed (exit {res.returncode}){why}")
+        if not all((tmp / f).exists() for f in args[3:]):
+            said = " ".join((res.stdout + res.stderr).split())[-200:]
+            raise QtoolError(f"{where} stopped before writing its results (a fault: the model's state and "
+                             f"work may not fit the target's memory){': ' + said if said else ''}")
         return _read(tmp, edges, out, N, streaming, target, T)
 
 

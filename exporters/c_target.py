@@ -39,6 +39,7 @@ TARGETS = {t.name: t for t in (
            "mps3-an547", 0x10000000, 0x80000, 0x30000000, 0x80000),
 )}
 HOST = "host"
+STACK_BYTES = 0x10000
 CHOICES = (HOST, *TARGETS)
 
 
@@ -72,7 +73,9 @@ def link_flags(t: Target) -> list[str]:
     return ["--specs=picolibc.specs", "--oslib=semihost", "--crt0=semihost",
             f"-Wl,--defsym=__flash={t.flash:#x}", f"-Wl,--defsym=__flash_size={t.flash_size:#x}",
             f"-Wl,--defsym=__ram={t.ram:#x}", f"-Wl,--defsym=__ram_size={t.ram_size:#x}",
-            "-Wl,--gc-sections"]
+            # 64 KiB of stack, not picolibc's 2 KiB: NAME_run_sequence keeps two int32 per edge and
+            # layer on it (3.3 KiB for GTCRN's 205 layers)
+            f"-Wl,--defsym=__stack_size={STACK_BYTES:#x}", "-Wl,--gc-sections"]
 
 
 def cross_compile(t: Target, sources: list[Path], exe: Path, include: Path, cflags: list[str],
