@@ -54,6 +54,9 @@ class Graph:
     # first layers, whose weights are divided by the same (qtool.graph.calibrate.scale_input_channels):
     # one grid on the scaled input is a power-of-two grid per channel of the model's own input
     input_shifts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # per input edge that is a feature map, (order, F, C) as the file declares it (its data's frames:
+    # qtool.layers.input_map); an input without one is found from its first conv2d
+    input_maps: dict[str, tuple] = field(default_factory=dict)
 
     def consumers(self, edge: str) -> list[Node]:
         return [n for n in self.nodes if edge in n.inputs]

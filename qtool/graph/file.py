@@ -64,6 +64,21 @@ def _input_shifts(raw, graph: Graph, where: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _input_maps(raw, graph: Graph, where: str) -> dict[str, tuple]:
+    """The feature-map inputs' (order, F, C) a graph file holds, each proved to fit its input."""
+    if not isinstance(raw, dict):
+        raise QtoolError(f"{where}: input_maps is not a table of inputs")
+    out = {}
+    for e, m in raw.items():
+        ok = (e in graph.inputs and isinstance(m, list) and len(m) == 3 and m[0] in ("cf", "fc")
+              and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in m[1:])
+              and m[1] * m[2] == graph.inputs[e][-1])
+        if not ok:
+            raise QtoolError(f"{where}: input_maps of '{e}' is not an order and the F and C of an input's map")
+        out[e] = tuple(m)
+    return out
+
+
 def file_format(f) -> str | None:
     fmt = f.attrs.get("format")
     return fmt.decode(errors="replace") if isinstance(fmt, bytes) else fmt
@@ -74,6 +89,7 @@ def write_graph(f, graph: Graph) -> None:
             "outputs": graph.outputs, "check": graph.check_result, "steps": graph.steps,
             **({"notes": graph.notes} if graph.notes else {}),
             **({"input_shifts": {e: list(k) for e, k in graph.input_shifts.items()}} if graph.input_shifts else {}),
+            **({"input_maps": {e: list(m) for e, m in graph.input_maps.items()}} if graph.input_maps else {}),
             **({"ranges": graph.ranges.to_json()} if graph.ranges is not None else {}),
             "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
                        "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
@@ -126,6 +142,7 @@ def read_graph(f, where: str) -> Graph:
     notes = desc.get("notes", [])
     graph.notes = [str(n) for n in notes] if isinstance(notes, list) else []
     graph.input_shifts = _input_shifts(desc.get("input_shifts", {}), graph, where)
+    graph.input_maps = _input_maps(desc.get("input_maps", {}), graph, where)
     check(graph, where)
     if "ranges" in desc:
         graph.ranges = _ranges(desc["ranges"], where)

@@ -127,6 +127,8 @@ def input_map(graph: Graph) -> tuple[str, int, int] | None:
     edge, shape = next(iter(graph.inputs.items()))
     if len(shape) != 2:
         return None
+    if edge in graph.input_maps:  # as the file declares it
+        return tuple(graph.input_maps[edge])
     todo, seen = [edge], set()
     while todo:  # through the ops that keep each frame's channels where they are, to the first conv2d
         e = todo.pop()

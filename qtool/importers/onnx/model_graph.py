@@ -150,6 +150,7 @@ class _Reader:
                  steps: int | None = None) -> None:
         self.path, self.where, self.model = path, str(path), model
         self.fixed_steps = steps  # the steps the graph fixes, where its input declares none
+        self.input_maps: dict[str, tuple] = {}  # a 4-D input's (order, F, C)
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
         self.g = Graph(model.graph, str(path), path.parent, opset, model)
         self.g.fold_dequantized(model.graph, str(path))
@@ -246,6 +247,7 @@ class _Reader:
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
                            steps=ports.steps if self.rank3 or self.rank4 else None)
         graph.ranges, graph.notes = ranges, list(self.notes)
+        graph.input_maps = {e: m for e, m in self.input_maps.items() if e in graph.inputs}
         return graph, ports
 
     def _live(self, outputs: list[str]) -> tuple[set, dict]:
@@ -295,6 +297,8 @@ class _Reader:
         if width > (1 << 20):
             raise (TooWide if len(dims) > 2 else QtoolError)(f"{where} declares {width:,} channels (at most "
                                                              f"{1 << 20:,})")
+        if len(dims) == 4:  # its data's frames: [F, C] or [C, F]
+            self.input_maps[info.name] = ("fc", sizes[0], sizes[1]) if axes[2] == 0 else ("cf", sizes[1], sizes[0])
         if not self.declared:
             self.declared = [sizes.get("N"), sizes.get("T") or self.fixed_steps]
         n, t = sizes.get("N") or PROBE_N, sizes.get("T") or self.fixed_steps or PROBE_T
