@@ -369,6 +369,7 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
 #define {P}_OUTPUT_SIZE ({self.width[self.out]})
 #define {P}_OUTPUT_IS_SEQUENCE ({int(out_seq)}) /* else one vector per sequence */
 #define {P}_NUM_EDGES ({len(self.edges)})
+#define {P}_LAYOUT_SIZE ({len(self.edges) + len(self.nodes)}) /* the entries of {p}_edge_layout's arrays */
 #define {P}_STREAMING ({int(not self.refusal)})
 #define {P}_FINISH_FRAMES ({self.finish_frames()}) /* the most frames {p}_finish gives */
 #define {P}_MAX_STEPS ({self.max_steps()}) /* the longest sequence the integer sums are proved for */
@@ -399,7 +400,8 @@ int32_t {p}_sequence_work(int32_t T);
  * static uint32_t work[({P}_SEQUENCE_WORK_MAX(T) + 3) / 4]; */
 {self.work_max_macro()}
 /* where {p}_run_sequence leaves edge e (0: the input, in x_q) in work: steps[e] frames of
- * NUM_EDGES' widths at byte offset[e]; returns the work's bytes, or -1 */
+ * NUM_EDGES' widths at byte offset[e]; `steps` and `offset` hold LAYOUT_SIZE entries (after the
+ * edges, the GRUs' own work); returns the work's bytes, or -1 */
 int32_t {p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset);
 /* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [steps][OUTPUT_SIZE]; `work`, 4-byte aligned,
  * holds {p}_sequence_work(T) bytes; returns the output's steps (1 for a vector), or -1 when T
@@ -444,7 +446,7 @@ const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s)
             parts.append(f"""
 const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
 {{
-    int32_t st[{P}_NUM_EDGES + {len(self.nodes)}], offset[{P}_NUM_EDGES + {len(self.nodes)}];
+    int32_t st[{P}_LAYOUT_SIZE], offset[{P}_LAYOUT_SIZE];
     if ({p}_edge_layout(T, st, offset) < 0) {{
         return NULL;
     }}
@@ -742,7 +744,7 @@ static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {s
         out_bytes = f"steps[{self.out}] * {self.width[self.out] * SIZES[self.t[self.out]]}"
         return f"""int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work)
 {{
-    int32_t steps[{self.P}_NUM_EDGES + {len(self.nodes)}], offset[{self.P}_NUM_EDGES + {len(self.nodes)}], t;
+    int32_t steps[{self.P}_LAYOUT_SIZE], offset[{self.P}_LAYOUT_SIZE], t;
 {"    const void *gx;" + chr(10) if grus else ""}    if ({p}_edge_layout(T, steps, offset) < 0) {{
         return -1;
     }}
@@ -1005,7 +1007,7 @@ int32_t {self.p}_argmax(const {self.p}_out_t *y_q)
 
 int32_t {p}_sequence_work(int32_t T)
 {{
-    int32_t steps[{self.P}_NUM_EDGES + {len(self.nodes)}], offset[{self.P}_NUM_EDGES + {len(self.nodes)}];
+    int32_t steps[{self.P}_LAYOUT_SIZE], offset[{self.P}_LAYOUT_SIZE];
     return {p}_edge_layout(T, steps, offset);
 }}
 

@@ -28,7 +28,7 @@ MAIN = """#include <stdio.h>
 int main(int argc, char **argv)
 {{
     static {p}_state_t s;
-    int32_t steps[{P}_NUM_EDGES], offset[{P}_NUM_EDGES];
+    int32_t steps[{P}_LAYOUT_SIZE], offset[{P}_LAYOUT_SIZE];
     size_t n, N, T, e;
     int32_t bytes, out_steps;
     float *x, *yf;
