@@ -370,3 +370,40 @@ def test_a_float_tail_after_another_output_than_the_first_is_refused():
     qg = api.calibrate(g, _data(6, 24, 20, 0), method="minmax", check=False)
     with pytest.raises(QtoolError, match="runs a float tail after the first output"):
         render_graph_c(qg, "m")
+
+
+@pytest.mark.parametrize("which", list(GRAPHS))
+def test_edge_layout_writes_within_its_layout_size(which, tmp_path):
+    """NAME_edge_layout fills NAME_LAYOUT_SIZE entries of each array (the edges, then each GRU's
+    own work) and not one more: a caller sizing them so (the verify program, NAME_run_sequence)
+    keeps its stack whole."""
+    make, C = GRAPHS[which]
+    qg = api.calibrate(make(), _data(C, 16, 24, 0), bits="int8", method="minmax", check=False)
+    ex = render_graph_c(qg, "m")
+    for n, data in ex.encoded().items():
+        (tmp_path / n).write_bytes(data)
+    (tmp_path / "main.c").write_text('''#include <stdio.h>
+#include "m.h"
+int main(void)
+{
+    int32_t steps[M_LAYOUT_SIZE + 8], offset[M_LAYOUT_SIZE + 8], i;
+    for (i = 0; i < M_LAYOUT_SIZE + 8; i++) {
+        steps[i] = offset[i] = -12345;
+    }
+    if (m_edge_layout(40, steps, offset) < 0) {
+        return 2;
+    }
+    for (i = M_LAYOUT_SIZE; i < M_LAYOUT_SIZE + 8; i++) {
+        if (steps[i] != -12345 || offset[i] != -12345) {
+            return 1;
+        }
+    }
+    printf("%d\\n", (int)(M_LAYOUT_SIZE - M_NUM_EDGES));
+    return 0;
+}
+''')
+    cc = shutil.which("cc") or shutil.which("gcc")
+    sources = [str(tmp_path / n) for n in ex.layout[3]] + [str(tmp_path / "main.c")]
+    subprocess.run([cc, "-std=c99", "-O1", "-o", str(tmp_path / "t"), *sources, "-lm"], check=True, cwd=tmp_path)
+    done = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True)
+    assert done.returncode == 0 and int(done.stdout) == len(qg.core), done.stdout

@@ -6,6 +6,7 @@ each, joined) exported with both torch.onnx exporters import whole and equal the
 held-out data; their C export verifies with 0 mismatches, whole and frame by frame."""
 
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -308,7 +309,7 @@ def spectra(n: int, seed: int, t: int = 24) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 11, t, 2)).astype(np.float32)
 
 
-def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path):
+def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path, monkeypatch):
     torch.manual_seed(4)
     m = MiniGtcrn().eval()
     with torch.no_grad():
@@ -329,5 +330,9 @@ def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path):
     qg = qtool.calibrate(g, data[:8], method="minmax")
     assert qtool.simulate(qg, data[8:]).outputs["y"].cosine > 0.95
     qtool.export_c(qg, tmp_path / "c", name="gtcrn")
+    probe = subprocess.run(["gcc", "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
+                           input="int main(void){return 0;}", text=True, capture_output=True)
+    if probe.returncode == 0:  # every array access checked: the layers', the GRUs' and the harness's
+        monkeypatch.setenv("CC", "gcc -fsanitize=address,undefined -fno-sanitize-recover=all")
     v = qtool.verify(qg, tmp_path / "c", data[8:])
     assert v.mismatches == 0 and v.streaming and v.stream_values > 0
