@@ -294,7 +294,8 @@ class MiniGtcrn(torch.nn.Module):
         self.dp = Grouped()
         self.dec = torch.nn.ConvTranspose2d(8, 2, (1, 3), stride=(1, 2), padding=(0, 1))
 
-    def forward(self, spec):
+    def forward(self, x):  # the spectrum [N, F, T, 2]
+        spec = x
         re, im = spec[..., 0].permute(0, 2, 1), spec[..., 1].permute(0, 2, 1)
         mag = torch.sqrt(re ** 2 + im ** 2 + 1e-12)
         e = self.act(self.enc(self.sfe(torch.stack([mag, re, im], dim=1))))
@@ -309,13 +310,16 @@ def spectra(n: int, seed: int, t: int = 24) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 11, t, 2)).astype(np.float32)
 
 
-def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path, monkeypatch):
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path, monkeypatch, exporter):
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
     torch.manual_seed(4)
     m = MiniGtcrn().eval()
     with torch.no_grad():
         m.block.bn.running_mean.uniform_(-0.3, 0.3)
         m.block.bn.running_var.uniform_(0.5, 2)
-    g = qtool.load_model(export_map_model(m, spectra(2, 0), tmp_path / "gtcrn.onnx", "torchscript"))
+    g = qtool.load_model(export_map_model(m, spectra(2, 0), tmp_path / "gtcrn.onnx", exporter))
     ops = {n.op for n in g.nodes}
     assert {"select", "sub", "mul", "concat", "gru", "layernorm", "conv2d"} <= ops
     assert any(n.op == "activation" and n.attrs["kind"] == "sqrt" for n in g.nodes)
@@ -325,7 +329,7 @@ def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path, monkeypatch):
         want = m(torch.from_numpy(x)).numpy()
     got = run(g, data)["y"]  # frames [2, F]: the output's axis 3, then axis 1 (the import's note)
     np.testing.assert_allclose(got, want.transpose(0, 2, 3, 1).reshape(got.shape), atol=2e-5 * np.abs(want).max())
-    if shutil.which("cc") is None:
+    if shutil.which("cc") is None or exporter == "dynamo":  # the C once
         return
     qg = qtool.calibrate(g, data[:8], method="minmax")
     assert qtool.simulate(qg, data[8:]).outputs["y"].cosine > 0.95
@@ -336,3 +340,23 @@ def test_gtcrns_layers_import_whole_and_verify_in_c(tmp_path, monkeypatch):
         monkeypatch.setenv("CC", "gcc -fsanitize=address,undefined -fno-sanitize-recover=all")
     v = qtool.verify(qg, tmp_path / "c", data[8:])
     assert v.mismatches == 0 and v.streaming and v.stream_values > 0
+
+
+def test_a_graph_that_fixes_its_steps_is_read_on_that_many(tmp_path):
+    """torch.export fixes the steps an op computes on at the example's (GTCRN's Unfold); such a
+    file declares any length, but runs on that one: qtool reads it on that many and says so."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    W = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "steps"], ["g"], axis=1), helper.make_node("MatMul", ["g", "W"], ["y"])],
+        "fixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5, 4])],
+        [numpy_helper.from_array(np.arange(5, dtype=np.int64), "steps"), numpy_helper.from_array(W, "W")])
+    path = tmp_path / "fixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    g = qtool.load_model(path)
+    assert g.steps == 5 and any("5 time steps" in n for n in g.notes)
+    x = np.random.default_rng(1).normal(size=(2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(run(g, x)["y"], x @ W, rtol=1e-6)
