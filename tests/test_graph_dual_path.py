@@ -360,3 +360,50 @@ def test_a_graph_that_fixes_its_steps_is_read_on_that_many(tmp_path):
     assert g.steps == 5 and any("5 time steps" in n for n in g.notes)
     x = np.random.default_rng(1).normal(size=(2, 5, 3)).astype(np.float32)
     np.testing.assert_allclose(run(g, x)["y"], x @ W, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bits,e,e_y", [(8, (4, 6), 3), (16, (10, 10), 11), (16, (12, 9), 6), (8, (2, 2), 9)])
+def test_hypot_integers_are_the_rounded_magnitude(bits, e, e_y):
+    """Every pair of input integers: q_y = round(sqrt(x0^2 + x1^2 + eps) 2^e_y) + zp_y, clamped,
+    against Decimal arithmetic of 50 digits."""
+    from decimal import ROUND_HALF_UP, Decimal, getcontext
+    from fractions import Fraction
+
+    from qtool.layers import hypot
+    from qtool.layers.integer import LayerBits
+    from qtool.numerics.qparams import qrange
+
+    getcontext().prec = 50
+    node = Node("h", "hypot", ["a", "b"], ["y"], {"epsilon": 1e-3})
+    lo, hi = qrange(bits)
+    g_in = [TensorQ(bits, False, e[0], 3, 0, 0), TensorQ(bits, False, e[1], -5, 0, 0)]
+    g_out = TensorQ(bits, False, e_y, lo + 1, 0, 0)
+    qp = hypot.quantize(node, g_in, [g_out], LayerBits(8, 32, bits))
+    rng = np.random.default_rng(bits + e_y)
+    qa = np.concatenate([[lo, hi, 3, 3], rng.integers(lo, hi + 1, 400)])
+    qb = np.concatenate([[hi, lo, -5, -4], rng.integers(lo, hi + 1, 400)])
+    got = hypot.forward_int(node, qp, [qa[None, :], qb[None, :]], g_in, [g_out])[0][0]
+    eps = Fraction(qp["Q"], 4 ** max(e))  # the epsilon the integers add, on the finest grid
+    for a, b, y in zip(qa, qb, got):
+        v = Fraction(int(a) - 3, 2 ** e[0]) ** 2 + Fraction(int(b) + 5, 2 ** e[1]) ** 2 + eps
+        root = (Decimal(v.numerator) / Decimal(v.denominator)).sqrt() * Decimal(2) ** e_y
+        want = int(root.to_integral_value(ROUND_HALF_UP)) + lo + 1
+        assert y == min(max(want, lo), hi), (a, b)
+
+
+def test_the_magnitude_written_out_becomes_one_hypot():
+    from qtool.graph.passes import run_float_passes
+
+    sq = [Node(f"sq{k}", "activation", [x], [f"s{k}"], {"kind": "square"}) for k, x in enumerate("ab")]
+    nodes = [*sq, Node("add", "add", ["s0", "s1"], ["p"]),
+             Node("eps", "batchnorm", ["p"], ["pe"], {"epsilon": 1e-12},
+                  {"gamma": np.ones(3, np.float32), "beta": np.full(3, 1e-6, np.float32),
+                   "mean": np.zeros(3, np.float32), "var": np.ones(3, np.float32)}),
+             Node("root", "activation", ["pe"], ["m"], {"kind": "sqrt"}),
+             Node("d", "dense", ["m"], ["y"], {}, {"W": np.eye(3, dtype=np.float32)})]
+    graph = check(Graph(nodes, {"a": (None, 3), "b": (None, 3)}, ["y"]))
+    g, done = run_float_passes(graph)
+    assert [n.op for n in g.nodes] == ["hypot", "dense"] and g.nodes[0].inputs == ["a", "b"]
+    assert dict(done)["fuse_hypot"] == "fused root into hypot"
+    x = {k: np.random.default_rng(k == "a").normal(size=(2, 5, 3)).astype(np.float32) for k in "ab"}
+    np.testing.assert_allclose(run(g, x)["y"], run(graph, x)["y"], rtol=1e-6)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 from qtool.core.graph import Graph, Node
 from qtool.errors import QtoolError
 from qtool.layers import check, layer
@@ -98,7 +100,45 @@ def stack_grus(graph: Graph) -> str:
     return f"stacked {', '.join(merged)}" if merged else "no GRUs to stack"
 
 
-FLOAT_PASSES = (prune, fold_batchnorm, stack_grus)
+def _producer(graph: Graph, edge: str, op: str, kind: str | None = None) -> Node | None:
+    """The node of `op` (activation `kind`) that writes `edge`, where only one node reads it."""
+    n = next((n for n in graph.nodes if edge in n.outputs), None)
+    ok = n is not None and n.op == op and (kind is None or n.attrs.get("kind") == kind)
+    return n if ok and _only_reader(graph, edge) is not None else None
+
+
+def fuse_hypot(graph: Graph) -> str:
+    """sqrt(a^2 + b^2 + epsilon) written as square, square, add, a per-channel shift and sqrt (a
+    spectrum's magnitude) becomes one hypot node: its integers keep the sum of squares exact
+    instead of rounding the power onto a grid, which squares the range."""
+    fused = []
+    for root in [n for n in graph.nodes if n.op == "activation" and n.attrs.get("kind") == "sqrt"]:
+        edge, eps, chain = root.inputs[0], 0.0, [root]
+        shift = _producer(graph, edge, "batchnorm")
+        if shift is not None:
+            a, c = affine(shift)
+            if not (np.allclose(a, 1, rtol=1e-6, atol=0) and np.all(c == c[0]) and c[0] >= 0):
+                continue
+            eps, edge = float(c[0]), shift.inputs[0]
+            chain.append(shift)
+        total = _producer(graph, edge, "add")
+        if total is None or len(total.inputs) != 2 or total.attrs.get("repeat"):
+            continue
+        squares = [_producer(graph, e, "activation", "square") for e in total.inputs]
+        if None in squares:
+            continue
+        chain += [total, *squares]
+        for n in chain:
+            graph.nodes.remove(n)
+        at = min(graph.nodes.index(n) for n in graph.nodes if root.outputs[0] in n.inputs) \
+            if any(root.outputs[0] in n.inputs for n in graph.nodes) else len(graph.nodes)
+        graph.nodes.insert(at, Node(root.name, "hypot", [sq.inputs[0] for sq in squares], list(root.outputs),
+                                    {"epsilon": eps}, {}, "+".join(n.source or n.op for n in reversed(chain))))
+        fused.append(root.name)
+    return f"fused {', '.join(fused)} into hypot" if fused else "no magnitude to fuse"
+
+
+FLOAT_PASSES = (prune, fuse_hypot, fold_batchnorm, stack_grus)
 
 
 def run_float_passes(graph: Graph) -> tuple[Graph, list[tuple[str, str]]]:

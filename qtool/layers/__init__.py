@@ -16,7 +16,7 @@ from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
 from qtool.io.files import frames_fit, map_frame
-from qtool.layers import activation, concat, dense, elementwise, gru, pool, prelu, reduce, select, steps, tail
+from qtool.layers import activation, concat, dense, elementwise, gru, hypot, pool, prelu, reduce, select, steps, tail
 from qtool.layers.conv import conv1d, conv2d
 from qtool.layers.norm import batchnorm, layernorm
 
@@ -34,6 +34,7 @@ REGISTRY: dict[str, ModuleType] = {  # op -> its module
     "sub": elementwise,
     "mul": elementwise,
     "concat": concat,
+    "hypot": hypot,
     "select": select,
     "avg_pool1d": pool,
     "max_pool1d": pool,
