@@ -1,4 +1,4 @@
-"""Dual-path RNNs (qtool.layers.gru over a feature map, qtool.layers.select): a GRU along each
+"""Dual-path RNNs (qtool.layers.gru over a feature map, qtool.layers.moves.select): a GRU along each
 frame's frequencies and a GRU along time per frequency equal PyTorch's nn.GRU run the way a
 dual-path block runs them; a DPRNN block (Conv2d, a bidirectional GRU along frequency, Linear,
 LayerNorm, a GRU along time) and a GTCRN-like grouped block (the channels split in two, a GRU
@@ -16,7 +16,8 @@ import qtool
 from qtool.core.graph import Graph, Node
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
-from qtool.layers import check, run, select
+from qtool.layers import check, run
+from qtool.layers.moves import select
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")

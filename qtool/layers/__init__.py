@@ -16,8 +16,9 @@ from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
 from qtool.io.files import frames_fit, map_frame
-from qtool.layers import activation, concat, dense, elementwise, gru, hypot, pool, prelu, reduce, select, steps, tail
+from qtool.layers import activation, dense, elementwise, gru, hypot, pool, prelu, reduce, tail
 from qtool.layers.conv import conv1d, conv2d
+from qtool.layers.moves import concat, select, steps
 from qtool.layers.norm import batchnorm, layernorm
 
 MAX_EDGE_CHANNELS = 1 << 20  # a declared width beyond this is refused before anything is allocated
