@@ -213,6 +213,29 @@ def test_a_dprnn_block_verifies_on_the_emulated_cortex_m4(tmp_path):
     assert v.mismatches == 0 and v.target == "cortex-m4"
 
 
+def test_a_gru_along_frequency_at_the_output_gives_the_map(tmp_path):
+    """The intra-frame GRU as a model's last layer: its output map, frames [F, 2H], is PyTorch's."""
+    class Intra(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 4, (1, 3), padding=(0, 1))
+            self.gru = torch.nn.GRU(4, 4, batch_first=True, bidirectional=True)
+
+        def forward(self, x):
+            h = self.conv(x).permute(0, 2, 3, 1)  # [N, T, F, C]
+            n, t, f, c = h.shape
+            return self.gru(h.reshape(n * t, f, c))[0].reshape(n, t, f, 8)
+
+    torch.manual_seed(2)
+    m = Intra().eval()
+    g = qtool.load_model(export_map_model(m, maps(2, 0, 2), tmp_path / "intra.onnx", "torchscript"))
+    x = maps(3, 4, 2)
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = run(g, as_data(x))["y"]
+    np.testing.assert_allclose(got, want.reshape(got.shape), atol=2e-5 * np.abs(want).max())
+
+
 def test_final_states_along_frequency_are_refused_saying_so(tmp_path):
     class Last(torch.nn.Module):
         def __init__(self):

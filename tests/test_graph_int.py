@@ -292,6 +292,7 @@ ACTS = [  # attrs, f in float64, f in Fractions, how exactly the module's float3
     ({"kind": "hard_sigmoid", "alpha": 0.2, "beta": 0.5}, lambda v: np.clip(0.2 * v + 0.5, 0.0, 1.0),
      lambda x: min(max(x * FIFTH + HALF, 0), 1), "rational"),
     ({"kind": "square"}, lambda v: v * v, None, "float"),  # float32 rounds a product of two 16-bit values
+    ({"kind": "sqrt"}, lambda v: np.sqrt(np.maximum(v, 0.0)), None, "float"),
     ({"kind": "sigmoid"}, lambda v: 1 / (1 + np.exp(-v)), None, "float"),
     ({"kind": "tanh"}, np.tanh, None, "float"),
     ({"kind": "softplus"}, lambda v: np.logaddexp(0.0, v), None, "float"),

@@ -104,6 +104,15 @@ def test_add_mul(op):
         close(run(node(op, inputs=2), *xs[:2]), t(xs[0]) + t(xs[1]) if op == "add" else t(xs[0]) * t(xs[1]))
 
 
+def test_sub_hypot_select():
+    for shape in ((3, 7, 4), (5, 4)):
+        a, b = rand(*shape, seed=1), rand(*shape, seed=2)
+        close(run(node("sub", inputs=2), a, b), t(a) - t(b))
+        close(run(node("hypot", {"epsilon": 1e-3}, inputs=2), a, b), torch.sqrt(t(a) ** 2 + t(b) ** 2 + 1e-3))
+        close(run(node("select", {"index": (3, -1, 0, 0)}), a),
+              torch.nn.functional.pad(t(a), (1, 0))[..., [4, 0, 1, 1]])
+
+
 def test_concat():
     for a, b in ((rand(2, 5, 3, seed=1), rand(2, 5, 4, seed=2)), (rand(2, 3, seed=3), rand(2, 6, seed=4))):
         close(run(node("concat", inputs=2), a, b), torch.cat([t(a), t(b)], dim=-1))
@@ -262,6 +271,7 @@ ACTIVATIONS = [
     ({"kind": "gelu", "approximate": "none"}, F.gelu),
     ({"kind": "gelu", "approximate": "tanh"}, lambda v: F.gelu(v, approximate="tanh")),
     ({"kind": "square"}, lambda v: v.pow(2)),
+    ({"kind": "sqrt"}, lambda v: torch.sqrt(torch.clamp(v, min=0))),
     ({"kind": "linear"}, lambda v: v),
 ]
 

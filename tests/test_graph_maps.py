@@ -423,23 +423,3 @@ def test_a_module_on_maps_loads_from_an_example():
     g = qtool.load_model(m, example=maps(2, 0, 2))
     assert "input read as [N, C, T, F]: data [N, T, C, F]" in g.source
     equals_module(g, m, maps(3, 5, 2))
-
-
-def test_a_gru_within_each_frame_is_refused_saying_so(tmp_path):
-    """A dual-path RNN's intra-frame GRU: along the frequencies, batch and time merged."""
-    from qtool.errors import QtoolError
-
-    class DualPath(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(2, 4, (1, 3), padding=(0, 1))
-            self.gru = torch.nn.GRU(4, 4, batch_first=True, bidirectional=True)
-
-        def forward(self, x):
-            h = self.conv(x).permute(0, 2, 3, 1)  # [B, T, F, C]
-            b, t, f, c = h.shape
-            return self.gru(h.reshape(b * t, f, c))[0].reshape(b, t, f, 8)
-
-    path = export_map_model(DualPath().eval(), nine(2), tmp_path / "dp.onnx", "torchscript")
-    with pytest.raises(QtoolError, match="runs along an axis of 9 of a map .* a dual-path RNN's GRU within each frame"):
-        qtool.load_model(path)

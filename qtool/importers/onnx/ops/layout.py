@@ -149,12 +149,22 @@ def _indices(lay, a: int, picks) -> tuple[int, ...]:
     return tuple(int(i) for i in index.reshape(-1))
 
 
+def select(r, node, edge: str, width: int, lay, index, out: int = 0, suffix: str = "") -> str:
+    """A select node taking channels `index` of `edge` (of `width` channels; layout `lay` out), or
+    the edge itself where the index takes every channel in order; its edge."""
+    index = tuple(int(i) for i in index)
+    if index == tuple(range(width)):
+        if not suffix:
+            r.alias(node, edge, lay, out=out)
+        return edge
+    return r.emit(node, "select", [edge], lay, {"index": index}, out=out, suffix=suffix).outputs[0]
+
+
 def pick(r, node, edge, lay, a: int, picks: list[int], out: int = 0, suffix: str = ""):
     """Indices `picks` of channel factor axis `a`: a select node (its edge and layout)."""
     f = lay.axes[a]
     out_lay = lay.replace(cdims=lay.cdims[:f] + (len(picks),) + lay.cdims[f + 1:])
-    q = r.emit(node, "select", [edge], out_lay, {"index": _indices(lay, a, picks)}, out=out, suffix=suffix)
-    return q.outputs[0], out_lay
+    return select(r, node, edge, lay.channels, out_lay, _indices(lay, a, picks), out, suffix), out_lay
 
 
 def conform(r, node, edge, lay, target, suffix: str):
@@ -173,8 +183,7 @@ def conform(r, node, edge, lay, target, suffix: str):
     at = {factor(b): k for k, b in enumerate(target.axes) if factor(b) is not None}
     perm = [factor(lay.axes[at[j]]) for j in range(len(target.cdims))]
     index = np.arange(lay.channels).reshape(lay.cdims).transpose(perm).reshape(-1)
-    q = r.emit(node, "select", [edge], target, {"index": tuple(int(i) for i in index)}, suffix=suffix)
-    return q.outputs[0]
+    return select(r, node, edge, lay.channels, target, index, suffix=suffix)
 
 
 @handles("Split")
@@ -228,7 +237,7 @@ def _gather_many(r, node, edge, lay, index: np.ndarray) -> bool:
     axes = tuple(shifted(a) for a in lay.axes[:axis]) + tuple(range(role, role + k)) + \
         tuple(shifted(a) for a in lay.axes[axis + 1:])
     out = lay.replace(axes=axes, cdims=lay.cdims[:role] + index.shape + lay.cdims[role + 1:])
-    r.emit(node, "select", [edge], out, {"index": _indices(lay, axis, index)})
+    select(r, node, edge, lay.channels, out, _indices(lay, axis, index))
     return True
 
 
@@ -265,7 +274,7 @@ def gather(r, node) -> None:
         lo, hi = base + i * inner, base + (i + 1) * inner
         r.alias(node, name if (lo, hi) == (0, full) else Part(name, lo, hi, full), lay.take(axis, keep))
     elif isinstance(role, int) and not isinstance(edge, Part):  # one index of an inner factor: a select
-        r.emit(node, "select", [edge], lay.take(axis, keep), {"index": _indices(lay, axis, [i])})
+        select(r, node, edge, lay.channels, lay.take(axis, keep), _indices(lay, axis, [i]))
     else:
         raise r.fail(node, f"takes index {i} of axis {axis} ({role}) of {lay.describe()}; qtool follows the "
                               "last time step, and an index of a GRU's directions or layers",
@@ -279,19 +288,20 @@ def concat(r, node) -> None:
         raise r.fail(node, "joins the data with a constant; qtool's concat joins computed tensors")
     edges, lays = [r.data[i][0] for i in ins], [r.data[i][1] for i in ins]
     axis = attr(node, "axis", 0) % len(lays[0].axes)
-    if not all(la.holds_channels(axis) for la in lays) and _inner_concat(r, node, edges, lays, axis):
-        return
     if not all(la.holds_channels(axis) for la in lays):
         rest = {(la.take(axis, False).axes, la.take(axis, False).cdims) for la in lays}
-        stacked = all(la.axes[axis] == "1" for la in lays) and len(rest) == 1
-        if stacked and any(x.op_type != "Gather" for x in r.readers.get(node.output[0], [])):
+        readers = r.readers.get(node.output[0], [])
+        if all(la.axes[axis] in ("1", 0) for la in lays) and len(rest) == 1 and \
+                all(x.op_type == "Gather" for x in readers):  # PyTorch's h_n of a stack: one of them is read
+            r.alias(node, Stack(axis, tuple(zip(edges, lays))), lays[0])
+            return
+        if all(la.axes[axis] == "1" for la in lays) and len(rest) == 1:
             # torch.stack of maps read as one: the stacked values a new outermost channel factor
             axes = tuple(0 if k == axis else a + 1 if isinstance(a, int) else (a[0], a[1] + 1)
                          if isinstance(a, tuple) else a for k, a in enumerate(lays[0].axes))
             r.emit(node, "concat", edges, lays[0].replace(axes=axes, cdims=(len(lays), *lays[0].cdims)))
             return
-        if all(la.axes[axis] in ("1", 0) for la in lays) and len(rest) == 1:  # PyTorch's h_n of a stack
-            r.alias(node, Stack(axis, tuple(zip(edges, lays))), lays[0])
+        if _inner_concat(r, node, edges, lays, axis):
             return
         raise r.fail(node, f"joins {', '.join(la.describe() for la in lays)} on axis {axis}; qtool joins "
                               "tensors of one layout on their channel axis", layout=True)
@@ -306,11 +316,12 @@ def concat(r, node) -> None:
         parts = [e if isinstance(e, Part) else None for e in edges]
         whole = (len(names) == 1 and None not in parts and parts[0].lo == 0 and parts[-1].hi == parts[0].full and
                  all(a.hi == b.lo for a, b in zip(parts, parts[1:])))
-        if not whole:
-            raise r.fail(node, "joins parts of the channels of computed tensors other than back into the "
-                                  "whole; qtool's concat joins whole edges")
-        r.alias(node, names.pop(), out)
-        return
+        if whole:
+            r.alias(node, names.pop(), out)
+            return
+        if len(names) == 1 and None not in parts:  # other parts of one edge: a select of them
+            select(r, node, parts[0].edge, parts[0].full, out, [c for p in parts for c in range(p.lo, p.hi)])
+            return
     r.emit(node, "concat", edges, out)
 
 
@@ -333,7 +344,7 @@ def _inner_concat(r, node, edges, lays, axis: int) -> bool:
     q = r.emit(node, "concat", list(edges), joined, suffix="_join")
     joined_f = sum(la.cdims[f] for la in lays)
     out = lays[0].replace(cdims=lays[0].cdims[:f] + (joined_f,) + lays[0].cdims[f + 1:])
-    r.emit(node, "select", [q.outputs[0]], out, {"index": tuple(int(i) for i in index)})
+    select(r, node, q.outputs[0], at, out, index)
     return True
 
 
