@@ -68,6 +68,7 @@ def export_map_model(module, x, path, exporter: str = "torchscript"):
 
     kw = {"dynamo": exporter == "dynamo"}
     if exporter == "dynamo":
+        torch._dynamo.reset()  # what an earlier export specialized (a length) is not this one's
         kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
     else:
         kw["dynamic_axes"] = {"x": {0: "n", 2: "t"}}

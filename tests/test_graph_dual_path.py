@@ -431,3 +431,22 @@ def test_the_magnitude_written_out_becomes_one_hypot():
     assert dict(done)["fuse_hypot"] == "fused root into hypot"
     x = {k: np.random.default_rng(k == "a").normal(size=(2, 5, 3)).astype(np.float32) for k in "ab"}
     np.testing.assert_allclose(run(g, x)["y"], run(graph, x)["y"], rtol=1e-6)
+
+
+def test_a_flip_along_frequency_takes_every_frequency_reversed(tmp_path):
+    """x.flip(-1) is a Slice of step -1 over the whole axis: ONNX clamps its end to before index 0,
+    so the select takes every frequency (index 0 last), as PyTorch does."""
+    class Flip(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(1, 3, (1, 3), padding=(0, 1))
+            self.b = torch.nn.Conv2d(3, 2, (1, 3), padding=(0, 1))
+
+        def forward(self, x):
+            return self.b(self.a(x).flip(-1))
+
+    torch.manual_seed(5)
+    m = Flip().eval()
+    g = qtool.load_model(export_map_model(m, maps(2, 0), tmp_path / "flip.onnx", "torchscript"))
+    assert any(n.op == "select" for n in g.nodes)
+    equals_module(g, m, maps(3, 8))

@@ -31,6 +31,8 @@ GRAPH_FORMATS = ("onnx", "tflite")  # read by the ONNX importer (a TFLite file a
 
 
 def detect_format(path: Path) -> str:
+    if path.is_dir():
+        raise QtoolError(f"{path} is a directory, not a model file")
     name = path.name.lower()
     if name.endswith((".pt", ".pth")):
         return "torch"
@@ -50,7 +52,8 @@ def detect_format(path: Path) -> str:
                          "--output model.onnx) and import the .onnx")
     if name.endswith((".npy", ".csv", ".wav")):  # a data file where the model goes: arguments swapped?
         raise QtoolError(f"{path} holds data, not a model; the model file comes first, then the data")
-    raise QtoolError(f"{path}: cannot tell the model format from the name; use `fmt` "
+    raise QtoolError(f"{path}: cannot tell the model format from the name; name it by its format (.pt, "
+                     ".safetensors, .keras, .h5, .onnx, .tflite, .npz) or use `fmt` with `qtool import` "
                      f"({', '.join(FORMATS)})")
 
 
@@ -164,7 +167,7 @@ def not_fed_by_input(model: GruModel, path: Path) -> str | None:
             f"the layers before it on your data and calibrate the GRU on their outputs (qtool import "
             f"{path}{named} -o gru.h5, then qtool calibrate gru.h5 GRU_INPUTS.npy)" + (
                 "; or take the whole model: export it with torch.onnx.export, or give the module to "
-                "qtool.load_graph(module, example=x)" if model.source.startswith(("torch:", "safetensors:")) else ""))
+                "qtool.load_model(module, example=x)" if model.source.startswith(("torch:", "safetensors:")) else ""))
 
 
 def read_imported(path, model: GruModel, fmt: str | None = None):

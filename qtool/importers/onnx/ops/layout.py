@@ -121,8 +121,9 @@ def slice(r, node) -> None:
         steps = [1] * len(starts)
     for a, s, e, step in zip(axes, starts, ends, steps):
         size = shape[a]
-        s = min(max(s + size if s < 0 else s, 0), size)
-        e = min(max(e + size if e < 0 else e, 0), size)
+        low, high = (0, size) if step > 0 else (-1, size - 1)  # ONNX's clamping: a reversal reaches index 0
+        s = min(max(s + size if s < 0 else s, low), high)
+        e = min(max(e + size if e < 0 else e, low), high)
         if step == 1 and s == 0 and e == size:
             continue
         if step == 1 and lay.axes[a] == "T" and s == size - 1 and e == size:
@@ -133,7 +134,8 @@ def slice(r, node) -> None:
         if isinstance(lay.axes[a], int) and step != 0 and len(range(s, e, step)):
             edge, lay = pick(r, node, edge, lay, a, list(range(s, e, step)), suffix=f"_{a}")
             continue
-        raise r.fail(node, f"takes [{s}:{e}:{step}] of axis {a} ({lay.axes[a]}) of {lay.describe()}; qtool "
+        part = f"[{s}:{'' if e < 0 else e}:{step}]"
+        raise r.fail(node, f"takes {part} of axis {a} ({lay.axes[a]}) of {lay.describe()}; qtool "
                               "follows a Slice of a whole axis, of part of the channels or of the last time step",
                         layout=lay.axes[a] in ("N", "NT"))
     r.alias(node, edge, lay)
@@ -248,7 +250,10 @@ def gather(r, node) -> None:
     if (index.size != 1 or index.ndim > 1) and not isinstance(edge, Stack) and _gather_many(r, node, edge, lay, index):
         return
     if index.size != 1 or index.ndim > 1:
-        raise r.fail(node, f"gathers {index.size} indices; qtool follows one index (the last time step)")
+        role = None if isinstance(edge, Stack) else lay.axes[attr(node, "axis", 0) % len(lay.axes)]
+        raise r.fail(node, f"gathers {index.size} indices of axis {attr(node, 'axis', 0)} ({lay.describe()}); qtool "
+                           "follows one index (the last time step) or indices of a channel or frequency axis",
+                     layout=role is not None and not isinstance(role, int))
     i, keep = int(index.reshape(())), index.ndim == 1
     axis = attr(node, "axis", 0)
     if isinstance(edge, Stack):  # one of the joined values, then the index within it
