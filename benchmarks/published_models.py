@@ -13,6 +13,12 @@ its MFCC input on (`tf2onnx.convert.from_graph_def(graph_def, input_names=["Resh
 output_names=["labels_softmax:0"], opset=13)`) and pass the .onnx files (features [N, 25, 10] for
 the GRUs, maps [N, 49, 10, 1] for the CRNNs). Where the output is a vector of classes, the top-1
 agreement of the integer model with the float one is reported too.
+
+GTCRN (Xiaobin-Rong/gtcrn): export its checkpoint with `torch.onnx.export(GTCRN(), spec,
+"gtcrn.onnx", input_names=["spec"], dynamic_axes={"spec": {0: "n", 2: "t"}}, dynamo=False)`
+(spec [1, 257, T, 2]); features are `torch.stft(wave, 512, 256, 512, torch.hann_window(512) **
+0.5, return_complex=False)` of its test_wavs/mix.wav transposed to [N, T, 257, 2] (the README's
+figures: 6 clips of 100 frames from the first 5 s to calibrate, the last 291 frames to test).
 """
 
 from __future__ import annotations
