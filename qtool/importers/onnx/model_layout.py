@@ -185,7 +185,10 @@ class Layout:
                             free[0] if free else None)
                 if spot is None:
                     raise LayoutError(f"{what} reshapes {self.describe()} {ins} to {list(out)}, dropping the "
-                                      f"{'batch' if a == 'N' else 'time'} axis")
+                                      f"{'batch' if a == 'N' else 'time'} axis (its size was fixed at 1 when "
+                                      "the file was exported: export with a dynamic "
+                                      f"{'batch' if a == 'N' else 'length'}, or with "
+                                      "torch.onnx.export(dynamo=False), whose dynamic axes stay dynamic)")
                 roles[spot] = a
                 free.remove(spot)
         order = {p[1]: idx for idx, p in enumerate(sorted(pieces))}
