@@ -265,3 +265,22 @@ def test_a_gru_is_observed_once_for_every_candidate(monkeypatch):
     fresh = auto_graph(prepare(g, calib, 60, BitsConfig(preset_config("w8a16"))), 60,
                        BitsConfig(preset_config("w8a16")))
     assert fingerprint(fresh) == fingerprint(shared[1])
+
+
+def test_a_layernorms_scale_and_prelus_slopes_are_units_of_their_own():
+    """The weight bits a layernorm keeps its gamma on and a prelu its slopes on are the advisor's
+    to choose, as a dense layer's W: promoting them gives those params 16 bits, and more flash."""
+    rng = np.random.default_rng(2)
+    nodes = [Node("ln", "layernorm", ["x"], ["n"], {"size": C, "epsilon": 1e-5},
+                  {"gamma": rng.uniform(0.5, 2, C).astype(np.float32), "beta": rng.normal(size=C).astype(np.float32)}),
+             Node("pr", "prelu", ["n"], ["p"], {}, {"alpha": rng.uniform(0.05, 0.3, C).astype(np.float32)}),
+             Node("head", "dense", ["p"], ["y"], {}, {"W": rng.normal(size=(K, C)).astype(np.float32)})]
+    g = check(Graph(nodes, {"x": (None, C)}, ["y"]))
+    prep = prepare(g, data(40, 1), 40, BitsConfig(preset_config("int8")))
+    sp = space(prep, 40, 0, 0.01, 5, 64)
+    assert {("ln", "weight"), ("pr", "weight")} <= set(sp.units)
+    int8 = quantize_graph(prep, 40, sp.config(frozenset()), "minmax", 99.99, 64, {})
+    wide = quantize_graph(prep, 40, sp.config(frozenset({("ln", "weight"), ("pr", "weight")})), "minmax", 99.99, 64, {})
+    assert int(np.abs(wide.qparams["ln"]["q_gamma"]).max()) > 127 >= int(np.abs(int8.qparams["ln"]["q_gamma"]).max())
+    assert int(np.abs(wide.qparams["pr"]["q_alpha"]).max()) > 127
+    assert graph_flash(wide) > graph_flash(int8)

@@ -121,11 +121,15 @@ def _stats(values: np.ndarray, key: str, seed: int, gamma: float, repeats: int):
     return o.stats()
 
 
-def _weights(node: Node, qp: dict) -> np.ndarray:
-    """A weighted layer's float weights (a batchnorm's per-channel factors: its integers read back)."""
-    if "W" in node.params:
-        return node.params["W"]
-    return dequantize(qp["q_W"].reshape(len(qp["q_W"]), -1), qp["exp2_inv_W"][:, None], 0)
+WEIGHTS = ("W", "gamma", "alpha")  # the params a layer keeps on its weight bits: a GEMM's, a layernorm's scale, slopes
+
+
+def _weights(node: Node, qp: dict) -> np.ndarray | None:
+    """A layer's float weights on its weight bits (a batchnorm's per-channel factors: its integers
+    read back; a layernorm's gamma, a prelu's slopes); None for a layer without."""
+    if "q_W" in qp and "W" not in node.params:
+        return dequantize(qp["q_W"].reshape(len(qp["q_W"]), -1), qp["exp2_inv_W"][:, None], 0)
+    return next((node.params[k] for k in WEIGHTS if k in node.params and f"q_{k}" in qp), None)
 
 
 def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chunk: int) -> Space:
@@ -161,8 +165,9 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
         shares = node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ())
         for e in node.outputs:
             edge_unit.setdefault(e, edge_unit[node.inputs[0]] if shares else (node.name, "activation"))
-        if "q_W" in int8.qparams[node.name]:
-            w = _stats(_weights(node, int8.qparams[node.name]), f"{node.name}.W", seed, gamma, repeats)
+        weights = _weights(node, int8.qparams[node.name])
+        if weights is not None:
+            w = _stats(weights, f"{node.name}.W", seed, gamma, repeats)
             x = of_edge(node.inputs[0])
             db = pzero.snr_db(pzero.p_zero(w, LOW), pzero.p_zero(x, LOW))
             low((node.name, "weight"), db)
