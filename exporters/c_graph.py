@@ -81,6 +81,12 @@ class _Node:
     qm: object = None
     dual: tuple = ("time", 1, "fc")  # a GRU over a map: (along, F, order) (qtool.layers.gru.dual_path)
 
+    @property
+    def region(self) -> bool:
+        """Whether the node has a region of its own in the work buffer (a GRU along time's work; one
+        along frequency keeps a frame's work in the state)."""
+        return self.gru is not None and self.dual[0] == "time"
+
 
 @dataclass
 class GraphExport:
@@ -255,7 +261,7 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
     layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
               sorted(n for n in files if n.endswith(".c")))
     gru_work = [(edges[n.ins[0]], _gru_work_per_step(n.qm) + n.qm.model.output_size + m.width[n.ins[0]],
-                 SIZES[act_type(n.qm)]) for n in nodes if n.gru is not None and n.dual[0] == "time"]
+                 SIZES[act_type(n.qm)]) for n in nodes if n.region]
     return GraphExport(prefix, files, m.footprint(tables), edges, layout, gru_work)
 
 
@@ -555,7 +561,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
                  f"{self.width[e] * SIZES[self.t[e]] + 3}" for e in range(1, len(self.edges))]
         terms += [f"({n.f.upper()}_SEQUENCE_WORK({steps(n.ins[0])}) + {steps(n.ins[0])} * "
                   f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t) + 3"
-                  for n in self.nodes if n.gru is not None and n.dual[0] == "time"]
+                  for n in self.nodes if n.region]
         return f"#define {self.P}_SEQUENCE_WORK_MAX(T) ({' + '.join(f'({t})' for t in terms) or '0'})"
 
     def layout_code(self) -> str:
@@ -568,7 +574,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
             lines.append(f"    offset[{e}] = at;\n    at += ({size} + 3) & ~3;")
         # a GRU's own work (its run_sequence) and, where its types or grids differ, its input and output
         for i, n in enumerate(self.nodes):
-            if n.gru is not None and n.dual[0] == "time":
+            if n.region:
                 lines.append(f"    offset[{len(self.edges) + i}] = at;\n"
                              f"    at += (({n.f.upper()}_SEQUENCE_WORK(steps[{n.ins[0]}]) + steps[{n.ins[0]}] * "
                              f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t)"

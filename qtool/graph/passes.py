@@ -128,12 +128,11 @@ def fuse_hypot(graph: Graph) -> str:
         if None in squares:
             continue
         chain += [total, *squares]
-        for n in chain:
+        graph.nodes[graph.nodes.index(root)] = Node(  # where the sqrt was: after every input, before every reader
+            root.name, "hypot", [sq.inputs[0] for sq in squares], list(root.outputs), {"epsilon": eps}, {},
+            "+".join(n.source or n.op for n in reversed(chain)))
+        for n in chain[1:]:
             graph.nodes.remove(n)
-        at = min(graph.nodes.index(n) for n in graph.nodes if root.outputs[0] in n.inputs) \
-            if any(root.outputs[0] in n.inputs for n in graph.nodes) else len(graph.nodes)
-        graph.nodes.insert(at, Node(root.name, "hypot", [sq.inputs[0] for sq in squares], list(root.outputs),
-                                    {"epsilon": eps}, {}, "+".join(n.source or n.op for n in reversed(chain))))
         fused.append(root.name)
     return f"fused {', '.join(fused)} into hypot" if fused else "no magnitude to fuse"
 

@@ -393,13 +393,8 @@ class _Reader:
 
     def _part(self, node, part: Part, k: int) -> str:
         """Channels [lo, hi) of an edge read on their own (PyTorch's `x[:, 0]` of a map): a select."""
-        q = Node(f"{node.name or node.op_type}_part{k}", "select", [part.edge], [f"{node.output[0]}_part{k}"],
-                 {"index": tuple(range(part.lo, part.hi))}, {}, "Gather")
-        while q.name in self.names:
-            q.name += "_"
-        self.names.add(q.name)
-        self.nodes.append(q)
-        return q.outputs[0]
+        return self.emit(node, "select", [part.edge], None, {"index": tuple(range(part.lo, part.hi))},
+                         source="Gather", suffix=f"_part{k}").outputs[0]
 
     def emit(self, node, op: str, inputs: list[str], layout: Layout, attrs: dict | None = None,
               params: dict | None = None, out: int = 0, source: str = "", suffix: str = "") -> Node:

@@ -43,7 +43,12 @@ def _name(a) -> str:
     return f"C{a}" if isinstance(a, int) else f"{a[0]}*C{a[1]}" if isinstance(a, tuple) else a
 
 
-def _renumber(a, index: dict):
+def factor(a) -> int | None:
+    """The channel factor axis name `a` holds, on its own or merged with the batch or time."""
+    return a if isinstance(a, int) else a[1] if isinstance(a, tuple) else None
+
+
+def renumber(a, index: dict):
     """Axis name `a` with its channel factor renumbered (a factor gone: a unit axis, or the batch)."""
     if isinstance(a, int):
         return index.get(a, "1")
@@ -64,7 +69,7 @@ class Layout:
         """A layout with its unit channel factors made unit axes, factors renumbered in order."""
         keep = [k for k, d in enumerate(cdims) if d != 1]
         index = {k: i for i, k in enumerate(keep)}
-        axes = tuple(_renumber(a, index) for a in axes)
+        axes = tuple(renumber(a, index) for a in axes)
         return Layout(axes, tuple(cdims[k] for k in keep), n, t)
 
     @property

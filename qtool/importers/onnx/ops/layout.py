@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from qtool.importers.onnx.graph import attr
-from qtool.importers.onnx.model_layout import FLOAT, FixedSteps, LayoutError, Part, Stack, ints
+from qtool.importers.onnx.model_layout import FLOAT, FixedSteps, LayoutError, Part, Stack, factor, ints, renumber
 from qtool.importers.onnx.ops.registry import handles
 
 
@@ -79,9 +79,8 @@ def reshape(r, node) -> None:
         number = {f: k for k, f in enumerate(seen)}
         if seen == sorted(seen):
             raise
-        axes = tuple(number[a] if isinstance(a, int) else (a[0], number[a[1]]) if isinstance(a, tuple) else a
-                     for a in lay.axes)
-        ordered = lay.replace(axes=axes, cdims=tuple(lay.cdims[f] for f in seen))
+        ordered = lay.replace(axes=tuple(renumber(a, number) for a in lay.axes),
+                              cdims=tuple(lay.cdims[f] for f in seen))
         out = ordered.reshape(target, what)
         r.alias(node, conform(r, node, edge, lay, ordered, "_order"), out)
 
@@ -175,9 +174,6 @@ def conform(r, node, edge, lay, target, suffix: str):
     a select); None where the axes differ in more than that."""
     if len(lay.axes) != len(target.axes) or lay.shape() != target.shape() or len(lay.cdims) != len(target.cdims):
         return None
-    def factor(a):
-        return a if isinstance(a, int) else a[1] if isinstance(a, tuple) else None
-
     for a, b in zip(lay.axes, target.axes):
         if (factor(a) is None) != (factor(b) is None) or (factor(a) is None and a != b) or \
                 isinstance(a, tuple) != isinstance(b, tuple) or (isinstance(a, tuple) and a[0] != b[0]):
@@ -229,15 +225,9 @@ def _gather_many(r, node, edge, lay, index: np.ndarray) -> bool:
     if not isinstance(role, int) or index.ndim == 0:
         return False
     k = index.ndim
-
-    def shifted(a):
-        f = a if isinstance(a, int) else a[1] if isinstance(a, tuple) else None
-        if f is None or f < role:
-            return a
-        return f + k - 1 if isinstance(a, int) else (a[0], f + k - 1)
-
-    axes = tuple(shifted(a) for a in lay.axes[:axis]) + tuple(range(role, role + k)) + \
-        tuple(shifted(a) for a in lay.axes[axis + 1:])
+    shift = {f: f if f < role else f + k - 1 for f in range(len(lay.cdims)) if f != role}  # the index's axes at role
+    axes = tuple(renumber(a, shift) for a in lay.axes[:axis]) + tuple(range(role, role + k)) + \
+        tuple(renumber(a, shift) for a in lay.axes[axis + 1:])
     out = lay.replace(axes=axes, cdims=lay.cdims[:role] + index.shape + lay.cdims[role + 1:])
     select(r, node, edge, lay.channels, out, _indices(lay, axis, index))
     return True
@@ -302,8 +292,8 @@ def concat(r, node) -> None:
             return
         if all(la.axes[axis] == "1" for la in lays) and len(rest) == 1:
             # torch.stack of maps read as one: the stacked values a new outermost channel factor
-            axes = tuple(0 if k == axis else a + 1 if isinstance(a, int) else (a[0], a[1] + 1)
-                         if isinstance(a, tuple) else a for k, a in enumerate(lays[0].axes))
+            later = {f: f + 1 for f in range(len(lays[0].cdims))}
+            axes = tuple(0 if k == axis else renumber(a, later) for k, a in enumerate(lays[0].axes))
             r.emit(node, "concat", edges, lays[0].replace(axes=axes, cdims=(len(lays), *lays[0].cdims)))
             return
         if _inner_concat(r, node, edges, lays, axis):
