@@ -59,15 +59,18 @@ def fit_and_save(m, folder: Path, x: np.ndarray, batch_size: int):
 
 def export_map_model(module, x, path, exporter: str = "torchscript"):
     """`module` on a map [N, C, T, F] through torch.onnx.export as a user runs it: "torchscript"
-    (dynamo=False, dynamic batch and time), "dynamo" (dynamic_shapes), "unfolded" (the
+    (dynamo=False, dynamic batch and time), "dynamo" (dynamic_shapes), "plain" (nothing but the
+    module and its example: torch.export fixes the example's batch and steps), "unfolded" (the
     TorchScript exporter keeping BatchNormalization), "opsetK" (the TorchScript exporter at opset
     K). Input "x", output "y"; returns `path`."""
     import warnings
 
     import torch
 
-    kw = {"dynamo": exporter == "dynamo"}
-    if exporter == "dynamo":
+    kw = {"dynamo": exporter in ("dynamo", "plain")}
+    if exporter == "plain":
+        torch._dynamo.reset()
+    elif exporter == "dynamo":
         torch._dynamo.reset()  # what an earlier export specialized (a length) is not this one's
         kw["dynamic_shapes"] = {"x": {0: torch.export.Dim("n"), 2: torch.export.Dim("t", min=4)}}
     else:

@@ -151,15 +151,17 @@ class Layout:
                 raise LayoutError(f"{what} squeezes axis {a} of {self.describe()}, which is not a unit axis")
         return self.replace(axes=tuple(r for k, r in enumerate(self.axes) if k not in at))
 
-    def reshape(self, out: list[int], what: str) -> Layout:
-        """The layout of this value reshaped to the concrete `out` (no 0 or -1 left in it)."""
+    def reshape(self, out: list[int], what: str, merged: frozenset = frozenset()) -> Layout:
+        """The layout of this value reshaped to the concrete `out` (no 0 or -1 left in it). A batch or
+        time axis fixed at 1 that finds no unit axis of `out` to stay on is merged with the axes after
+        it (`merged`): [N, T, ...] of a file fixed at one sequence reshaped to [N * T, ...]."""
         ins = self.shape()
         if min(out, default=1) < 1:
             raise LayoutError(f"{what} reshapes {ins} to {list(out)}, an empty or malformed shape")
         if math.prod(ins) != math.prod(out):
             raise LayoutError(f"{what} reshapes {ins} to {list(out)}, which does not fit (a size fixed "
                               "when the file was exported, or time folded into another axis?)")
-        big_in = [k for k, s in enumerate(ins) if s != 1]
+        big_in = [k for k, s in enumerate(ins) if s != 1 or k in merged]
         big_out = [k for k, s in enumerate(out) if s != 1]
         roles: dict[int, object] = {}
         pieces: list[tuple] = []  # (sort key in factor order, output axis, size)
@@ -184,10 +186,12 @@ class Layout:
         free = [k for k, s in enumerate(out) if s == 1]
         for k, s in enumerate(ins):
             a = self.axes[k]
-            if s == 1 and a in SPECIAL:
+            if s == 1 and a in SPECIAL and k not in merged:
                 gap = sum(1 for last_in, _ in blocks if last_in < k)
                 spot = next((f for f in free if sum(1 for _, last_out in blocks if last_out < f) == gap),
                             free[0] if free else None)
+                if spot is None and any(ins[b] != 1 for b in range(k + 1, len(ins))):
+                    return self.reshape(out, what, merged | {k})
                 if spot is None:
                     raise LayoutError(f"{what} reshapes {self.describe()} {ins} to {list(out)}, dropping the "
                                       f"{'batch' if a == 'N' else 'time'} axis (its size was fixed at 1 when "
@@ -196,6 +200,17 @@ class Layout:
                                       "torch.onnx.export(dynamo=False), whose dynamic axes stay dynamic)")
                 roles[spot] = a
                 free.remove(spot)
+        if self.n == 1:  # [N * T] or [N * F] of one sequence reshaped to [1, ...]: the unit axis before is its batch
+            for k in [k for k, r in roles.items() if r == "NT"]:
+                spot = next((f for f in reversed(free) if f < k), None)
+                if spot is not None:
+                    roles[spot], roles[k] = "N", "T"
+                    free.remove(spot)
+            for idx, (key, k, size) in enumerate(pieces):
+                spot = next((f for f in reversed(free) if f < k[1]), None) if isinstance(k, tuple) and k[0] == "N" else None
+                if spot is not None:
+                    roles[spot], pieces[idx] = "N", (key, k[1], size)
+                    free.remove(spot)
         order = {p[1]: idx for idx, p in enumerate(sorted(pieces))}
         cdims = [0] * len(pieces)
         for _, k, s in pieces:

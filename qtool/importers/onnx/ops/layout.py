@@ -136,7 +136,7 @@ def slice(r, node) -> None:
         part = f"[{s}:{'' if e < 0 else e}:{step}]"
         raise r.fail(node, f"takes {part} of axis {a} ({lay.axes[a]}) of {lay.describe()}; qtool "
                               "follows a Slice of a whole axis, of part of the channels or of the last time step",
-                        layout=lay.axes[a] in ("N", "NT"))
+                        layout=lay.axes[a] in ("N", "NT") or (lay.axes[a] == "T" and r.declared[1] is not None))
     r.alias(node, edge, lay)
 
 
