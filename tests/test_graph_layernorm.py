@@ -2,7 +2,8 @@
 own integers (math.isqrt, exact rational rounding) on held-out and extreme inputs; the bound that
 refuses what int64 cannot hold; PyTorch's LayerNorm over a map's frequencies and channels (GTCRN's),
 over each frequency's channels and over a GRU's output, through both torch.onnx exporters, equal
-to the module; the C export with 0 mismatches on the host and the emulated Cortex-M4."""
+to the module; Keras' LayerNormalization in both forms tf2onnx writes, equal to TensorFlow; the
+C export with 0 mismatches on the host and the emulated Cortex-M4."""
 
 import math
 import shutil
@@ -10,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import export_map_model
+from conftest import GOLDEN, export_map_model
 
 import qtool
 from qtool.core.graph import Graph, Node
@@ -157,3 +158,23 @@ def test_the_c_export_verifies_on_the_emulated_cortex_m4(tmp_path):
     qtool.export_c(qg, tmp_path / "c", name="normed")
     v = qtool.verify(qg, tmp_path / "c", data(2, 5), target="cortex-m4")
     assert v.mismatches == 0 and v.target == "cortex-m4"
+
+
+def test_keras_layernorms_through_tf2onnx_are_layernorms_equal_to_tensorflow():
+    """tests/golden/make_tf_loops.py (layer_norms): Keras 2's fused form (a training-mode batch
+    norm over the rows of a reshaped tensor, then gamma and beta) and tf.nn.batch_normalization's
+    formula (epsilon 1e-5, which the fused kernel does not take), with and without beta: each one
+    layernorm node, its gamma and beta folded in by the float passes, equal to TensorFlow's output
+    on held-out sequences."""
+    from qtool.graph.passes import run_float_passes
+
+    g = qtool.load_model(GOLDEN / "tf_layernorm.onnx", check=False)
+    norms = [n for n in g.nodes if n.op == "layernorm"]
+    assert [n.source.split("+")[0] for n in norms] == ["ReduceMean", "GlobalAveragePool", "ReduceMean"]
+    assert [n.source.split("+")[-1] for n in norms] == ["BatchNormalization", "Add", "BatchNormalization"]
+    assert [n.attrs["epsilon"] for n in norms] == pytest.approx([1e-3, 1e-5, 1e-3])
+    io = np.load(GOLDEN / "tf_layernorm_io.npz")
+    np.testing.assert_allclose(qtool.layers.run(g, io["x"])[g.outputs[0]], io["y"], atol=1e-5)
+    g, _ = run_float_passes(g)
+    assert [n.op for n in g.nodes] == ["dense", "layernorm", "gru", "layernorm", "layernorm", "dense"]
+    np.testing.assert_allclose(qtool.layers.run(g, io["x"])[g.outputs[0]], io["y"], atol=1e-5)

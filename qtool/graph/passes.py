@@ -70,7 +70,7 @@ def fold_batchnorm(graph: Graph) -> str:
         _bypass(graph, bn)
         folded.append(f"{bn.name} into {prev.name}")
     said = [f"folded {', '.join(folded)}"] if folded else []
-    said += [f"kept {', '.join(kept)} as an integer per-channel affine (its input is no dense or conv "
+    said += [f"kept {', '.join(kept)} as an integer per-channel affine (its input is no dense, conv or layernorm "
              "output that only it reads, or it differs along a map's frequencies)"] if kept else []
     return "; ".join(said) or "no batchnorm to fold"
 

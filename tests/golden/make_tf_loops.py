@@ -34,6 +34,7 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   [N, T, 10, 1]: Conv2D(8, 3x3, stride (1, 2), same) -> BatchNormalization -> ReLU ->
   DepthwiseConv2D(3x3, same, relu) -> Reshape((-1, 40)) -> GRU(16, reset_after=False) -> Dense(4,
   softmax); the ONNX file of any length T, the TFLite file at 49 steps.
+- tf_layernorm.onnx: Keras' LayerNormalization in the two forms tf2onnx writes (layer_norms).
 - tf_flex.tflite (a GRU converted with SELECT_TF_OPS: TensorFlow's tensor-list ops inside) and
   tf_dense_int8.tflite (a model quantized to int8 by the converter): both refused.
 """
@@ -147,6 +148,25 @@ def crnn(rng) -> None:
     tflite_file("tf_crnn_lite", lite, rng.standard_normal((8, 49, 10, 1)).astype("float32"))
 
 
+def layer_norms(rng) -> None:
+    """tf_layernorm.onnx: Dense(8) -> LayerNormalization -> GRU(10) -> LayerNormalization(epsilon
+    1e-5) -> LayerNormalization(center=False) -> Dense(3) on [N, T, 6]. Keras 2 runs the first as
+    a training-mode fused batch norm over the rows of a reshaped tensor (tf2onnx: Reshape,
+    ReduceMean, ReduceSumSquare, BatchNormalization with those statistics, Reshape, Mul, Add) and
+    the others, whose epsilon the fused kernel does not take or with no beta, as
+    tf.nn.batch_normalization's formula (GlobalAveragePool moments, x * s + (beta - mean * s))."""
+    i = tf.keras.Input((None, 6))
+    h = tf.keras.layers.LayerNormalization()(tf.keras.layers.Dense(8)(i))
+    h = tf.keras.layers.LayerNormalization(epsilon=1e-5)(tf.keras.layers.GRU(10, return_sequences=True)(h))
+    h = tf.keras.layers.LayerNormalization(center=False)(h)
+    model = biased(tf.keras.Model(i, tf.keras.layers.Dense(3)(h)), 12)
+    for w in model.weights:
+        if "gamma" in w.name or "beta" in w.name:
+            w.assign(rng.uniform(0.5, 1.5, w.shape).astype("float32") if "gamma" in w.name else
+                     rng.uniform(-0.3, 0.3, w.shape).astype("float32"))
+    keras_file("tf_layernorm", model, rng.standard_normal((8, 20, 6)).astype("float32"))
+
+
 def refused_tflite(rng) -> None:
     i = tf.keras.Input((None, 6))
     conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(i, tf.keras.layers.GRU(4)(i)))
@@ -224,6 +244,7 @@ def main() -> None:
     conv_front(rng)
     crnn(rng)
     bidirectional(rng)
+    layer_norms(np.random.default_rng(12))
     tf.compat.v1.disable_v2_behavior()  # TF1's control flow: TensorArrays in a while loop, as TF1 froze them
     tf1_file("tf_scan_gru", 1, rng)
     tf1_file("tf_scan_stack", 2, rng)

@@ -207,7 +207,8 @@ class Layout:
                     roles[spot], roles[k] = "N", "T"
                     free.remove(spot)
             for idx, (key, k, size) in enumerate(pieces):
-                spot = next((f for f in reversed(free) if f < k[1]), None) if isinstance(k, tuple) and k[0] == "N" else None
+                batch = isinstance(k, tuple) and k[0] == "N"
+                spot = next((f for f in reversed(free) if f < k[1]), None) if batch else None
                 if spot is not None:
                     roles[spot], pieces[idx] = "N", (key, k[1], size)
                     free.remove(spot)

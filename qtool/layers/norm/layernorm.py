@@ -76,6 +76,14 @@ def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [y * np.asarray(node.params["gamma"], dt) + np.asarray(node.params["beta"], dt)]
 
 
+def fold_affine(node: Node, a: np.ndarray, c: np.ndarray) -> bool:
+    """Fold a per-channel affine `y * a + c` of the output into gamma and beta (Keras writes its
+    LayerNormalization's gamma and beta after a normalization of their own: tf2onnx's file)."""
+    gamma, beta = (np.asarray(node.params[k], np.float64) for k in ("gamma", "beta"))
+    node.params = {"gamma": (gamma * a).astype(np.float32), "beta": (beta * a + c).astype(np.float32)}
+    return True
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     gx = g_in[0]
     n = _groups(node, len(node.params["gamma"]))[0]

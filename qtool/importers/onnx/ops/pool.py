@@ -43,6 +43,12 @@ def _reduce_channels(r, node, edge, lay, axes: list[int]) -> None:
 @handles("GlobalAveragePool", "GlobalMaxPool")
 def global_pool(r, node) -> None:
     edge, lay = r.input(node)
+    over = list(range(2, len(lay.axes)))  # channels there: the mean of a LayerNorm written out (tf2onnx's)
+    if node.op_type == "GlobalAveragePool" and over and all(isinstance(lay.axes[a], int) or lay.axes[a] == "1"
+                                                              for a in over):
+        size, stride = norm_groups(r, node, lay, over)
+        if written_layer_norm(r, node, edge, lay, over, size, stride):
+            return
     r.ncw(node, lay)
     r.emit(node, OVER_TIME[node.op_type], [edge], lay.replace(axes=("N", lay.axes[1], "1")))
 
