@@ -162,7 +162,11 @@ def run_graph_c(layout, export_dir: Path, prefix: str, x: np.ndarray, target: st
             res = c_target.run(t, exe, args, tmp, timeout)
             where = f"the C program on the emulated {target}"
         if res.returncode != 0:
-            why = ": the sequences are too short or too long for the model" if res.returncode == 6 else ""
+            why = {6: ": the sequences are too short or too long for the model",
+                   3: f": it could not allocate its buffers for sequences of {T} steps"
+                      + (f" in the emulated {target}'s {TARGETS[target].ram_size >> 20} MiB of RAM (whole sequences"
+                         " take work in proportion to their steps: verify shorter ones)" if target != HOST else "")
+                   }.get(res.returncode, "")
             raise QtoolError(f"{where} failed (exit {res.returncode}){why}")
         if not all((tmp / f).exists() for f in args[3:]):
             said = " ".join((res.stdout + res.stderr).split())[-200:]

@@ -17,8 +17,10 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, reason
 from qtool.importers.onnx import fake_quant
+from qtool.importers.onnx.external import inline
 from qtool.importers.onnx.graph import Graph
 from qtool.importers.onnx.model_layout import FLOAT
+from qtool.importers.onnx.streaming import stream_pairs
 
 X, Y = "qtool.check.x", "qtool.check.y"
 
@@ -78,6 +80,8 @@ def check_graph(path: Path, graph, ports, reader) -> dict:
     except ImportError as e:
         return {"checked": False, "reason": f"ONNX Runtime cannot be imported (no module {e.name or 'onnxruntime'!r})"}
     t0 = time.perf_counter()
+    if stream_pairs(reader.model):
+        return _check_stream(path, graph, ports, reader, t0)
     feeds, xs, n, t = check_inputs(reader, ports)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # ORT would print its own errors; qtool says them in one line
@@ -101,6 +105,43 @@ def check_graph(path: Path, graph, ports, reader) -> dict:
             "seconds": round(time.perf_counter() - t0, 3), **pairs, **unused}
 
 
+def _check_stream(path: Path, graph, ports, reader, t0: float) -> dict:
+    """A streaming file (qtool.importers.onnx.streaming) run frame by frame by ONNX Runtime, its
+    caches starting at zero and fed back, against qtool's graph over the whole sequence."""
+    import onnxruntime as ort
+
+    pairs = dict(stream_pairs(reader.model))
+    model = _inlined_model(reader)
+    feeds, xs, n, _ = check_inputs(reader, ports, steps=CHECK_T)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.intra_op_num_threads = 1
+    declared = {i.name: i for i in model.graph.input}
+    state = {c: np.zeros([d.dim_value for d in declared[c].type.tensor_type.shape.dim], np.float32) for c in pairs}
+    frames: dict[str, list] = {name: [] for name in ports.outputs}
+    try:
+        with framework_run():
+            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            for k in range(CHECK_T):
+                frame = {name: np.ascontiguousarray(lay.from_qtool(xs[name][:, k:k + 1])) for name, lay in
+                         ports.inputs.items()}
+                outs = dict(zip([*ports.outputs, *pairs.values()],
+                                sess.run([*ports.outputs, *pairs.values()], {**frame, **state})))
+                state = {c: outs[o] for c, o in pairs.items()}
+                for name in ports.outputs:
+                    frames[name].append(outs[name])
+    except Exception as e:  # ONNX Runtime raises its own types on files it cannot run
+        raise QtoolError(f"{path}: ONNX Runtime cannot run this file ({reason(ORT_NOISE.sub('', str(e)))})") from None
+    want = {}
+    for name, (_, layout) in ports.outputs.items():
+        if "T" not in layout.axes:
+            raise QtoolError(f"{path}: output '{name}' of a streaming file has no time axis ({layout.describe()})")
+        want[name] = np.concatenate(frames[name], axis=layout.axes.index("T"))
+    worst = compare_outputs(path, graph, ports, xs, want, n, "ONNX Runtime frame by frame")
+    return {"checked": True, "framework": "ONNX Runtime", "max_abs_diff": worst, "sequences": n, "steps": CHECK_T,
+            "frame_by_frame": True, "seconds": round(time.perf_counter() - t0, 3)}
+
+
 def compare_outputs(path: Path, graph, ports, xs: dict, want: dict, n: int, framework: str) -> float:
     """The largest difference between the framework's outputs `want` and qtool's graph on `xs`
     (relative where the output exceeds 1); raises beyond TOLERANCE."""
@@ -121,13 +162,13 @@ def compare_outputs(path: Path, graph, ports, xs: dict, want: dict, n: int, fram
     return worst
 
 
-def check_inputs(reader, ports, n: int | None = None) -> tuple[dict, dict, int, int]:
+def check_inputs(reader, ports, n: int | None = None, steps: int | None = None) -> tuple[dict, dict, int, int]:
     """ONNX Runtime's feeds (each in its own layout) and qtool's inputs (channels-last): random data,
     zeros for state inputs."""
     from onnx import helper
 
     rng = np.random.default_rng(0)
-    n, t = n or ports.batch or CHECK_N, ports.steps or CHECK_T
+    n, t = n or ports.batch or CHECK_N, steps or ports.steps or CHECK_T
     for name, lay in ports.inputs.items():  # a file may fix its batch and length: bounded before allocating
         if n * (t if lay.seq else 1) * lay.channels > MAX_TENSOR_ELEMENTS:
             raise QtoolError(f"{reader.where}: input '{name}' is fixed at {n:,} sequences x {t:,} steps x "
@@ -165,9 +206,12 @@ def _inlined_model(reader):
     from qtool.importers.onnx.loops import load_onnx, loop_notes
 
     model = ModelProto()
-    model.CopyFrom(load_onnx(reader.path, loops=False) if loop_notes(reader.model) else reader.model)
+    rewritten = loop_notes(reader.model) or stream_pairs(reader.model)
+    model.CopyFrom(load_onnx(reader.path, loops=False) if rewritten else reader.model)
     graph = model.graph
-    inits = [reader.g.tensor(t.name) for t in graph.initializer]
+    # (a streaming file's cache updates, which qtool does not read, are inline or read here checked)
+    inits = [reader.g.tensor(t.name) if t.name in reader.g.consts else inline(reader.where, t, reader.path.parent)
+             for t in graph.initializer]
     del graph.initializer[:]
     graph.initializer.extend(inits)
     for k, node in enumerate(graph.node):

@@ -46,6 +46,7 @@ from qtool.importers.onnx.model_layout import (
 )
 from qtool.importers.onnx.ops import HANDLERS
 from qtool.importers.onnx.ops.activation import FUNCTION_OPS, function
+from qtool.importers.onnx.streaming import stream_note
 from qtool.importers.ranges import GraphRanges
 
 EXPORTER_NAMES = ("tf2onnx", "torch_jit", "main_graph", "torch-jit-export", "model")
@@ -166,7 +167,7 @@ class _Reader:
         self.freq_pads: dict[str, tuple] = {}  # a Pad along a map's frequencies -> (edge, layout, pads) for its Conv
         self.ranges = GraphRanges("ONNX QDQ")  # the fake-quant pairs' grids, by qtool edge
         self.fake_quant: dict[str, tuple[str, bool]] = {}  # a pair's Quantize output -> (its input, clips at 0)
-        self.notes: list[str] = loop_notes(model)
+        self.notes: list[str] = loop_notes(model) + ([stream_note(model)] if stream_note(model) else [])
         self.rank3 = self.rank4 = False
         self.declared: list = []
 

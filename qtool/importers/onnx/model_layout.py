@@ -165,7 +165,7 @@ class Layout:
         big_out = [k for k, s in enumerate(out) if s != 1]
         roles: dict[int, object] = {}
         pieces: list[tuple] = []  # (sort key in factor order, output axis, size)
-        blocks, i, j = [], 0, 0
+        blocks, spans, i, j = [], [], 0, 0
         while i < len(big_in):
             bi, bj = [big_in[i]], [big_out[j]]
             pi, pj = ins[bi[0]], out[bj[0]]
@@ -179,19 +179,31 @@ class Layout:
                     bj.append(big_out[j])
                     pj *= out[big_out[j]]
             blocks.append((bi[-1], bj[-1]))
+            spans.append((bi[0], bi[-1]))
             self._block([self.axes[k] for k in bi], bj, out, roles, pieces, what)
             i, j = i + 1, j + 1
         # a batch or time axis of size 1 (a file exported with a fixed batch of 1) keeps its place
         # between the same blocks of larger axes
         free = [k for k, s in enumerate(out) if s == 1]
+        placed: dict[int, int] = {}  # input axis -> the output axis it stays on
         for k, s in enumerate(ins):
             a = self.axes[k]
             if s == 1 and a in SPECIAL and k not in merged:
                 gap = sum(1 for last_in, _ in blocks if last_in < k)
-                spot = next((f for f in free if sum(1 for _, last_out in blocks if last_out < f) == gap),
-                            free[0] if free else None)
-                if spot is None and any(ins[b] != 1 for b in range(k + 1, len(ins))):
+                spot = next((f for f in free if sum(1 for _, last_out in blocks if last_out < f) == gap), None)
+                if spot is None and a == "T" and roles.get(placed.get(k - 1)) == "N":  # [1, 1, ...] -> [1 * 1, ...]
+                    roles[placed[k - 1]] = "NT"
+                    continue
+                inside = any(first < k < last for first, last in spans)  # between a block's axes: anywhere
+                if spot is None and not inside and any(ins[b] != 1 for b in range(k + 1, len(ins))):
                     return self.reshape(out, what, merged | {k})
+                spot = free[0] if spot is None and free else spot
+                after = [f for f in free if f > (spot if spot is not None else len(out))]
+                if a == "NT" and after and after[0] == spot + 1:  # [1 * 1, ...] -> [1, 1, ...]: split again
+                    roles[spot], roles[after[0]] = "N", "T"
+                    free.remove(spot)
+                    free.remove(after[0])
+                    continue
                 if spot is None:
                     raise LayoutError(f"{what} reshapes {self.describe()} {ins} to {list(out)}, dropping the "
                                       f"{'batch' if a == 'N' else 'time'} axis (its size was fixed at 1 when "
@@ -199,6 +211,7 @@ class Layout:
                                       f"{'batch' if a == 'N' else 'length'}, or with "
                                       "torch.onnx.export(dynamo=False), whose dynamic axes stay dynamic)")
                 roles[spot] = a
+                placed[k] = spot
                 free.remove(spot)
         if self.n == 1:  # [N * T] or [N * F] of one sequence reshaped to [1, ...]: the unit axis before is its batch
             for k in [k for k, r in roles.items() if r == "NT"]:

@@ -29,6 +29,7 @@ from qtool.importers.onnx.loops.anatomy import NotACell, anatomy, name_of
 from qtool.importers.onnx.loops.cells import find_cells
 from qtool.importers.onnx.loops.directions import pair_directions
 from qtool.importers.onnx.loops.rewrite import LOOP_NOTE, read_outside, replace
+from qtool.importers.onnx.streaming import rewrite_caches
 
 _LOOP_TAIL = ("; qtool reads a loop whose states are GRU cells (tf2onnx writes a Keras GRU as a Loop and a TF1 "
               "GRUCell as a Scan), and a GRU as an ONNX GRU node (torch.onnx.export of nn.GRU)")
@@ -68,6 +69,8 @@ def _read(path: Path, loops: bool):
             raise QtoolError(f"{path}: not a TFLite file (no TFL3 identifier)")
     if loops:
         rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
+        opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
+        rewrite_caches(model, str(path), opset)  # a streaming file: the model over whole sequences
     return model
 
 

@@ -1,0 +1,132 @@
+"""Streaming ONNX files (qtool.importers.onnx.streaming): a model written the way GTCRN's authors
+write their streaming model (stream/gtcrn_stream.py: a convolution that joins its cache before the
+frame, GRUs that take their state from a cache and give it back, the caches updated in place),
+exported one frame a run with torch.onnx.export, imports as the model over whole sequences. It
+equals the PyTorch module run frame by frame with its caches fed back, on held-out sequences, and
+its integers verify in C whole and frame by frame; a cache read any other way is refused."""
+
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+import qtool
+from qtool.errors import QtoolError
+from qtool.layers import run
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+F, C, H = 6, 4, 5  # frequencies, channels, GRU units
+
+
+class StreamConv(torch.nn.Module):
+    """GTCRN's StreamConv2d: the cache's frames joined before the frame, a convolution with no
+    time padding, the joined frames but the first written back."""
+
+    def __init__(self, kt: int, d: int):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(C, C, (kt, 3), padding=(0, 1), dilation=(d, 1), groups=C)
+
+    def forward(self, x, cache):
+        inp = torch.cat([cache, x], dim=2)
+        return self.conv(inp), inp[:, :, 1:]
+
+
+class Stream(torch.nn.Module):
+    """One frame [1, 2, 1, F]: a 1x3 convolution, a dilated causal depthwise convolution with its
+    cache, a GRU along time on each frequency (GTCRN's inter-RNN) and one over the frequencies' mean
+    (its temporal attention), each GRU's state in the GRU cache."""
+
+    def __init__(self, read_cache_otherwise: bool = False):
+        super().__init__()
+        self.pre = torch.nn.Conv2d(2, C, (1, 3), padding=(0, 1))
+        self.act = torch.nn.PReLU()
+        self.dw = StreamConv(3, 2)  # looks back (3 - 1) * 2 = 4 frames
+        self.inter = torch.nn.GRU(C, H, batch_first=True)
+        self.att = torch.nn.GRU(C, C, batch_first=True)
+        self.out = torch.nn.Linear(H, 2)
+        self.otherwise = read_cache_otherwise
+
+    def forward(self, x, conv_cache, gru_cache):
+        """x [1, 2, 1, F]; conv_cache [1, C, 4, F]; gru_cache [2, 1, F, H]: [0] the inter GRU's
+        state per frequency, [1, :, :1, :C] the attention GRU's."""
+        h = self.act(self.pre(x))
+        past = conv_cache[:, :, :1] * 0.5  # a value of the last run's cache, read as data
+        h, conv_cache[:, :, :4] = self.dw(h, conv_cache[:, :, :4])
+        if self.otherwise:
+            h = h + past
+        z = h.pow(2).mean(-1).transpose(1, 2)  # [1, T, C]
+        a, gru_cache[1, :, :1, :C] = self.att(z, gru_cache[1, :, :1, :C].contiguous())
+        h = h * torch.sigmoid(a).transpose(1, 2).unsqueeze(-1)
+        y = h.permute(0, 3, 2, 1).reshape(F, 1, C)  # [B * F, T, C]
+        y, gru_cache[0] = self.inter(y, gru_cache[0].contiguous())
+        y = self.out(y).reshape(1, F, 1, 2).permute(0, 3, 2, 1)  # [1, 2, T, F]
+        return y, conv_cache, gru_cache
+
+
+def caches():
+    return torch.zeros(1, C, 4, F), torch.zeros(2, 1, F, H)
+
+
+def exported(m, path) -> str:
+    """As gtcrn_stream.py exports it: one frame and the caches, their updates as outputs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(1, 2, 1, F), *caches()), str(path), dynamo=False, opset_version=11,
+                          input_names=["mix", "conv_cache", "gru_cache"],
+                          output_names=["enh", "conv_cache_out", "gru_cache_out"])
+    return str(path)
+
+
+def frame_by_frame(m, x: np.ndarray) -> np.ndarray:
+    """The module on spectra `[N, T, 2, F]` (the input's frames as qtool reads them), a frame a
+    run, its caches fed back."""
+    out = []
+    with torch.no_grad():
+        for seq in x:
+            conv_cache, gru_cache = caches()
+            frames = []
+            for frame in seq:
+                y, conv_cache, gru_cache = m(torch.from_numpy(frame)[None, :, None, :], conv_cache, gru_cache)
+                frames.append(y[0, :, 0, :].numpy().T)  # [F, 2]: the output's axis 3, then axis 1 (its note)
+            out.append(np.stack(frames).reshape(len(seq), -1))
+    return np.stack(out)
+
+
+def spectra(n: int, seed: int, t: int = 20) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, t, 2, F)).astype(np.float32)
+
+
+def trained() -> Stream:
+    torch.manual_seed(5)
+    return Stream().eval()
+
+
+def test_a_streaming_file_imports_as_the_model_over_whole_sequences(tmp_path):
+    m = trained()
+    g = qtool.load_model(exported(m, tmp_path / "stream.onnx"))  # checked against ONNX Runtime frame by frame
+    assert g.check_result["frame_by_frame"] and g.check_result["max_abs_diff"] < 1e-5
+    assert any("carry 2 GRU states and 1 convolutions' past frames" in n for n in g.notes)
+    assert sum(n.op == "gru" for n in g.nodes) == 2
+    x = spectra(3, 1)
+    want = frame_by_frame(m, x)
+    np.testing.assert_allclose(run(g, x)["enh"], want, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_a_streaming_files_integers_verify_in_c_whole_and_frame_by_frame(tmp_path):
+    qg = qtool.calibrate(exported(trained(), tmp_path / "stream.onnx"), spectra(16, 2), bits="w8a16", method="minmax")
+    assert qtool.simulate(qg, spectra(4, 3)).outputs["enh"].cosine > 0.999
+    qtool.export_c(qg, tmp_path / "c", name="stream")
+    v = qtool.verify(qg, tmp_path / "c", spectra(3, 4))
+    assert v.mismatches == 0 and v.streaming and v.stream_values > 0
+
+
+def test_a_cache_read_otherwise_is_refused_saying_where(tmp_path):
+    torch.manual_seed(5)
+    path = exported(Stream(read_cache_otherwise=True).eval(), tmp_path / "other.onnx")
+    with pytest.raises(QtoolError, match=r"reads cells of the cache 'conv_cache' in a way qtool does not follow"):
+        qtool.load_model(path, check=False)
