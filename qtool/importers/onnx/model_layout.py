@@ -183,48 +183,59 @@ class Layout:
             self._block([self.axes[k] for k in bi], bj, out, roles, pieces, what)
             i, j = i + 1, j + 1
         # a batch or time axis of size 1 (a file exported with a fixed batch of 1) keeps its place
-        # between the same blocks of larger axes
+        # between the same blocks of larger axes; else it takes a unit axis left, else it merges
         free = [k for k, s in enumerate(out) if s == 1]
+        units = [k for k, s in enumerate(ins) if s == 1 and self.axes[k] in SPECIAL and k not in merged]
         placed: dict[int, int] = {}  # input axis -> the output axis it stays on
-        for k, s in enumerate(ins):
-            a = self.axes[k]
-            if s == 1 and a in SPECIAL and k not in merged:
-                gap = sum(1 for last_in, _ in blocks if last_in < k)
-                spot = next((f for f in free if sum(1 for _, last_out in blocks if last_out < f) == gap), None)
-                if spot is None and a == "T" and roles.get(placed.get(k - 1)) == "N":  # [1, 1, ...] -> [1 * 1, ...]
-                    roles[placed[k - 1]] = "NT"
-                    continue
-                inside = any(first < k < last for first, last in spans)  # between a block's axes: anywhere
-                if spot is None and not inside and any(ins[b] != 1 for b in range(k + 1, len(ins))):
-                    return self.reshape(out, what, merged | {k})
-                spot = free[0] if spot is None and free else spot
-                after = [f for f in free if f > (spot if spot is not None else len(out))]
-                if a == "NT" and after and after[0] == spot + 1:  # [1 * 1, ...] -> [1, 1, ...]: split again
-                    roles[spot], roles[after[0]] = "N", "T"
-                    free.remove(spot)
-                    free.remove(after[0])
-                    continue
-                if spot is None:
-                    raise LayoutError(f"{what} reshapes {self.describe()} {ins} to {list(out)}, dropping the "
-                                      f"{'batch' if a == 'N' else 'time'} axis (its size was fixed at 1 when "
-                                      "the file was exported: export with a dynamic "
-                                      f"{'batch' if a == 'N' else 'length'}, or with "
-                                      "torch.onnx.export(dynamo=False), whose dynamic axes stay dynamic)")
-                roles[spot] = a
+
+        def gap(k: int, side: int) -> int:
+            return sum(1 for block in blocks if block[side] < k)
+
+        for k in units:
+            spot = next((f for f in free if gap(f, 1) == gap(k, 0)), None)
+            if spot is not None:
                 placed[k] = spot
                 free.remove(spot)
-        if self.n == 1:  # [N * T] or [N * F] of one sequence reshaped to [1, ...]: the unit axis before is its batch
+        for k in units:
+            a = self.axes[k]
+            if k in placed:
+                roles[placed[k]] = a
+                if a == "NT" and placed[k] + 1 in free:  # [1 * 1, ...] -> [1, 1, ...]: split again
+                    roles[placed[k]], roles[placed[k] + 1] = "N", "T"
+                    free.remove(placed[k] + 1)
+                continue
+            if free:
+                roles[free.pop(0)] = a
+                continue
+            if a == "T" and self.axes[k - 1] == "N" and k - 1 in placed:  # [1, 1, ...] -> [1 * 1, ...]
+                roles[placed[k - 1]] = "NT"
+                continue
+            inside = any(first < k < last for first, last in spans)
+            if not inside and any(ins[b] != 1 for b in range(k + 1, len(ins))):
+                return self.reshape(out, what, merged | {k})  # [1, F, ...] -> [1 * F, ...]
+            nxt = next((first for first, _ in spans if first > k), None) if inside else None
+            if nxt is not None:  # a unit axis's place among a block's says nothing: it joins the next block
+                perm = [i for i in range(len(ins)) if i != k]
+                perm.insert(perm.index(nxt), k)
+                return self.transpose(perm).reshape(out, what, frozenset(perm.index(m) for m in merged | {k}))
+            raise LayoutError(f"{what} reshapes {self.describe()} {ins} to {list(out)}, dropping the "
+                              f"{'batch' if a == 'N' else 'time'} axis (its size was fixed at 1 when "
+                              "the file was exported: export with a dynamic "
+                              f"{'batch' if a == 'N' else 'length'}, or with "
+                              "torch.onnx.export(dynamo=False), whose dynamic axes stay dynamic)")
+        if self.n == 1:  # [N * T] of one sequence reshaped to [1, T]: the unit axis before is its batch
             for k in [k for k, r in roles.items() if r == "NT"]:
                 spot = next((f for f in reversed(free) if f < k), None)
                 if spot is not None:
                     roles[spot], roles[k] = "N", "T"
                     free.remove(spot)
-            for idx, (key, k, size) in enumerate(pieces):
-                batch = isinstance(k, tuple) and k[0] == "N"
-                spot = next((f for f in reversed(free) if f < k[1]), None) if batch else None
-                if spot is not None:
-                    roles[spot], pieces[idx] = "N", (key, k[1], size)
-                    free.remove(spot)
+        # [N * F] (or [T * F]) of a size 1 reshaped to [1, F]: the unit axis before it is the batch (time)
+        for idx, (key, k, size) in enumerate(pieces):
+            one = isinstance(k, tuple) and {"N": self.n, "T": self.t}[k[0]] == 1
+            spot = next((f for f in reversed(free) if f < k[1]), None) if one else None
+            if spot is not None:
+                roles[spot], pieces[idx] = k[0], (key, k[1], size)
+                free.remove(spot)
         order = {p[1]: idx for idx, p in enumerate(sorted(pieces))}
         cdims = [0] * len(pieces)
         for _, k, s in pieces:
