@@ -16,9 +16,11 @@ agreement of the integer model with the float one is reported too.
 
 GTCRN (Xiaobin-Rong/gtcrn): export its checkpoint with `torch.onnx.export(GTCRN(), spec,
 "gtcrn.onnx", input_names=["spec"], dynamic_axes={"spec": {0: "n", 2: "t"}}, dynamo=False)`
-(spec [1, 257, T, 2]); features are `torch.stft(wave, 512, 256, 512, torch.hann_window(512) **
-0.5, return_complex=False)` of its test_wavs/mix.wav transposed to [N, T, 257, 2] (the README's
-figures: 6 clips of 100 frames from the first 5 s to calibrate, the last 291 frames to test).
+(spec [1, 257, T, 2]), or pass its streaming files as shipped (stream/onnx_models/gtcrn.onnx,
+gtcrn_simple.onnx); features are `torch.stft(wave, 512, 256, 512, torch.hann_window(512) ** 0.5,
+return_complex=False)` of its test_wavs/mix.wav transposed to [N, T, 257, 2] (the README's
+figures: 6 clips of 100 frames starting at frames 0, 42, 85, 127, 170 and 212, within the first
+5 s, to calibrate; the last 291 frames to test).
 """
 
 from __future__ import annotations
