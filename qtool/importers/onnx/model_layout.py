@@ -153,8 +153,9 @@ class Layout:
 
     def reshape(self, out: list[int], what: str, merged: frozenset = frozenset()) -> Layout:
         """The layout of this value reshaped to the concrete `out` (no 0 or -1 left in it). A batch or
-        time axis fixed at 1 that finds no unit axis of `out` to stay on is merged with the axes after
-        it (`merged`): [N, T, ...] of a file fixed at one sequence reshaped to [N * T, ...]."""
+        time axis fixed at 1 that finds no unit axis of `out` to stay on is merged with the block of
+        axes after it (`merged`): [1, F, T, C] reshaped to [1 * F, T, C], [1, 1, F, C] to [1 * 1, F, C]
+        of a file fixed at one sequence and one frame."""
         ins = self.shape()
         if min(out, default=1) < 1:
             raise LayoutError(f"{what} reshapes {ins} to {list(out)}, an empty or malformed shape")
@@ -207,7 +208,7 @@ class Layout:
             if free:
                 roles[free.pop(0)] = a
                 continue
-            if a == "T" and self.axes[k - 1] == "N" and k - 1 in placed:  # [1, 1, ...] -> [1 * 1, ...]
+            if a == "T" and k > 0 and self.axes[k - 1] == "N" and k - 1 in placed:  # [1, 1, ...] -> [1 * 1, ...]
                 roles[placed[k - 1]] = "NT"
                 continue
             inside = any(first < k < last for first, last in spans)
