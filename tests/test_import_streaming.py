@@ -130,3 +130,35 @@ def test_a_cache_read_otherwise_is_refused_saying_where(tmp_path):
     path = exported(Stream(read_cache_otherwise=True).eval(), tmp_path / "other.onnx")
     with pytest.raises(QtoolError, match=r"reads cells of the cache 'conv_cache' in a way qtool does not follow"):
         qtool.load_model(path, check=False)
+
+
+class Carried(torch.nn.Module):
+    """A GRU whose state the caller carries: forward(x, h0) returns (y, h_n)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(C, H, num_layers=2, batch_first=True)
+        self.out = torch.nn.Linear(H, 3)
+
+    def forward(self, x, h0):
+        y, hn = self.gru(x, h0)
+        return self.out(y), hn
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_gru_whose_state_the_caller_carries_imports_as_the_gru(tmp_path, dynamic):
+    """torch.onnx.export(m, (x, h0)) with h_n among the outputs, fixed at one frame or of any batch
+    and length: h0 and h_n are the GRU's state carried from call to call."""
+    torch.manual_seed(6)
+    m = Carried().eval()
+    axes = {"dynamic_axes": {"x": {0: "n", 1: "t"}, "h0": {1: "n"}, "y": {0: "n", 1: "t"}}} if dynamic else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(1, 1, C), torch.zeros(2, 1, H)), str(tmp_path / "carried.onnx"),
+                          dynamo=False, input_names=["x", "h0"], output_names=["y", "hn"], **axes)
+    g = qtool.load_model(tmp_path / "carried.onnx")
+    assert g.check_result["frame_by_frame"] and any("carry 2 GRU states" in n for n in g.notes)
+    x = np.random.default_rng(7).standard_normal((3, 15, C)).astype(np.float32)
+    with torch.no_grad():
+        want = m(torch.from_numpy(x), torch.zeros(2, 3, H))[0].numpy()
+    np.testing.assert_allclose(run(g, x)["y"], want, atol=1e-5)

@@ -112,12 +112,13 @@ def _check_stream(path: Path, graph, ports, reader, t0: float) -> dict:
 
     pairs = dict(stream_pairs(reader.model))
     model = _inlined_model(reader)
-    feeds, xs, n, _ = check_inputs(reader, ports, steps=CHECK_T)
+    feeds, xs, n, _ = check_inputs(reader, ports, n=ports.batch or 1, steps=CHECK_T)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     opts.intra_op_num_threads = 1
     declared = {i.name: i for i in model.graph.input}
-    state = {c: np.zeros([d.dim_value for d in declared[c].type.tensor_type.shape.dim], np.float32) for c in pairs}
+    state = {c: np.zeros([d.dim_value or n for d in declared[c].type.tensor_type.shape.dim], np.float32)
+             for c in pairs}  # a dynamic size: the batch (a GRU's h0 [layers, N, H])
     frames: dict[str, list] = {name: [] for name in ports.outputs}
     try:
         with framework_run():

@@ -33,19 +33,50 @@ MOVES = {"Gather": (0,), "Slice": (0,), "ScatterND": (0, 2), "Reshape": (0,), "S
 
 
 def cache_pairs(model) -> list[tuple[str, str]]:
-    """(input, output) for each output that is an input of the graph with parts overwritten."""
+    """(input, output) for each output that is an input of the graph with parts overwritten
+    (ScatterND), or the final states of GRUs whose initial states that input alone gives (torch's `h0`
+    given to `forward` and `h_n` returned: the state carried by the caller)."""
     graph = model.graph
     stored = {t.name for t in graph.initializer}
     inputs = {i.name for i in graph.input if i.name not in stored}
     producer = {o: n for n in graph.node for o in n.output}
     pairs = []
     for out in graph.output:
-        v = out.name
+        v, scattered = out.name, False
         while v in producer and producer[v].op_type in ("ScatterND", "Identity"):
+            scattered = scattered or producer[v].op_type == "ScatterND"
             v = producer[v].input[0]
-        if v in inputs and v != out.name and producer.get(out.name) is not None:
+        if v in inputs and scattered:
             pairs.append((v, out.name))
+            continue
+        grus = [n for n in _moved_from(producer, out.name) if n.op_type == "GRU" and out.name and
+                len(n.output) > 1 and n.output[1] in _values_moved(producer, out.name)]
+        sources = {i for n in grus if len(n.input) > 5 and n.input[5]
+                   for i in _values_moved(producer, n.input[5]) if i in inputs}
+        if grus and len(sources) == 1:
+            pairs.append((sources.pop(), out.name))
     return pairs
+
+
+def _values_moved(producer: dict, value: str) -> set[str]:
+    """The values that ops that only move values carry into `value` (itself included)."""
+    seen, todo = set(), [value]
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        node = producer.get(v)
+        if node is not None and node.op_type in MOVES:
+            moved = range(len(node.input)) if MOVES[node.op_type] is None else MOVES[node.op_type]
+            todo.extend(node.input[k] for k in moved if k < len(node.input) and node.input[k])
+    return seen
+
+
+def _moved_from(producer: dict, value: str) -> list:
+    """The nodes other than moves whose outputs the moves carry into `value`."""
+    return [producer[v] for v in _values_moved(producer, value)
+            if v in producer and producer[v].op_type not in MOVES]
 
 
 def _values(model, where: str) -> dict[str, np.ndarray]:
@@ -68,10 +99,7 @@ def _values(model, where: str) -> dict[str, np.ndarray]:
     for i in m.graph.input:
         if i.name in stored:
             continue
-        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if not all(d > 0 for d in dims):
-            raise QtoolError(f"{where}: a streaming file whose input '{i.name}' has no fixed shape {dims}; qtool "
-                             "reads streaming files of fixed shapes (one frame a run)")
+        dims = [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]  # a dynamic size: one (a frame)
         feeds[i.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
@@ -126,7 +154,8 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
     graph = model.graph
     values = _values(model, where)
     cells = _Cells(values, [i for i, _ in pairs])
-    written = _written(graph, [o for _, o in pairs])
+    producer = {o: n for n in graph.node for o in n.output}
+    written = set().union(*(_values_moved(producer, o) for _, o in pairs))
     for node in graph.node:  # the moves, on cell numbers
         if node.op_type not in MOVES or not (any(o in written for o in node.output) or
                                              any(i in cells.ids for i in node.input if i)):
@@ -137,6 +166,9 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
         for name, out in zip(node.output, evaluate(where, node, ins, opset)):
             if name:
                 cells.ids[name] = np.asarray(out, np.int64)
+    for _, o in pairs:  # a GRU's final state given out as it is
+        if o not in cells.ids and o in producer and producer[o].op_type not in MOVES:
+            cells.fresh(o)
     missing = [o for _, o in pairs if o not in cells.ids]
     if missing:
         raise QtoolError(f"{where}: the cache output '{missing[0]}' is not its input with parts overwritten")
@@ -147,7 +179,6 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
             raise QtoolError(f"{where}: the cache output '{o}' has shape {list(cells.ids[o].shape)}, its input "
                              f"'{i}' {list(cells.ids[i].shape)}")
         owner.update(dict.fromkeys(range(int(cells.ids[i].flat[0]), int(cells.ids[i].flat[-1]) + 1), i))
-    producer = {o: n for n in graph.node for o in n.output}
     grus, windows = [], {}
     for node in graph.node:
         if node.op_type in MOVES or node.op_type in ("Shape", "Size"):
@@ -191,22 +222,6 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
     entry = model.metadata_props.add()
     entry.key, entry.value = STREAM_NOTE, json.dumps({"pairs": pairs, "note": note})
     return note
-
-
-def _written(graph, outputs: list[str]) -> set[str]:
-    """The values that moves carry into `outputs` (the cache outputs)."""
-    producer = {o: n for n in graph.node for o in n.output}
-    seen, todo = set(), list(outputs)
-    while todo:
-        v = todo.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        node = producer.get(v)
-        if node is not None and node.op_type in MOVES:
-            moved = range(len(node.input)) if MOVES[node.op_type] is None else MOVES[node.op_type]
-            todo.extend(node.input[k] for k in moved if k < len(node.input) and node.input[k])
-    return seen
 
 
 def _carried(cells: _Cells, gru, read: np.ndarray, next_of: np.ndarray) -> bool:
