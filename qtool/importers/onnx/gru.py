@@ -123,7 +123,8 @@ def _check_inputs(graph: Graph, node, where: str) -> None:
         raise QtoolError(f"{where} starts from initial_h '{inputs[5]}', read from the model's input "
                          f"{', '.join(repr(i) for i in sorted(origin))}: a state carried in from outside, which "
                          "qtool does not take (its GRU starts every sequence from h = 0); export the model "
-                         "without that input")
+                         "without that input, or with the GRU's final state as an output (a state carried from "
+                         "call to call, which qtool reads as the GRU's own)")
 
 
 def _cells(graph: Graph, node, dirs: int, where: str) -> list:
