@@ -19,6 +19,7 @@ checks against the file run frame by frame by ONNX Runtime with its caches fed b
 
 from __future__ import annotations
 
+import bisect
 import json
 
 import numpy as np
@@ -173,12 +174,11 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
     if missing:
         raise QtoolError(f"{where}: the cache output '{missing[0]}' is not its input with parts overwritten")
     next_of = np.concatenate([cells.ids[o].reshape(-1) for _, o in pairs])  # a cache cell's next frame
-    owner = {}
     for i, o in pairs:
         if cells.ids[o].shape != cells.ids[i].shape:
             raise QtoolError(f"{where}: the cache output '{o}' has shape {list(cells.ids[o].shape)}, its input "
                              f"'{i}' {list(cells.ids[i].shape)}")
-        owner.update(dict.fromkeys(range(int(cells.ids[i].flat[0]), int(cells.ids[i].flat[-1]) + 1), i))
+    starts = [int(cells.ids[i].flat[0]) for i, _ in pairs]  # the caches' cells in order: which one a cell is
     grus, windows = [], {}
     for node in graph.node:
         if node.op_type in MOVES or node.op_type in ("Shape", "Size"):
@@ -192,7 +192,7 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
                 continue
             window = _window(cells, producer.get(name), next_of)
             if window is None:
-                cache = owner[int(read[read < cells.total].flat[0])]
+                cache = pairs[bisect.bisect_right(starts, int(read[read < cells.total].flat[0])) - 1][0]
                 raise QtoolError(f"{where}: {_label(node)} reads cells of the cache '{cache}' in a way qtool does "
                                  "not follow (it reads a cache as a GRU's initial state written back with its "
                                  "final state, or as the frames a Concat joins before the frame's own)")
