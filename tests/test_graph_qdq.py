@@ -96,6 +96,8 @@ def _ort(path, x, optimize=True):
 
     o = ort.SessionOptions()
     o.log_severity_level = 4
+    if not optimize:  # the float model the file stands for: its optimizer runs QDQ as integer kernels of its own
+        o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
@@ -162,10 +164,13 @@ def test_power_of_two_scales_are_the_files_grids_exactly(ort_qdq, tmp_path):
 
 
 def test_integer_model_lands_near_onnx_runtimes_qdq_run(ort_qdq):
+    """Near what the QDQ file computes (ONNX Runtime unoptimized: each pair rounds, the rest in float);
+    its optimizer's own int8 kernels land further from it (cosine 0.996 with onnxruntime 1.32) and
+    are not the file's meaning."""
     qg = api.calibrate(ort_qdq / "q.onnx", ort_qdq / "calib.npy", bits="w8a16")
     x = np.load(ort_qdq / "test.npy")
     y_int = api.simulate(qg, x, outputs=True).kept["quant/y"]
-    assert _cos(y_int, _ort(ort_qdq / "q.onnx", x)) > 0.999
+    assert _cos(y_int, _ort(ort_qdq / "q.onnx", x, optimize=False)) > 0.999
 
 
 def test_the_graph_file_keeps_the_grids(ort_qdq, tmp_path):
