@@ -226,7 +226,8 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
 
 def _carried(cells: _Cells, gru, read: np.ndarray, next_of: np.ndarray) -> bool:
     """Whether initial_h's cells are all cache cells written back with this GRU's final state."""
-    if not (read < cells.total).all():
+    direction = next((a.s for a in gru.attribute if a.name == "direction"), b"forward")
+    if not (read < cells.total).all() or direction != b"forward":  # a state carried backward in time is none
         return False
     written = next_of[read]
     for k in (1, 0):  # Y_h, or Y of the frame's one step
