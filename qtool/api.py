@@ -69,7 +69,8 @@ def _only(whole: bool, verb: str, **given) -> None:
     the model's kind does not take (ONLY_FOR)."""
     kind = "a whole model" if whole else "a GRU alone"
     if whole and verb in GRU_ONLY_VERBS:
-        raise QtoolError(f"a whole model: {verb} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
+        what = "export json/h5 (export_tables)" if verb == "export_tables" else verb  # as the command line says it
+        raise QtoolError(f"a whole model: {what} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
     for option, value in given.items():
         who, default = ONLY_FOR[option]
         given_default = value is default or (not isinstance(value, np.ndarray) and value == default)

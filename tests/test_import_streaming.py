@@ -109,7 +109,8 @@ def test_a_streaming_file_imports_as_the_model_over_whole_sequences(tmp_path):
     m = trained()
     g = qtool.load_model(exported(m, tmp_path / "stream.onnx"))  # checked against ONNX Runtime frame by frame
     assert g.check_result["frame_by_frame"] and g.check_result["max_abs_diff"] < 1e-5
-    assert any("carry 2 GRU states and 1 convolutions' past frames" in n for n in g.notes)
+    assert any("carry 2 GRU states and the past frames of 1 convolution from run to run" in n for n in g.notes)
+    assert g.steps is None  # a run's one frame is no sequence length the data should have
     assert sum(n.op == "gru" for n in g.nodes) == 2
     x = spectra(3, 1)
     want = frame_by_frame(m, x)
@@ -145,16 +146,17 @@ class Carried(torch.nn.Module):
         return self.out(y), hn
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_a_gru_whose_state_the_caller_carries_imports_as_the_gru(tmp_path, dynamic):
-    """torch.onnx.export(m, (x, h0)) with h_n among the outputs, fixed at one frame or of any batch
-    and length: h0 and h_n are the GRU's state carried from call to call."""
+@pytest.mark.parametrize("steps", [1, 5, None])
+def test_a_gru_whose_state_the_caller_carries_imports_as_the_gru(tmp_path, steps):
+    """torch.onnx.export(m, (x, h0)) with h_n among the outputs, fixed at one frame, at 5 steps a
+    call, or of any batch and length: h0 and h_n are the GRU's state carried from call to call."""
     torch.manual_seed(6)
     m = Carried().eval()
+    dynamic = steps is None
     axes = {"dynamic_axes": {"x": {0: "n", 1: "t"}, "h0": {1: "n"}, "y": {0: "n", 1: "t"}}} if dynamic else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, (torch.zeros(1, 1, C), torch.zeros(2, 1, H)), str(tmp_path / "carried.onnx"),
+        torch.onnx.export(m, (torch.zeros(1, steps or 1, C), torch.zeros(2, 1, H)), str(tmp_path / "carried.onnx"),
                           dynamo=False, input_names=["x", "h0"], output_names=["y", "hn"], **axes)
     g = qtool.load_model(tmp_path / "carried.onnx")
     assert g.check_result["frame_by_frame"] and any("carry 2 GRU states" in n for n in g.notes)

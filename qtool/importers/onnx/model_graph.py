@@ -246,7 +246,7 @@ class _Reader:
             source += (f", input read as {self.map_layout[0]}: data [N, T, C, F]"
                        if self.map_layout[0] != next(iter(MAP_LAYOUTS)) else ", input read as [N, T, F, C]")
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
-                           steps=ports.steps if self.rank3 or self.rank4 else None)
+                           steps=ports.steps if (self.rank3 or self.rank4) and not stream_note(self.model) else None)
         graph.ranges, graph.notes = ranges, list(self.notes)
         graph.input_maps = {e: m for e, m in self.input_maps.items() if e in graph.inputs}
         return graph, ports

@@ -25,6 +25,7 @@ import json
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.importers.checks import reason
 from qtool.importers.onnx.fold import evaluate
 
 STREAM_NOTE = "qtool.stream"  # the metadata entry: the caches, as JSON pairs [input, output]
@@ -109,7 +110,7 @@ def _values(model, where: str) -> dict[str, np.ndarray]:
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         outs = sess.run(None, feeds)
     except Exception as e:  # ONNX Runtime raises its own types
-        raise QtoolError(f"{where}: ONNX Runtime cannot run this streaming file ({str(e).splitlines()[0]})") from None
+        raise QtoolError(f"{where}: ONNX Runtime cannot run this streaming file ({reason(e)})") from None
     values = dict(zip([o.name for o in m.graph.output], outs))
     values.update(feeds)
     for t in model.graph.initializer:
@@ -216,9 +217,11 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
     graph.input.extend(kept_in)
     graph.output.extend(kept_out)
     _prune(graph)
-    note = (f"a streaming file: its caches ({', '.join(i for i, _ in pairs)}) carry {len(grus)} GRU states and "
-            f"{len(windows)} convolutions' past frames from run to run; read as the model over whole sequences, "
-            "which qtool runs frame by frame with that state of its own")
+    carried = ([f"{len(grus)} GRU state{'s' * (len(grus) > 1)}"] if grus else []) + (
+        [f"the past frames of {len(windows)} convolution{'s' * (len(windows) > 1)}"] if windows else [])
+    note = (f"a streaming file: its caches ({', '.join(i for i, _ in pairs)}) carry {' and '.join(carried)} from "
+            "run to run; read as the model over whole sequences, which qtool runs frame by frame with that state "
+            "of its own")
     entry = model.metadata_props.add()
     entry.key, entry.value = STREAM_NOTE, json.dumps({"pairs": pairs, "note": note})
     return note
