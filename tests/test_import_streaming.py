@@ -164,3 +164,42 @@ def test_a_gru_whose_state_the_caller_carries_imports_as_the_gru(tmp_path, steps
     with torch.no_grad():
         want = m(torch.from_numpy(x), torch.zeros(2, 3, H))[0].numpy()
     np.testing.assert_allclose(run(g, x)["y"], want, atol=1e-5)
+
+
+class CacheFirst(torch.nn.Module):
+    """The frame's cache joined before it as the model's first op: which axis of the input [1, 2,
+    1, F] is time shows only in the other reading of a map (its unit axis)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, C, (3, 3), padding=(0, 1))
+        self.gru = torch.nn.GRU(C * F, H, batch_first=True)
+
+    def forward(self, x, cache, h0):
+        inp = torch.cat([cache, x], dim=2)
+        cache[:] = inp[:, :, 1:]  # updated in place, as GTCRN's caches are
+        h = torch.relu(self.conv(inp)).permute(0, 2, 1, 3).reshape(1, 1, C * F)  # [B, T, C * F]
+        y, hn = self.gru(h, h0)
+        return y, cache, hn
+
+
+def test_a_cache_joined_first_finds_the_time_axis(tmp_path):
+    torch.manual_seed(8)
+    m = CacheFirst().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(1, 2, 1, F), torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H)),
+                          str(tmp_path / "first.onnx"), dynamo=False, opset_version=11,
+                          input_names=["x", "cache", "h0"], output_names=["y", "cache_out", "hn"])
+    g = qtool.load_model(tmp_path / "first.onnx")
+    assert g.check_result["frame_by_frame"]
+    x = spectra(2, 9, t=12)
+    want = []
+    with torch.no_grad():
+        for seq in x:
+            cache, h, ys = torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H), []
+            for frame in seq:
+                y, cache, h = m(torch.from_numpy(frame)[None, :, None, :], cache, h)
+                ys.append(y[0, 0].numpy())
+            want.append(np.stack(ys))
+    np.testing.assert_allclose(run(g, x)["y"], np.stack(want), atol=1e-5)

@@ -62,6 +62,6 @@ def describe(check: dict | None) -> str:
                  "(the identity, or a relu where one clips at 0)")
     n = check['sequences']
     if check.get("frame_by_frame"):
-        note = f" (the file run a frame at a time, its caches fed back){note}"
+        note = f" (the file run a call at a time, its caches fed back){note}"
     return (f"matches {check['framework']} on {n} random sequence{'s' if n != 1 else ''} x {check['steps']} steps: "
             f"max abs difference {check['max_abs_diff']:.2g} ({check['seconds']:.2f} s){note}")

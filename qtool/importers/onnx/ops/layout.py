@@ -389,7 +389,7 @@ def pad(r, node) -> None:
     if bad:
         raise r.fail(node, f"pads axis {bad[0]} ({lay.axes[bad[0]]}) of {lay.describe()} by "
                               f"({before[bad[0]]}, {after[bad[0]]}); qtool pads the time steps with zeros",
-                        layout=lay.axes[bad[0]] in ("N", "NT"))
+                        layout=lay.axes[bad[0]] in ("N", "NT", "1"))  # a unit axis: time in another reading
     a = lay.axes.index("T") if "T" in lay.axes else None
     if a is None or not (before.get(a) or after.get(a)):
         r.alias(node, edge, lay)
