@@ -636,8 +636,8 @@ def test_fold_batchnorm_leaves_shared_input():
         nodes = [d, bn, act] if "z" in outputs else [d, bn]
         g = check(Graph(copy.deepcopy(nodes), {"x": (5,)}, outputs))
         W = g.nodes[0].params["W"].copy()
-        assert fold_batchnorm(g) == ("kept bn as an integer per-channel affine (its input is no dense, conv or layernorm "
-                                     "output that only it reads, or it differs along a map's frequencies)")
+        assert fold_batchnorm(g) == ("kept bn as an integer per-channel affine (its input is no dense, conv or "
+                                     "layernorm output that only it reads, or it differs along a map's frequencies)")
         assert [n.op for n in g.nodes][:2] == ["dense", "batchnorm"] and np.array_equal(g.nodes[0].params["W"], W)
 
 
