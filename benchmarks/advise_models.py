@@ -4,7 +4,7 @@ heavy-tailed Student-t and Laplace with outliers, ReLU-fed) and training (random
 here with PyTorch in seconds). Each is written as a qtool model file with calibration and
 held-out test data; everything is seeded.
 
-    python benchmarks/advise_models.py [--out benchmarks/out/models]   # needs torch
+    python benchmarks/advise_models.py [--out benchmarks/out/models] [--models NAME,...]   # needs torch
 
 Used by advise_threshold.py, bench_advise.py and auto_vs_single.py.
 """
@@ -152,5 +152,7 @@ def all_models(out: Path = OUT, names: list[str] | None = None) -> list[tuple[st
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
-    for name, *paths in all_models(ap.parse_args().out):
+    ap.add_argument("--models", default=None, help="comma-separated names (default: all)")
+    args = ap.parse_args()
+    for name, *paths in all_models(args.out, args.models.split(",") if args.models else None):
         print(name, *paths)

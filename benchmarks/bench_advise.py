@@ -31,7 +31,7 @@ from qtool.errors import QtoolError  # noqa: E402
 from qtool.io.files import open_sequences  # noqa: E402
 
 
-def speed(model_path: Path, calib_path: Path, repeat: int) -> dict:
+def speed(model_path: Path, calib_path: Path, repeat: int, limit: int | None = None) -> dict:
     """`api.calibrate` + `api.save` (what `qtool calibrate` does) against `api.advise` with no
     target, alternating, the first round left out (it compiles and warms caches)."""
     model, data = load_model(model_path), open_sequences(calib_path)
@@ -39,9 +39,9 @@ def speed(model_path: Path, calib_path: Path, repeat: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat + 1):
             t0 = time.perf_counter()
-            api.save(api.calibrate(model, data), Path(tmp) / "q.h5", force=True)
+            api.save(api.calibrate(model, data, limit=limit), Path(tmp) / "q.h5", force=True)
             t1 = time.perf_counter()
-            api.advise(model, data)
+            api.advise(model, data, limit=limit)
             t2 = time.perf_counter()
             cal.append(t1 - t0)
             adv.append(t2 - t1)
@@ -57,19 +57,20 @@ def qtool(*args: str) -> dict:
     return json.loads(p.stdout)
 
 
-def search(model_path: Path, calib: Path, test: Path, target: float, tmp: Path) -> dict:
+def search(model_path: Path, calib: Path, test: Path, target: float, tmp: Path, limit: int | None = None) -> dict:
     """One search, and its bits file re-run by separate processes."""
     model, data, ev = load_model(model_path), open_sequences(calib), open_sequences(test)
     t0 = time.perf_counter()
     try:
-        adv = api.advise(model, data, ev, target_snr=target)
+        adv = api.advise(model, data, ev, target_snr=target, limit=limit)
     except QtoolError as e:  # an unreachable target: the row says so
         return {"target": target, "error": str(e)}
     seconds = time.perf_counter() - t0
     bits = tmp / f"bits_{target:g}.toml"
     bits.write_text(adv.bits_toml)
     q = tmp / f"q_{target:g}.h5"
-    qtool("calibrate", str(model_path), str(calib), "--bits", str(bits), "-o", str(q), "--force")
+    qtool("calibrate", str(model_path), str(calib), "--bits", str(bits), "-o", str(q), "--force",
+          *(("--limit", str(limit)) if limit else ()))
     sim = qtool("simulate", str(q), str(test), "--no-per-tensor")
     flash = qtool("export", "c", str(q), "-o", str(tmp / f"c_{target:g}"), "--force")["flash_bytes"]
     return {"target": target, "seconds": seconds, "simulations": adv.simulations,
@@ -82,12 +83,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--targets", default="30,35,40,50,60")
     ap.add_argument("--models", default="digits (sample),trained-2x96-relu")
+    ap.add_argument("--limit", type=int, default=None, help="calibrate on the first N sequences (default: all)")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "out" / "bench_advise.json")
     args = ap.parse_args()
     models = {name: paths for name, *paths in all_models(names=args.models.split(","))}
     out: dict = {"speed": {}, "search": {}}
     for name, (model, calib, _test) in models.items():
-        s = speed(model, calib, args.repeat)
+        s = speed(model, calib, args.repeat, args.limit)
         out["speed"][name] = s
         print(f"{name}: calibrate {min(s['calibrate_s']):.2f}-{max(s['calibrate_s']):.2f} s, advise (rule) "
               f"{min(s['advise_s']):.2f}-{max(s['advise_s']):.2f} s, ratio per run "
@@ -96,7 +98,7 @@ def main() -> None:
         for name, (model, calib, test) in models.items():
             rows = []
             for target in (float(t) for t in args.targets.split(",")):
-                r = search(model, calib, test, target, Path(tmp))
+                r = search(model, calib, test, target, Path(tmp), args.limit)
                 rows.append(r)
                 if "error" in r:
                     print(f"{name} target {target:g}: {r['error']}")

@@ -75,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     for k, v in (("T", 100), ("N", 64), ("C", 64), ("H", 256), ("batches", 8), ("repeat", 3), ("calib_N", 512)):
         ap.add_argument(f"--{k}", type=int, default=v)
+    ap.add_argument("--bins", type=int, default=2048, help="the peers' histogram bins (ONNX Runtime, PyTorch)")
     a = ap.parse_args()
     model, x = make_case(a)
     acts = activations(model, x, a.batches)
@@ -84,12 +85,12 @@ def main() -> None:
     rows = [("qtool kl (8192 bins, asymmetric int8 search)", qtool_run(acts, KlObserver)),
             ("qtool percentile 99.99", qtool_run(acts, PercentileObserver, percentile=99.99))]
     try:
-        rows += [("ONNX Runtime entropy (2048 bins)", ort_run(acts, "entropy", 2048)),
-                 ("ONNX Runtime percentile (2048 bins)", ort_run(acts, "percentile", 2048))]
+        rows += [(f"ONNX Runtime entropy ({a.bins} bins)", ort_run(acts, "entropy", a.bins)),
+                 (f"ONNX Runtime percentile ({a.bins} bins)", ort_run(acts, "percentile", a.bins))]
     except ImportError:
         print("onnxruntime not installed: skipped")
     try:
-        rows.append(("PyTorch HistogramObserver (2048 bins)", torch_run(acts, 2048)))
+        rows.append((f"PyTorch HistogramObserver ({a.bins} bins)", torch_run(acts, a.bins)))
     except ImportError:
         print("torch not installed: skipped")
     times = {}

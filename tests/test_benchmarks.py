@@ -15,7 +15,7 @@ TINY = ["--T", "4", "--N", "8", "--C", "4", "--H", "8"]
 # script, arguments, what it needs
 SMOKE = [
     ("bench_simulate.py", [*TINY, "--repeat", "1"], ["torch"]),
-    ("bench_calibrate.py", [*TINY, "--batches", "2", "--repeat", "1", "--calib_N", "16"], ["torch"]),
+    ("bench_calibrate.py", [*TINY, "--batches", "2", "--repeat", "1", "--calib_N", "16", "--bins", "512"], ["torch"]),
     ("bench_graph.py", ["--N", "8", "--T", "4", "--C", "4", "--F", "8", "--H", "8", "--repeat", "1"], []),
     ("bench_import.py", ["--C", "4", "--H", "8", "--layers", "1", "--repeat", "1"], ["torch", "keras", "onnx"]),
     ("bench_c.py", ["--model", "sample", "--steps", "4"], ["gcc"]),
@@ -25,10 +25,10 @@ SMOKE = [
     ("gpu_check.py", ["--quick", "--skip-timings"], []),
     ("auto_vs_single.py", ["--models", "digits (sample)", "--presets", "int8", "--json", "{tmp}/a.json"],
      ["safetensors"]),
-    ("bench_advise.py", ["--models", "digits (sample)", "--repeat", "1", "--targets", "30", "--json",
+    ("bench_advise.py", ["--models", "digits (sample)", "--repeat", "1", "--targets", "30", "--limit", "64", "--json",
                          "{tmp}/b.json"], ["safetensors"]),
     ("advise_threshold.py", ["--models", "digits (sample)", "--json", "{tmp}/t.json"], ["safetensors"]),
-    ("advise_models.py", ["--out", "{tmp}/models"], ["torch"]),
+    ("advise_models.py", ["--out", "{tmp}/models", "--models", "rand-1x32-gauss,trained-3x64-laplace"], ["torch"]),
     ("bench_cold_start.py", ["--repeat", "1", "--no-precompile"], ["git", "safetensors"]),
 ]
 
