@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.core import edges
 from qtool.core.graph import Graph
 from qtool.core.model import DIRECTIONS, GruModel, tensor_key  # noqa: F401 (DIRECTIONS: FRONT_END)
 from qtool.core.qgraph import MODEL_OPS, QGraph
@@ -433,7 +434,7 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
         if classes(qg) is None:
             shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
             raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
-                             f"{'a sequence' if len(shape) == 2 else 'one value'}, not a vector of classes")
+                             f"{'a sequence' if edges.is_sequence(shape) else 'one value'}, not a vector of classes")
         try:
             lab = load_labels(labels, data.num_sequences, classes(qg), n)[:n]
         except QtoolError as e:  # a count of labels that does not fit data with swapped axes: say that

@@ -3,8 +3,9 @@ importer (Keras, ONNX, PyTorch through ONNX) writes and every later pass reads.
 
 Edges carry batch-first float tensors: a sequence `[N, T, C]` (shape `(None, C)`: any number of
 steps T, C channels) or, after a layer that takes the last step or pools over the whole
-sequence, a vector `[N, C]` (shape `(C,)`). Importers bring every framework layout (PyTorch's
-`[N, C, T]` convolutions, ONNX's time-first GRUs) to this one, so a layer sees channels last.
+sequence, a vector `[N, C]` (shape `(C,)`); qtool.core.edges is the one module that reads a
+shape. Importers bring every framework layout (PyTorch's `[N, C, T]` convolutions, ONNX's
+time-first GRUs) to this one, so a layer sees channels last.
 
 A node's `op` names its module in `qtool.layers` (the registry), which defines the op's shapes and
 float semantics and proves a graph well formed (`qtool.layers.check`); `attrs` hold its

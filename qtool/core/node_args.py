@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core import edges
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
 
@@ -36,8 +37,8 @@ def want_inputs(node: Node, shapes: list[tuple], count: int | None = 1, seq: boo
     if (count is None and n < 2) or (count is not None and n != count):
         raise fail(node, f"takes {'two or more inputs' if count is None else f'{count} input(s)'}, got {n}")
     for s in shapes:
-        if seq is not None and (len(s) == 2) != seq:
-            raise fail(node, f"takes a {'sequence (None, C)' if seq else 'vector (C,)'}, got shape {s}")
+        if seq is not None and edges.is_sequence(s) != seq:
+            raise fail(node, f"takes {edges.kind(edges.sequence(0) if seq else edges.vector(0))}, got shape {s}")
 
 
 def same_steps(node: Node, xs: list[np.ndarray]) -> None:
@@ -46,15 +47,6 @@ def same_steps(node: Node, xs: list[np.ndarray]) -> None:
     if any(x.shape[:-1] != xs[0].shape[:-1] for x in xs):
         raise fail(node, "its inputs have different batch or step counts: "
                          + ", ".join(str(list(x.shape[:-1])) for x in xs))
-
-
-def is_seq(shape: tuple) -> bool:
-    return len(shape) == 2
-
-
-def with_channels(shape: tuple, c: int) -> tuple:
-    """The same kind of edge (sequence or vector) with `c` channels."""
-    return (None, c) if is_seq(shape) else (c,)
 
 
 def _int(v) -> int | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qtool.core import edges
 from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS, open_h5
 from qtool.core.qgraph import MODEL_OPS, QGraph
@@ -113,9 +114,10 @@ def _json(f, key: str, where: str):
 
 
 def _shape(v, where: str) -> tuple:
-    if not isinstance(v, list) or not 1 <= len(v) <= 2 or any(not (d is None or isinstance(d, int)) for d in v):
+    shape = edges.from_list(v)
+    if shape is None:
         raise QtoolError(f"{where}: an input shape must be [null, C] or [C], got {v!r:.60}")
-    return tuple(v)
+    return shape
 
 
 def read_graph(f, where: str) -> Graph:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qtool.core import edges
 from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.engine.metrics import Distance
 from qtool.errors import QtoolError
@@ -107,8 +108,8 @@ def _clipped(ref: np.ndarray, g) -> int:
 
 def classes(qg: QGraph) -> int | None:
     """The classes of a classifier (a first output that is a vector of two or more); None else."""
-    shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
-    return shape[0] if len(shape) == 1 and shape[0] >= 2 else None
+    shape = qg.graph.shapes.get(qg.graph.outputs[0])
+    return None if shape is None else edges.classes(shape)
 
 
 def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None,
@@ -143,8 +144,8 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
     if part.is_classifier and labels is not None:
         part.correct_float = int(np.count_nonzero(top_f == labels))
     ys, tops = [], []  # the integer model's (fakequant: the fake-quant model's), then with both the fake-quant one's
-    for edges, outputs, values, q in sides:
-        for e, d in edges.items():
+    for measured, outputs, values, q in sides:
+        for e, d in measured.items():
             d.add(values[e], ref[e], _clipped(ref[e], qg.grids[e]))
         ys.append(with_tail(qg, values))
         for e, d in outputs.items():

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import numpy as np
 
+from qtool.core import edges
 from qtool.core.graph import Graph
 from qtool.core.node_args import same_pads, windows  # noqa: F401 (for the importers and tests)
 from qtool.errors import QtoolError
@@ -107,10 +108,10 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
     values = {k: v.reshape(*v.shape[:2], -1) if v.ndim == 4 else v for k, v in values.items()}
     for edge, shape in graph.inputs.items():  # batch-first, channels last: [N, T, C] or [N, C]
         v = values.get(edge)
-        if v is None or v.ndim != len(shape) + 1 or v.shape[-1] != shape[-1]:
-            want = "[N, T, " if len(shape) == 2 else "[N, "
+        if v is None or v.ndim != edges.array_rank(shape) or v.shape[-1] != edges.channels(shape):
             got = "nothing" if v is None else f"shape {list(v.shape)}"
-            raise QtoolError(f"input '{edge}' must be {want}{shape[-1]}] (batch first, channels last), got {got}")
+            raise QtoolError(f"input '{edge}' must be {edges.array_text(shape)} (batch first, channels last), "
+                             f"got {got}")
     values = graph.scale_inputs(values)
     for node in graph.nodes:
         outs = layer(node.op, node.label).forward(node, [values[e] for e in node.inputs])
@@ -127,7 +128,7 @@ def input_map(graph: Graph) -> tuple[str, int, int] | None:
     if len(graph.inputs) != 1:
         return None
     edge, shape = next(iter(graph.inputs.items()))
-    if len(shape) != 2:
+    if not edges.is_sequence(shape):
         return None
     if edge in graph.input_maps:  # as the file declares it
         return tuple(graph.input_maps[edge])
@@ -140,8 +141,9 @@ def input_map(graph: Graph) -> tuple[str, int, int] | None:
                 continue
             if n.op == "conv2d" and n.inputs[0] == e:
                 F = int(n.attrs["freq"])
-                return str(n.attrs.get("order", "cf")), F, shape[-1] // F
-            if n.op in FRAME_KEEPING and graph.shapes.get(n.outputs[0], (None, 0))[-1] == shape[-1]:
+                return str(n.attrs.get("order", "cf")), F, edges.channels(shape) // F
+            out = graph.shapes.get(n.outputs[0])
+            if n.op in FRAME_KEEPING and out is not None and edges.channels(out) == edges.channels(shape):
                 todo.extend(o for o in n.outputs if o not in seen)
     return None
 
@@ -153,10 +155,10 @@ def steps_text(graph: Graph) -> dict[str, str]:
     """Each sequence edge's number of steps as a function of the input's T ("T", "T/2",
     "T-2", "T/2+1"), measured by running zeros of two lengths through the float graph; "T"
     for every edge where that cannot run (several inputs, a model that takes one length)."""
-    seqs = [e for e, shape in graph.shapes.items() if len(shape) == 2]
-    if len(graph.inputs) != 1 or len(next(iter(graph.inputs.values()))) != 2:
+    seqs = [e for e, shape in graph.shapes.items() if edges.is_sequence(shape)]
+    if len(graph.inputs) != 1 or not edges.is_sequence(next(iter(graph.inputs.values()))):
         return dict.fromkeys(seqs, "T")
-    width = next(iter(graph.inputs.values()))[-1]
+    width = edges.channels(next(iter(graph.inputs.values())))
     try:
         lens = [{e: v.shape[1] for e, v in run(graph, np.zeros((1, t, width), np.float32), keep=True).items()
                  if v.ndim == 3} for t in PROBE_STEPS]
@@ -174,7 +176,7 @@ def steps_text(graph: Graph) -> dict[str, str]:
 
 
 def _check_shape(where: str, shape: tuple) -> None:
-    if not isinstance(shape, tuple) or not 1 <= len(shape) <= 2 or not isinstance(shape[-1], int):
+    if not edges.well_formed(shape):
         raise QtoolError(f"{where}: shape {shape} is neither a sequence (None, C) nor a vector (C,)")
-    if not 1 <= shape[-1] <= MAX_EDGE_CHANNELS:
-        raise QtoolError(f"{where}: {shape[-1]:,} channels (at most {MAX_EDGE_CHANNELS:,})")
+    if not 1 <= edges.channels(shape) <= MAX_EDGE_CHANNELS:
+        raise QtoolError(f"{where}: {edges.channels(shape):,} channels (at most {MAX_EDGE_CHANNELS:,})")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, with_channels
 from qtool.core.graph import Node
-from qtool.core.node_args import f32, fail, only, param, want_inputs, with_channels
+from qtool.core.node_args import f32, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, gemm_c
 from qtool.layers.integer import (
@@ -34,8 +35,8 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, params=("W",), optional=("b",))
     want_inputs(node, shapes)
     W = param(node, "W", (None, None))
-    if W.shape[1] != shapes[0][-1]:
-        raise fail(node, f"W is {list(W.shape)} ([C_out, C_in]) but the input has {shapes[0][-1]} channels")
+    if W.shape[1] != channels(shapes[0]):
+        raise fail(node, f"W is {list(W.shape)} ([C_out, C_in]) but the input has {channels(shapes[0])} channels")
     param(node, "b", (W.shape[0],), optional=True)
     return [with_channels(shapes[0], W.shape[0])]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, is_sequence, with_channels
 from qtool.core.graph import Node
 from qtool.core.node_args import fail, only, same_steps, want_inputs
 from qtool.core.qmodel import TensorQ
@@ -39,12 +40,12 @@ def _repeat(node: Node) -> tuple[int, int] | None:
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ("repeat",))
     want_inputs(node, shapes, count=2 if node.op == "sub" else None)
-    rep, width = _repeat(node), max(s[-1] for s in shapes)
+    rep, width = _repeat(node), max(channels(s) for s in shapes)
     narrow = width // rep[0] if rep and width % (rep[0] * rep[1]) == 0 else None
-    if any(s[:-1] != shapes[0][:-1] or s[-1] not in (width, narrow) for s in shapes):
+    if any(is_sequence(s) != is_sequence(shapes[0]) or channels(s) not in (width, narrow) for s in shapes):
         raise fail(node, f"inputs of different shapes: {', '.join(map(str, shapes))}"
                    + (f" (repeat {rep}: {width} or {narrow} channels)" if rep else ""))
-    return [shapes[0][:-1] + (width,)]
+    return [with_channels(shapes[0], width)]
 
 
 def widen(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:

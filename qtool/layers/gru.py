@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, sequence, vector
 from qtool.core.graph import Node
 from qtool.core.model import DIRECTIONS, CellForm, GruCell, GruModel
 from qtool.core.node_args import attr_bool, attr_int, fail, only, param, want_inputs
@@ -115,9 +116,9 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     want_inputs(node, shapes, seq=True)
     form(node)
     _, F, _ = dual_path(node)
-    if shapes[0][-1] % F:
-        raise fail(node, f"reads {shapes[0][-1]} channels, which are not {F} frequencies of equal channels")
-    width = shapes[0][-1] // F
+    if channels(shapes[0]) % F:
+        raise fail(node, f"reads {channels(shapes[0])} channels, which are not {F} frequencies of equal channels")
+    width = channels(shapes[0]) // F
     for k, cells in enumerate(names):
         hidden = None
         for p in cells:
@@ -132,7 +133,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
                 raise fail(node, f"param '{p}W' is {list(W.shape)} but layer {k} reads {width} channels")
             param(node, p + "bx", (3 * H,)), param(node, p + "br", (3 * H,))
         width = hidden * dirs
-    return [(None, width * F) if seqs else (width,)]
+    return [sequence(width * F) if seqs else vector(width)]
 
 
 def model(node: Node) -> GruModel:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, vector
 from qtool.core.graph import Node
 from qtool.core.node_args import attr_int, attr_padding, fail, only, same_pads, want_inputs, windows
 from qtool.core.qmodel import TensorQ
@@ -34,7 +35,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     want_inputs(node, shapes, seq=True)
     if node.op.startswith("global_"):
         only(node)
-        return [(shapes[0][-1],)]
+        return [vector(channels(shapes[0]))]
     only(node, ATTRS)
     pool, _, padding = _attrs(node)
     if isinstance(padding, tuple) and max(padding) >= pool:

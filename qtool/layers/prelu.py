@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels
 from qtool.core.graph import Node
 from qtool.core.node_args import f32, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
@@ -33,7 +34,7 @@ OP = "prelu"
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, params=("alpha",))
     want_inputs(node, shapes)
-    param(node, "alpha", (shapes[0][-1],))
+    param(node, "alpha", (channels(shapes[0]),))
     return [shapes[0]]
 
 

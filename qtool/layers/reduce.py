@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, with_channels
 from qtool.core.graph import Node
-from qtool.core.node_args import attr_int, fail, only, want_inputs, with_channels
+from qtool.core.node_args import attr_int, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit
 from qtool.layers.integer import LayerBits, average
@@ -34,8 +35,8 @@ def groups(node: Node, width: int) -> tuple[int, int]:
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ("size", "stride"))
     want_inputs(node, shapes)
-    size, _ = groups(node, shapes[0][-1])
-    return [with_channels(shapes[0], shapes[0][-1] // size)]
+    size, _ = groups(node, channels(shapes[0]))
+    return [with_channels(shapes[0], channels(shapes[0]) // size)]
 
 
 def _view(node: Node, x: np.ndarray) -> np.ndarray:

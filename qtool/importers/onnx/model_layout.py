@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qtool.core import edges
 from qtool.errors import QtoolError
 
 PROBE_N, PROBE_T = 3, 11  # probe sizes for dynamic batch and time axes (shape subgraphs evaluate on them)
@@ -86,7 +87,7 @@ class Layout:
 
     def edge_shape(self) -> tuple:
         """The qtool edge's shape: (None, C) for a sequence, (C,) for a vector."""
-        return (None, self.channels) if self.seq else (self.channels,)
+        return edges.sequence(self.channels) if self.seq else edges.vector(self.channels)
 
     def describe(self) -> str:
         return "[" + ", ".join(_name(a) for a in self.axes) + "]"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, sequence
 from qtool.core.graph import Node
 from qtool.core.node_args import attr_int, attr_padding, f32, fail, only, param, want_inputs, window_pads, windows
 from qtool.core.qmodel import TensorQ
@@ -45,14 +46,14 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ATTRS, params=("W",), optional=("b",))
     want_inputs(node, shapes, seq=True)
     kernel, _, _, groups, _ = _attrs(node)
-    c_in = shapes[0][-1]
+    c_in = channels(shapes[0])
     if c_in % groups:
         raise fail(node, f"groups {groups} does not divide the input's {c_in} channels")
     W = param(node, "W", (None, c_in // groups, kernel))
     if W.shape[0] % groups:
         raise fail(node, f"groups {groups} does not divide the {W.shape[0]} output channels of W")
     param(node, "b", (W.shape[0],), optional=True)
-    return [(None, W.shape[0])]
+    return [sequence(W.shape[0])]
 
 
 def _pads(node: Node, steps: int) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, sequence
 from qtool.core.graph import Node
 from qtool.core.node_args import MAX_STEPS, attr_padding, fail, only, param, want_inputs, window_pads
 from qtool.core.qmodel import TensorQ
@@ -101,7 +102,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ATTRS, params=("W",), optional=("b",))
     want_inputs(node, shapes, seq=True)
     g = _geometry(node)
-    width = shapes[0][-1]
+    width = channels(shapes[0])
     if width % g["freq"]:
         raise fail(node, f"the input's {width} channels are no map of {g['freq']} frequencies")
     c_in = width // g["freq"]
@@ -118,7 +119,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v <= MAX_IN_SHIFT for v in k)):
         raise fail(node, f"attribute 'in_shifts' must be one shift in 0..{MAX_IN_SHIFT} per input channel "
                          f"({width}), got {k!r:.40}")
-    return [(None, W.shape[0] * freq_out(g))]
+    return [sequence(W.shape[0] * freq_out(g))]
 
 
 def _in_shifts(node: Node) -> np.ndarray | None:

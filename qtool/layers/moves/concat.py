@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, is_sequence, with_channels
 from qtool.core.graph import Node
-from qtool.core.node_args import fail, is_seq, only, same_steps, want_inputs, with_channels
+from qtool.core.node_args import fail, only, same_steps, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, requantize_expr
 from qtool.layers.integer import LayerBits, requantize
@@ -17,9 +18,9 @@ OP = "concat"
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node)
     want_inputs(node, shapes, count=None)
-    if len({is_seq(s) for s in shapes}) > 1:
+    if len({is_sequence(s) for s in shapes}) > 1:
         raise fail(node, f"joins sequences and vectors: {', '.join(map(str, shapes))}")
-    return [with_channels(shapes[0], sum(s[-1] for s in shapes))]
+    return [with_channels(shapes[0], sum(channels(s) for s in shapes))]
 
 
 def forward(node: Node, xs: list[np.ndarray]) -> list[np.ndarray]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, with_channels
 from qtool.core.graph import Node
-from qtool.core.node_args import fail, only, want_inputs, with_channels
+from qtool.core.node_args import fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, requantize_expr, table_type
 from qtool.layers.integer import requantize
@@ -39,7 +40,7 @@ def _index(node: Node, width: int) -> np.ndarray:
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ("index",))
     want_inputs(node, shapes)
-    return [with_channels(shapes[0], len(_index(node, shapes[0][-1])))]
+    return [with_channels(shapes[0], len(_index(node, channels(shapes[0]))))]
 
 
 def _take(node: Node, x: np.ndarray, zero) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels, vector
 from qtool.core.graph import Node
 from qtool.core.node_args import MAX_STEPS, attr_steps, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
@@ -34,7 +35,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     want_inputs(node, shapes, seq=True)
     if node.op == "last_step":
         only(node)
-        return [(shapes[0][-1],)]
+        return [vector(channels(shapes[0]))]
     only(node, ("pad",))
     _pad(node)
     return [shapes[0]]

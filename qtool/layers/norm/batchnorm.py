@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qtool.core.edges import channels
 from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, f32, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
@@ -24,7 +25,7 @@ def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     want_inputs(node, shapes)
     attr_float(node, "epsilon", positive=True)
     for name in PARAMS:
-        param(node, name, (shapes[0][-1],))
+        param(node, name, (channels(shapes[0]),))
     if np.any(node.params["var"] < 0):
         raise fail(node, "param 'var' has negative entries")
     return [shapes[0]]

@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from qtool.core.edges import channels
 from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, attr_int, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
@@ -53,10 +54,10 @@ def _groups(node: Node, width: int) -> tuple[int, int]:
 def out_shape(node: Node, shapes: list[tuple]) -> list[tuple]:
     only(node, ("size", "stride", "epsilon"), params=("gamma", "beta"))
     want_inputs(node, shapes)
-    _groups(node, shapes[0][-1])
+    _groups(node, channels(shapes[0]))
     attr_float(node, "epsilon", positive=True)
     for name in ("gamma", "beta"):
-        param(node, name, (shapes[0][-1],))
+        param(node, name, (channels(shapes[0]),))
     return [shapes[0]]
 
 
