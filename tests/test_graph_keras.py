@@ -90,7 +90,8 @@ OPS = {"conv": ["conv1d", "batchnorm", "activation", "zero_pad1d", "avg_pool1d",
 @pytest.mark.parametrize("kind", list(OPS))
 def test_whole_model_equals_keras(keras, models, kind, fmt):
     import qtool.layers
-    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+    from qtool.importers.keras.model_check import check_keras_graph
+    from qtool.importers.keras.model_graph import read_keras_graph
 
     m, folder = models[kind]
     graph = qtool.layers.check(read_keras_graph(folder / fmt))
@@ -109,7 +110,8 @@ def test_a_map_and_its_refusals(keras, tmp_path):
     """LayerNormalization over a map's frequencies and channels (one group: the whole frame, .keras: Keras'
     own .h5 cannot reload its gamma); a Dense, or a Reshape that mixes time into the frames, on a map is refused."""
     from qtool.errors import QtoolError
-    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+    from qtool.importers.keras.model_check import check_keras_graph
+    from qtool.importers.keras.model_graph import read_keras_graph
 
     L = keras.layers
     i = keras.Input((None, 6, 2))
@@ -149,7 +151,8 @@ def test_graph_names_and_attrs(keras, models):
 def test_nested_models_are_flattened(keras, tmp_path):
     import qtool.layers
     from qtool.errors import QtoolError
-    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+    from qtool.importers.keras.model_check import check_keras_graph
+    from qtool.importers.keras.model_graph import read_keras_graph
 
     L = keras.layers
     inner = keras.Sequential([L.Dense(4, name="x"), L.Dropout(0.1)], name="inner")
@@ -205,28 +208,29 @@ def test_channels_first_and_masking_are_refused(keras, tmp_path):
 
 def test_the_check_refuses_a_wrong_graph_and_says_when_keras_is_missing(keras, models, monkeypatch):
     from qtool.errors import QtoolError
-    from qtool.importers.keras import model_graph
+    from qtool.importers.keras import model_check, model_graph
 
     folder = models["skip"][1]
     graph = model_graph.read_keras_graph(folder / "m.keras")
     head = next(n for n in graph.nodes if n.name == "head")
     head.params["b"] = head.params["b"] + 0.01
     with pytest.raises(QtoolError, match="output 'head' differs from Keras by up to 0.01") as e:
-        model_graph.check_keras_graph(folder / "m.keras", graph)
+        model_check.check_keras_graph(folder / "m.keras", graph)
     assert "\n" not in str(e.value)
 
     def missing():
         raise ImportError("No module named 'keras'", name="keras")
 
-    monkeypatch.setattr(model_graph, "_import_keras", missing)
-    assert model_graph.check_keras_graph(folder / "m.keras", graph) == {
+    monkeypatch.setattr(model_check, "_import_keras", missing)
+    assert model_check.check_keras_graph(folder / "m.keras", graph) == {
         "checked": False, "reason": "Keras cannot be imported (no module 'keras')"}
 
 
 def test_same_average_pooling_is_checked_where_backends_agree(keras, tmp_path):
     """Keras' PyTorch backend counts repeated edge steps where a 'same' average pads unevenly;
     TensorFlow and qtool do not. The check runs a step count where every such pooling pads evenly."""
-    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+    from qtool.importers.keras.model_check import check_keras_graph
+    from qtool.importers.keras.model_graph import read_keras_graph
 
     L = keras.layers
     m = keras.Sequential([keras.Input((None, 3)), L.Conv1D(4, 3, strides=2, padding="same", name="conv"),

@@ -216,7 +216,8 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
     if fmt != "keras":
         raise QtoolError(f"{path}: whole models are read from Keras (.keras, .h5), ONNX and TFLite files; "
                          f"a {fmt} file holds weights only")
-    from qtool.importers.keras.model_graph import check_keras_graph, read_keras_graph
+    from qtool.importers.keras.model_check import check_keras_graph
+    from qtool.importers.keras.model_graph import read_keras_graph
     from qtool.importers.once import once
 
     if _qtool_file(path):
