@@ -41,7 +41,7 @@ from qtool.parallel import world
 
 # What a front end (the command line, a notebook's display, a GUI) reads besides the verbs
 # (qtool.API) and their results, to show them as qtool does: docs/api.md, "For front ends". The
-# command line uses nothing else of qtool's (tests/test_layers.py).
+# command line uses nothing else of qtool's (tests/project/test_layers.py).
 FRONT_END = ("DIRECTIONS", "PRESETS", "cell_params", "cell_tensors", "claim_output", "describe_check", "file_ranges",
              "import_lines", "import_note", "is_whole_model", "mode_explanation", "model_file_format",
              "needs_compile", "op_text", "qgraph_rows", "read_once", "steps_text")

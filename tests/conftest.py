@@ -7,7 +7,7 @@ from pathlib import Path
 if os.environ.get("QTOOL_TEST_REAL_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 # the phase lines a non-terminal gets (qtool.cli.console.PhaseLines) stay out of the tests' stderr,
-# which checks that an error is one line; tests/test_cli_conventions.py checks the lines themselves
+# which checks that an error is one line; tests/cli/test_cli_conventions.py checks the lines themselves
 os.environ.setdefault("QTOOL_PROGRESS_LINES", "0")
 
 import numpy as np
@@ -19,7 +19,7 @@ SAMPLES = ROOT / "samples"
 
 
 def pytest_configure(config):
-    """A run that tests/test_simd_paths.py started for one SIMD path must be on that path."""
+    """A run that tests/engine/test_simd_paths.py started for one SIMD path must be on that path."""
     want = os.environ.get("QTOOL_SIMD_PATH")
     if want:
         from qtool.engine.simd import simd_path

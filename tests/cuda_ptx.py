@@ -1,5 +1,5 @@
 """Compiles qtool's CUDA kernels to PTX for real GPUs with numba-cuda, no GPU needed:
-`python cuda_ptx.py SIGNATURES.json` (tests/test_cuda_compile.py writes it: per launch, the
+`python cuda_ptx.py SIGNATURES.json` (tests/engine/test_cuda_compile.py writes it: per launch, the
 kernel's module and name and its argument types). Prints one line per kernel, signature and
 target; exits 1 if any fails to compile. Run without NUMBA_ENABLE_CUDASIM."""
 

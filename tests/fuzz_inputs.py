@@ -2,7 +2,7 @@
 damage), framework model files (byte-level damage and structural lies about sizes) and data files.
 Each generator is seeded, so a failing case is reproduced by its name.
 
-Used by tests/test_fuzz.py; `python tests/fuzz_inputs.py QMODEL OUT_DIR N` writes N mutated
+Used by tests/cli/test_fuzz.py; `python tests/fuzz_inputs.py QMODEL OUT_DIR N` writes N mutated
 copies of a quantized model for a longer run by hand.
 """
 

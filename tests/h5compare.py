@@ -1,5 +1,5 @@
 """The contents of an HDF5 file that two runs writing the same thing must agree on: every
-dataset and attribute but the creation time. Used by tests/test_dist.py and
+dataset and attribute but the creation time. Used by tests/project/test_dist.py and
 benchmarks/bench_dist.py to compare a distributed run's files with one process's."""
 
 from pathlib import Path

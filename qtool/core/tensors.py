@@ -94,8 +94,8 @@ ALL_NAMES = tuple(t.name for t in ALL_TENSORS)
 ACTIVATIONS = tuple(t.name for t in TENSORS if t.kind == "activation")
 # The one written order of the cell's tensors: the integer cell's outputs in the order
 # qtool.numerics.intops.gru_cell returns them, Rh as its three gate blocks. Pinned by
-# tests/test_fakequant.py (the engines' traces, named by this order, equal the fake-quant cell's
-# tensors, which it names itself) and checked against TENSORS by tests/test_tensor_order.py.
+# tests/qat/test_fakequant.py (the engines' traces, named by this order, equal the fake-quant cell's
+# tensors, which it names itself) and checked against TENSORS by tests/engine/test_tensor_order.py.
 CELL_TRACE = ("Rh_z", "Rh_r", "Rh_g", "z_pre", "r_pre", "g_pre", "z_out", "r_out", "g_out",
               "Rh_add_br", "rRh", "old_contrib", "new_contrib", "h")
 # the tensor of each CELL_TRACE output (Rh_z, Rh_r, Rh_g: Rh's gate blocks)

@@ -6,12 +6,12 @@ returns; bad attributes and shapes are one QtoolError line naming the node."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import keras_on_torch
 
 from qtool.core.graph import Node
 from qtool.errors import QtoolError
@@ -19,17 +19,13 @@ from qtool.layers import REGISTRY, layer
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "graph.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "graph.md"
 TESTED: set[str] = set()  # ops a test ran (test_every_op_is_tested reads it last)
 
 
 @pytest.fixture(scope="module")
 def keras():
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-    keras = pytest.importorskip("keras")
-    if keras.backend.backend() != "torch":
-        pytest.skip("keras is not on the torch backend")
-    return keras
+    return keras_on_torch(0)
 
 
 def rand(*shape, seed=0, scale=1.0):

@@ -4,7 +4,7 @@ parameters. Held against an independent Python-integer transcription of the form
 random integers and parameters), and, run over whole sequences on grids set from the float cell's
 own ranges, against the float reset-before cell on held-out data (int16 / w8a16 / int8). These
 functions are not yet wired into calibration and the engines: the integer doors still refuse the
-form (tests/test_gru_variants.py)."""
+form (tests/importers/test_gru_variants.py)."""
 
 import numpy as np
 import pytest

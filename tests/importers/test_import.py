@@ -65,8 +65,8 @@ def test_keras_stack_built_second_in_its_process_matches_keras(ext):
 
 def test_keras_reset_after_false_imports_as_the_reset_before_cell_and_calibrates():
     """Keras' reset_after=False GRU (one bias [3H]) imports as the reset-before cell, which
-    calibrates and runs in integers (tests/test_gru_variants.py holds its numbers against Keras,
-    tests/test_gru_forms_trained.py its integer accuracy)."""
+    calibrates and runs in integers (tests/importers/test_gru_variants.py holds its numbers against Keras,
+    tests/importers/test_gru_forms_trained.py its integer accuracy)."""
     from conftest import calibrated
 
     model = import_model(GOLDEN / "keras_reset_before.keras")

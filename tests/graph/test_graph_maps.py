@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 F_IN = 10
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 
 
 class Crnn(torch.nn.Module):

@@ -55,7 +55,7 @@ def test_the_forms_tensors():
 @pytest.mark.parametrize("form", FORMS)
 def test_integer_rounding_gives_the_engines_integers(form, preset, layers, dirs):
     """Every tensor of every step of the fake-quant GRU with "integer" rounding, read back as
-    integers, equals the integer engine's, for every form (as tests/test_fakequant.py for haste)."""
+    integers, equals the integer engine's, for every form (as tests/qat/test_fakequant.py for haste)."""
     qm = form_qmodel(FORMS[form], preset, layers, dirs)
     x = np.random.RandomState(2).randn(16, 12, 5).astype(np.float32)  # not the calibration data
     itr, ftr = [], []

@@ -16,7 +16,7 @@ from conftest import has, random_model
 from h5compare import h5_contents
 from qtool.calibrators import METHODS as CALIBRATION_METHODS
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # tests/, with the scripts mpiexec runs
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                          os.environ.get("PATH", "")]))
 needs_mpi = pytest.mark.skipif(not (has("mpi4py") and MPIEXEC),

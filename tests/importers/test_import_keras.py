@@ -3,11 +3,10 @@
 Bidirectional, Sequential and functional models, legacy .h5, and every config setting that changes
 the math and qtool does not compute refused whatever the layer is called."""
 
-import os
 
 import numpy as np
 import pytest
-from conftest import has
+from conftest import has, keras_on_torch
 
 from qtool.errors import QtoolError
 from qtool.importers import import_model
@@ -18,13 +17,7 @@ pytestmark = pytest.mark.skipif(not (has("keras") and has("torch")), reason="ker
 
 @pytest.fixture(scope="module")
 def keras():
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-    import keras
-
-    if keras.backend.backend() != "torch":
-        pytest.skip("keras is not on the torch backend")
-    keras.utils.set_random_seed(7)
-    return keras
+    return keras_on_torch(7)
 
 
 def held_out(c, n=4, t=9, seed=11):

@@ -107,7 +107,7 @@ def test_traces_are_the_engines(case, data):
     np.testing.assert_array_equal(data.y_quant, dequantize(run_int(qm, test[:3]), s.exp2_inv, s.zp).astype(np.float32))
     np.testing.assert_allclose(data.y_float, run_float(qm.model, test[:3]), atol=1e-6)
     # per-step SNR from the whole outputs, computed here; the engine's float32 reference differs
-    # from numpy's float GRU by float32 rounding (tests/test_fused_metrics.py), hence 1e-5
+    # from numpy's float GRU by float32 rounding (tests/engine/test_fused_metrics.py), hence 1e-5
     y_f, y_q = run_float(qm.model, test).astype(np.float64), dequantize(run_int(qm, test), s.exp2_inv, s.zp)
     snr = 10 * np.log10((y_f**2).sum(axis=(0, 2)) / ((y_q - y_f) ** 2).sum(axis=(0, 2)))
     np.testing.assert_allclose([st["snr_db"] for st in data.steps], snr, rtol=1e-5)

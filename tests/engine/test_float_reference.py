@@ -1,7 +1,7 @@
 """The CPU engine's float32 reference against numpy's float GRU (qtool.numerics.float_gru), for
 every cell form, at hidden sizes on both sides of every SIMD path's tile width (16 lanes, 96 on
 AVX-512), stacked and bidirectional; and the SNR that `simulate` reports against the same SNR
-computed from its saved outputs. tests/test_simd_paths.py reruns this file on every SIMD path."""
+computed from its saved outputs. tests/engine/test_simd_paths.py reruns this file on every SIMD path."""
 
 import numpy as np
 import pytest

@@ -5,7 +5,7 @@ the command line reaches the rest only through the API. Read from the sources wi
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # bottom to top: a module imports its own folder and the folders before it (README's Layout)
 LAYERS = ("version", "errors", "core", "numerics", "io", "calibrators", "engine", "layers", "simulation", "importers",
           "calibration", "graph", "exporters", "report", "advisor", "parallel", "qat", "api", "install", "cli")

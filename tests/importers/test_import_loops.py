@@ -18,7 +18,7 @@ import qtool  # noqa: E402
 import qtool.layers as L  # noqa: E402
 from qtool.errors import QtoolError  # noqa: E402
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 # file -> (the loop's op, the GRU layers it holds, what its cells compute)
 LOOPS = {"tf_loop_precise": ("Loop", 1, "Keras GRU cell, reset before the recurrent matmul (Keras reset_after=False, "
                              "ONNX linear_before_reset=0), gate hard_sigmoid(0.2x + 0.5), candidate linear"),
@@ -302,7 +302,7 @@ def test_the_docs_list_every_tflite_op_qtool_reads():
     pytest.importorskip("tflite")
     from qtool.importers.tflite.to_onnx import HANDLERS
 
-    docs = (Path(__file__).parent.parent / "docs" / "importing.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "importing.md").read_text()
     assert [op for op in HANDLERS if f"`{op}`" not in docs] == []
 
 

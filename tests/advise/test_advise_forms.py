@@ -1,7 +1,7 @@
 """`qtool advise` on GRU cells of other forms (qtool.core.model.CellForm): reset before the
 recurrent matmul, hard_sigmoid gates, relu candidates. The units follow the form (rh, no
 Rh_add_br or rRh; a relu candidate's g_out takes g_pre's bits), the noise model follows its
-propagation and slopes (held against `simulate` with tests/test_advise_predict.py's bar), and the
+propagation and slopes (held against `simulate` with tests/advise/test_advise_predict.py's bar), and the
 advised bits file loads, calibrates and reproduces the measured output SNR."""
 
 import math
@@ -23,7 +23,7 @@ from qtool.core.tensors import BitsConfig, layer_config, load_bits, preset_confi
 from qtool.io.files import open_sequences
 from qtool.simulation.run import simulate, tensor_key
 
-# tests/test_advise_predict.py's bar
+# tests/advise/test_advise_predict.py's bar
 MIN_PEARSON = 0.9
 MAX_MEDIAN_ERROR_DB = 4.0
 MAX_OUTPUT_ERROR_DB = 7.0

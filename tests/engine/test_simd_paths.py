@@ -25,6 +25,6 @@ def test_engine_on_path(path):
         pytest.skip(f"this CPU cannot run the {path} path")
     env = {**os.environ, **env, "QTOOL_SIMD_PATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           *(str(ROOT / "tests" / f) for f in ENGINE_TESTS)],
+                           *(str(ROOT / "tests" / "engine" / f) for f in ENGINE_TESTS)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"on the {path} path:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
