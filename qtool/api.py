@@ -115,17 +115,35 @@ def load_model(path, fmt: str | None = None, name: str | None = None, check: boo
     """The float model of a file: a whole model (`Graph`, docs/graph.md) where a Keras or ONNX file
     holds layers besides its GRU(s), or is qtool's whole-model file; else its GRU (`GruModel`),
     from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste). `name` takes
-    one GRU of a file alone; `whole=True` the graph even of a file that holds only GRUs, and
-    `whole=False` its GRU. `path` may be a PyTorch `nn.Module` with an `example` input
+    one GRU of a file alone; `whole=True` the graph even of a file that holds only GRUs (a file
+    of a GRU's weights alone, PyTorch, haste or qtool's: the graph of one gru node,
+    qtool.layers.gru.alone), and `whole=False` its GRU. `path` may be a PyTorch `nn.Module` with an `example` input
     `[N, T, C]`: exported through ONNX and checked against the module. An imported model is
     checked against its framework where that is installed (`check`). `for_data`: the command
     feeds data to the file, so a GRU that reads another layer's output is refused."""
     if not isinstance(path, (str, os.PathLike)):
         return _load_graph(path, fmt, check, example)
     with read_once():  # deciding what the file is and importing it read it once
+        if whole and _weights_only(Path(path), fmt):
+            from qtool.layers.gru import alone
+
+            return alone(_load_gru(path, fmt, name, check))
         if whole or (whole is None and name is None and fmt is None and is_whole_model(path)):
             return _load_graph(path, fmt, check)
         return _load_model_for_data(path, fmt, name, check) if for_data else _load_gru(path, fmt, name, check)
+
+
+def _weights_only(path: Path, fmt: str | None) -> bool:
+    """Whether the file holds a GRU's weights and no graph (PyTorch, safetensors, haste, qtool's
+    GRU files)."""
+    from qtool.importers import detect_format
+
+    if _h5_format(path) in ("qtool-gru", "qtool-qgru"):
+        return True
+    try:
+        return (fmt or detect_format(path)) in ("torch", "safetensors", "haste")
+    except QtoolError:
+        return False
 
 
 def _load_gru(path: str | os.PathLike, fmt: str | None = None, name: str | None = None,

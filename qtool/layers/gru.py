@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from qtool.core.edges import channels, sequence, vector
-from qtool.core.graph import Node
+from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS, CellForm, GruCell, GruModel
 from qtool.core.node_args import attr_bool, attr_int, fail, only, param, want_inputs
 from qtool.core.qmodel import TensorQ
@@ -142,6 +142,23 @@ def model(node: Node) -> GruModel:
     cell_form = form(node)
     return GruModel([[GruCell(*(node.params[p + w] for w in ("W", "R", "bx", "br")), cell_form) for p in cells]
                      for cells in _names(layers, dirs)], name=node.name, source=node.source)
+
+
+def alone(gru: GruModel) -> Graph:
+    """A GRU alone as the whole model it is: one gru node from input `x` to output `y` (the
+    inverse of `model`), proven well formed. Its cells must share one form, as a node's do."""
+    forms = {c.form for cells in gru.layers for c in cells}
+    if len(forms) > 1:
+        raise QtoolError(f"{gru.name}: its layers compute different cell forms; a gru node has one")
+    names = _names(gru.num_layers, len(gru.layers[0]))
+    params = {p + w: getattr(c, w) for cells, ps in zip(gru.layers, names) for c, p in zip(cells, ps)
+              for w in ("W", "R", "bx", "br")}
+    attrs = {"layers": gru.num_layers, "bidirectional": gru.bidirectional, **gru.layers[0][0].form.attrs()}
+    node = Node(gru.name, OP, ["x"], ["y"], attrs, params, gru.source or "GRU")
+    graph = Graph([node], {"x": sequence(gru.input_size)}, ["y"], gru.name, gru.source)
+    from qtool.layers import check  # the registry imports this module
+
+    return check(graph)
 
 
 def scales_input(node: Node) -> bool:

@@ -153,3 +153,44 @@ def test_report_without_plotly_still_tables_each_grus_tensors(tiny, monkeypatch,
         assert f"GRU {name}: its tensors" in section and 'pip install &quot;qtool[report]&quot;' in section
         for t in cell_names(qg.qparams[name]["qm"].cells[0][0].form):
             assert f"<td>{t}</td>" in section, (name, t)
+
+
+@pytest.mark.parametrize("form", ["haste", "reset_before"])
+@pytest.mark.parametrize("method", ["minmax", "mse"])
+def test_a_gru_alone_as_a_graph_of_one_gru_node_gives_the_same_integers(form, method):
+    """qtool.layers.gru.alone: a GRU alone is the whole model of one gru node. Calibrated by the
+    graph path it is the very QuantModel the GRU path builds (the same fingerprint), and it gives
+    the same output integers on held-out data."""
+    from conftest import random_model
+
+    from qtool.core.model import CellForm, GruModel
+    from qtool.layers.gru import alone
+
+    m = random_model(C=6, H=12, layers=2, dirs=2, seed=5, scale=0.7)
+    if form == "reset_before":
+        m = GruModel([[type(c)(c.W, c.R, c.bx, c.br, CellForm(reset_after=False)) for c in cells]
+                      for cells in m.layers], m.name, m.source)
+    g = alone(m)
+    assert [n.op for n in g.nodes] == ["gru"] and g.inputs == {"x": (None, 6)}
+    x = np.random.default_rng(1).laplace(size=(80, 9, 6)).astype(np.float32)
+    qm, qg = api.calibrate(m, x[:48], method=method), api.calibrate(g, x[:48], method=method)
+    assert qg.qparams[g.nodes[0].name]["qm"].fingerprint() == qm.fingerprint()
+    alone_run = api.simulate(qm, x[48:], outputs=True)
+    graph_run = api.simulate(qg, x[48:], outputs=True)
+    np.testing.assert_array_equal(graph_run.kept["quant/y_int"], alone_run.y_int)
+    assert graph_run.outputs["y"].snr_db == pytest.approx(alone_run.output["snr_db"], abs=1e-4)
+
+
+def test_a_file_of_a_grus_weights_loads_whole_as_one_gru_node():
+    """load_model(whole=True) of a state dict: the graph of its one GRU, whose float reference is
+    the GRU's own (qtool.numerics.float_gru) on held-out data."""
+    from conftest import SAMPLES
+
+    from qtool.layers import run
+    from qtool.numerics.float_gru import run_float
+
+    path = SAMPLES / "digits_gru.safetensors"
+    g, m = api.load_model(path, whole=True), api.load_model(path)
+    assert isinstance(g, Graph) and [n.op for n in g.nodes] == ["gru"] and g.outputs == ["y"]
+    x = np.load(SAMPLES / "test.npy")[:16]
+    np.testing.assert_allclose(run(g, x)["y"], run_float(m, x), atol=1e-6)
