@@ -125,9 +125,10 @@ def load_model(path, fmt: str | None = None, name: str | None = None, check: boo
         return _load_graph(path, fmt, check, example)
     with read_once():  # deciding what the file is and importing it read it once
         if whole and _weights_only(Path(path), fmt):
+            from qtool.layers import check as check_graph
             from qtool.layers.gru import alone
 
-            return alone(_load_gru(path, fmt, name, check))
+            return check_graph(alone(_load_gru(path, fmt, name, check)), str(path))
         if whole or (whole is None and name is None and fmt is None and is_whole_model(path)):
             return _load_graph(path, fmt, check)
         return _load_model_for_data(path, fmt, name, check) if for_data else _load_gru(path, fmt, name, check)

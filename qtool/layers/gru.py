@@ -146,7 +146,8 @@ def model(node: Node) -> GruModel:
 
 def alone(gru: GruModel) -> Graph:
     """A GRU alone as the whole model it is: one gru node from input `x` to output `y` (the
-    inverse of `model`), proven well formed. Its cells must share one form, as a node's do."""
+    inverse of `model`), for qtool.layers.check to prove. Its cells must share one form, as a
+    node's do."""
     forms = {c.form for cells in gru.layers for c in cells}
     if len(forms) > 1:
         raise QtoolError(f"{gru.name}: its layers compute different cell forms; a gru node has one")
@@ -155,10 +156,7 @@ def alone(gru: GruModel) -> Graph:
               for w in ("W", "R", "bx", "br")}
     attrs = {"layers": gru.num_layers, "bidirectional": gru.bidirectional, **gru.layers[0][0].form.attrs()}
     node = Node(gru.name, OP, ["x"], ["y"], attrs, params, gru.source or "GRU")
-    graph = Graph([node], {"x": sequence(gru.input_size)}, ["y"], gru.name, gru.source)
-    from qtool.layers import check  # the registry imports this module
-
-    return check(graph)
+    return Graph([node], {"x": sequence(gru.input_size)}, ["y"], gru.name, gru.source)
 
 
 def scales_input(node: Node) -> bool:

@@ -24,7 +24,7 @@ def test_engine_on_path(path):
     if env is None or list(PATHS).index(path) > list(PATHS).index(simd_path()):
         pytest.skip(f"this CPU cannot run the {path} path")
     env = {**os.environ, **env, "QTOOL_SIMD_PATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
                            *(str(ROOT / "tests" / "engine" / f) for f in ENGINE_TESTS)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"on the {path} path:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"

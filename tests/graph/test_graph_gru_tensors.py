@@ -164,13 +164,14 @@ def test_a_gru_alone_as_a_graph_of_one_gru_node_gives_the_same_integers(form, me
     from conftest import random_model
 
     from qtool.core.model import CellForm, GruModel
+    from qtool.layers import check
     from qtool.layers.gru import alone
 
     m = random_model(C=6, H=12, layers=2, dirs=2, seed=5, scale=0.7)
     if form == "reset_before":
         m = GruModel([[type(c)(c.W, c.R, c.bx, c.br, CellForm(reset_after=False)) for c in cells]
                       for cells in m.layers], m.name, m.source)
-    g = alone(m)
+    g = check(alone(m))
     assert [n.op for n in g.nodes] == ["gru"] and g.inputs == {"x": (None, 6)}
     x = np.random.default_rng(1).laplace(size=(80, 9, 6)).astype(np.float32)
     qm, qg = api.calibrate(m, x[:48], method=method), api.calibrate(g, x[:48], method=method)
