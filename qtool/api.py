@@ -117,8 +117,8 @@ def load_model(path, fmt: str | None = None, name: str | None = None, check: boo
     from a qtool model file or any importable file (PyTorch, Keras, ONNX, haste). `name` takes
     one GRU of a file alone; `whole=True` the graph even of a file that holds only GRUs (a file
     of a GRU's weights alone, PyTorch, haste or qtool's: the graph of one gru node,
-    qtool.layers.gru.alone), and `whole=False` its GRU. `path` may be a PyTorch `nn.Module` with an `example` input
-    `[N, T, C]`: exported through ONNX and checked against the module. An imported model is
+    qtool.layers.gru.alone), and `whole=False` its GRU. `path` may be a PyTorch `nn.Module`
+    with an `example` input `[N, T, C]`: exported through ONNX and checked against the module. An imported model is
     checked against its framework where that is installed (`check`). `for_data`: the command
     feeds data to the file, so a GRU that reads another layer's output is refused."""
     if not isinstance(path, (str, os.PathLike)):

@@ -40,9 +40,9 @@ def well_formed(shape) -> bool:
             and (len(shape) == 1 or shape[0] is None))
 
 
-def kind(shape: Shape) -> str:
+def kind(sequences: bool) -> str:
     """How a refusal names what a layer takes: "a sequence (None, C)" or "a vector (C,)"."""
-    return "a sequence (None, C)" if is_sequence(shape) else "a vector (C,)"
+    return "a sequence (None, C)" if sequences else "a vector (C,)"
 
 
 def array_text(shape: Shape) -> str:

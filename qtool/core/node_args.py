@@ -38,7 +38,7 @@ def want_inputs(node: Node, shapes: list[tuple], count: int | None = 1, seq: boo
         raise fail(node, f"takes {'two or more inputs' if count is None else f'{count} input(s)'}, got {n}")
     for s in shapes:
         if seq is not None and edges.is_sequence(s) != seq:
-            raise fail(node, f"takes {edges.kind(edges.sequence(0) if seq else edges.vector(0))}, got shape {s}")
+            raise fail(node, f"takes {edges.kind(seq)}, got shape {s}")
 
 
 def same_steps(node: Node, xs: list[np.ndarray]) -> None:
