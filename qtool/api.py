@@ -125,13 +125,23 @@ def load_model(path, fmt: str | None = None, name: str | None = None, check: boo
         return _load_graph(path, fmt, check, example)
     with read_once():  # deciding what the file is and importing it read it once
         if whole and _weights_only(Path(path), fmt):
-            from qtool.layers import check as check_graph
-            from qtool.layers.gru import alone
-
-            return check_graph(alone(_load_gru(path, fmt, name, check)), str(path))
+            return _alone(_load_gru(path, fmt, name, check), path)
         if whole or (whole is None and name is None and fmt is None and is_whole_model(path)):
             return _load_graph(path, fmt, check)
         return _load_model_for_data(path, fmt, name, check) if for_data else _load_gru(path, fmt, name, check)
+
+
+def _alone(model: GruModel, path) -> Graph:
+    """A GRU alone as the graph of one gru node, with what its import checked and left out."""
+    from qtool.layers import check as check_graph
+    from qtool.layers.gru import alone
+
+    graph = check_graph(alone(model), str(path))
+    graph.check_result = model.extra.get("check")
+    if graph.check_result is None and _h5_format(Path(path)) in ("qtool-gru", "qtool-qgru"):
+        graph.check_result = {"checked": False, "reason": "qtool's own GRU file (its import ran the check)"}
+    graph.notes = [n for n in [import_note(model)] if n]
+    return graph
 
 
 def _weights_only(path: Path, fmt: str | None) -> bool:

@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 # CUDA kernels run under numba's simulator unless a real GPU is asked for; set before numba.cuda
@@ -16,6 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 SAMPLES = ROOT / "samples"
+# a concern's tests import what another's built (test_integer_gru's mixed_config, the graphs of
+# test_export_graph_c) by module name, whichever folders a run collects
+sys.path += [str(p) for p in sorted((ROOT / "tests").iterdir())
+             if p.is_dir() and any(p.glob("test_*.py")) and str(p) not in sys.path]
 
 
 def pytest_configure(config):

@@ -69,7 +69,7 @@ def show_graph(g, path: Path) -> None:
     from qtool import api
     from qtool.cli.tables import graph_table
 
-    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layers"))
+    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layer{'s' * (len(g.nodes) != 1)}"))
     stored = api.model_file_format(path) in ("qtool-graph", "qtool-qgraph")
     out.print(("as stored in the file, from its first import: " if stored else "")
               + escape(as_flags(api.describe_check(g.check_result))), highlight=False)

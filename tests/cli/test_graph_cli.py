@@ -39,9 +39,12 @@ def test_inspect_graph_lists_every_layer_and_the_check(cli, keras_file):
     assert np.abs(run(graph, x)[graph.outputs[0]] - m.predict(x, verbose=0)).max() < 1e-5
 
 
-def test_a_weights_only_file_has_no_graph(cli):
-    code, _, err = cli("inspect", SAMPLES / "digits_gru.safetensors", "--graph")
-    assert code == 2 and "holds weights only" in err and err.count("\n") == 1
+def test_a_weights_only_file_is_the_graph_of_its_gru(cli):
+    """A state dict holds a GRU's weights and no graph: its whole model is one gru node, what the
+    import checked and what it left out said (never part of a model without a word)."""
+    code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--graph")
+    assert code == 0 and ": 1 layer\n" in out and "gru, 2 layers" in out
+    assert "matches PyTorch nn.GRU" in out and "left out, not quantized: head (2 tensors)" in out
 
 
 def test_graph_refusals_are_one_true_line(cli, tmp_path, keras_file):
@@ -54,8 +57,8 @@ def test_graph_refusals_are_one_true_line(cli, tmp_path, keras_file):
     assert code == 2 and "--name picks one GRU of a file; --graph shows the whole model" in err
     np.save(tmp_path / "x.npy", np.zeros((2, 4, 6), np.float32))
     cli("import", path, "-o", tmp_path / "gru.h5", "--no-check", "--name", "gru")  # the GRU alone
-    code, _, err = cli("inspect", tmp_path / "gru.h5", "--graph")
-    assert code == 2 and "a qtool model file holds a GRU, not a whole model" in err
+    code, out, _ = cli("inspect", tmp_path / "gru.h5", "--graph")  # its graph: one gru node
+    assert code == 0 and ": 1 layer\n" in out and "qtool's own GRU file" in out
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
