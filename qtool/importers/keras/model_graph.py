@@ -44,7 +44,7 @@ WEIGHT_ALIASES = {"depthwise_kernel": "kernel"}  # Keras 2's name for DepthwiseC
 
 
 @dataclass
-class _Entry:
+class Entry:
     """One layer of the (flattened) model: its config, weights group and place in the layer graph."""
 
     name: str  # "outer/inner" inside nested models
@@ -58,7 +58,7 @@ class _Entry:
         return f"'{self.name}' ({self.cls})"
 
 
-class _Reader:
+class Reader:
     """The state of one import: the open weights file, the edges and shapes so far, the nodes."""
 
     def __init__(self, where: str, f: h5py.File, legacy: bool, grus: dict[str, KerasGru], major: int | None):
@@ -72,10 +72,10 @@ class _Reader:
         self.map_layers: dict[str, int] = {}  # the layers (and inputs) whose output is a map -> its frequencies
         self.on_map: int | None = None  # the frequencies of the map the layer being read reads
 
-    def fail(self, e: _Entry, why: str) -> QtoolError:
+    def fail(self, e: Entry, why: str) -> QtoolError:
         return QtoolError(f"{self.where}: layer {e.label} {why}")
 
-    def add(self, e: _Entry, op: str, inputs: list[str], attrs: dict | None = None, params: dict | None = None,
+    def add(self, e: Entry, op: str, inputs: list[str], attrs: dict | None = None, params: dict | None = None,
             activation=None) -> None:
         """Node `op` for layer `e` writing the edge named after it; a separate activation node
         (`<layer>/activation`) after it for a layer's fused activation other than linear. A QKeras
@@ -101,7 +101,7 @@ class _Reader:
         self.shapes.update((k, checked.shapes[k]) for k in node.outputs)
         self.nodes.append(node)
 
-    def weights(self, e: _Entry, roles: list[str]) -> dict[str, np.ndarray]:
+    def weights(self, e: Entry, roles: list[str]) -> dict[str, np.ndarray]:
         """The layer's weights by role (kernel, bias, gamma, ...), in the order Keras creates them."""
         if self.legacy:
             return self._legacy_weights(e, roles)
@@ -118,7 +118,7 @@ class _Reader:
                             f"({', '.join(roles)})")
         return {r: _dataset(self.where, self.f, f"{e.group}/vars/{k}") for r, k in zip(roles, keys)}
 
-    def _legacy_weights(self, e: _Entry, roles: list[str]) -> dict[str, np.ndarray]:
+    def _legacy_weights(self, e: Entry, roles: list[str]) -> dict[str, np.ndarray]:
         if e.nested:
             raise self.fail(e, "is inside a nested model, which legacy .h5 files do not store per layer; "
                             "save the model as .keras")
@@ -144,7 +144,7 @@ MAP_MAKERS = ("Conv2D", "DepthwiseConv2D", "Reshape")
 
 
 
-def _entries(model: dict, path: str, prefix: str, where: str, out: dict[str, _Entry]) -> None:
+def _entries(model: dict, path: str, prefix: str, where: str, out: dict[str, Entry]) -> None:
     """Every layer of the model (nested models' layers as 'outer/inner') with its weights group,
     named as keras/config.py names them."""
     _, layers = model_layers(model, where)
@@ -159,7 +159,7 @@ def _entries(model: dict, path: str, prefix: str, where: str, out: dict[str, _En
         if cls in MODELS:
             _entries(layer, group + "/", f"{prefix}{name}/", where, out)
         else:
-            out[prefix + name] = _Entry(prefix + name, cls, cfg, group, bool(prefix))
+            out[prefix + name] = Entry(prefix + name, cls, cfg, group, bool(prefix))
 
 
 def _class(name: str) -> str:
@@ -217,11 +217,11 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
     where = str(path)
     major = keras_major(path)
     grus = {g.name: g for g in find_grus(config, where, major)}  # the GRU importer's checks (settings, masks, states)
-    entries: dict[str, _Entry] = {}
+    entries: dict[str, Entry] = {}
     _entries(config, "", "", where, entries)
     layers: dict[str, Layer] = {}
     ins, outs = _model(config, "", layers)
-    r = _Reader(where, f, legacy, grus, major)
+    r = Reader(where, f, legacy, grus, major)
     inputs, steps = {}, None
     for start, (edge, (shape, fixed, frame)) in zip(ins, input_shapes(config, where).items()):
         r.edge[start] = edge
@@ -233,7 +233,7 @@ def _graph(path: Path, config: dict, f: h5py.File, legacy: bool) -> Graph:
     for name in _order(where, layers, ins):
         layer = layers[name]
         cls = _class(layer.cls)
-        e = entries.get(name) or _Entry(name, cls, {}, "", "/" in name)
+        e = entries.get(name) or Entry(name, cls, {}, "", "/" in name)
         if len(layer.calls) != 1:
             raise r.fail(e, f"is called {len(layer.calls)} times; shared layers are not supported"
                          if layer.calls else "is never called")

@@ -12,11 +12,11 @@ from qtool.importers.keras.ops.registry import builds
 from qtool.importers.keras.quantizers import activation_grid, is_quantizer
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 
 @builds("QActivation")
-def _qactivation(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _qactivation(r: Reader, e: Entry, src: list[str]) -> None:
     """QActivation(quantizer): the quantizer's float function (the identity for quantized_bits,
     a relu for quantized_relu and for quantized_bits(keep_negative=False)); its grid the range of
     the edge it writes."""
@@ -30,7 +30,7 @@ def _qactivation(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("PReLU")
-def _prelu(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _prelu(r: Reader, e: Entry, src: list[str]) -> None:
     """A slope per channel, shared over time (`shared_axes=[1]`); one per step is refused."""
     alpha = np.asarray(r.weights(e, ["alpha"])["alpha"], np.float32)
     per = per_channel(r, alpha, r.shapes[src[0]][-1])
@@ -41,7 +41,7 @@ def _prelu(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("ReLU", "LeakyReLU")
-def _relu(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _relu(r: Reader, e: Entry, src: list[str]) -> None:
     if e.cls == "LeakyReLU":  # Keras 3: negative_slope (default 0.3); Keras 2: alpha
         slope = e.cfg.get("negative_slope", e.cfg.get("alpha", 0.3))
         r.add(e, "activation", src, {"kind": "leaky_relu", "alpha": float(slope)})
@@ -57,7 +57,7 @@ def _relu(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("Activation", "Softmax", "UnitNormalization")
-def _act_layer(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _act_layer(r: Reader, e: Entry, src: list[str]) -> None:
     if e.cls == "Activation" and is_quantizer(e.cfg.get("activation")):  # Activation(quantized_relu(...))
         _qactivation(r, e, src)
         return

@@ -12,10 +12,10 @@ from qtool.importers.checks import MAX_TENSOR_ELEMENTS
 from qtool.importers.keras.config import FLOAT_POLICIES, _policy, hard_sigmoid_params
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 # keras.activations by name -> (op, attrs); "linear" is no node. Keras 3's hard_sigmoid is relu6(x + 3) / 6
-# (Keras 2's 0.2x + 0.5: `_activation` takes the file's), its leaky_relu's default slope 0.2, its gelu the
+# (Keras 2's 0.2x + 0.5: `activation_of` takes the file's), its leaky_relu's default slope 0.2, its gelu the
 # exact (erf) one
 ACTIVATIONS = {"relu": ("activation", {"kind": "relu"}), "relu6": ("activation", {"kind": "relu6"}),
                "leaky_relu": ("activation", {"kind": "leaky_relu", "alpha": 0.2}),
@@ -26,7 +26,7 @@ ACTIVATIONS = {"relu": ("activation", {"kind": "relu"}), "relu6": ("activation",
 
 
 
-def ints(r: _Reader, e: _Entry, key: str, default=None, n: int = 1) -> tuple[int, ...]:
+def ints(r: Reader, e: Entry, key: str, default=None, n: int = 1) -> tuple[int, ...]:
     """A config value given as an int or a list of `n` ints (`kernel_size: [3]`), as a tuple."""
     v = e.cfg.get(key, default)
     v = [v] * n if isinstance(v, int) else v
@@ -36,13 +36,13 @@ def ints(r: _Reader, e: _Entry, key: str, default=None, n: int = 1) -> tuple[int
     return tuple(v)
 
 
-def channels_last(r: _Reader, e: _Entry) -> None:
+def channels_last(r: Reader, e: Entry) -> None:
     if e.cfg.get("data_format") not in (None, "channels_last"):
         raise r.fail(e, f"has data_format={e.cfg.get('data_format')!r}; only 'channels_last' (Keras' default, "
                      "[N, T, C]) is supported")
 
 
-def last_axis(r: _Reader, e: _Entry, key: str, shape: tuple) -> None:
+def last_axis(r: Reader, e: Entry, key: str, shape: tuple) -> None:
     """`axis` (an int or a list of one) must name the channel axis: -1, or 2 of [N, T, C], 1 of [N, C]."""
     v = e.cfg.get(key, -1)
     v = v[0] if isinstance(v, list) and len(v) == 1 else v
@@ -50,7 +50,7 @@ def last_axis(r: _Reader, e: _Entry, key: str, shape: tuple) -> None:
         raise r.fail(e, f"has {key}={e.cfg.get(key)!r}; only the channel axis (-1) is supported")
 
 
-def activation_of(r: _Reader, e: _Entry, value) -> tuple[str, dict] | None:
+def activation_of(r: Reader, e: Entry, value) -> tuple[str, dict] | None:
     """(op, attrs) of a Keras activation given by name; None for linear; refused otherwise."""
     if isinstance(value, dict) and value.get("class_name") == "function" and isinstance(value.get("config"), str):
         value = value["config"]  # a serialized keras.activations function
@@ -63,12 +63,12 @@ def activation_of(r: _Reader, e: _Entry, value) -> tuple[str, dict] | None:
     raise r.fail(e, f"has activation {what!r}; supported: {', '.join(ACTIVATIONS)}")
 
 
-def policy_ok(r: _Reader, e: _Entry) -> None:
+def policy_ok(r: Reader, e: Entry) -> None:
     if _policy(e.cfg) not in (None, *FLOAT_POLICIES):
         raise r.fail(e, f"has dtype policy {_policy(e.cfg)!r}; only float policies are supported")
 
 
-def per_channel(r: _Reader, v, width: int) -> np.ndarray:
+def per_channel(r: Reader, v, width: int) -> np.ndarray:
     """Values per channel (or per frequency and channel) as one per edge channel: repeated at
     each frequency of a map ("fc" frames) where they are one per channel of it; otherwise as
     they are (the op's own check says what does not fit)."""

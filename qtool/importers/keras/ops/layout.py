@@ -10,7 +10,7 @@ from qtool.importers.keras.ops.common import last_axis
 from qtool.importers.keras.ops.registry import builds
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 
 MERGES = {"Add": "add", "Multiply": "mul", "Concatenate": "concat"}
@@ -20,7 +20,7 @@ LAYOUT = ("Flatten", "Reshape", "Permute")  # only where they leave the layout a
 
 
 @builds(*MERGES)
-def _merge(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _merge(r: Reader, e: Entry, src: list[str]) -> None:
     if len(src) < 2:
         raise r.fail(e, f"merges {len(src)} input(s); it needs two or more")
     if e.cls == "Concatenate":
@@ -29,7 +29,7 @@ def _merge(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds(*LAYOUT)
-def _layout(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _layout(r: Reader, e: Entry, src: list[str]) -> None:
     """Flatten, Reshape, Permute: the identity where they leave [N, T, C] or [N, C] as it is."""
     shape = r.shapes[src[0]]
     seq = edges.is_sequence(shape)

@@ -13,7 +13,7 @@ from qtool.importers.keras.quantizers import quantize, quantizer_config
 from qtool.layers import same_pads
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 
 QKERAS = ("QDense", "QConv1D", "QActivation")  # QKeras layers (.h5 files name them 'qkeras>QDense')
@@ -21,7 +21,7 @@ QKERAS = ("QDense", "QConv1D", "QActivation")  # QKeras layers (.h5 files name t
 
 
 @builds("Dense", "QDense")
-def _dense(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _dense(r: Reader, e: Entry, src: list[str]) -> None:
     use_bias = bool(e.cfg.get("use_bias", True))
     w = _quantized_weights(r, e, r.weights(e, ["kernel", "bias"][:1 + use_bias]))
     if w["kernel"].ndim != 2 or w["kernel"].shape[1] != e.cfg.get("units"):
@@ -31,7 +31,7 @@ def _dense(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("Conv1D", "DepthwiseConv1D", "QConv1D")
-def _conv(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _conv(r: Reader, e: Entry, src: list[str]) -> None:
     channels_last(r, e)
     (k,), (s,), (d,) = ints(r, e, "kernel_size"), ints(r, e, "strides", 1), ints(r, e, "dilation_rate", 1)
     padding = e.cfg.get("padding", "valid")
@@ -60,7 +60,7 @@ def _conv(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("Conv2D", "DepthwiseConv2D")
-def _conv2d(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _conv2d(r: Reader, e: Entry, src: list[str]) -> None:
     """Conv2D and DepthwiseConv2D over a map [N, T, F, C] (time, frequency): conv2d on "fc" frames."""
     if src[0] not in r.maps:
         raise r.fail(e, "reads no feature map; qtool reads Conv2D over a map [N, T, F, C] (a 4-D input)")
@@ -95,7 +95,7 @@ def _conv2d(r: _Reader, e: _Entry, src: list[str]) -> None:
     r.maps[r.edge[e.name]] = (freq + sum(freq_pads) - span) // stride[1] + 1
 
 
-def _quantized_weights(r: _Reader, e: _Entry, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _quantized_weights(r: Reader, e: Entry, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A QDense's or QConv1D's kernel and bias as its forward uses them: through its
     kernel_quantizer and bias_quantizer (quantized_bits, qtool's port of QKeras' own arithmetic),
     so a fake-quant on a constant folds into it; other layers' weights as stored."""

@@ -10,11 +10,11 @@ from qtool.importers.keras.ops.common import last_axis, per_channel
 from qtool.importers.keras.ops.registry import builds
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 
 @builds("BatchNormalization")
-def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _batchnorm(r: Reader, e: Entry, src: list[str]) -> None:
     last_axis(r, e, "axis", (None, None, None) if r.on_map else r.shapes[src[0]])
     if e.cfg.get("renorm"):
         raise r.fail(e, "has renorm=True; only plain batch normalization is supported")
@@ -32,7 +32,7 @@ def _batchnorm(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("LayerNormalization")
-def _layernorm(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _layernorm(r: Reader, e: Entry, src: list[str]) -> None:
     """Over the channels (axis -1), with its gamma and beta where it has them."""
     axis, c = e.cfg.get("axis", -1), r.shapes[src[0]][-1]
     axes = axis if isinstance(axis, list) else [axis]

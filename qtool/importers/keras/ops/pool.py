@@ -8,7 +8,7 @@ from qtool.importers.keras.ops.common import channels_last, ints
 from qtool.importers.keras.ops.registry import builds
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 
 POOLS = {"AveragePooling1D": "avg_pool1d", "MaxPooling1D": "max_pool1d",
@@ -17,7 +17,7 @@ POOLS = {"AveragePooling1D": "avg_pool1d", "MaxPooling1D": "max_pool1d",
 
 
 @builds(*POOLS)
-def _pool(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _pool(r: Reader, e: Entry, src: list[str]) -> None:
     channels_last(r, e)
     if e.cls.startswith("Global"):
         if e.cfg.get("keepdims"):
@@ -33,7 +33,7 @@ def _pool(r: _Reader, e: _Entry, src: list[str]) -> None:
 
 
 @builds("ZeroPadding1D")
-def _zero_pad(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _zero_pad(r: Reader, e: Entry, src: list[str]) -> None:
     channels_last(r, e)
     before, after = ints(r, e, "padding", 1, n=2)
     r.add(e, "zero_pad1d", src, {"pad": (before, after)})

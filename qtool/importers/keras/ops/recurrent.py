@@ -10,7 +10,7 @@ from qtool.importers.keras.ops.registry import builds
 from qtool.importers.keras.reader import _cells_keras3, _cells_legacy
 
 if TYPE_CHECKING:
-    from qtool.importers.keras.model_graph import _Entry, _Reader
+    from qtool.importers.keras.model_graph import Entry, Reader
 
 
 GRUS = ("GRU", "Bidirectional", "RNN")  # RNN: one GRUCell; Bidirectional: of a GRU
@@ -18,7 +18,7 @@ GRUS = ("GRU", "Bidirectional", "RNN")  # RNN: one GRUCell; Bidirectional: of a 
 
 
 @builds(*GRUS)
-def _gru(r: _Reader, e: _Entry, src: list[str]) -> None:
+def _gru(r: Reader, e: Entry, src: list[str]) -> None:
     g = r.grus.get(e.name)
     if g is None:  # a Bidirectional or RNN of something else
         inner = e.cfg.get("layer") if e.cls == "Bidirectional" else e.cfg.get("cell")
