@@ -44,7 +44,8 @@ def test_a_weights_only_file_is_the_graph_of_its_gru(cli):
     import checked and what it left out said (never part of a model without a word)."""
     code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--graph")
     assert code == 0 and ": 1 layer\n" in out and "gru, 2 layers" in out
-    assert "matches PyTorch nn.GRU" in out and "left out, not quantized: head (2 tensors)" in out
+    checked = "matches PyTorch nn.GRU" if has("torch") else "not checked against the source framework"
+    assert checked in out and "left out, not quantized: head (2 tensors)" in out
 
 
 def test_graph_refusals_are_one_true_line(cli, tmp_path, keras_file):
