@@ -71,11 +71,15 @@ def caches():
     return torch.zeros(1, C, 4, F), torch.zeros(2, 1, F, H)
 
 
-def exported(m, path) -> str:
-    """As gtcrn_stream.py exports it: one frame and the caches, their updates as outputs."""
+def exported(m, path, dynamo: bool = False) -> str:
+    """As gtcrn_stream.py exports it: one frame and the caches, their updates as outputs. The
+    TorchScript exporter writes the in-place updates as ScatterND; the dynamo exporter as
+    ScatterElements, and a cache overwritten whole as the joined frames sliced, its weights in a
+    file beside the model."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, (torch.zeros(1, 2, 1, F), *caches()), str(path), dynamo=False, opset_version=11,
+        torch.onnx.export(m, (torch.zeros(1, 2, 1, F), *caches()), str(path), dynamo=dynamo,
+                          **({} if dynamo else {"opset_version": 11}),
                           input_names=["mix", "conv_cache", "gru_cache"],
                           output_names=["enh", "conv_cache_out", "gru_cache_out"])
     return str(path)
@@ -105,9 +109,10 @@ def trained() -> Stream:
     return Stream().eval()
 
 
-def test_a_streaming_file_imports_as_the_model_over_whole_sequences(tmp_path):
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_a_streaming_file_imports_as_the_model_over_whole_sequences(tmp_path, dynamo):
     m = trained()
-    g = qtool.load_model(exported(m, tmp_path / "stream.onnx"))  # checked against ONNX Runtime frame by frame
+    g = qtool.load_model(exported(m, tmp_path / "stream.onnx", dynamo))  # checked against ONNX Runtime frame by frame
     assert g.check_result["frame_by_frame"] and g.check_result["max_abs_diff"] < 1e-5
     assert any("carry 2 GRU states and the past frames of 1 convolution from run to run" in n for n in g.notes)
     assert g.steps is None  # a run's one frame is no sequence length the data should have
@@ -203,3 +208,58 @@ def test_a_cache_joined_first_finds_the_time_axis(tmp_path):
                 ys.append(y[0, 0].numpy())
             want.append(np.stack(ys))
     np.testing.assert_allclose(run(g, x)["y"], np.stack(want), atol=1e-5)
+
+
+class Sliced(torch.nn.Module):
+    """A convolution's cache given back as the joined frames sliced (no in-place update), a GRU's
+    state as `h0`/`h_n`; `returned=False`: the cache is joined but never given back."""
+
+    def __init__(self, returned: bool = True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, C, (3, 3), padding=(0, 1))
+        self.gru = torch.nn.GRU(C * F, H, batch_first=True)
+        self.returned = returned
+
+    def forward(self, x, cache, h0):
+        inp = torch.cat([cache, x], dim=2)
+        h = torch.relu(self.conv(inp)).permute(0, 2, 1, 3).reshape(1, 1, C * F)
+        y, hn = self.gru(h, h0)
+        return (y, inp[:, :, 1:], hn) if self.returned else (y, hn)
+
+
+def sliced(path, dynamo: bool, returned: bool = True) -> tuple[torch.nn.Module, str]:
+    torch.manual_seed(10)
+    m = Sliced(returned).eval()
+    outs = ["y", "cache_out", "hn"] if returned else ["y", "hn"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(1, 2, 1, F), torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H)), str(path),
+                          dynamo=dynamo, input_names=["x", "cache", "h0"], output_names=outs,
+                          **({} if dynamo else {"opset_version": 11}))
+    return m, str(path)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_a_cache_given_back_as_the_joined_frames_sliced_is_a_cache(tmp_path, dynamo):
+    m, path = sliced(tmp_path / "sliced.onnx", dynamo)
+    g = qtool.load_model(path)
+    assert g.check_result["frame_by_frame"]
+    assert any("carry 1 GRU state and the past frames of 1 convolution" in n for n in g.notes)
+    x = spectra(2, 11, t=9)
+    want = []
+    with torch.no_grad():
+        for seq in x:
+            cache, h, ys = torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H), []
+            for frame in seq:
+                y, cache, h = m(torch.from_numpy(frame)[None, :, None, :], cache, h)
+                ys.append(y[0, 0].numpy())
+            want.append(np.stack(ys))
+    np.testing.assert_allclose(run(g, x)["y"], np.stack(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_a_cache_no_output_gives_back_is_refused_saying_so(tmp_path, dynamo):
+    _, path = sliced(tmp_path / "dropped.onnx", dynamo, returned=False)
+    with pytest.raises(QtoolError, match=r"the input 'cache' is joined before the frame by node '.*' \(Concat\) as a "
+                                         r"cache is, but no output gives it back"):
+        qtool.load_model(path, check=False)

@@ -2,7 +2,8 @@
 
 Such a file computes one frame a run and carries its layers' state from run to run in cache
 inputs and outputs (GTCRN ships `stream/onnx_models/gtcrn.onnx` so): each cache output is its
-cache input with parts overwritten (ScatterND, and the layout ops around it). qtool follows every
+cache input with parts overwritten (ScatterND or ScatterElements, and the layout ops around it),
+or the frames a Concat joined the cache with, but the first (`inp[:, :, 1:]`). qtool follows every
 cell of every cache through those ops, each value an array of cell numbers, and takes two uses of
 a cache, the two a streaming model is written with:
 
@@ -21,23 +22,28 @@ from __future__ import annotations
 
 import bisect
 import json
+from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.importers.checks import reason
+from qtool.importers.onnx.external import inline
 from qtool.importers.onnx.fold import evaluate
 
 STREAM_NOTE = "qtool.stream"  # the metadata entry: the caches, as JSON pairs [input, output]
 # the ops that only move values, and which of their inputs are values (the others: indices, shapes)
-MOVES = {"Gather": (0,), "Slice": (0,), "ScatterND": (0, 2), "Reshape": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
-         "Transpose": (0,), "Expand": (0,), "Identity": (0,), "Split": (0,), "Flatten": (0,), "Concat": None}
+MOVES = {"Gather": (0,), "Slice": (0,), "ScatterND": (0, 2), "ScatterElements": (0, 2), "Reshape": (0,),
+         "Squeeze": (0,), "Unsqueeze": (0,), "Transpose": (0,), "Expand": (0,), "Identity": (0,), "Split": (0,),
+         "Flatten": (0,), "Concat": None}
 
 
 def cache_pairs(model) -> list[tuple[str, str]]:
     """(input, output) for each output that is an input of the graph with parts overwritten
-    (ScatterND), or the final states of GRUs whose initial states that input alone gives (torch's `h0`
-    given to `forward` and `h_n` returned: the state carried by the caller)."""
+    (ScatterND, ScatterElements: torch.onnx's two exporters), or a Concat's frames after the input
+    it joins first (_joined_cache), or the final states of GRUs whose initial states that input
+    alone gives (torch's `h0` given to `forward` and `h_n` returned: the state carried by the
+    caller)."""
     graph = model.graph
     stored = {t.name for t in graph.initializer}
     inputs = {i.name for i in graph.input if i.name not in stored}
@@ -45,11 +51,15 @@ def cache_pairs(model) -> list[tuple[str, str]]:
     pairs = []
     for out in graph.output:
         v, scattered = out.name, False
-        while v in producer and producer[v].op_type in ("ScatterND", "Identity"):
-            scattered = scattered or producer[v].op_type == "ScatterND"
+        while v in producer and producer[v].op_type in ("ScatterND", "ScatterElements", "Identity"):
+            scattered = scattered or producer[v].op_type != "Identity"
             v = producer[v].input[0]
         if v in inputs and scattered:
             pairs.append((v, out.name))
+            continue
+        joined = _joined_cache(graph, producer, inputs, out.name)
+        if joined:
+            pairs.append((joined, out.name))
             continue
         grus = [n for n in _moved_from(producer, out.name) if n.op_type == "GRU" and out.name and
                 len(n.output) > 1 and n.output[1] in _values_moved(producer, out.name)]
@@ -58,6 +68,33 @@ def cache_pairs(model) -> list[tuple[str, str]]:
         if grus and len(sources) == 1:
             pairs.append((sources.pop(), out.name))
     return pairs
+
+
+def _joined_cache(graph, producer: dict, inputs: set[str], out: str) -> str | None:
+    """The input a Concat joins before the frame where `out` is moved out of that Concat alone and
+    has the input's shape: `inp = cat([cache, x]); return ..., inp[:, :, 1:]`, the frames a
+    convolution looks back on given back whole (no in-place update)."""
+    concats = [n for n in _nodes_moved(producer, out) if n.op_type == "Concat"]
+    if len(concats) != 1 or len(concats[0].input) < 2:
+        return None
+    lead = {i for name in concats[0].input[:-1] for i in _values_moved(producer, name) if i in inputs}
+    if len(lead) != 1 or _values_moved(producer, concats[0].input[-1]) & lead:
+        return None
+    cache = lead.pop()
+    shapes = _declared(graph.input, cache), _declared(graph.output, out)
+    return cache if None in shapes or shapes[0] == shapes[1] else None
+
+
+def _declared(values, name: str) -> list | None:
+    """The shape the file declares for an input or output (None where a size is left free)."""
+    v = next(v for v in values if v.name == name)
+    dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
+    return dims if dims and all(dims) else None
+
+
+def _nodes_moved(producer: dict, value: str) -> list:
+    """The moves that carry values into `value`."""
+    return [producer[v] for v in _values_moved(producer, value) if v in producer and producer[v].op_type in MOVES]
 
 
 def _values_moved(producer: dict, value: str) -> set[str]:
@@ -81,9 +118,10 @@ def _moved_from(producer: dict, value: str) -> list:
             if v in producer and producer[v].op_type not in MOVES]
 
 
-def _values(model, where: str) -> dict[str, np.ndarray]:
+def _values(model, where: str, folder: Path | None) -> dict[str, np.ndarray]:
     """Every value of the graph on zero inputs (ONNX Runtime): the shapes, and the indices of the
-    ops that move cache cells (which depend on shapes only)."""
+    ops that move cache cells (which depend on shapes only). Weights stored beside the file
+    (`folder`: torch.onnx's `model.onnx.data`) are read in, checked (external.inline)."""
     from onnx import ValueInfoProto, helper, numpy_helper
 
     try:
@@ -93,6 +131,9 @@ def _values(model, where: str) -> dict[str, np.ndarray]:
                          "Runtime (pip install onnxruntime)") from None
     m = type(model)()
     m.CopyFrom(model)
+    inlined = [inline(where, t, folder) for t in m.graph.initializer]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(inlined)
     have = {o.name for o in m.graph.output}
     names = [o for n in m.graph.node for o in n.output if o and o not in have]
     m.graph.output.extend(ValueInfoProto(name=n) for n in names)
@@ -113,7 +154,7 @@ def _values(model, where: str) -> dict[str, np.ndarray]:
         raise QtoolError(f"{where}: ONNX Runtime cannot run this streaming file ({reason(e)})") from None
     values = dict(zip([o.name for o in m.graph.output], outs))
     values.update(feeds)
-    for t in model.graph.initializer:
+    for t in m.graph.initializer:
         values[t.name] = numpy_helper.to_array(t)
     return values
 
@@ -144,7 +185,7 @@ def _label(node) -> str:
     return f"node '{node.name or node.output[0]}' ({node.op_type})"
 
 
-def rewrite_caches(model, where: str, opset: int) -> str | None:
+def rewrite_caches(model, where: str, opset: int, folder: Path | None = None) -> str | None:
     """Rewrite a streaming `model` in place as the model over whole sequences (module docstring);
     the note of what it read, also stored in the model's metadata (STREAM_NOTE); None for a file
     without caches."""
@@ -154,7 +195,8 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
     from onnx import helper
 
     graph = model.graph
-    values = _values(model, where)
+    _refuse_unreturned(graph, pairs, where)
+    values = _values(model, where, folder)
     cells = _Cells(values, [i for i, _ in pairs])
     producer = {o: n for n in graph.node for o in n.output}
     written = set().union(*(_values_moved(producer, o) for _, o in pairs))
@@ -225,6 +267,34 @@ def rewrite_caches(model, where: str, opset: int) -> str | None:
     entry = model.metadata_props.add()
     entry.key, entry.value = STREAM_NOTE, json.dumps({"pairs": pairs, "note": note})
     return note
+
+
+def _refuse_unreturned(graph, pairs: list[tuple[str, str]], where: str) -> None:
+    """In a file with caches, an input a Concat joins before the frame that no output gives back
+    is a cache the next run cannot get: refused, rather than read as data in a layout it is not."""
+    stored = {t.name for t in graph.initializer}
+    inputs = {i.name for i in graph.input if i.name not in stored} - {i for i, _ in pairs}
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        if node.op_type != "Concat" or len(node.input) < 2:
+            continue
+        lead = {i for name in node.input[:-1] for i in _values_moved(producer, name) if i in inputs}
+        lead -= _upstream(producer, node.input[-1])  # the frame's data joined with what it was computed from
+        if lead:
+            raise QtoolError(f"{where}: the input '{sorted(lead)[0]}' is joined before the frame by {_label(node)} as "
+                             "a cache is, but no output gives it back: a streaming file returns each cache for the "
+                             "next run (updated in place, or the joined frames but the first)")
+
+
+def _upstream(producer: dict, value: str) -> set[str]:
+    """Every value `value` is computed from, itself included."""
+    seen, todo = set(), [value]
+    while todo:
+        v = todo.pop()
+        if v and v not in seen:
+            seen.add(v)
+            todo.extend(producer[v].input if v in producer else ())
+    return seen
 
 
 def _carried(cells: _Cells, gru, read: np.ndarray, next_of: np.ndarray) -> bool:

@@ -70,7 +70,7 @@ def _read(path: Path, loops: bool):
     if loops:
         rewrite_loops(model, str(path))  # GRU cells written as loops become the GRU nodes they compute
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
-        rewrite_caches(model, str(path), opset)  # a streaming file: the model over whole sequences
+        rewrite_caches(model, str(path), opset, Path(path).parent)  # a streaming file: the model over whole sequences
     return model
 
 
