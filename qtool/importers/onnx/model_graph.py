@@ -115,16 +115,13 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
     if not model.graph.output or not model.graph.node:
         raise QtoolError(f"{path}: holds no ONNX graph with outputs (an empty or truncated file?)")
     errors: list[QtoolError] = []
-    maps = list(MAP_LAYOUTS.items())
-    for k, (name, axes) in enumerate(INPUT_LAYOUTS.items()):
-        if k >= len(maps) and not any(len(i.type.tensor_type.shape.dim) == 3 for i in model.graph.input):
-            break  # a 4-D input has no third reading
-        reader = _Reader(path, model, name, axes, maps[min(k, len(maps) - 1)])
+    for (name, axes), map_layout in _readings(model):
+        reader = _Reader(path, model, name, axes, map_layout)
         try:
             try:
                 graph, ports = reader.read()
             except FixedSteps as e:  # once, with the steps the graph fixes
-                reader = _Reader(path, model, name, axes, maps[min(k, len(maps) - 1)], e.steps)
+                reader = _Reader(path, model, name, axes, map_layout, e.steps)
                 graph, ports = reader.read()
                 graph.notes.append(f"the graph computes on {e.steps} time steps whatever its input declares "
                                    "(its exporter fixed them): its sequences have that many")
@@ -146,12 +143,26 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
     raise QtoolError(str((worst or [furthest])[0])) from None
 
 
+def _readings(model) -> list[tuple[tuple[str, tuple], tuple[str, tuple]]]:
+    """The layouts to read the inputs in, in turn: (a 3-D input's, a 4-D input's). The same turns
+    for both first ([N, T, C] with TensorFlow's maps, the others with PyTorch's); a file with
+    inputs of both ranks then tries the other pairs (DeepFilterNet's decoders take an embedding
+    [N, T, C] beside PyTorch's maps [N, C, T, F])."""
+    ranks = {len(i.type.tensor_type.shape.dim) for i in model.graph.input}
+    seqs, maps = list(INPUT_LAYOUTS.items()), list(MAP_LAYOUTS.items())
+    turns = [(k, min(k, len(maps) - 1)) for k in range(len(seqs) if 3 in ranks else len(maps))]
+    if {3, 4} <= ranks:
+        turns += [(k, m) for k in range(len(seqs)) for m in range(len(maps)) if (k, m) not in turns]
+    return [(seqs[k], maps[m]) for k, m in turns]
+
+
 class _Reader:
     def __init__(self, path: Path, model, layout: str, axes: tuple, map_layout: tuple,
                  steps: int | None = None) -> None:
         self.path, self.where, self.model = path, str(path), model
         self.fixed_steps = steps  # the steps the graph fixes, where its input declares none
         self.input_maps: dict[str, tuple] = {}  # a 4-D input's (order, F, C)
+        self.input_steps: dict[str, int | None] = {}  # each input's declared steps (None: dynamic)
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 14)
         self.g = Graph(model.graph, str(path), path.parent, opset, model)
         self.g.fold_dequantized(model.graph, str(path))
@@ -197,6 +208,10 @@ class _Reader:
                 ports.inputs[name] = layout
             else:
                 ports.states.append(name)
+        steps = {name: self.input_steps[name] for name in inputs if self.input_steps.get(name)}
+        if len(set(steps.values())) > 1:  # the inputs of one model run over the same steps
+            raise LayoutError(f"{self.where}: read as {self.layout} and {self.map_layout[0]}, the inputs would have "
+                              "different steps (" + ", ".join(f"'{k}' {v}" for k, v in steps.items()) + ")")
         defined = set(declared) | set(g.consts)
         for k, node in enumerate(g.nodes):
             if id(node) in live:
@@ -302,6 +317,7 @@ class _Reader:
             self.input_maps[info.name] = ("fc", sizes[0], sizes[1]) if axes[2] == 0 else ("cf", sizes[1], sizes[0])
         if not self.declared:
             self.declared = [sizes.get("N"), sizes.get("T") or self.fixed_steps]
+        self.input_steps[info.name] = sizes.get("T")
         n, t = sizes.get("N") or PROBE_N, sizes.get("T") or self.fixed_steps or PROBE_T
         return Layout.make(axes, tuple(sizes[f] for f in factors), n, t)
 

@@ -1,4 +1,5 @@
-"""Weighted ops: MatMul and Gemm (dense), Conv (conv1d), BatchNormalization, and Add, Sub, Mul,
+"""Weighted ops: MatMul, Einsum and Gemm (dense; a grouped Einsum is conv1d), Conv (conv1d),
+BatchNormalization, and Add, Sub, Mul,
 Div (of two computed tensors; a MatMul's bias; a per-channel affine, folded into one batchnorm)."""
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from qtool.importers.onnx.ops.registry import handles
 AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 and this epsilon: exact in float32
 
 @handles("MatMul")
-def mat_mul(r, node) -> None:
+def mat_mul(r, node, W=None) -> None:
     edge, lay = r.input(node)
-    W = r.const(node, 1)
+    W = r.const(node, 1) if W is None else W
     last = lay.axes[-1] if lay.axes else None
     if W is not None and W.ndim == 2 and isinstance(last, int) and len(lay.cdims) > 1 and last == len(lay.cdims) - 1 \
             and W.shape[0] == lay.cdims[last]:
@@ -46,6 +47,39 @@ def _matmul_last_factor(r, node, edge, lay, W) -> None:
     Wg = np.tile(r.floats(node, W.T)[:, :, None], (groups, 1, 1))  # [groups * F', F, 1]
     out = lay.replace(cdims=lay.cdims[:-1] + (W.shape[1],))
     q = r.emit(node, "conv1d", [edge], out, {"kernel": 1, "groups": groups}, {"W": Wg}, source="MatMul")
+    if r.uses.get(node.output[0]) == 1:
+        r.dense[node.output[0]] = q
+
+
+@handles("Einsum")
+def einsum(r, node) -> None:
+    """torch.einsum of the data by a constant: `...i,ih->...h` is a MatMul; `...gi,gih->...gh` a
+    Linear per group (DeepFilterNet's GroupedLinearEinsum: the channels split into G groups of I,
+    each with its own [I, H] matrix), which is conv1d of kernel 1 with a group each."""
+    eq = str(attr(node, "equation", "")).replace(" ", "")
+    lhs, _, out = eq.partition("->")
+    terms = lhs.split(",")
+    W = r.const(node, 1) if len(terms) == 2 else None
+    if W is None or "." in eq or len(set(terms[0])) != len(terms[0]):
+        raise r.fail(node, f"computes '{eq}'; qtool reads an Einsum of the data by a constant matrix along "
+                           "its last axis ('...i,ih->...h') or per group ('...gi,gih->...gh'), every axis named")
+    a, b = terms
+    if len(b) == 2 and a[-1:] == b[0] and out == a[:-1] + b[1] and not set(a[:-1]) & set(b):
+        return mat_mul(r, node, W)
+    if not (len(b) == 3 and a[-2:] == b[:2] and out == a[:-1] + b[2] and not set(a[:-2]) & set(b)):
+        raise r.fail(node, f"computes '{eq}'; qtool reads an Einsum of the data by a constant matrix along "
+                           "its last axis ('...i,ih->...h') or per group ('...gi,gih->...gh')")
+    edge, lay = r.input(node)
+    f = len(lay.cdims)
+    if f < 2 or lay.axes[-2:] != (f - 2, f - 1) or lay.cdims[-2:] != W.shape[:2]:
+        raise r.fail(node, f"multiplies {lay.describe()} per group by weights {list(W.shape)}; qtool reads a "
+                           "grouped Einsum over the last two of a map's channel factors, groups then inputs")
+    G, I, H = W.shape
+    groups = lay.channels // I  # a group per G of every value of the factors before them
+    Wg = np.tile(r.floats(node, W).transpose(0, 2, 1)[:, :, :, None], (groups // G, 1, 1, 1))
+    out_lay = lay.replace(cdims=lay.cdims[:-1] + (H,))
+    q = r.emit(node, "conv1d", [edge], out_lay, {"kernel": 1, "groups": groups}, {"W": Wg.reshape(groups * H, I, 1)},
+               source="Einsum")
     if r.uses.get(node.output[0]) == 1:
         r.dense[node.output[0]] = q
 
