@@ -123,8 +123,10 @@ def test_a_streaming_file_imports_as_the_model_over_whole_sequences(tmp_path, dy
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
-def test_a_streaming_files_integers_verify_in_c_whole_and_frame_by_frame(tmp_path):
-    qg = qtool.calibrate(exported(trained(), tmp_path / "stream.onnx"), spectra(16, 2), bits="w8a16", method="minmax")
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_a_streaming_files_integers_verify_in_c_whole_and_frame_by_frame(tmp_path, dynamo):
+    qg = qtool.calibrate(exported(trained(), tmp_path / "stream.onnx", dynamo), spectra(16, 2), bits="w8a16",
+                         method="minmax")
     assert qtool.simulate(qg, spectra(4, 3)).outputs["enh"].cosine > 0.999
     qtool.export_c(qg, tmp_path / "c", name="stream")
     v = qtool.verify(qg, tmp_path / "c", spectra(3, 4))
