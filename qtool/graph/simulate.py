@@ -74,7 +74,7 @@ class GraphSimulation:
     counts: dict = field(default_factory=dict)  # mode both: per edge, integers compared
     fq_agree: int = 0  # mode both, classifier: the fake-quant model's top-1 equal to float's
     fq_correct: int = 0  # mode both, with labels: the fake-quant model's top-1 equal to the label
-    notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.axes_notes, saturation_notes)
+    notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.common.axes_notes, ...)
     core_outputs: list = field(default_factory=list)  # the integer core's outputs (a classifier's logits): edges
 
     def to_dict(self) -> dict:

@@ -190,6 +190,19 @@ class CacheFirst(torch.nn.Module):
         return y, cache, hn
 
 
+def cache_and_state_fed_back(m, x: np.ndarray) -> np.ndarray:
+    """`m(frame, cache, h0) -> (y, cache, h_n)` run a frame at a time on spectra `[N, T, 2, F]`."""
+    want = []
+    with torch.no_grad():
+        for seq in x:
+            cache, h, ys = torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H), []
+            for frame in seq:
+                y, cache, h = m(torch.from_numpy(frame)[None, :, None, :], cache, h)
+                ys.append(y[0, 0].numpy())
+            want.append(np.stack(ys))
+    return np.stack(want)
+
+
 def test_a_cache_joined_first_finds_the_time_axis(tmp_path):
     torch.manual_seed(8)
     m = CacheFirst().eval()
@@ -201,15 +214,7 @@ def test_a_cache_joined_first_finds_the_time_axis(tmp_path):
     g = qtool.load_model(tmp_path / "first.onnx")
     assert g.check_result["frame_by_frame"]
     x = spectra(2, 9, t=12)
-    want = []
-    with torch.no_grad():
-        for seq in x:
-            cache, h, ys = torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H), []
-            for frame in seq:
-                y, cache, h = m(torch.from_numpy(frame)[None, :, None, :], cache, h)
-                ys.append(y[0, 0].numpy())
-            want.append(np.stack(ys))
-    np.testing.assert_allclose(run(g, x)["y"], np.stack(want), atol=1e-5)
+    np.testing.assert_allclose(run(g, x)["y"], cache_and_state_fed_back(m, x), atol=1e-5)
 
 
 class Sliced(torch.nn.Module):
@@ -248,15 +253,7 @@ def test_a_cache_given_back_as_the_joined_frames_sliced_is_a_cache(tmp_path, dyn
     assert g.check_result["frame_by_frame"]
     assert any("carry 1 GRU state and the past frames of 1 convolution" in n for n in g.notes)
     x = spectra(2, 11, t=9)
-    want = []
-    with torch.no_grad():
-        for seq in x:
-            cache, h, ys = torch.zeros(1, 2, 2, F), torch.zeros(1, 1, H), []
-            for frame in seq:
-                y, cache, h = m(torch.from_numpy(frame)[None, :, None, :], cache, h)
-                ys.append(y[0, 0].numpy())
-            want.append(np.stack(ys))
-    np.testing.assert_allclose(run(g, x)["y"], np.stack(want), atol=1e-5)
+    np.testing.assert_allclose(run(g, x)["y"], cache_and_state_fed_back(m, x), atol=1e-5)
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])

@@ -1,0 +1,119 @@
+"""`advise`: the precision advisor, for a GRU alone or a whole model (docs/advisor.md)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from qtool.api.common import DataLike, as_data, axes_notes, count, range_notes
+from qtool.api.models import is_whole, load_model_for_data, one_input_graph
+from qtool.core.graph import Graph
+from qtool.core.model import GruModel
+from qtool.errors import QtoolError
+from qtool.importers.once import read_once
+from qtool.io.files import SequenceData, claim_output
+
+
+def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+           target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
+           seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
+           limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+           output: str | os.PathLike | None = None, force: bool = False, check: bool = True,
+           confirm: Callable[[str], bool] | None = None,
+           progress: Callable[[str, int, int | None], None] | None = None):
+    """The precision advisor (docs/advisor.md): every tensor's predicted SNR at 8 and 16 bits and
+    the int8/int16 threshold rule (docs/advisor.md) at `threshold` dB; with held-out `test` data, the least flash whose
+    measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
+    a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
+    `progress(stage, done, total or None)`. A whole model: int8 or int16 for each layer's weights
+    and output and each GRU tensor, a qtool.advisor.graph.GraphAdvice (docs/advisor.md, "Whole
+    models"). `check`: a file read here is checked against its framework."""
+    from qtool.advisor.advise import THRESHOLD_DB
+    from qtool.advisor.advise import advise as run_advise
+
+    if target_snr is not None and not math.isfinite(target_snr):
+        raise QtoolError(f"`target_snr` must be a finite number of dB, got {target_snr}")
+    if max_flash is not None and (isinstance(max_flash, bool) or max_flash < 1):
+        raise QtoolError(f"`max_flash` must be a positive number of bytes, got {max_flash}")
+    if threshold is not None and not math.isfinite(threshold):
+        raise QtoolError(f"`threshold` must be a finite number of dB, got {threshold}")
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
+    with read_once():
+        if is_whole(model):
+            return _advise_graph(model, data, test, target_snr=target_snr, max_flash=max_flash,
+                                 threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
+                                 limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
+                                 check=check, confirm=confirm, progress=progress)
+        if not isinstance(model, GruModel):
+            model = load_model_for_data(Path(model), check=check)
+    model_path = model.extra.get("path")
+    data_in, test_in = data, test
+    data = as_data(data, dataset, time_first)
+    data.check_features(model.input_size)
+    test = as_data(test, dataset, time_first) if test is not None else None
+    if test is not None:
+        test.check_features(model.input_size)
+    if output is not None:  # refuse before the work, not after it
+        names = [None if isinstance(d, np.ndarray) or d is None else s.name
+                 for d, s in ((data_in, data), (test_in, test))]
+        output = claim_output(output, force, [model_path, *names], confirm)
+    n = count(data, limit)
+    return _advised(lambda: run_advise(model, data, test, target_snr, max_flash,
+                                       THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
+                                       batch_size, n, progress, {"data_file": Path(data.name).name}),
+                    data, test, n, time_first, output)
+
+
+def _advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+                 target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
+                 seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
+                 limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+                 output: str | os.PathLike | None = None, force: bool = False, check: bool = True,
+                 confirm: Callable[[str], bool] | None = None,
+                 progress: Callable[[str, int, int | None], None] | None = None):
+    """The precision advisor for a whole model (docs/advisor.md, "Whole models"): int8 or int16
+    for each layer's weights and output and each GRU tensor, by the threshold rule or, with
+    `test`, the searches `advise` runs. Returns a qtool.advisor.graph.GraphAdvice; `output` gets
+    its bits file (TOML, for `calibrate(bits=...)`)."""
+    from qtool.advisor.advise import THRESHOLD_DB
+    from qtool.advisor.graph import advise_graph as run_advise
+
+    model, source = one_input_graph(model, check)
+    data_in, test_in = data, test
+    data = as_data(data, dataset, time_first)
+    test = as_data(test, dataset, time_first) if test is not None else None
+    if output is not None:  # refuse before the work, not after it
+        names = [None if isinstance(d, np.ndarray) or d is None else s.name
+                 for d, s in ((data_in, data), (test_in, test))]
+        output = claim_output(output, force, [source, *names], confirm)
+    n = count(data, limit)
+    return _advised(lambda: run_advise(model, data, n, test, target_snr, max_flash,
+                                       THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
+                                       batch_size, progress, {"data_file": Path(data.name).name}),
+                    data, test, n, time_first, output)
+
+
+def _advised(run: Callable, data: SequenceData, test: SequenceData | None, n: int, time_first: bool,
+             output: Path | None):
+    """`run()`'s advice, its bits file written to `output`, with what looks wrong in the held-out
+    data (`.extra["notes"]`; in the error when the run fails)."""
+    from qtool.io.files import write_bytes
+
+    notes = [] if test is None else (axes_notes(int(data.shape[1]), test.shape, test.time_first,
+                                                "is calibrated here on") + range_notes(data, n, test))
+    try:
+        adv = run()
+    except QtoolError as e:
+        if not notes:
+            raise
+        raise QtoolError(f"{e} (note: {'; '.join(notes)})") from None
+    adv.extra["notes"] = notes
+    if output is not None:
+        write_bytes(output, adv.bits_toml.encode())
+        adv.extra["bits_file"] = str(output)
+    return adv

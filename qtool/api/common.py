@@ -1,0 +1,184 @@
+"""What the verbs share: the data argument, the one table of what only one kind of model takes,
+the notes on data that look wrong, and how files are told apart and written."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from qtool.errors import QtoolError
+from qtool.io.files import SequenceData, open_sequences
+from qtool.parallel import world
+
+Progress = Callable[[int, int], None]  # progress(done, total)
+DataLike = str | os.PathLike | np.ndarray | SequenceData
+
+
+# What only one kind of model takes. Options: (who takes it, its default); a value other than the
+# default given for the other kind is refused in one line. Verbs: what they take, and why.
+ONLY_FOR = {"method_weights": ("a GRU alone", "minmax"), "per_tensor": ("a GRU alone", True),
+            "labels": ("a whole model", None)}
+GRU_ONLY_VERBS = {
+    "compare": "its calibrate --method auto scores per-edge, minmax and mse at its output",
+    "observe": "it is calibrated whole by calibrate",
+    "export_tables": "a whole model's integers are in its C export (export c)",
+}
+
+
+def only_for(whole: bool, verb: str, **given) -> None:
+    """Refuse `verb` for a whole model where it takes a GRU alone, and any option `given` a value
+    the model's kind does not take (ONLY_FOR)."""
+    kind = "a whole model" if whole else "a GRU alone"
+    if whole and verb in GRU_ONLY_VERBS:
+        what = "export json/h5 (export_tables)" if verb == "export_tables" else verb  # as the command line says it
+        raise QtoolError(f"a whole model: {what} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
+    for option, value in given.items():
+        who, default = ONLY_FOR[option]
+        given_default = value is default or (not isinstance(value, np.ndarray) and value == default)
+        if who != kind and not given_default:
+            raise QtoolError(f"`{option}` applies to {who}; {verb} was given {kind}")
+
+
+def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False) -> SequenceData:
+    """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData."""
+    if isinstance(data, SequenceData):
+        return data
+    if isinstance(data, np.ndarray):
+        return SequenceData(data, time_first, "array")
+    return open_sequences(Path(data), dataset, time_first)
+
+
+def count(data: SequenceData, limit: int | None) -> int:
+    """How many sequences to use: all, or `limit` (at least 1)."""
+    if limit is None:
+        return data.num_sequences
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise QtoolError(f"`limit` must be a positive number of sequences, got {limit}")
+    return min(int(limit), data.num_sequences)
+
+
+SATURATED_NOTE = 0.02  # more than this share of an input's values outside its grid is said
+
+
+def axes_notes(steps: int | None, shape: tuple, time_first: bool, source: str = "was calibrated on") -> list[str]:
+    """Data `[N, T, C]` (as read, after `time_first`) whose first axis is the number of steps the
+    model expects (`steps`: what it `source`, calibrated on or declared by its file) and whose
+    second is not: batch and steps look swapped (the command says it, and runs on)."""
+    n, t = shape[0], shape[1]
+    if steps and t != steps and n != steps and source == "declares":
+        return [f"the model declares sequences of {steps} steps; the data [{n}, {t}, {shape[2]}] have {t} per "
+                "sequence (qtool runs any length: are these the data the model was made for?)"]
+    if not steps or n != steps or t == steps:
+        return []
+    if time_first:
+        return [f"the data read time-first are [{n}, {t}, {shape[2]}] sequences x steps: the model {source} "
+                f"sequences of {steps} steps, their first axis, not their second; if they are [N, T, C], "
+                "drop `time_first`"]
+    return [f"the data [{n}, {t}, {shape[2]}] look time-first: the model {source} sequences of {steps} steps, "
+            "which is their first axis, not their second; if they are [T, N, C], pass `time_first`"]
+
+
+def saturation_notes(saturated: dict[str, float], worst: dict[str, str] | None = None) -> list[str]:
+    """Inputs with more than 2% of their values outside their grid (input -> share): data scaled
+    unlike the calibration data (`simulate` says it, and runs on); `worst`: an input with a grid
+    per channel -> the channel most outside its own."""
+    worst = worst or {}
+    return [f"{share:.1%} of the values of input '{name}' lie outside its grid (saturated"
+            + (f"; most on {worst[name]}" if name in worst else "") + "): are the data scaled as the calibration "
+            "data were?" for name, share in saturated.items() if share > SATURATED_NOTE]
+
+
+def range_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
+    """Held-out data with more than 2% of their values outside the range of the first `n`
+    calibration sequences: data scaled unlike the calibration data (advise says it)."""
+    lo, hi = math.inf, -math.inf
+    for _, x in data.chunks(256, n):
+        lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
+    outside = total = 0
+    for _, x in test.chunks(256):
+        outside += int(np.count_nonzero((x < lo) | (x > hi)))
+        total += x.size
+    share = outside / max(total, 1)
+    if share <= SATURATED_NOTE:
+        return []
+    return [f"{share:.1%} of the held-out values lie outside the calibration data's range [{lo:.4g}, {hi:.4g}]: "
+            "are they scaled as the calibration data are?"]
+
+
+def check_mode(mode: str) -> None:
+    from qtool.simulation.fakequant import MODES
+
+    if mode not in MODES:
+        raise QtoolError(f"unknown `mode` '{mode}' (use one of {', '.join(MODES)})")
+
+
+def model_file_format(path: str | os.PathLike) -> str | None:
+    """The format of a qtool HDF5 file ("qtool-gru", "qtool-qgru", "qtool-graph", "qtool-qgraph"),
+    "keras" for a Keras HDF5 file, "" for another HDF5 file, None for no HDF5 file."""
+    return h5_format(Path(path))
+
+
+def describe_check(check: dict | None) -> str:
+    """One line on what an import was checked against and how closely."""
+    from qtool.importers.crosscheck import describe
+
+    return describe(check)
+
+
+def mode_explanation(mode: str) -> str | None:
+    """What a fake-quant simulation measures, for `mode` "fakequant" or "both"; None for "integer"."""
+    if mode == "integer":
+        return None
+    from qtool.simulation.fakequant import EXPLANATION
+
+    return EXPLANATION
+
+
+def h5_format(path: Path) -> str | None:
+    """The `format` attribute of an HDF5 file ("qtool-gru", "qtool-qgru", "" for others such as
+    Keras'), or None when `path` is no HDF5 file."""
+    import h5py
+
+    from qtool.core.model import open_h5
+
+    if not (path.is_file() and h5py.is_hdf5(path)):
+        return None
+    with open_h5(path) as f:
+        fmt = f.attrs.get("format", "")
+        keras = "keras_version" in f.attrs or "model_config" in f.attrs
+    fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else str(fmt)
+    return "keras" if keras and not fmt else fmt
+
+
+def other_model(path: Path) -> str | None:
+    """What a file that is no quantized model is, when it is a model of another kind."""
+    from qtool.importers import detect_format
+
+    if not path.is_file():
+        return None
+    if path.stat().st_size == 0:
+        return "an empty file (0 bytes)"
+    fmt = h5_format(path)
+    if fmt is None:
+        with contextlib.suppress(QtoolError):
+            fmt = detect_format(path)
+    return {"qtool-gru": "a float qtool model", "qtool-graph": "a float whole model",
+            "keras": "a Keras model", "torch": "a PyTorch file",
+            "safetensors": "a safetensors file", "onnx": "an ONNX model", "tflite": "a TFLite model",
+            "haste": "haste weights"}.get(fmt)
+
+
+def write_once(write: Callable[[], None]) -> None:
+    """Write an output file; under mpiexec rank 0 writes it and every rank learns the outcome."""
+    comm = world()
+    if comm is None:
+        write()
+    else:
+        from qtool.parallel.agree import on_root
+
+        on_root(comm, write)

@@ -1,0 +1,161 @@
+"""`export_c` and `export_tables`: a quantized model written for a target."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qtool.api.common import DataLike, as_data, only_for
+from qtool.api.models import is_whole, load, load_qgraph
+from qtool.core.qgraph import QGraph
+from qtool.core.qmodel import QuantModel
+from qtool.errors import QtoolError
+from qtool.io.files import claim_output
+
+
+def export_tables(qm: QuantModel | str | os.PathLike, output: str | os.PathLike, kind: str = "json", *,
+                  force: bool = False, confirm: Callable[[str], bool] | None = None) -> Path:
+    """Every integer parameter and table as JSON (`kind="json"`) or HDF5 (`"h5"`) for other
+    toolchains (docs/file-formats.md); written atomically."""
+    from qtool.exporters.tables import json_bytes, write_h5
+    from qtool.io.files import write_bytes
+
+    if kind not in ("json", "h5"):
+        raise QtoolError(f"`kind` must be json or h5, got '{kind}'")
+    only_for(is_whole(qm), "export_tables")
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    output = claim_output(output, force, [qm_path], confirm)
+    if kind == "json":
+        write_bytes(output, json_bytes(qm))
+    else:
+        write_h5(qm, output)
+    return output
+
+
+@dataclass
+class ExportResult:
+    directory: Path
+    name: str
+    files: list[str]
+    replaced: list[str]
+    footprint: object
+    compensation: str
+    fingerprint: str
+    edited: list[str] = field(default_factory=list)  # replaced files edited since qtool wrote them
+
+
+def simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The simulator's output integers `[N, T, output_size]` for float `x [N, T, C]` and its final
+    states `[N, state size]` (every layer's and direction's, in order): what an export must equal."""
+    from qtool.engine.cpu import run_int
+
+    finals: list = []
+    y = run_int(qm, x, finals=finals)
+    return y, np.concatenate(finals, axis=1)
+
+
+def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+             compensation: str = "table", test_vectors: DataLike | None = None, force: bool = False,
+             confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
+    """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
+    files of the same names that qtool wrote; other files in the directory are left alone.
+    `test_vectors`: float inputs `[V, T, C]` (an array or a data file) for a self-checking test
+    main. `fully_integral`: refuse an export whose integer core would hold a floating-point
+    operation. The footprint carries what the compiler passes (qtool.numerics.passes) removed."""
+    from qtool.exporters.c_export import RUNTIME, c_name, render_c
+    from qtool.exporters.c_types import COMPENSATION
+    from qtool.exporters.c_vectors import render_test_vectors
+    from qtool.io.files import write_files
+
+    if compensation not in COMPENSATION:
+        raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
+    if test_vectors is not None and not isinstance(test_vectors, np.ndarray):
+        vectors = as_data(test_vectors)
+        test_vectors = vectors.chunk(0, vectors.num_sequences)
+    if is_whole(qm):
+        return _export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
+                               fully_integral=fully_integral, compensation=compensation)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    prefix = c_name(name or qm.model.name)
+    runtime = {p.stem for p in RUNTIME.iterdir()}
+    if prefix in runtime:
+        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; "
+                         "choose another name")
+    rendered = render_c(qm, prefix, compensation, fully_integral)
+    if test_vectors is not None:
+        y, _ = simulated(qm, test_vectors)
+        rendered.files.update(render_test_vectors(qm, prefix, test_vectors, y))
+    files = rendered.encoded()
+    replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
+    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
+                        qm.fingerprint(), replaced.edited)
+
+
+def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
+                   test_vectors: np.ndarray | None = None, force: bool = False,
+                   confirm: Callable[[str], bool] | None = None, fully_integral: bool = True,
+                   compensation: str = "table") -> ExportResult:
+    """`export_c` of a whole model (docs/embedded.md, "Whole models"): every layer of its integer
+    core in C, run whole (NAME_run_sequence) and, where every layer is causal, frame by frame
+    (NAME_step); its GRUs compensate zero points by `compensation`. The footprint is per layer
+    (qtool.exporters.c_graph.GraphFootprint)."""
+    from qtool.exporters.c_export import RUNTIME, c_name
+    from qtool.exporters.c_graph import render_graph_c
+    from qtool.exporters.c_graph_vectors import render_graph_test_vectors
+    from qtool.graph.file import fingerprint
+    from qtool.graph.simulate import run_int
+    from qtool.io.files import write_files
+
+    qg_path = None
+    if not isinstance(qg, QGraph):
+        qg_path = Path(qg)
+        qg = load_qgraph(qg_path)
+    prefix = c_name(name or qg.graph.name)
+    if prefix in {p.stem for p in RUNTIME.iterdir()}:
+        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.h; choose another name")
+    rendered = render_graph_c(qg, prefix, fully_integral, compensation)
+
+    def work_bytes(q: dict) -> int:  # NAME_sequence_work of the sequences run_int gave `q` for
+        return rendered.work_bytes({e: (q[e].shape[1] if q[e].ndim == 3 else 1) for e in rendered.edges})
+
+    if test_vectors is not None:
+        q = run_int(qg, test_vectors)
+        rendered.files.update(render_graph_test_vectors(prefix, rendered.layout[0][rendered.layout[1]][1],
+                                                        test_vectors, q[qg.core_outputs[0]], work_bytes(q)))
+    steps_at = int(qg.info.get("time_steps", 0))  # the work NAME_run_sequence needs at the calibration's length
+    if steps_at and len(qg.graph.inputs) == 1:
+        width = next(iter(qg.graph.inputs.values()))[-1]
+        rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
+    files = rendered.encoded()
+    replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
+    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
+                        fingerprint(qg), replaced.edited)
+
+
+def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
+    """The prefix of the export in `export_dir`: `name`, else the only one there, else the model's."""
+    from qtool.exporters.c_export import c_name
+
+    if not export_dir.is_dir():
+        raise QtoolError(f"export directory not found: {export_dir}")
+    if name is not None:
+        return c_name(name)
+    prefixes = sorted(p.name[:-len("_params.h")] for p in export_dir.glob("*_params.h"))
+    if len(prefixes) == 1:
+        return prefixes[0]
+    if not prefixes:
+        raise QtoolError(f"{export_dir}: no qtool C export here (no NAME_params.h); run 'qtool export c'")
+    default = c_name(qm.model.name)
+    if default in prefixes:
+        return default
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}); choose one with `name`")

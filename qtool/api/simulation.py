@@ -1,0 +1,261 @@
+"""`simulate`: the integer model beside the float model on the same data, and how far apart."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from qtool.api.common import (
+    SATURATED_NOTE,
+    DataLike,
+    Progress,
+    as_data,
+    axes_notes,
+    check_mode,
+    count,
+    only_for,
+    saturation_notes,
+    write_once,
+)
+from qtool.api.models import is_whole, load, load_qgraph
+from qtool.core import edges
+from qtool.core.model import tensor_key
+from qtool.core.qgraph import QGraph
+from qtool.core.qmodel import QuantModel
+from qtool.errors import QtoolError
+from qtool.io.files import SequenceData, claim_output, now_utc, sha256_file
+from qtool.parallel import world
+
+
+def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.ndarray:
+    """Class indexes in 0..classes-1 from an array or a .npy file: one per sequence of the data
+    (`n`), or one per sequence used (`used`, the first ones with a limit)."""
+    if isinstance(labels, (str, os.PathLike)):
+        path = Path(labels)
+        if not path.is_file():
+            raise QtoolError(f"labels: file not found: {path}")
+        if path.suffix != ".npy":
+            raise QtoolError(f"labels {path}: give a .npy file of class indexes")
+        try:
+            labels = np.load(path, allow_pickle=False)
+        except (OSError, ValueError):
+            raise QtoolError(f"labels {path}: not a readable .npy file of numbers") from None
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) not in (n, used):
+        counts = (f"{n}" if used in (None, n) else
+                  f"{n} (one per sequence of the data) or {used} (one per sequence used)")
+        raise QtoolError(f"labels must be one integer class index per sequence, [{counts}]; got shape "
+                         f"{list(labels.shape)} of {labels.dtype}")
+    bad = (labels < 0) | (labels >= classes)
+    if bad.any():
+        raise QtoolError(f"label {labels[bad][0]} (sequence {int(np.argmax(bad))}) is not a class of the model's "
+                         f"{classes} outputs (0..{classes - 1})")
+    return labels
+
+
+def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=None, batch_size: int = 256,
+                   limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+                   outputs: bool = False, save: str | os.PathLike | None = None, force: bool = False,
+                   confirm: Callable[[str], bool] | None = None, backend: str = "auto",
+                   mode: str = "integer", progress: Progress | None = None):
+    """Run a quantized whole model in integers beside its float graph on `data`: every edge's and
+    the outputs' SNR, cosine and saturation; for a classifier top-1 agreement, and with `labels`
+    both accuracies (qtool.graph.simulate.GraphSimulation). `outputs=True` keeps the first
+    output's float/y, quant/y and quant/y_int (`kept`, in the output's own shape, e.g.
+    `[N, classes]`); `save` writes them to an HDF5 file. `backend`: the GRUs' engine, as for
+    `simulate` (the other layers run on the CPU). `mode`: "integer", "fakequant" (the float graph
+    with every weight and edge rounded onto its grid, qtool.graph.fakequant) or "both"."""
+    from qtool.engine.backend import select_backend
+    from qtool.graph.simulate import simulate_graph as run_simulation
+    from qtool.io.files import write_h5
+
+    check_mode(mode)
+    runner, label, reason = select_backend(backend)
+    qg_path = None
+    if not isinstance(qg, QGraph):
+        qg_path = Path(qg)
+        qg = load_qgraph(qg_path)
+    if save is not None:
+        files = [qg_path, data, labels]
+        save = claim_output(save, force, [f for f in files if isinstance(f, (str, os.PathLike))], confirm)
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
+    data = as_data(data, dataset, time_first)
+    n = count(data, limit)
+    shape_notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
+    lab = None
+    if labels is not None:
+        from qtool.graph.simulate import classes
+
+        if classes(qg) is None:
+            shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
+            raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
+                             f"{'a sequence' if edges.is_sequence(shape) else 'one value'}, not a vector of classes")
+        try:
+            lab = load_labels(labels, data.num_sequences, classes(qg), n)[:n]
+        except QtoolError as e:  # a count of labels that does not fit data with swapped axes: say that
+            raise QtoolError(f"{shape_notes[0]} ({e})" if shape_notes else str(e)) from None
+    tick = (lambda done: progress(done, n)) if progress else None
+    keep = outputs or save is not None
+    comm = world()
+    if comm is None:
+        sim = run_simulation(qg, data, n, batch_size, lab, keep, tick, runner, mode)
+    else:  # under mpiexec: each rank its chunks, the root folds them in order and writes `save`
+        from qtool.parallel.graph import simulate_graph as simulate_ranks
+
+        sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
+    sim.backend, sim.backend_reason = label, reason
+    saturated = {e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs if e in sim.edges}
+    worst = {e: _worst_channel(qg, e, data, n, batch_size) for e, share in saturated.items()
+             if share > SATURATED_NOTE and e in qg.graph.input_shifts}
+    sim.notes = shape_notes + saturation_notes(saturated, worst)
+    if save is not None:
+        def write(f) -> None:
+            from qtool.graph.file import fingerprint
+            from qtool.io.results import RESULTS_FORMAT
+            from qtool.version import __version__
+
+            # the GRU-only results file's attributes, with the same meaning (docs/file-formats.md)
+            f.attrs.update(format=RESULTS_FORMAT, version=1, qtool_version=__version__, samples=n, mode=mode,
+                           qmodel_fingerprint=fingerprint(qg), model=str(qg_path or qg.graph.name),
+                           data_file=Path(data.name).name, created=now_utc(),
+                           data_sha256=sha256_file(Path(data.name)) if Path(data.name).is_file() else "")
+            for k, v in sim.kept.items():
+                f.create_dataset(k, data=v)
+
+        write_once(lambda: write_h5(save, write))
+    return sim
+
+
+def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int) -> str:
+    """The channel of a per-channel input grid with the largest share of values outside its own
+    grid: `channel 3 (its grid 2^-15 finer): 95.0%`."""
+    g, shifts = qg.grids[edge], qg.graph.input_shifts[edge]
+    out, total = np.zeros(len(shifts)), 0
+    for _, x in data.chunks(chunk, n):
+        v = qg.graph.scale_inputs({edge: x})[edge].reshape(-1, len(shifts))
+        out += ((v < g.lo) | (v > g.hi)).sum(0)
+        total += v.shape[0]
+    c = int(np.argmax(out))
+    return f"channel {c} (its grid 2^-{shifts[c]} finer): {out[c] / max(total, 1):.1%}"
+
+
+@dataclass
+class SimulationResult:
+    """Distances between the integer GRU (dequantized) and the float GRU: at the output, per
+    tensor (`tensors`, keyed layer{l}.{fwd,bwd}.{tensor}) and per time step."""
+
+    output: dict
+    tensors: dict
+    per_step_snr_db: list
+    samples: int
+    seconds: float
+    backend: str
+    backend_reason: str = ""
+    mode: str = "integer"
+    extra: dict = field(default_factory=dict)  # mode both: "fakequant" (its distances, agreement)
+    # with outputs=True, [N, T, output_size]: the float GRU's output, the integer GRU's dequantized
+    # (the fake-quant GRU's under mode "fakequant") and its raw output integers (int32)
+    y_float: np.ndarray | None = None
+    y_quant: np.ndarray | None = None
+    y_int: np.ndarray | None = None
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "output": self.output, "tensors": self.tensors,
+                "per_step_snr_db": self.per_step_snr_db, "samples": self.samples, "seconds": self.seconds,
+                "backend": self.backend, "backend_reason": self.backend_reason, **self.extra}
+
+
+def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
+             backend: str = "auto", batch_size: int = 256, limit: int | None = None,
+             save: str | os.PathLike | None = None, force: bool = False,
+             confirm: Callable[[str], bool] | None = None, dataset: str | None = None,
+             time_first: bool = False, mode: str = "integer", outputs: bool = False, labels=None,
+             progress: Progress | None = None):
+    """Run the integer model and the float model side by side on `data` and measure how far apart
+    they are. `mode`: "integer", "fakequant" (the float model with every tensor rounded onto its
+    grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file;
+    `outputs=True` returns them in the result. A GRU alone gives a `SimulationResult`
+    (`y_float`, `y_quant`, `y_int`, `[N, T, out]`); a whole model a `GraphSimulation` (every
+    edge; a classifier's top-1 agreement, and with `labels` both accuracies)."""
+    whole = is_whole(qm)
+    only_for(whole, "simulate", per_tensor=per_tensor, labels=labels)
+    if whole:
+        return _simulate_graph(qm, data, labels=labels, batch_size=batch_size, limit=limit, dataset=dataset,
+                               time_first=time_first, outputs=outputs, save=save, force=force, confirm=confirm,
+                               backend=backend, mode=mode, progress=progress)
+    check_mode(mode)
+    import time
+
+    from qtool.engine.backend import select_backend
+    from qtool.simulation.run import simulate as run_simulation
+
+    runner, label, reason = select_backend(backend)
+    qm_path = None
+    if not isinstance(qm, QuantModel):
+        qm_path = Path(qm)
+        qm = load(qm_path)
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
+    data_in = data
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    if save is not None:
+        save = claim_output(save, force, [qm_path, data.name if not isinstance(data_in, np.ndarray) else None],
+                            confirm)
+    t0 = time.perf_counter()
+    comm = world()
+    kept = _Outputs(n, data.shape[1], qm.model.output_size) if outputs else None
+    if comm is not None:  # under mpiexec: each rank simulates its chunks, rank 0 writes `save`
+        from qtool.parallel.simulate import simulate as simulate_ranks
+
+        if outputs:
+            raise QtoolError("outputs=True is not available under mpiexec (each rank holds its own "
+                             "chunks); use save= to get the outputs in a file")
+        sim = simulate_ranks(comm, qm, data, batch_size, per_tensor, n, runner, progress, save, mode)
+    elif save is None:
+        report = (lambda start, *o: progress(start + len(o[0]), n)) if progress else None
+        sim = run_simulation(qm, data, batch_size, per_tensor, n, _keeping(kept, report), runner, mode)
+    else:
+        from qtool.io.results import write_results
+
+        sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
+            qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
+    res = sim.results()
+    x_tensor = res["tensors"].get(tensor_key(0, 0, "x"), {})
+    res["notes"] = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, data.time_first) + saturation_notes(
+        {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
+    extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
+    arrays = (kept.y_float, kept.y_quant, kept.y_int) if kept else (None, None, None)
+    return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
+                            time.perf_counter() - t0, label, reason, mode, extra, *arrays)
+
+
+class _Outputs:
+    """The outputs of every chunk of a simulation, gathered for SimulationResult."""
+
+    def __init__(self, n: int, steps: int, width: int) -> None:
+        self.y_float = np.empty((n, steps, width), np.float32)
+        self.y_quant = np.empty((n, steps, width), np.float32)
+        self.y_int = np.empty((n, steps, width), np.int32)
+
+    def put(self, start: int, y_float: np.ndarray, y_quant: np.ndarray, y_int: np.ndarray) -> None:
+        stop = start + len(y_float)
+        self.y_float[start:stop], self.y_quant[start:stop], self.y_int[start:stop] = y_float, y_quant, y_int
+
+
+def _keeping(kept: _Outputs | None, on_chunk: Callable | None) -> Callable | None:
+    """`on_chunk`, first storing each chunk's outputs in `kept` (when asked for)."""
+    if kept is None:
+        return on_chunk
+
+    def both(start: int, *outs) -> None:
+        kept.put(start, *outs)
+        if on_chunk:
+            on_chunk(start, *outs)
+    return both

@@ -1,0 +1,161 @@
+"""`verify`: the exported C compiled and run, every integer compared with the simulator's."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from qtool.api.common import DataLike, as_data, count
+from qtool.api.export import find_export, simulated
+from qtool.api.models import is_whole, load, load_qgraph
+from qtool.core.qgraph import QGraph
+from qtool.core.qmodel import QuantModel
+from qtool.errors import QtoolError
+from qtool.io.phases import phase
+
+
+@dataclass
+class VerifyResult:
+    """What `verify` compared on `target`: how many output integers, final-state integers and
+    dequantized outputs of the export `name` differ from the simulator's."""
+
+    target: str
+    sequences: int
+    time_steps: int
+    output_values: int
+    output_mismatches: int
+    state_values: int
+    state_mismatches: int
+    dequantized_mismatches: int
+    name: str
+
+    @property
+    def mismatches(self) -> int:
+        """Every mismatch: 0 when the C computes exactly what the simulator computes."""
+        return self.output_mismatches + self.state_mismatches + self.dequantized_mismatches
+
+    def to_dict(self) -> dict:
+        """The fields as a dict, in order (`qtool verify --json`)."""
+        return dict(vars(self))
+
+
+def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+           name: str | None = None, limit: int | None = None, dataset: str | None = None,
+           time_first: bool = False, target: str = "host") -> VerifyResult:
+    """Compile the exported C for `target` (the host compiler, or "cortex-m4", "cortex-m33",
+    "cortex-m55" on an emulated board), run it on `data` and count the output integers, final
+    states and dequantized outputs that differ from the simulator's."""
+    from qtool.exporters.c_target import HOST
+    from qtool.exporters.c_target import target as target_named
+    from qtool.exporters.c_verify import compare, export_fingerprint, run_c
+
+    if target != HOST:
+        target_named(target)  # an unknown target: said before any work
+    if is_whole(qm):
+        return _verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                            target=target)
+    if not isinstance(qm, QuantModel):
+        qm = load(Path(qm))
+    export_dir = Path(export_dir)
+    prefix = find_export(export_dir, name, qm)
+    stamp = export_fingerprint(export_dir, prefix)
+    if stamp is not None and stamp != qm.fingerprint():
+        raise QtoolError(f"the export in {export_dir} was made from another model (fingerprint "
+                         f"{stamp}, this model is {qm.fingerprint()}); run 'qtool export c' again")
+    data = as_data(data, dataset, time_first)
+    data.check_features(qm.model.input_size)
+    n = count(data, limit)
+    x = data.chunk(0, n)
+    phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
+    c = run_c(qm, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
+    phase(f"verify: simulating the {len(x)} sequences and comparing every integer")
+    return VerifyResult(**compare(qm, c, *simulated(qm, x)), name=prefix)
+
+
+@dataclass
+class GraphVerifyResult:
+    """What `verify` compared of a whole model's export `name` on `target`: every edge's integers
+    (run whole), the frames NAME_step gave one input frame at a time (where the model streams),
+    and the dequantized outputs, each against the simulator's."""
+
+    target: str
+    sequences: int
+    time_steps: int
+    edge_values: int
+    edge_mismatches: int
+    edges: dict
+    stream_values: int
+    stream_mismatches: int
+    streaming: bool
+    dequantized_mismatches: int
+    name: str
+
+    @property
+    def mismatches(self) -> int:
+        return self.edge_mismatches + self.stream_mismatches + self.dequantized_mismatches
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
+    """The prefix of the whole-model export in `export_dir`: `name`, else the only one there."""
+    from qtool.exporters.c_export import c_name
+
+    if not export_dir.is_dir():
+        raise QtoolError(f"export directory not found: {export_dir}")
+    if name is not None:
+        return c_name(name)
+    found = sorted(p.stem for p in export_dir.glob("*.h") if "_NUM_EDGES (" in p.read_text(errors="replace"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise QtoolError(f"{export_dir}: no whole-model C export here; run 'qtool export c' on the quantized "
+                         "whole model")
+    if c_name(qg.graph.name) in found:
+        return c_name(qg.graph.name)
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(found)}); choose one with `name`")
+
+
+def _verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
+                 name: str | None = None, limit: int | None = None, dataset: str | None = None,
+                 time_first: bool = False, target: str = "host") -> GraphVerifyResult:
+    """`verify` of a whole model: compile its export for `target`, run `data` through it whole
+    and frame by frame, and count the integers that differ from the simulator's."""
+    from qtool.exporters.c_graph import render_graph_c
+    from qtool.exporters.c_graph_verify import compare_graph, run_graph_c
+    from qtool.exporters.c_verify import export_fingerprint
+    from qtool.graph.file import fingerprint
+    from qtool.graph.simulate import run_int
+    from qtool.numerics.qparams import dequantize
+
+    if not isinstance(qg, QGraph):
+        qg = load_qgraph(Path(qg))
+    export_dir = Path(export_dir)
+    prefix = _graph_export_prefix(export_dir, name, qg)
+    stamp, mine = export_fingerprint(export_dir, prefix), fingerprint(qg)
+    if stamp is None:
+        raise QtoolError(f"{export_dir}: not a whole-model C export for '{prefix}' (no {prefix}.h with its "
+                         "fingerprint); run 'qtool export c' or pass --name")
+    if stamp != mine:
+        raise QtoolError(f"the export in {export_dir} was made from another model (fingerprint {stamp}, this "
+                         f"model is {mine}); run 'qtool export c' again")
+    layout = render_graph_c(qg, prefix).layout
+    missing = [f for f in layout[3] if not (export_dir / f).is_file()]
+    if missing:
+        raise QtoolError(f"{export_dir}: the export '{prefix}' lacks {', '.join(missing)}; run 'qtool export c' again")
+    data = as_data(data, dataset, time_first)
+    from qtool.layers import input_map
+
+    data.check_features(next(iter(qg.graph.inputs.values()))[-1], input_map(qg.graph))
+    x = data.chunk(0, count(data, limit))
+    phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
+    c = run_graph_c(layout, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
+    phase(f"verify: simulating the {len(x)} sequences and comparing every edge's integers")
+    q = run_int(qg, x)
+    out = qg.core_outputs[0]
+    y = dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp).astype(np.float32)
+    return GraphVerifyResult(**compare_graph(c, q, out, y), name=prefix)
