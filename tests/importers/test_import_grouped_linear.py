@@ -186,8 +186,8 @@ class Einsum(nn.Module):
         return torch.einsum(self.equation, x, self.weight)
 
 
-def einsum_file(tmp_path, equation: str, weight_shape: tuple) -> tuple[nn.Module, str]:
-    m = Einsum(equation, weight_shape).eval()
+def einsum_file(tmp_path, equation: str, weight_shape: tuple, cls=Einsum) -> tuple[nn.Module, str]:
+    m = cls(equation, weight_shape).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(m, (torch.zeros(1, 5, 6),), str(tmp_path / "e.onnx"), dynamo=False, opset_version=14,
@@ -195,16 +195,32 @@ def einsum_file(tmp_path, equation: str, weight_shape: tuple) -> tuple[nn.Module
     return m, str(tmp_path / "e.onnx")
 
 
-def test_an_einsum_along_the_channels_is_a_dense(tmp_path):
-    m, path = einsum_file(tmp_path, "bti,ih->bth", (6, 4))
-    g = qtool.load_model(path)
-    assert [n.op for n in g.nodes] == ["dense"]
+class GroupedView(Einsum):
+    """The data viewed as groups first, as GroupedLinearEinsum does, then `equation`."""
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        y = torch.einsum(self.equation, x.view(b, t, self.weight.shape[0], -1), self.weight)
+        return y.flatten(2, 3)
+
+
+@pytest.mark.parametrize("equation, shape, op", [("bti,ih->bth", (6, 4), "dense"), ("...i,ih->...h", (6, 4), "dense"),
+                                                 ("btgi,gih->btgh", (1, 6, 4), "dense"),
+                                                 ("...gi,gih->...gh", (2, 3, 4), "conv1d")])
+def test_an_einsum_by_a_constant_is_a_dense_or_a_grouped_conv1d(tmp_path, equation, shape, op):
+    m, path = einsum_file(tmp_path, equation, shape, GroupedView if len(shape) == 3 else Einsum)
+    g = qtool.load_model(path, check=False)  # held to PyTorch below
+    assert [n.op for n in g.nodes if n.op != "select"] == [op]
     x = np.random.default_rng(7).standard_normal((2, 9, 6)).astype(np.float32)
     with torch.no_grad():
         np.testing.assert_allclose(run(g, x)["y"], m(torch.from_numpy(x)).numpy(), atol=1e-5)
 
 
-def test_an_einsum_qtool_does_not_read_is_refused_saying_what_it_computes(tmp_path):
-    _, path = einsum_file(tmp_path, "bti,th->bih", (5, 4))
-    with pytest.raises(QtoolError, match=r"computes 'bti,th->bih'; qtool reads an Einsum of the data by a constant"):
+@pytest.mark.parametrize("equation, shape, why", [
+    ("bti,th->bih", (5, 4), r"computes 'bti,th->bih'; qtool reads an Einsum of the data by a constant"),
+    ("bti,ii->bti", (6, 6), r"computes 'bti,ii->bti'; qtool reads"),  # the diagonal: no matrix product
+])
+def test_an_einsum_qtool_does_not_read_is_refused_saying_what_it_computes(tmp_path, equation, shape, why):
+    _, path = einsum_file(tmp_path, equation, shape)
+    with pytest.raises(QtoolError, match=why):
         qtool.load_model(path, check=False)

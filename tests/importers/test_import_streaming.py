@@ -258,7 +258,62 @@ def test_a_cache_given_back_as_the_joined_frames_sliced_is_a_cache(tmp_path, dyn
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_a_cache_no_output_gives_back_is_refused_saying_so(tmp_path, dynamo):
+    """Read as data, the cache does not fit the layout of the frame it is joined to: the refusal
+    says why it came to be read so."""
     _, path = sliced(tmp_path / "dropped.onnx", dynamo, returned=False)
-    with pytest.raises(QtoolError, match=r"the input 'cache' is joined before the frame by node '.*' \(Concat\) as a "
-                                         r"cache is, but no output gives it back"):
+    with pytest.raises(QtoolError, match=r"note: the input 'cache' is joined before the frame by node '.*' \(Concat\) "
+                                         r"as a convolution's cache is, and no output gives it back"):
+        qtool.load_model(path, check=False)
+
+
+class Beside(torch.nn.Module):
+    """`torch.cat([a, b], 1)`: with `channels`, two inputs side by side on the channel axis (a
+    microphone and a reference: no cache); else `a` is the previous frame kept on the channel axis
+    and given back (a state qtool does not read as a convolution's past frames)."""
+
+    def __init__(self, channels: bool):
+        super().__init__()
+        self.channels = channels
+        self.gru = torch.nn.GRU(4 * F, H, batch_first=True)
+
+    def forward(self, a, b, h0):
+        z = torch.cat([a, b], 1)
+        y, hn = self.gru(torch.relu(z).permute(0, 2, 1, 3).reshape(1, 1, 4 * F), h0)
+        return (y, hn) if self.channels else (y, z[:, 2:], hn)
+
+
+def beside(path, channels: bool) -> tuple[torch.nn.Module, str]:
+    torch.manual_seed(12)
+    m = Beside(channels).eval()
+    outs = ["y", "hn"] if channels else ["y", "a_out", "hn"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(1, 2, 1, F), torch.zeros(1, 2, 1, F), torch.zeros(1, 1, H)), str(path),
+                          dynamo=False, opset_version=13, input_names=["a", "b", "h0"], output_names=outs)
+    return m, str(path)
+
+
+def test_two_inputs_joined_on_the_channels_are_data_not_a_cache(tmp_path):
+    m, path = beside(tmp_path / "two.onnx", channels=True)
+    g = qtool.load_model(path)
+    assert sorted(g.inputs) == ["a", "b"] and any("carry 1 GRU state" in n for n in g.notes)
+    a, b = spectra(2, 13, t=7), spectra(2, 14, t=7)
+    want = []
+    with torch.no_grad():
+        for sa, sb in zip(a, b):  # a frame a run, h_n fed back
+            h, ys = torch.zeros(1, 1, H), []
+            for fa, fb in zip(sa, sb):
+                y, h = m(torch.from_numpy(fa)[None, :, None], torch.from_numpy(fb)[None, :, None], h)
+                ys.append(y[0, 0].numpy())
+            want.append(np.stack(ys))
+    got = run(g, {"a": a.reshape(2, 7, -1), "b": b.reshape(2, 7, -1)})["y"]
+    np.testing.assert_allclose(got, np.stack(want), atol=1e-5)
+
+
+def test_a_streaming_files_reading_is_checked_frame_by_frame_even_unasked(tmp_path):
+    """A frame kept on the channel axis and given back is no convolution's past frames; read as
+    one, the model over whole sequences differs from the file run frame by frame, which the
+    import runs even with check=False (a streaming file's reading is qtool's own)."""
+    _, path = beside(tmp_path / "chan.onnx", channels=False)
+    with pytest.raises(QtoolError, match=r"differs from ONNX Runtime frame by frame by up to .*a wrong import"):
         qtool.load_model(path, check=False)

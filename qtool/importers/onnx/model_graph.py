@@ -46,7 +46,7 @@ from qtool.importers.onnx.model_layout import (
 )
 from qtool.importers.onnx.ops import HANDLERS
 from qtool.importers.onnx.ops.activation import FUNCTION_OPS, function
-from qtool.importers.onnx.streaming import stream_note
+from qtool.importers.onnx.streaming import stream_note, stream_pairs, unreturned_hint
 from qtool.importers.ranges import GraphRanges
 
 EXPORTER_NAMES = ("tf2onnx", "torch_jit", "main_graph", "torch-jit-export", "model")
@@ -84,7 +84,9 @@ def import_onnx_graph(path, check: bool = True) -> QtoolGraph:
     """`read_onnx_graph`, and with `check` its ONNX Runtime check (`graph.check_result`), from one
     reading of the file."""
     graph, ports, reader = once("onnx", path, lambda: _import(Path(path)))
-    graph.check_result = _check(Path(path), graph, ports, reader) if check else None
+    # a streaming file's reading over whole sequences is qtool's own: checked frame by frame always
+    # (reading it took ONNX Runtime already)
+    graph.check_result = _check(Path(path), graph, ports, reader) if check or stream_pairs(reader.model) else None
     return graph
 
 
@@ -129,7 +131,7 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
         except QtoolError as e:
             # the first layout's error stands, unless it was one of layout and another layout reads the graph
             if not errors and (not isinstance(e, LayoutError) or not (reader.rank3 or reader.rank4)):
-                raise QtoolError(str(e)) from None
+                raise QtoolError(str(e) + unreturned_hint(model)) from None
             e.progress = len(reader.nodes)  # how far this reading got
             errors.append(e)
         except (ValueError, TypeError, AttributeError, IndexError, KeyError, UnicodeError, RecursionError) as e:
@@ -140,7 +142,7 @@ def _import(path: Path) -> tuple[QtoolGraph, Ports, _Reader]:
     # layout alone, the one of the reading that got furthest (the others stumbled before it)
     worst = [e for e in errors if not isinstance(e, LayoutError)] + [e for e in errors if isinstance(e, TooWide)]
     furthest = max(errors, key=lambda e: getattr(e, "progress", 0)) if errors else None
-    raise QtoolError(str((worst or [furthest])[0])) from None
+    raise QtoolError(str((worst or [furthest])[0]) + unreturned_hint(model)) from None
 
 
 def _readings(model) -> list[tuple[tuple[str, tuple], tuple[str, tuple]]]:

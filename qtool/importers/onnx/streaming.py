@@ -195,7 +195,6 @@ def rewrite_caches(model, where: str, opset: int, folder: Path | None = None) ->
     from onnx import helper
 
     graph = model.graph
-    _refuse_unreturned(graph, pairs, where)
     values = _values(model, where, folder)
     cells = _Cells(values, [i for i, _ in pairs])
     producer = {o: n for n in graph.node for o in n.output}
@@ -269,21 +268,26 @@ def rewrite_caches(model, where: str, opset: int, folder: Path | None = None) ->
     return note
 
 
-def _refuse_unreturned(graph, pairs: list[tuple[str, str]], where: str) -> None:
-    """In a file with caches, an input a Concat joins before the frame that no output gives back
-    is a cache the next run cannot get: refused, rather than read as data in a layout it is not."""
+def unreturned_hint(model) -> str:
+    """What to add to a refusal of `model` where an input is joined before the frame as a
+    convolution's cache is but no output is read as giving it back (its import may have failed
+    for that: the input was read as data, in a layout it does not have); "" otherwise."""
+    graph = model.graph
     stored = {t.name for t in graph.initializer}
-    inputs = {i.name for i in graph.input if i.name not in stored} - {i for i, _ in pairs}
+    data = {i.name for i in graph.input if i.name not in stored}
+    inputs = data - {i for i, _ in stream_pairs(model)}
     producer = {o: n for n in graph.node for o in n.output}
     for node in graph.node:
-        if node.op_type != "Concat" or len(node.input) < 2:
+        frame = _upstream(producer, node.input[-1]) if node.op_type == "Concat" and len(node.input) > 1 else set()
+        if not frame & data:  # no frame computed from the data after it (a constant)
             continue
         lead = {i for name in node.input[:-1] for i in _values_moved(producer, name) if i in inputs}
-        lead -= _upstream(producer, node.input[-1])  # the frame's data joined with what it was computed from
+        lead -= frame  # the frame's data joined with what it was computed from
         if lead:
-            raise QtoolError(f"{where}: the input '{sorted(lead)[0]}' is joined before the frame by {_label(node)} as "
-                             "a cache is, but no output gives it back: a streaming file returns each cache for the "
-                             "next run (updated in place, or the joined frames but the first)")
+            return (f" (note: the input '{sorted(lead)[0]}' is joined before the frame by {_label(node)} as a "
+                    "convolution's cache is, and no output gives it back as qtool reads a cache: updated in "
+                    "place, or the joined frames but the first)")
+    return ""
 
 
 def _upstream(producer: dict, value: str) -> set[str]:

@@ -13,6 +13,8 @@ from qtool.importers.onnx.ops.activation import activation
 from qtool.importers.onnx.ops.layout import conform
 from qtool.importers.onnx.ops.registry import handles
 
+EINSUM_READ = ("qtool reads an Einsum of the data by a constant matrix along its last axis ('...i,ih->...h') or "
+               "per group ('...gi,gih->...gh')")
 AFFINE_EPSILON = 1e-12  # a per-channel affine is a batchnorm of mean 0, var 1 and this epsilon: exact in float32
 
 @handles("MatMul")
@@ -55,20 +57,29 @@ def _matmul_last_factor(r, node, edge, lay, W) -> None:
 def einsum(r, node) -> None:
     """torch.einsum of the data by a constant: `...i,ih->...h` is a MatMul; `...gi,gih->...gh` a
     Linear per group (DeepFilterNet's GroupedLinearEinsum: the channels split into G groups of I,
-    each with its own [I, H] matrix), which is conv1d of kernel 1 with a group each."""
+    each with its own [I, H] matrix), which is conv1d of kernel 1 with a group each. A leading
+    `...` on the data and the output is their batch axes."""
     eq = str(attr(node, "equation", "")).replace(" ", "")
     lhs, _, out = eq.partition("->")
     terms = lhs.split(",")
-    W = r.const(node, 1) if len(terms) == 2 else None
-    if W is None or "." in eq or len(set(terms[0])) != len(terms[0]):
-        raise r.fail(node, f"computes '{eq}'; qtool reads an Einsum of the data by a constant matrix along "
-                           "its last axis ('...i,ih->...h') or per group ('...gi,gih->...gh'), every axis named")
+    if len(terms) != 2:
+        raise r.fail(node, f"computes '{eq}' of {len(terms)} tensors; {EINSUM_READ}")
+    if node.input[1] not in r.g.constant:
+        raise r.fail(node, f"computes '{eq}' of two computed tensors; {EINSUM_READ}")
+    W = r.const(node, 1)
     a, b = terms
+    if a.startswith("...") and out.startswith("..."):
+        a, out = a[3:], out[3:]
+    letters = a + b
+    if "." in letters + out or any(letters.count(c) != (c in a) + (c in b) for c in letters) or \
+            len(set(out)) != len(out):
+        raise r.fail(node, f"computes '{eq}'; {EINSUM_READ}")
     if len(b) == 2 and a[-1:] == b[0] and out == a[:-1] + b[1] and not set(a[:-1]) & set(b):
         return mat_mul(r, node, W)
     if not (len(b) == 3 and a[-2:] == b[:2] and out == a[:-1] + b[2] and not set(a[:-2]) & set(b)):
-        raise r.fail(node, f"computes '{eq}'; qtool reads an Einsum of the data by a constant matrix along "
-                           "its last axis ('...i,ih->...h') or per group ('...gi,gih->...gh')")
+        raise r.fail(node, f"computes '{eq}'; {EINSUM_READ}")
+    if W.shape[0] == 1:  # one group: a Linear, beside a unit axis
+        return mat_mul(r, node, W[0])
     edge, lay = r.input(node)
     f = len(lay.cdims)
     if f < 2 or lay.axes[-2:] != (f - 2, f - 1) or lay.cdims[-2:] != W.shape[:2]:
