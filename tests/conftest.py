@@ -111,6 +111,31 @@ def calibrated(model, x_calib, preset="int8", method="minmax", config=None):
     return build_quant_model(model, obs, config or preset_config(preset), {"method": method})
 
 
+@pytest.fixture(scope="module")
+def torch():
+    """PyTorch, seeded, on one thread (QuantGRU's tensors are small: more threads only wait on each
+    other); the test is skipped without it."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    return torch
+
+
+def fine_tune(module, x, target, batch: int, steps: int = 8) -> None:
+    """A few Adam steps of QuantGRU `module` towards `target` on batches of `x`, its weights and
+    its quantizers' ranges learning at their own rates."""
+    import torch
+
+    opt = torch.optim.Adam([{"params": module.weight_parameters(), "lr": 1e-2},
+                            {"params": module.range_parameters(), "lr": 5e-2}])
+    for step in range(steps):
+        rows = slice(batch * (step % 4), batch * (step % 4 + 1))
+        loss = ((module(x[rows])[0] - target[rows]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 @pytest.fixture
 def cli(capsys):
     """Run the qtool CLI in-process: returns (exit code, stdout, stderr)."""

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import calibrated, random_model
+from conftest import calibrated, fine_tune, random_model
 
 from qtool.core.model import CellForm, GruModel, open_h5
 from qtool.core.tensors import cell_names
@@ -115,14 +115,6 @@ def test_simulate_mode_both_on_a_reset_before_model(cli, tmp_path, form):
 # ---- QAT
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    return torch
-
-
 def _forward(torch, module, x: np.ndarray, dtype) -> np.ndarray:
     xt = torch.from_numpy(x).to(dtype)
     y, _ = module(xt if module.batch_first else xt.transpose(0, 1))
@@ -217,14 +209,7 @@ def test_qat_learns_and_writes_the_same_form(torch, cli, tmp_path, form, preset)
     xt, xs = torch.from_numpy(train).double(), torch.from_numpy(test).double()
     with torch.no_grad():
         loss_before = float(((module(xs)[0] - target_s) ** 2).mean())
-    opt = torch.optim.Adam([{"params": module.weight_parameters(), "lr": 1e-2},
-                            {"params": module.range_parameters(), "lr": 5e-2}])
-    for step in range(8):
-        batch = slice(16 * (step % 4), 16 * (step % 4 + 1))
-        loss = ((module(xt[batch])[0] - target_t[batch]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    fine_tune(module, xt, target_t, batch=16)
     with torch.no_grad():
         loss_after = float(((module(xs)[0] - target_s) ** 2).mean())
     assert loss_after < 0.5 * loss_before, (loss_before, loss_after)  # measured: 0.1 to 0.23

@@ -7,18 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import has
+from conftest import fine_tune, has
 
 pytestmark = pytest.mark.skipif(not has("torch"), reason="QAT needs PyTorch")
-
-
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)  # QuantGRU's tensors are small: more threads only wait on each other
-    return torch
 
 
 def _agreement(module, x, qm):
@@ -147,14 +138,7 @@ def test_qat_round_trip(torch, cli, tmp_path):
     with torch.no_grad():
         target_t, target_s = 0.5 * gru(xt)[0], 0.5 * gru(xs)[0]
         loss_before = float(((module(xs)[0] - target_s) ** 2).mean())
-    opt = torch.optim.Adam([{"params": module.weight_parameters(), "lr": 1e-2},
-                            {"params": module.range_parameters(), "lr": 5e-2}])
-    for step in range(8):
-        batch = slice(32 * (step % 4), 32 * (step % 4 + 1))
-        loss = ((module(xt[batch])[0] - target_t[batch]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    fine_tune(module, xt, target_t, batch=32)
     with torch.no_grad():
         loss_after = float(((module(xs)[0] - target_s) ** 2).mean())
     assert loss_after < 0.5 * loss_before  # the fine-tune learns through the quantizers

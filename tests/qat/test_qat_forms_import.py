@@ -23,14 +23,6 @@ FORMS = {
 C, H, T = 5, 6, 10
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    return torch
-
-
 def form_qmodel(form: CellForm, layers: int = 2, dirs: int = 2, seed: int = 3):
     model = random_model(C=C, H=H, layers=layers, dirs=dirs, seed=seed)
     for row in model.layers:
