@@ -18,7 +18,7 @@ from qtool.importers.once import read_once
 from qtool.io.files import SequenceData, claim_output
 
 
-def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
+def advise(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
            target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
            seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
            limit: int | None = None, dataset: str | None = None, time_first: bool = False,
@@ -45,56 +45,29 @@ def advise(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike |
         raise QtoolError("`batch_size` must be at least 1")
     with read_once():
         if is_whole(model):
-            return _advise_graph(model, data, test, target_snr=target_snr, max_flash=max_flash,
-                                 threshold=threshold, seed=seed, gamma=gamma, repeats=repeats, batch_size=batch_size,
-                                 limit=limit, dataset=dataset, time_first=time_first, output=output, force=force,
-                                 check=check, confirm=confirm, progress=progress)
-        if not isinstance(model, GruModel):
-            model = load_model_for_data(Path(model), check=check)
-    model_path = model.extra.get("path")
-    data_in, test_in = data, test
-    data = as_data(data, dataset, time_first)
-    data.check_features(model.input_size)
-    test = as_data(test, dataset, time_first) if test is not None else None
-    if test is not None:
-        test.check_features(model.input_size)
-    if output is not None:  # refuse before the work, not after it
-        names = [None if isinstance(d, np.ndarray) or d is None else s.name
-                 for d, s in ((data_in, data), (test_in, test))]
-        output = claim_output(output, force, [model_path, *names], confirm)
-    n = count(data, limit)
-    return _advised(lambda: run_advise(model, data, test, target_snr, max_flash,
-                                       THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
-                                       batch_size, n, progress, {"data_file": Path(data.name).name}),
-                    data, test, n, time_first, output)
-
-
-def _advise_graph(model: Graph | str | os.PathLike, data: DataLike, test: DataLike | None = None, *,
-                 target_snr: float | None = None, max_flash: int | None = None, threshold: float | None = None,
-                 seed: int = 0, gamma: float = 0.01, repeats: int = 5, batch_size: int = 64,
-                 limit: int | None = None, dataset: str | None = None, time_first: bool = False,
-                 output: str | os.PathLike | None = None, force: bool = False, check: bool = True,
-                 confirm: Callable[[str], bool] | None = None,
-                 progress: Callable[[str, int, int | None], None] | None = None):
-    """The precision advisor for a whole model (docs/advisor.md, "Whole models"): int8 or int16
-    for each layer's weights and output and each GRU tensor, by the threshold rule or, with
-    `test`, the searches `advise` runs. Returns a qtool.advisor.graph.GraphAdvice; `output` gets
-    its bits file (TOML, for `calibrate(bits=...)`)."""
-    from qtool.advisor.advise import THRESHOLD_DB
-    from qtool.advisor.graph import advise_graph as run_advise
-
-    model, source = one_input_graph(model, check)
+            model, source = one_input_graph(model, check)
+        else:
+            model = model if isinstance(model, GruModel) else load_model_for_data(Path(model), check=check)
+            source = model.extra.get("path")
     data_in, test_in = data, test
     data = as_data(data, dataset, time_first)
     test = as_data(test, dataset, time_first) if test is not None else None
+    if isinstance(model, GruModel):  # a whole model's are checked by its float pass
+        for d in (data, test) if test is not None else (data,):
+            d.check_features(model.input_size)
     if output is not None:  # refuse before the work, not after it
         names = [None if isinstance(d, np.ndarray) or d is None else s.name
                  for d, s in ((data_in, data), (test_in, test))]
         output = claim_output(output, force, [source, *names], confirm)
     n = count(data, limit)
-    return _advised(lambda: run_advise(model, data, n, test, target_snr, max_flash,
-                                       THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats,
-                                       batch_size, progress, {"data_file": Path(data.name).name}),
+    args = (target_snr, max_flash, THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats, batch_size)
+    provenance = {"data_file": Path(data.name).name}
+    if isinstance(model, Graph):
+        from qtool.advisor.graph import advise_graph
+
+        return _advised(lambda: advise_graph(model, data, n, test, *args, progress, provenance),
+                        data, test, n, time_first, output)
+    return _advised(lambda: run_advise(model, data, test, *args, n, progress, provenance),
                     data, test, n, time_first, output)
 
 

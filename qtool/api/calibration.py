@@ -20,22 +20,31 @@ from qtool.io.files import SequenceData, now_utc, sha256_file
 from qtool.parallel import world
 
 
-def _calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: str | dict = "int8",
-                    method: str = "auto", percentile: float = 99.99, batch_size: int = 64,
-                    limit: int | None = None, dataset: str | None = None, time_first: bool = False,
-                    check: bool = True, snap: str = "up", progress: Progress | None = None) -> QGraph:
-    """Quantize a whole model (a graph, a whole-model file or a Keras/ONNX file) on calibration
-    data `[N, T, C]` of its input: every edge's grid, each GRU calibrated on its own input
-    (docs/graph.md). `method`: auto (per-edge, minmax and mse scored at the output on the last
-    20% of the data, the best calibrated on all), per-edge (per edge the method with the least
-    error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema. A QDQ file's
-    fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's imported
-    ranges); the calibration sets the rest."""
+def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: Sequence[str], *,
+                     bits: str | dict = "int8", method_weights: str = "minmax", percentile: float = 99.99,
+                     batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
+                     time_first: bool = False, check: bool = True, snap: str = "up",
+                     progress: Progress | None = None) -> list[QGraph]:
+    """A whole model (a graph, a whole-model file or a Keras/ONNX file) quantized on calibration
+    data `[N, T, C]` of its input with each of `methods`, from one float pass over the data (the
+    passes and every edge's values, `prepare`): every edge's grid, each GRU calibrated on its own
+    input (docs/graph.md). A method: auto (per-edge, minmax and mse scored at the output on the
+    last 20% of the data, the best calibrated on all), per-edge (per edge the method with the
+    least error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema. A QDQ
+    file's fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's
+    imported ranges); the calibration sets the rest."""
     from qtool.calibrators import METHODS
-    from qtool.graph.calibrate import calibrate_graph as run_calibration
+    from qtool.graph.calibrate import auto_graph, prepare, quantize_graph
 
-    if method not in ("auto", "per-edge", *METHODS):
-        raise QtoolError(f"unknown `method` '{method}' (use auto, per-edge or one of {', '.join(METHODS)})")
+    for method in methods:
+        if method not in ("auto", "per-edge", *METHODS):
+            raise QtoolError(f"unknown `method` '{method}' (use auto, per-edge or one of {', '.join(METHODS)})")
+    if method_weights not in METHODS:
+        raise QtoolError(f"unknown `method_weights` '{method_weights}' (use one of {', '.join(METHODS)})")
+    if not methods or len(set(methods)) != len(methods):
+        raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
+    if not 50.0 < percentile <= 100.0:
+        raise QtoolError("`percentile` must be in (50, 100]")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
     if snap not in ("up", "nearest"):
@@ -46,16 +55,18 @@ def _calibrate_graph(model: Graph | str | os.PathLike, data: DataLike, *, bits: 
     n = count(data, limit)
     tick = (lambda done: progress(done, n)) if progress else None
     path = Path(data.name)
-    info = {"method": method, "bits": label, "samples": n, "time_steps": int(data.shape[1]), "data_file": path.name,
+    info = {"bits": label, "samples": n, "time_steps": int(data.shape[1]), "data_file": path.name,
             "data_sha256": sha256_file(path) if path.is_file() else "", "created": now_utc(),
             "source": model.source, "source_file": source.name if source else "",
             "source_sha256": sha256_file(source) if source and source.is_file() else ""}
     info["notes"] = axes_notes(model.steps, data.shape, data.time_first, "declares")
-    if method == "auto":
-        from qtool.graph.calibrate import calibrate_auto_graph
-
-        return calibrate_auto_graph(model, data, n, config, percentile, batch_size, tick, info, snap)
-    return run_calibration(model, data, n, config, method, percentile, batch_size, tick, info, snap)
+    prep = prepare(model, data, n, config, batch_size, tick)
+    weights = {} if method_weights == "minmax" else {"method_weights": method_weights}
+    return [auto_graph(prep, n, config, percentile, batch_size, {"method": m, **weights, **info}, snap, method_weights)
+            if m == "auto" else
+            quantize_graph(prep, n, config, m, percentile, batch_size, {"method": m, **weights, **info}, snap,
+                           method_weights)
+            for m in methods]
 
 
 def _bits_config(bits: str | dict) -> tuple[str, dict]:
@@ -202,11 +213,10 @@ def calibrate(model: GruModel | Graph | str | os.PathLike, data: DataLike | None
     against its framework."""
     with read_once():
         whole = is_whole(model)
-        only_for(whole, "calibrate", method_weights=method_weights)
         if whole:
-            return _calibrate_graph(model, data, bits=bits, method=method, percentile=percentile,
-                                    batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                                    check=check, snap=snap, progress=progress)
+            return graph_candidates(model, data, [method], bits=bits, method_weights=method_weights,
+                                    percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                                    time_first=time_first, check=check, snap=snap, progress=progress)[0]
         ranges = None
         if not isinstance(model, GruModel):
             path = Path(model)

@@ -21,12 +21,10 @@ DataLike = str | os.PathLike | np.ndarray | SequenceData
 
 # What only one kind of model takes. Options: (who takes it, its default); a value other than the
 # default given for the other kind is refused in one line. Verbs: what they take, and why.
-ONLY_FOR = {"method_weights": ("a GRU alone", "minmax"), "per_tensor": ("a GRU alone", True),
+ONLY_FOR = {"per_tensor": ("a GRU alone", True),
             "labels": ("a whole model", None)}
 GRU_ONLY_VERBS = {
-    "compare": "its calibrate --method auto scores per-edge, minmax and mse at its output",
     "observe": "it is calibrated whole by calibrate",
-    "export_tables": "a whole model's integers are in its C export (export c)",
 }
 
 
@@ -35,8 +33,7 @@ def only_for(whole: bool, verb: str, **given) -> None:
     the model's kind does not take (ONLY_FOR)."""
     kind = "a whole model" if whole else "a GRU alone"
     if whole and verb in GRU_ONLY_VERBS:
-        what = "export json/h5 (export_tables)" if verb == "export_tables" else verb  # as the command line says it
-        raise QtoolError(f"a whole model: {what} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
+        raise QtoolError(f"a whole model: {verb} takes a GRU alone; {GRU_ONLY_VERBS[verb]}")
     for option, value in given.items():
         who, default = ONLY_FOR[option]
         given_default = value is default or (not isinstance(value, np.ndarray) and value == default)

@@ -6,47 +6,59 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qtool.api.calibration import observe
-from qtool.api.common import DataLike, Progress, as_data, only_for
+from qtool.api.calibration import graph_candidates, observe
+from qtool.api.common import DataLike, Progress, as_data
 from qtool.api.models import is_whole
 from qtool.api.simulation import simulate
+from qtool.core.graph import Graph
 from qtool.core.model import GruModel
+from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
+from qtool.importers.once import read_once
 
 
 @dataclass
 class Comparison:
-    """Calibration methods scored on held-out data (`rows[k]`: method and output distance)."""
+    """Calibration methods scored on held-out data (`rows[k]`: method and output distance;
+    `models[k]` a QuantModel for a GRU alone, a QGraph for a whole model)."""
 
-    models: list[QuantModel]
+    models: list[QuantModel | QGraph]
     rows: list[dict]
     best: int
 
 
-def compare(model: GruModel | str | os.PathLike, data: DataLike, test: DataLike,
+def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: DataLike,
             methods: Sequence[str], *, bits: str | dict = "int8", method_weights: str = "minmax",
             percentile: float = 99.99, batch_size: int = 64, limit: int | None = None,
-            dataset: str | None = None, time_first: bool = False,
+            dataset: str | None = None, time_first: bool = False, check: bool = True,
             progress: Progress | None = None) -> Comparison:
-    """Calibrate with each method in one float pass and score each on held-out `test` data."""
-    only_for(is_whole(model), "compare")
+    """Calibrate with each method in one float pass and score each at the output on held-out
+    `test` data (`simulate`'s `output`: a GRU's output, a whole model's integer core outputs,
+    a classifier's logits, with its top-1 agreement); the best has the highest output SNR.
+    A whole model takes auto and per-edge among its methods (`calibrate`)."""
     if data is None:
         raise QtoolError("missing DATA (calibration data file)")
-    cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
-                  percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                  time_first=time_first)
+    with read_once():
+        whole = is_whole(model)
+        if whole:
+            models = graph_candidates(model, data, methods, bits=bits, method_weights=method_weights,
+                                      percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                                      time_first=time_first, check=check)
+        else:
+            cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
+                          percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                          time_first=time_first)
+            models = [cal.quant_model(k) for k in range(len(methods))]
     test = as_data(test, dataset, time_first)
-    test.check_features(cal.model.input_size)
-    models = [cal.quant_model(k) for k in range(len(methods))]
     rows = []
     total = len(models) * test.num_sequences
     for k, qm in enumerate(models):
         def part(done: int, _n: int, k=k) -> None:
             if progress:
                 progress(k * test.num_sequences + done, total)
-        sim = simulate(qm, test, per_tensor=False, batch_size=max(batch_size, 256), backend="cpu",
-                       progress=part)
+        sim = simulate(qm, test, batch_size=max(batch_size, 256), backend="cpu", progress=part,
+                       **({} if whole else {"per_tensor": False}))
         rows.append({"method": qm.info["method"], **sim.output})
     best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"] if rows[i]["snr_db"] is not None
                else float("inf") if rows[i]["exact"] else float("-inf"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.api.common import DataLike, as_data, only_for
+from qtool.api.common import DataLike, as_data
 from qtool.api.models import is_whole, load, load_qgraph
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
@@ -17,18 +17,18 @@ from qtool.errors import QtoolError
 from qtool.io.files import claim_output
 
 
-def export_tables(qm: QuantModel | str | os.PathLike, output: str | os.PathLike, kind: str = "json", *,
+def export_tables(qm: QuantModel | QGraph | str | os.PathLike, output: str | os.PathLike, kind: str = "json", *,
                   force: bool = False, confirm: Callable[[str], bool] | None = None) -> Path:
     """Every integer parameter and table as JSON (`kind="json"`) or HDF5 (`"h5"`) for other
-    toolchains (docs/file-formats.md); written atomically."""
+    toolchains (docs/file-formats.md): a GRU's cells; a whole model's edges' grids and its
+    integer layers in order, each GRU node's cells as a GRU alone's. Written atomically."""
     from qtool.exporters.tables import json_bytes, write_h5
     from qtool.io.files import write_bytes
 
     if kind not in ("json", "h5"):
         raise QtoolError(f"`kind` must be json or h5, got '{kind}'")
-    only_for(is_whole(qm), "export_tables")
     qm_path = None
-    if not isinstance(qm, QuantModel):
+    if not isinstance(qm, (QuantModel, QGraph)):
         qm_path = Path(qm)
         qm = load(qm_path)
     output = claim_output(output, force, [qm_path], confirm)

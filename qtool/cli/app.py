@@ -158,7 +158,7 @@ def calibrate(
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax and mse at the output on the last 20% of DATA and keeps the best.")] = "auto",
-    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights W and R, per output channel.")] = "minmax",
+    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's (minmax, or mse: the grid of least squared error).")] = "minmax",
     percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="With --compare: held-out sequences to score each method on.")] = None,
@@ -185,27 +185,28 @@ def calibrate(
     from qtool.cli.tables import auto_lines, calibration_summary, lut_table, ranges_table, spec_rows, spec_table
 
     model_path = Path(need(model_path, "model file", "MODEL"))
-    if name is None and _whole_model(model_path):
-        graph_cmds.refuse_gru_options(**{"--compare": compare is not None, "--eval": eval_path is not None,
-                                         "--method-weights": method_weights != "minmax"})
-        data_path = Path(need(data_path, "calibration data file", "DATA"))
-        output = Path(need(output, "output quantized model file (.h5)", "--output"))
-        api.claim_output(output, force, [model_path, data_path], confirm_at_terminal())
-        graph_cmds.calibrate_graph(model_path, data_path, output, bits=bits, method=method,
-                                   percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                                   time_first=time_first, check=not no_check, snap=snap, force=True,
-                                   as_json=as_json)
-        return
-    model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
-    note_what_was_left_out(model)
-    ranges = api.file_ranges(model_path, model)
-    if ranges is None or compare is not None or data_path is not None:
-        data_path = Path(need(data_path, "calibration data file", "DATA"))
-    methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
+    whole = name is None and _whole_model(model_path)
     if compare is not None and eval_path is None:
         raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
     if compare is None and eval_path is not None:
         raise QtoolError("--eval goes with --compare")
+    if whole and compare is None:
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
+        output = Path(need(output, "output quantized model file (.h5)", "--output"))
+        api.claim_output(output, force, [model_path, data_path], confirm_at_terminal())
+        graph_cmds.calibrate_graph(model_path, data_path, output, bits=bits, method=method,
+                                   method_weights=method_weights, percentile=percentile, batch_size=batch_size,
+                                   limit=limit, dataset=dataset, time_first=time_first, check=not no_check,
+                                   snap=snap, force=True, as_json=as_json)
+        return
+    model, ranges = model_path, None
+    if not whole:
+        model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
+        note_what_was_left_out(model)
+        ranges = api.file_ranges(model_path, model)
+    if ranges is None or compare is not None or data_path is not None:
+        data_path = Path(need(data_path, "calibration data file", "DATA"))
+    methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
     if output is None and compare is None:
         output = Path(need(output, "output quantized model file (.h5)", "--output"))
     inputs = [model_path, data_path, eval_path]
@@ -220,8 +221,10 @@ def calibrate(
         with Bar("calibrating and scoring", 1) as bar:
             res = api.compare(model, data_path, eval_path, methods, bits=bits, method_weights=method_weights,
                               percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                              time_first=time_first, progress=bar.update)
+                              time_first=time_first, check=not no_check, progress=bar.update)
         best = res.models[res.best]
+        if whole:
+            warn(best.info.get("notes", []))
         if output is not None:
             api.save(best, output, force, inputs=inputs)
         if as_json:
@@ -231,7 +234,8 @@ def calibrate(
         from qtool.cli.tables import compare_table
 
         info = best.info
-        out.print(compare_table(res.rows, res.best, f"{model.name}: {info['bits']}, calibrated on "
+        label = best.graph.name if whole else model.name
+        out.print(compare_table(res.rows, res.best, f"{label}: {info['bits']}, calibrated on "
                                 f"{info['samples']} sequences of {info['data_file']}, scored on {eval_path.name}"))
         if output is not None:
             out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
@@ -584,7 +588,10 @@ def export_json_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The JSON file to write.")] = None,
     force: Force = False,
 ):
-    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON."""
+    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON.
+
+    A whole model: every core edge's grid and every integer layer's integers, in order, a GRU's
+    cells as a GRU alone's (docs/file-formats.md)."""
     _export_tables(qmodel_path, output, force, "JSON")
 
 
@@ -594,7 +601,10 @@ def export_h5_cmd(
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HDF5 file to write.")] = None,
     force: Force = False,
 ):
-    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5."""
+    """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5.
+
+    A whole model: every core edge's grid and every integer layer's integers, in order, a GRU's
+    cells as a GRU alone's (docs/file-formats.md)."""
     _export_tables(qmodel_path, output, force, "HDF5")
 
 

@@ -11,7 +11,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from qtool.cli.console import Bar, as_flags, emit_json, out, warn, wrote
-from qtool.errors import QtoolError
 
 
 def _fmt(v, spec: str) -> str:
@@ -105,16 +104,17 @@ def import_graph(src: Path, output: Path, check: bool, fmt: str | None = None) -
     out.print(f"imported the whole model -> {escape(str(output))}")
 
 
-def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: str,
-                    method: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
+def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: str, method: str,
+                    method_weights: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
                     check: bool, snap: str, force: bool, as_json: bool) -> None:
     from qtool import api
     from qtool.cli.tables import ranges_table
 
     t0 = time.perf_counter()
     with Bar("calibrating", 1) as bar:
-        qg = api.calibrate(model_path, data_path, bits=bits, method=method, percentile=percentile,
-                           batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
+        qg = api.calibrate(model_path, data_path, bits=bits, method=method, method_weights=method_weights,
+                           percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
+                           time_first=time_first,
                            check=check, snap=snap, progress=bar.update)
     warn(qg.info.get("notes", []))
     g = qg.graph
@@ -128,7 +128,8 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
     info = qg.info
     if g.check_result is not None:
         out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
-    out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}, {info['samples']} sequences", False))
+    weights = f", weights {method_weights}" if method_weights != "minmax" else ""
+    out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}{weights}, {info['samples']} sequences", False))
     for line in passes_lines(qg):
         out.print(escape(line), highlight=False)
     if "imported" in info:
@@ -212,14 +213,6 @@ def inspect_qgraph(path: Path, as_json: bool) -> None:
         out.print(escape(line), highlight=False)
     if qg.tail:
         out.print(f"float tail (after the dequantize): {', '.join(qg.tail)}")
-
-
-def refuse_gru_options(**given) -> None:
-    """Options of a GRU alone that mean nothing for a whole model: one line naming the first."""
-    for flag, used in given.items():
-        if used:
-            raise QtoolError(f"{flag} applies to a GRU alone; a whole model takes --method (auto or one method), "
-                             "--bits and --snap (--name NAME takes one GRU alone)")
 
 
 def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors: bool, data_path: Path | None,

@@ -44,9 +44,12 @@ def _metric_table(title: str, first: str) -> Table:
 def compare_table(rows: list[dict], best: int, title: str) -> Table:
     """One row per calibration method, scored at the output on held-out data."""
     t = _metric_table(title, "method")
+    top1 = all("top1_agreement" in m for m in rows)  # a classifier's: how often its class is float's
+    if top1:
+        t.add_column("top-1", justify="right")
     for i, m in enumerate(rows):
         t.add_row(m["method"] + (" (best)" if i == best else ""), *_distance_cells(m),
-                  style="bold" if i == best else None)
+                  *([f"{100 * m['top1_agreement']:.2f}%"] if top1 else []), style="bold" if i == best else None)
     return t
 
 

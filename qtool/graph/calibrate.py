@@ -12,7 +12,7 @@ grid passes then give every other edge its grid in graph order:
   percentile, mse) whose grid leaves the least squared error on the data; otherwise the method
   named.
 
-`method` auto (`calibrate_auto_graph`) checks that choice at the model's output: per-edge, minmax
+`method` auto (`auto_graph`) checks that choice at the model's output: per-edge, minmax
 and mse each calibrate on the first 80% of the data and are scored on the rest; the best is then
 calibrated on all of it.
 
@@ -59,12 +59,13 @@ MAX_ERROR_SAMPLES = 1 << 21  # values an edge's auto choice measures its error o
 SHIFT_MIN_GAIN, SHIFT_MAX = 2, 15
 
 
-def layer_bits(config: dict[str, TensorConfig], name: str | None = None) -> LayerBits:
+def layer_bits(config: dict[str, TensorConfig], name: str | None = None, method_weights: str = "minmax"
+               ) -> LayerBits:
     """The bits of a layer around the GRU: the GRU's weight, bias and activation bits, or what
-    the bits file's `graph` table sets for layer `name`."""
+    the bits file's `graph` table sets for layer `name`; its weights' range method."""
     entry = getattr(config, "graph", {}).get(name, {})
     return LayerBits(entry.get("weight", config["W"].bits), entry.get("bias", config["bx"].bits),
-                     entry.get("activation", config["h"].bits))
+                     entry.get("activation", config["h"].bits), method_weights)
 
 
 def check_bits_names(graph: Graph, config: dict[str, TensorConfig]) -> None:
@@ -117,7 +118,8 @@ def observed_grid(values: np.ndarray, bits: int, method: str, percentile: float,
 
 
 def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percentile: float, chunk: int,
-                  info: dict, calibrators: dict | None = None) -> tuple[QuantModel, MethodPlan]:
+                  info: dict, calibrators: dict | None = None, method_weights: str = "minmax"
+                  ) -> tuple[QuantModel, MethodPlan]:
     """The node's GRU calibrated on its input `x` as `qtool calibrate` does a GRU alone, and the
     method of each of its tensors (auto's choice, or `method` under the config's own).
     `calibrators` keeps the observations of this GRU on `x` for the next config."""
@@ -126,10 +128,10 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
     if method in ("auto", "per-edge"):
         from qtool.calibration.auto import calibrate_auto
 
-        qm, choice = calibrate_auto(gru, data, len(x), config, "minmax", percentile, chunk, None, info,
+        qm, choice = calibrate_auto(gru, data, len(x), config, method_weights, percentile, chunk, None, info,
                                     calibrators)
         return qm, choice.plan
-    plan = MethodPlan.from_config(config, method, "minmax", percentile)
+    plan = MethodPlan.from_config(config, method, method_weights, percentile)
     cache = {} if calibrators is None else calibrators
     key = ("observers", repr(plan))  # what the observers depend on, whatever the bits
     if key not in cache:
@@ -194,15 +196,15 @@ class Prepared:
     autos: dict = field(default_factory=dict)  # a GRU's observations by (node, rows, percentile, chunk)
 
     def gru(self, node: Node, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
-            chunk: int, info: dict) -> tuple[QuantModel, MethodPlan]:
+            chunk: int, info: dict, method_weights: str = "minmax") -> tuple[QuantModel, MethodPlan]:
         """The node's GRU calibrated on its input's first `rows` sequences, once per config, and
         its tensors' methods (`calibrate_gru`)."""
-        key = (node.name, rows, method, percentile, repr(sorted(config.items())),
+        key = (node.name, rows, method, method_weights, percentile, repr(sorted(config.items())),
                repr(sorted(getattr(config, "layers", {}).items())))
         if key not in self.grus:
-            autos = self.autos.setdefault((node.name, rows, percentile, chunk), {})
+            autos = self.autos.setdefault((node.name, rows, percentile, chunk, method_weights), {})
             x = layer(node.op, node.label).sequences(node, self.values[node.inputs[0]][:rows])
-            self.grus[key] = calibrate_gru(node, x, config, method, percentile, chunk, info, autos)
+            self.grus[key] = calibrate_gru(node, x, config, method, percentile, chunk, info, autos, method_weights)
         return self.grus[key]
 
 
@@ -298,9 +300,10 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
 
 
 def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
-                   chunk: int, info: dict | None, snap: str = "up") -> QGraph:
+                   chunk: int, info: dict | None, snap: str = "up", method_weights: str = "minmax") -> QGraph:
     """Every grid and layer integer from the first `rows` sequences of the prepared values; an
-    edge a QDQ file quantizes (`Graph.ranges`) takes the file's grid (`snap` as for a GRU's)."""
+    edge a QDQ file quantizes (`Graph.ranges`) takes the file's grid (`snap` as for a GRU's).
+    `method_weights`: each layer's weights per output channel, and each GRU's W and R."""
     from qtool.calibration.auto import chosen_methods
 
     g, core, tail, done = prep.graph, prep.core, prep.tail, list(prep.passes)
@@ -308,7 +311,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     check_named(list(models.values()), config, whole=True)
     config = checked_once(config)
     values = {e: v[:rows] for e, v in prep.values.items()}
-    node_bits: dict[str, list[int]] = {}
+    node_bits: dict[str, list] = {}  # [weight, bias, activation(, weight method)]
     chosen = getattr(config, "graph", {})
     grids: dict[str, TensorQ] = {}
     qparams: dict[str, dict] = {}
@@ -316,7 +319,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
     gru_methods: dict[str, list[dict[str, str]]] = {}  # a GRU -> per layer, its tensors' methods
     files = FileGrids(g.ranges, snap)
     for node in (g_node for g_node in g.nodes if g_node.name in models):
-        qm, plan = prep.gru(node, rows, config, method, percentile, chunk, info or {})
+        qm, plan = prep.gru(node, rows, config, method, percentile, chunk, info or {}, method_weights)
         gru_methods[node.name] = chosen_methods(models[node.name], plan)
         x_in, h_out = node.inputs[0], node.outputs[0]
         x_file = None if x_in in grids else files.grid(x_in, config["x"].bits)
@@ -344,7 +347,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
                                                            chosen.get(edge, {}).get("method", method), percentile,
                                                            edge)
     for node in (g_node for g_node in g.nodes if g_node.name in core):
-        own = layer_bits(config, node.name)
+        own = layer_bits(config, node.name, method_weights)
         for edge in node.outputs:
             if edge in grids:
                 continue
@@ -361,7 +364,8 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             mod = layer(node.op, node.label)
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
                                               own)
-            node_bits[node.name] = [own.weight, own.bias, own.activation]
+            node_bits[node.name] = [own.weight, own.bias, own.activation, own.weight_method][
+                :3 if own.weight_method == "minmax" else 4]
     if files.ranges is not None:
         used = [r["edge"] for r in files.rows if r["used"]]
         kind = files.ranges.kind
@@ -379,15 +383,9 @@ HELD_OUT = 0.2  # the share of the data auto scores its candidates on
 LOW_SNR_DB = 10.0  # below this held-out output SNR, calibrate says the bits are too few for the model
 
 
-def calibrate_auto_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig],
-                         percentile: float = 99.99, chunk: int = 64, progress: Callable[[int], None] | None = None,
-                         info: dict | None = None, snap: str = "up") -> QGraph:
-    """`method` auto for a whole model (`auto_graph`), from the float passes on."""
-    return auto_graph(prepare(graph, data, n, config, chunk, progress), n, config, percentile, chunk, info, snap)
-
-
 def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
-               chunk: int = 64, info: dict | None = None, snap: str = "up") -> QGraph:
+               chunk: int = 64, info: dict | None = None, snap: str = "up", method_weights: str = "minmax"
+               ) -> QGraph:
     """Each candidate (AUTO_CANDIDATES) calibrated on the first 80% of the sequences and scored
     by the output SNR on the rest; the best one calibrated on all of them. With fewer than 10
     sequences, per-edge without the check."""
@@ -395,7 +393,7 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
 
     fit = n - max(1, int(n * HELD_OUT))
     if n < 10:
-        return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap)
+        return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap, method_weights)
     edge = next(iter(prep.graph.inputs))
     held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit:n]}, -1)[edge], False,
                         "the held-out calibration data")
@@ -403,11 +401,11 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     for k, m in enumerate(AUTO_CANDIDATES):
         phase(f"auto: calibrating {m} on {fit} sequences, scoring it on the other {n - fit} "
               f"({k + 1} of {len(AUTO_CANDIDATES)})")
-        candidate = quantize_graph(prep, fit, config, m, percentile, chunk, info, snap)
+        candidate = quantize_graph(prep, fit, config, m, percentile, chunk, info, snap, method_weights)
         scores[m] = output_snr_db(simulate_graph(candidate, held), candidate)
     best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
     phase(f"auto: {best} scored best; calibrating it on all {n} sequences")
-    qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap)
+    qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap, method_weights)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
     if scores[best] < LOW_SNR_DB:  # every candidate is poor: the grids are not what is wrong
         qg.info["notes"] = [*qg.info.get("notes", []), (

@@ -6,7 +6,8 @@
     /params/<k>/<param>     node k's float32 params
     quantized only:
     /            attrs: quant (JSON: core, tail, passes, info (with layer_bits {node: [weight,
-                 bias, activation]}), grids {edge: [bits, exp2_inv, zp, lo, hi]}), fingerprint
+                 bias, activation(, weight method where not minmax)]}), grids {edge: [bits,
+                 exp2_inv, zp, lo, hi]}), fingerprint
                  (`fingerprint(qg)`; absent from files written before it)
     /gru/<k>/    node k's quantized GRU, laid out as a "qtool-qgru" file (qtool.core.qmodel)
 
@@ -212,9 +213,14 @@ def _grid(v, edge: str, where: str) -> TensorQ:
 
 
 def _layer_bits(v, name: str, where: str) -> LayerBits:
-    ok = isinstance(v, list) and len(v) == 3 and all(isinstance(b, int) and not isinstance(b, bool) for b in v)
+    """[weight, bias, activation] bits, and the weights' range method where it is not minmax."""
+    from qtool.calibrators import METHODS
+
+    ok = (isinstance(v, list) and len(v) in (3, 4) and all(isinstance(b, int) and not isinstance(b, bool)
+                                                          for b in v[:3]) and (len(v) == 3 or v[3] in METHODS))
     if not ok or not (2 <= v[0] <= 16 and 8 <= v[1] <= 32 and 2 <= v[2] <= 16):
-        raise QtoolError(f"{where}: the bits of node '{name}' are not [weight 2..16, bias 8..32, activation 2..16]")
+        raise QtoolError(f"{where}: the bits of node '{name}' are not [weight 2..16, bias 8..32, activation 2..16"
+                         "(, weight method)]")
     return LayerBits(*v)
 
 

@@ -77,6 +77,16 @@ class GraphSimulation:
     notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.common.axes_notes, ...)
     core_outputs: list = field(default_factory=list)  # the integer core's outputs (a classifier's logits): edges
 
+    @property
+    def output(self) -> dict:
+        """The integer core's outputs together (a classifier's logits; `output_snr_db`'s measure)
+        as one distance, and a classifier's top-1 agreement: what `SimulationResult.output` is
+        for a GRU alone, so that one score reads either."""
+        d = Distance()
+        for e in self.core_outputs:
+            d = d.merge(self.edges[e])
+        return {**d.as_dict(), **({"top1_agreement": self.agree / self.samples} if self.is_classifier else {})}
+
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,
                "backend_reason": self.backend_reason, "outputs": {e: d.as_dict() for e, d in self.outputs.items()},

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qtool.calibrators import make_observer
 from qtool.core.qmodel import TensorQ
 from qtool.numerics.qparams import choose_qparams, dequantize, qrange, quantize
 from qtool.numerics.rescale import sum_mul_zp
@@ -32,6 +33,7 @@ class LayerBits:
     weight: int = 8
     bias: int = 32
     activation: int = 8
+    weight_method: str = "minmax"  # the range method of each output channel's weights (`weights`)
 
 
 def rshift_round(v, n):
@@ -85,11 +87,21 @@ def average(s, count, gx: TensorQ, gy: TensorQ) -> np.ndarray:
     return saturate(np.floor_divide(2 * num + n, 2 * n) + gy.zp, gy).astype(np.int64)
 
 
-def weights(W: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per output channel (axis 0) symmetric weights: (q_W, exp2_inv_W [C_out])."""
+def weights(W: np.ndarray, bits: int, method: str = "minmax") -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel (axis 0) symmetric weights: (q_W, exp2_inv_W [C_out]), each channel's
+    grid from its min and max, or from `method`'s observer of its values (mse: the grid of least
+    squared error, clipping included), as a GRU's W and R take theirs."""
     rows = np.asarray(W, np.float64).reshape(W.shape[0], -1)
-    exp2_inv_W = np.array([choose_qparams(r.min(), r.max(), bits, True)[0] for r in rows], np.int64)
+    exp2_inv_W = np.array([_row_exp2_inv(r, bits, method) for r in rows], np.int64)
     return quantize(rows, exp2_inv_W, 0, bits).reshape(W.shape), exp2_inv_W
+
+
+def _row_exp2_inv(row: np.ndarray, bits: int, method: str) -> int:
+    if method == "minmax" or not row.any():
+        return choose_qparams(row.min(), row.max(), bits, True)[0]
+    o = make_observer(method, "W")
+    o.observe(row[None])
+    return o.compute_params(bits, True)[0]
 
 
 def bias(b: np.ndarray | None, exp2_inv_acc: np.ndarray, bits: int) -> np.ndarray:
@@ -102,7 +114,7 @@ def bias(b: np.ndarray | None, exp2_inv_acc: np.ndarray, bits: int) -> np.ndarra
 def gemm_params(W: np.ndarray, b: np.ndarray | None, g_x: TensorQ, g_y: TensorQ, bits: LayerBits) -> dict:
     """A dense or conv layer's integers: q_W, exp2_inv_W, q_b, W_sum_mul_x_zp and the per channel
     shift of its accumulator onto y's grid, sh_acc = exp2_inv_x + exp2_inv_W - exp2_inv_y."""
-    q_W, exp2_inv_W = weights(W, bits.weight)
+    q_W, exp2_inv_W = weights(W, bits.weight, bits.weight_method)
     exp2_inv_acc = exp2_inv_W + int(g_x.exp2_inv)
     return {"q_W": q_W, "exp2_inv_W": exp2_inv_W, "q_b": bias(b, exp2_inv_acc, bits.bias),
             "W_sum_mul_x_zp": sum_mul_zp(q_W.reshape(len(q_W), -1), g_x.zp), "sh_acc": exp2_inv_acc - int(g_y.exp2_inv)}

@@ -8,6 +8,7 @@ from conftest import SAMPLES, has, random_model
 
 import qtool
 from qtool.errors import QtoolError
+from qtool.graph.simulate import dequantized, run_int
 
 
 def test_pipeline_on_arrays_equals_the_cli(cli, tmp_path):
@@ -110,10 +111,60 @@ def test_options_of_the_other_kind_of_model_are_refused_in_one_line():
     with pytest.raises(QtoolError, match="`labels` applies to a whole model; simulate was given a GRU alone"):
         qtool.simulate(qm, SAMPLES / "test.npy", labels=np.zeros(597, int))
     g = qtool.load_model(SAMPLES / "digits.onnx", check=False)
-    with pytest.raises(QtoolError, match="`method_weights` applies to a GRU alone; calibrate was given a whole"):
-        qtool.calibrate(g, SAMPLES / "calib.npy", method_weights="mse")
-    with pytest.raises(QtoolError, match="a whole model: compare takes a GRU alone"):
-        qtool.compare(g, SAMPLES / "calib.npy", SAMPLES / "test.npy", ["minmax"])
+    with pytest.raises(QtoolError, match="a whole model: observe takes a GRU alone"):
+        qtool.observe(g, SAMPLES / "calib.npy")
+    with pytest.raises(QtoolError, match="unknown `method_weights` 'l1'"):
+        qtool.calibrate(g, SAMPLES / "calib.npy", method_weights="l1")
+
+
+def test_method_weights_of_a_whole_model_sets_each_channels_weight_grid(tmp_path):
+    """`method_weights="mse"` on a whole model: each output channel of a layer's weights takes
+    the power-of-two grid of least squared error (found here by trying every grid), and its GRU
+    the very W and R a GRU alone gets with the same option on the same input."""
+    g = qtool.load_model(SAMPLES / "digits.onnx", check=False)
+    qg = qtool.calibrate(g, SAMPLES / "calib.npy", method="minmax", method_weights="mse", limit=40)
+    W = np.asarray(qg.node("/head/Gemm").params["W"], np.float64)
+    e = qg.qparams["/head/Gemm"]["exp2_inv_W"]
+
+    def error(row, k):
+        return ((np.clip(np.round(row * 2.0 ** k), -128, 127) * 2.0 ** -k - row) ** 2).sum()
+
+    best = [min(range(-4, 24), key=lambda k, r=r: (error(r, k), k)) for r in W]
+    assert list(e) == best and qg.info["method_weights"] == "mse"
+    assert any(error(r, k) < error(r, k - 1) for r, k in zip(W, e))  # somewhere finer than min-max
+    qtool.save(qg, tmp_path / "q.h5")  # the file keeps the method: a reader derives the same integers
+    assert list(qtool.load(tmp_path / "q.h5").qparams["/head/Gemm"]["exp2_inv_W"]) == best
+    minmax = qtool.calibrate(g, SAMPLES / "calib.npy", method="minmax", limit=40)
+    alone = qtool.calibrate(qtool.load_model(SAMPLES / "digits.onnx", check=False, whole=False),
+                            SAMPLES / "calib.npy", method="minmax", method_weights="mse", limit=40)
+    gru = qg.qparams["/gru/GRU"]["qm"]
+    for name in ("W", "R"):
+        e_W = gru.cells[0][0].spec[name].exp2_inv
+        assert np.array_equal(e_W, alone.cells[0][0].spec[name].exp2_inv)
+        assert not np.array_equal(e_W, minmax.qparams["/gru/GRU"]["qm"].cells[0][0].spec[name].exp2_inv)
+
+
+def test_compare_scores_a_whole_models_methods_at_its_output():
+    """`compare` of a whole model: from one float pass, each method's model has the integers that
+    `calibrate` with that method gives, and its row is the integer logits against ONNX Runtime's
+    on the held-out digits (SNR, cosine, top-1 agreement); the best has the highest SNR."""
+    import onnxruntime as ort
+
+    g = qtool.load_model(SAMPLES / "digits.onnx", check=False)
+    methods = ["minmax", "kl", "per-edge"]
+    res = qtool.compare(g, SAMPLES / "calib.npy", SAMPLES / "test.npy", methods, limit=60)
+    x = np.load(SAMPLES / "test.npy")
+    y = ort.InferenceSession(str(SAMPLES / "digits.onnx")).run(None, {"rows": x})[0].astype(np.float64)
+    for qg, row, method in zip(res.models, res.rows, methods):
+        alone = qtool.calibrate(g, SAMPLES / "calib.npy", method=method, limit=60)
+        assert row["method"] == method and qg.grids == alone.grids
+        assert qg.qparams["/gru/GRU"]["qm"].fingerprint() == alone.qparams["/gru/GRU"]["qm"].fingerprint()
+        assert all(np.array_equal(v, alone.qparams["/head/Gemm"][k]) for k, v in qg.qparams["/head/Gemm"].items())
+        got = dequantized(qg, run_int(qg, x))["logits"].astype(np.float64)
+        assert row["snr_db"] == pytest.approx(10 * np.log10((y ** 2).sum() / ((got - y) ** 2).sum()), abs=0.01)
+        assert row["cosine"] == pytest.approx((got * y).sum() / np.linalg.norm(got) / np.linalg.norm(y), abs=1e-5)
+        assert row["top1_agreement"] == pytest.approx((got.argmax(1) == y.argmax(1)).mean())
+    assert res.best == int(np.argmax([r["snr_db"] for r in res.rows])) and res.rows[res.best]["snr_db"] > 25
 
 
 def test_export_takes_test_vectors_from_a_file(tmp_path):

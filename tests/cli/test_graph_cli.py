@@ -109,16 +109,31 @@ def test_a_whole_classifier_calibrates_and_simulates_with_its_accuracy(cli, digi
     assert [r["op"] for r in res["edges"]] == ["input", "gru", "last_step", "dense"]
 
 
-def test_a_whole_model_file_is_inspected_and_refuses_gru_only_options(cli, digits_whole, tmp_path):
+def test_calibrate_compare_of_a_whole_model_writes_the_best(cli, tmp_path):
+    """`calibrate --compare --eval` takes a whole model as it takes a GRU alone: a row per method
+    scored at the output on the held-out data (with the classifier's top-1), the best written,
+    and that file simulates to its row's figures."""
+    code, out, err = cli("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "--compare", "minmax,mse",
+                         "--eval", SAMPLES / "test.npy", "--limit", "60", "--no-check", "-o", tmp_path / "b.h5",
+                         "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    rows = {r["method"]: r for r in res["methods"]}
+    assert set(rows) == {"minmax", "mse"} and res["best"] == max(rows, key=lambda m: rows[m]["snr_db"])
+    code, out, err = cli("simulate", tmp_path / "b.h5", SAMPLES / "test.npy", "--json")
+    assert code == 0, err
+    sim = json.loads(out)
+    assert sim["core_outputs"]["logits"]["snr_db"] == pytest.approx(rows[res["best"]]["snr_db"])
+    assert sim["top1_agreement"] == pytest.approx(rows[res["best"]]["top1_agreement"])
+    code, out, err = cli("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "--compare", "minmax,kl",
+                         "--eval", SAMPLES / "test.npy", "--limit", "60", "--no-check", "--method-weights", "mse")
+    assert code == 0 and "top-1" in out and "kl" in out and "minmax" in out, err
+
+
+def test_a_whole_model_file_is_inspected_and_its_labels_checked(cli, digits_whole, tmp_path):
     d = digits_whole
     code, out, err = cli("inspect", d / "q.h5")
     assert code == 0 and "stack_grus" in out and "/head/Gemm" in out, err
-    compare = ["--compare", "minmax,mse", "--eval", SAMPLES / "test.npy"]
-    for args, says in ((compare, "--compare applies to a GRU alone"),
-                       (["--method-weights", "mse"], "--method-weights applies")):
-        code, _, err = cli("calibrate", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "-o", tmp_path / "x.h5",
-                           "--no-check", *args)
-        assert code == 2 and says in err and err.count("\n") == 1, err
     np.save(tmp_path / "short.npy", np.zeros(3, np.int64))
     np.save(tmp_path / "long.npy", np.zeros(600, np.int64))
     np.save(tmp_path / "float.npy", np.zeros(597))
@@ -175,14 +190,37 @@ def test_import_writes_the_whole_graph_and_name_takes_the_gru_alone(cli, keras_f
     assert code == 0 and "partition: 4 integer node(s), float tail: head/activation" in " ".join(out.split()), err
 
 
-def test_commands_of_a_gru_alone_say_what_a_whole_model_file_is(cli, digits_whole, tmp_path):
+def test_export_json_and_h5_of_a_whole_model_hold_its_integers(cli, digits_whole, tmp_path):
+    """`export json|h5` of a whole model: every core edge's grid and every integer layer's
+    integers, in order; the dense head recomputed from the JSON alone (q_y = clamp(((q_x W^T + q_b
+    - W_sum_mul_x_zp) + 2^(sh - 1)) >> sh + zp_y)) equals the simulator's integers, and the HDF5
+    file holds the same numbers."""
+    import h5py
+
+    from qtool.graph.simulate import run_int
+
     d = digits_whole
-    for args in (["export", "json", d / "q.h5", "-o", tmp_path / "p.json"],
-                 ["export", "h5", d / "q.h5", "-o", tmp_path / "p.h5"]):
-        code, _, err = cli(*args)
-        assert code == 2 and err.count("\n") == 1
-        assert "a whole model: export json/h5 (export_tables) takes a GRU alone" in err
-    assert not list(tmp_path.iterdir())
+    for kind in ("json", "h5"):
+        code, out, err = cli("export", kind, d / "q.h5", "-o", tmp_path / f"p.{kind}")
+        assert code == 0 and "parameter tables" in out, err
+    t = json.loads((tmp_path / "p.json").read_text())
+    qg = qtool.load(d / "q.h5")
+    assert t["format"] == "qtool-graph-params" and [n["op"] for n in t["nodes"]] == ["gru", "last_step", "dense"]
+    head = t["nodes"][-1]
+    ints, g_x, g_y = head["integers"], t["edges"][head["inputs"][0]], t["edges"][head["outputs"][0]]
+    assert g_y["exp2_inv"] == int(qg.grids[head["outputs"][0]].exp2_inv) and len(t["nodes"][0]["cells"]) == 2
+    x = np.load(SAMPLES / "test.npy")[:50]
+    q = run_int(qg, x)
+    acc = q[head["inputs"][0]] @ np.array(ints["q_W"]).T + np.array(ints["q_b"]) - np.array(ints["W_sum_mul_x_zp"])
+    sh = np.array(ints["sh_acc"])
+    y = np.clip(((acc + (1 << (sh - 1))) >> sh) + g_y["zp"], -(1 << (g_y["bits"] - 1)), (1 << (g_y["bits"] - 1)) - 1)
+    assert np.array_equal(y, q[head["outputs"][0]]) and g_x["bits"] == 8
+    with h5py.File(tmp_path / "p.h5") as f:
+        assert f.attrs["format"] == "qtool-graph-params" and f.attrs["fingerprint"] == t["fingerprint"]
+        k = len(t["nodes"]) - 1
+        assert f[f"nodes/{k}"].attrs["name"] == head["name"]
+        assert np.array_equal(f[f"nodes/{k}/integers/q_W"][()], ints["q_W"])
+        assert "layer1/fwd/shifts" in f["nodes/0"]
 
 
 def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp_path):
