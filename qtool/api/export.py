@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.api.common import DataLike, as_data
-from qtool.api.models import is_whole, load, load_qgraph
+from qtool.api.models import load
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
@@ -68,10 +68,13 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     files of the same names that qtool wrote; other files in the directory are left alone.
     `test_vectors`: float inputs `[V, T, C]` (an array or a data file) for a self-checking test
     main. `fully_integral`: refuse an export whose integer core would hold a floating-point
-    operation. The footprint carries what the compiler passes (qtool.numerics.passes) removed."""
-    from qtool.exporters.c_export import RUNTIME, c_name, render_c
+    operation. The footprint carries what the compiler passes (qtool.numerics.passes) removed.
+    A whole model (docs/embedded.md, "Whole models"): every layer of its integer core in C, run
+    whole (NAME_run_sequence) and, where every layer is causal, frame by frame (NAME_step); its
+    footprint per layer (qtool.exporters.c_graph.GraphFootprint). A whole model that is a GRU
+    alone (one gru node from its input to its output) is exported as the GRU it is."""
+    from qtool.exporters.c_export import RUNTIME, c_name
     from qtool.exporters.c_types import COMPENSATION
-    from qtool.exporters.c_vectors import render_test_vectors
     from qtool.io.files import write_files
 
     if compensation not in COMPENSATION:
@@ -79,50 +82,49 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     if test_vectors is not None and not isinstance(test_vectors, np.ndarray):
         vectors = as_data(test_vectors)
         test_vectors = vectors.chunk(0, vectors.num_sequences)
-    if is_whole(qm):
-        return _export_graph_c(qm, out_dir, name=name, test_vectors=test_vectors, force=force, confirm=confirm,
-                               fully_integral=fully_integral, compensation=compensation)
-    qm_path = None
-    if not isinstance(qm, QuantModel):
-        qm_path = Path(qm)
-        qm = load(qm_path)
-    prefix = c_name(name or qm.model.name)
-    runtime = {p.stem for p in RUNTIME.iterdir()}
-    if prefix in runtime:
-        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; "
-                         "choose another name")
+    path = None
+    if not isinstance(qm, (QuantModel, QGraph)):
+        path = Path(qm)
+        qm = load(path)
+    qm = gru_of(qm)
+    prefix = c_name(name or (qm.graph.name if isinstance(qm, QGraph) else qm.model.name))
+    if prefix in {p.stem for p in RUNTIME.iterdir()}:
+        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.c/{prefix}.h; choose "
+                         "another name")
+    render = _render_graph if isinstance(qm, QGraph) else _render_gru
+    rendered, stamp = render(qm, prefix, compensation, fully_integral, test_vectors)
+    files = rendered.encoded()
+    replaced = write_files(out_dir, files, force, confirm, inputs=[path])
+    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
+                        stamp, replaced.edited)
+
+
+def gru_of(qm: QuantModel | QGraph) -> QuantModel | QGraph:
+    """A quantized whole model that is a GRU alone (qtool.layers.gru.as_alone) as its GRU; any
+    other model as it is."""
+    from qtool.layers.gru import as_alone
+
+    node = as_alone(qm.graph) if isinstance(qm, QGraph) and not qm.tail else None
+    return qm if node is None else qm.qparams[node.name]["qm"]
+
+
+def _render_gru(qm: QuantModel, prefix: str, compensation: str, fully_integral: bool, test_vectors):
+    from qtool.exporters.c_export import render_c
+    from qtool.exporters.c_vectors import render_test_vectors
+
     rendered = render_c(qm, prefix, compensation, fully_integral)
     if test_vectors is not None:
         y, _ = simulated(qm, test_vectors)
         rendered.files.update(render_test_vectors(qm, prefix, test_vectors, y))
-    files = rendered.encoded()
-    replaced = write_files(out_dir, files, force, confirm, inputs=[qm_path])
-    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
-                        qm.fingerprint(), replaced.edited)
+    return rendered, qm.fingerprint()
 
 
-def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
-                   test_vectors: np.ndarray | None = None, force: bool = False,
-                   confirm: Callable[[str], bool] | None = None, fully_integral: bool = True,
-                   compensation: str = "table") -> ExportResult:
-    """`export_c` of a whole model (docs/embedded.md, "Whole models"): every layer of its integer
-    core in C, run whole (NAME_run_sequence) and, where every layer is causal, frame by frame
-    (NAME_step); its GRUs compensate zero points by `compensation`. The footprint is per layer
-    (qtool.exporters.c_graph.GraphFootprint)."""
-    from qtool.exporters.c_export import RUNTIME, c_name
+def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bool, test_vectors):
     from qtool.exporters.c_graph import render_graph_c
     from qtool.exporters.c_graph_vectors import render_graph_test_vectors
     from qtool.graph.file import fingerprint
     from qtool.graph.simulate import run_int
-    from qtool.io.files import write_files
 
-    qg_path = None
-    if not isinstance(qg, QGraph):
-        qg_path = Path(qg)
-        qg = load_qgraph(qg_path)
-    prefix = c_name(name or qg.graph.name)
-    if prefix in {p.stem for p in RUNTIME.iterdir()}:
-        raise QtoolError(f"`name` {prefix} would overwrite the runtime's own {prefix}.h; choose another name")
     rendered = render_graph_c(qg, prefix, fully_integral, compensation)
 
     def work_bytes(q: dict) -> int:  # NAME_sequence_work of the sequences run_int gave `q` for
@@ -136,10 +138,7 @@ def _export_graph_c(qg: QGraph | str | os.PathLike, out_dir: str | os.PathLike, 
     if steps_at and len(qg.graph.inputs) == 1:
         width = next(iter(qg.graph.inputs.values()))[-1]
         rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
-    files = rendered.encoded()
-    replaced = write_files(out_dir, files, force, confirm, inputs=[qg_path])
-    return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
-                        fingerprint(qg), replaced.edited)
+    return rendered, fingerprint(qg)
 
 
 def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:

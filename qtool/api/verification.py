@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from qtool.api.common import DataLike, as_data, count
-from qtool.api.export import find_export, simulated
-from qtool.api.models import is_whole, load, load_qgraph
+from qtool.api.export import find_export, gru_of, simulated
+from qtool.api.models import load
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
@@ -54,11 +54,12 @@ def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.Pat
 
     if target != HOST:
         target_named(target)  # an unknown target: said before any work
-    if is_whole(qm):
-        return _verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
-                            target=target)
-    if not isinstance(qm, QuantModel):
+    if not isinstance(qm, (QuantModel, QGraph)):
         qm = load(Path(qm))
+    qm = gru_of(qm)  # a whole model that is a GRU alone was exported as its GRU
+    if isinstance(qm, QGraph):
+        return _verify_graph(qm, export_dir, data, name=name, limit=limit, dataset=dataset, time_first=time_first,
+                             target=target)
     export_dir = Path(export_dir)
     prefix = find_export(export_dir, name, qm)
     stamp = export_fingerprint(export_dir, prefix)
@@ -120,9 +121,9 @@ def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
     raise QtoolError(f"{export_dir} holds several exports ({', '.join(found)}); choose one with `name`")
 
 
-def _verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
-                 name: str | None = None, limit: int | None = None, dataset: str | None = None,
-                 time_first: bool = False, target: str = "host") -> GraphVerifyResult:
+def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, name: str | None = None,
+                  limit: int | None = None, dataset: str | None = None, time_first: bool = False,
+                  target: str = "host") -> GraphVerifyResult:
     """`verify` of a whole model: compile its export for `target`, run `data` through it whole
     and frame by frame, and count the integers that differ from the simulator's."""
     from qtool.exporters.c_graph import render_graph_c
@@ -132,8 +133,6 @@ def _verify_graph(qg: QGraph | str | os.PathLike, export_dir: str | os.PathLike,
     from qtool.graph.simulate import run_int
     from qtool.numerics.qparams import dequantize
 
-    if not isinstance(qg, QGraph):
-        qg = load_qgraph(Path(qg))
     export_dir = Path(export_dir)
     prefix = _graph_export_prefix(export_dir, name, qg)
     stamp, mine = export_fingerprint(export_dir, prefix), fingerprint(qg)

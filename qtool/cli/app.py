@@ -528,24 +528,24 @@ def export_c_cmd(
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     output = Path(need(output, "output directory", "--output"))
-    if api.model_file_format(qmodel_path) == "qtool-qgraph":
-        graph_cmds.export_graph_c(qmodel_path, output, name=name, test_vectors=test_vectors, data_path=data_path,
-                                  vectors=vectors, compensation=compensation, fully_integral=fully_integral,
-                                  dataset=dataset, time_first=time_first, force=force, as_json=as_json,
-                                  confirm=confirm_at_terminal())
-        return
     qm = api.load(qmodel_path)
+    if isinstance(qm, api.QGraph):
+        width, g = next(iter(qm.graph.inputs.values()))[-1], qm.grids[next(iter(qm.graph.inputs))]
+    else:
+        width, g = qm.model.input_size, qm.cells[0][0].spec["x"]
     x = None
     if test_vectors:
         if data_path is not None:
             data = api.as_data(data_path, dataset, time_first)
-            data.check_features(qm.model.input_size)
+            data.check_features(width)
             x = data.chunk(0, min(vectors, data.num_sequences))
         else:
-            s = qm.cells[0][0].spec["x"]
-            x = np.random.default_rng(0).uniform(s.lo, s.hi, (vectors, 16, qm.model.input_size)).astype(np.float32)
+            x = np.random.default_rng(0).uniform(g.lo, g.hi, (vectors, 16, width)).astype(np.float32)
     res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=x, force=force,
                        confirm=confirm_at_terminal(), fully_integral=fully_integral)
+    if hasattr(res.footprint, "layers"):  # a whole model's, per layer
+        graph_cmds.show_graph_export(res, qm, output, name, as_json)
+        return
     fp = res.footprint
     base = fp.int8_weight_bytes + fp.table_bytes
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
@@ -630,15 +630,13 @@ def verify(
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     export_dir = Path(need(export_dir, "exported C directory", "DIR"))
     data_path = Path(need(data_path, "data file", "DATA"))
-    if api.model_file_format(qmodel_path) == "qtool-qgraph":
-        if graph_cmds.verify_graph(qmodel_path, export_dir, data_path, name=name, limit=limit, dataset=dataset,
-                                   time_first=time_first, target=target, as_json=as_json):
+    with Bar("verify", 1):  # its phases: compiling, running (whole and frame by frame), comparing
+        res = api.verify(api.load(qmodel_path), export_dir, data_path, name=name, limit=limit, dataset=dataset,
+                         time_first=time_first, target=target)
+    if isinstance(res, api.GraphVerifyResult):
+        if graph_cmds.show_graph_verify(res, as_json):
             raise typer.Exit(1)
         return
-    qm = api.load(qmodel_path)
-    with Bar("verify", 1):  # its phases: compiling, running, comparing
-        res = api.verify(qm, export_dir, data_path, name=name, limit=limit, dataset=dataset, time_first=time_first,
-                         target=target)
     bad = res.mismatches
     if as_json:
         emit_json(res.to_dict())

@@ -215,28 +215,9 @@ def inspect_qgraph(path: Path, as_json: bool) -> None:
         out.print(f"float tail (after the dequantize): {', '.join(qg.tail)}")
 
 
-def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors: bool, data_path: Path | None,
-                   vectors: int, compensation: str, fully_integral: bool, dataset, time_first: bool, force: bool,
-                   as_json: bool, confirm) -> None:
-    """`qtool export c` of a quantized whole model: the files, and per layer its flash, the RAM
-    NAME_step keeps and its multiply-accumulates per frame."""
-    import numpy as np
-
-    from qtool import api
-
-    qg = api.load(qpath)
-    x = None
-    if test_vectors:
-        width = next(iter(qg.graph.inputs.values()))[-1]
-        if data_path is not None:
-            data = api.as_data(data_path, dataset, time_first)
-            data.check_features(width)
-            x = data.chunk(0, min(vectors, data.num_sequences))
-        else:
-            g = qg.grids[next(iter(qg.graph.inputs))]
-            x = np.random.default_rng(0).uniform(g.lo, g.hi, (vectors, 16, width)).astype(np.float32)
-    res = api.export_c(qg, output, name=name, compensation=compensation, test_vectors=x, force=force,
-                       confirm=confirm, fully_integral=fully_integral)
+def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) -> None:
+    """What `qtool export c` wrote of a quantized whole model: the files, and per layer its flash,
+    the RAM NAME_step keeps and its multiply-accumulates per frame."""
     fp = res.footprint
     state = {} if fp.streaming else {"state_bytes": None}  # RAM NAME_step keeps: only a model that streams has one
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
@@ -281,14 +262,8 @@ def export_graph_c(qpath: Path, output: Path, *, name: str | None, test_vectors:
     wrote(res, output, name=name)
 
 
-def verify_graph(qpath: Path, export_dir: Path, data_path: Path, *, name, limit, dataset, time_first, target,
-                 as_json: bool) -> int:
-    """`qtool verify` of a whole model; returns its mismatches."""
-    from qtool import api
-
-    with Bar("verify", 1):  # its phases: compiling, running whole and frame by frame, comparing
-        res = api.verify(qpath, export_dir, data_path, name=name, limit=limit, dataset=dataset,
-                         time_first=time_first, target=target)
+def show_graph_verify(res, as_json: bool) -> int:
+    """What `qtool verify` found of a whole model's export; returns its mismatches."""
     if as_json:
         emit_json(res.to_dict())
         return res.mismatches

@@ -159,6 +159,16 @@ def alone(gru: GruModel) -> Graph:
     return Graph([node], {"x": sequence(gru.input_size)}, ["y"], gru.name, gru.source)
 
 
+def as_alone(graph: Graph) -> Node | None:
+    """The gru node of a graph that is a GRU alone (`alone`'s inverse): one gru node over a plain
+    sequence, from the model's only input to its only output, returning its sequence; else None."""
+    if len(graph.nodes) != 1 or graph.input_shifts or graph.nodes[0].op != OP:
+        return None
+    node = graph.nodes[0]
+    plain = node.inputs == list(graph.inputs) and node.outputs == list(graph.outputs) and dual_path(node)[1] == 1
+    return node if plain and _attrs(node)[2] else None
+
+
 def scales_input(node: Node) -> bool:
     """Whether `scale_input` can take a grid per input channel: not over a map, whose frequencies
     share W's columns."""

@@ -297,3 +297,15 @@ def test_export_of_a_model_that_cannot_stream_gives_its_work_not_a_step_ram(cli,
     assert "RAM B" not in text and "no m_step" in text
     assert "m_sequence_work(T) bytes at 24 steps (the calibration's)" in text and "M_SEQUENCE_WORK_MAX(T)" in text
     assert "#define M_SEQUENCE_WORK_MAX(T)" in (tmp_path / "c" / "m.h").read_text()
+
+
+def test_export_and_verify_of_a_whole_model_that_is_a_gru_alone(cli, tmp_path):
+    """`qtool export c` and `verify` of a quantized whole model of one gru node (a GRU's weights
+    read whole): the GRU's own C and its own checks, in one command path with every model."""
+    qg = qtool.calibrate(qtool.load_model(SAMPLES / "digits_gru.safetensors", whole=True), SAMPLES / "calib.npy",
+                         method="minmax", limit=40)
+    qtool.save(qg, tmp_path / "qg.h5")
+    code, out, err = cli("export", "c", tmp_path / "qg.h5", "-o", tmp_path / "c", "--name", "d", "--json")
+    assert code == 0 and json.loads(out)["macs_per_step"] > 0 and "layers" not in json.loads(out), err
+    code, out, err = cli("verify", tmp_path / "qg.h5", tmp_path / "c", SAMPLES / "test.npy", "--limit", "4")
+    assert code == 0 and "final-state integers" in out and "PASS" in out, err

@@ -407,3 +407,26 @@ int main(void)
     subprocess.run([cc, "-std=c99", "-O1", "-o", str(tmp_path / "t"), *sources, "-lm"], check=True, cwd=tmp_path)
     done = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True)
     assert done.returncode == 0 and int(done.stdout) == len(qg.core), done.stdout
+
+
+@needs_cc
+def test_a_whole_model_that_is_a_gru_alone_exports_the_grus_own_c(tmp_path):
+    """A quantized whole model of one gru node from its input to its output (a GRU's weights read
+    with whole=True) is exported as the GRU it is: the same files, byte for byte, as the GRU
+    alone calibrated alike, and `verify` of the whole model checks them with 0 mismatches."""
+    from conftest import SAMPLES
+
+    import qtool
+
+    src, calib = SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy"
+    qg = qtool.calibrate(qtool.load_model(src, whole=True), calib, method="minmax", limit=40)
+    qm = qtool.calibrate(src, calib, method="minmax", limit=40)
+    assert isinstance(qg, api.QGraph) and len(qg.graph.nodes) == 1
+    qtool.save(qg, tmp_path / "qg.h5")
+    whole = qtool.export_c(tmp_path / "qg.h5", tmp_path / "g", name="digits", test_vectors=np.load(calib)[:2])
+    alone = qtool.export_c(qm, tmp_path / "a", name="digits", test_vectors=np.load(calib)[:2])
+    assert sorted(whole.files) == sorted(alone.files) and "digits.h" in whole.files
+    assert all((tmp_path / "g" / f).read_bytes() == (tmp_path / "a" / f).read_bytes() for f in whole.files)
+    assert whole.fingerprint == qm.fingerprint()
+    res = qtool.verify(qg, tmp_path / "g", SAMPLES / "test.npy", limit=5)
+    assert res.mismatches == 0 and res.output_values > 0
