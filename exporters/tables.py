@@ -48,8 +48,9 @@ def graph_tables(qg: QGraph) -> dict:
     from qtool.graph.file import fingerprint
 
     g = qg.graph
+    order = [*g.inputs, *(e for name in qg.core for e in qg.node(name).outputs)]  # the graph's order
     grids = {e: {"bits": t.bits, "exp2_inv": int(t.exp2_inv), "zp": int(t.zp), "range": [float(t.lo), float(t.hi)]}
-             for e, t in qg.grids.items()}
+             for e, t in sorted(qg.grids.items(), key=lambda et: order.index(et[0]) if et[0] in order else len(order))}
     nodes = []
     for name in qg.core:
         n, qp = qg.node(name), qg.qparams.get(name, {})
@@ -96,9 +97,11 @@ def write_h5(qm: QuantModel | QGraph, path: Path) -> None:
             _write_cells(f, tables["cells"])
             return
         f.attrs.update(inputs=json.dumps(tables["inputs"]), outputs=json.dumps(tables["outputs"]),
-                       input_shifts=json.dumps(tables["input_shifts"]), float_tail=json.dumps(tables["float_tail"]))
+                       input_shifts=json.dumps(tables["input_shifts"]), float_tail=json.dumps(tables["float_tail"]),
+                       calibration=json.dumps(tables["calibration"], default=str))
         for k, (edge, t) in enumerate(tables["edges"].items()):
-            f.create_group(f"edges/{k}").attrs.update(name=edge, bits=t["bits"], exp2_inv=t["exp2_inv"], zp=t["zp"])
+            f.create_group(f"edges/{k}").attrs.update(name=edge, bits=t["bits"], exp2_inv=t["exp2_inv"], zp=t["zp"],
+                                                      lo=t["range"][0], hi=t["range"][1])
         for k, node in enumerate(tables["nodes"]):
             g = f.create_group(f"nodes/{k}")
             g.attrs.update(name=node["name"], op=node["op"], inputs=json.dumps(node["inputs"]),

@@ -155,7 +155,8 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
         raise QtoolError("`methods` takes single methods (auto chooses among them itself)")
     for m in [*(m for m in methods if m != "auto"), method_weights]:
         if m not in METHODS:
-            raise QtoolError(f"unknown method '{m}' (use auto or one of {', '.join(METHODS)})")
+            whole = " (per-edge is a whole model's)" if m == "per-edge" else ""
+            raise QtoolError(f"unknown method '{m}' (use auto or one of {', '.join(METHODS)}){whole}")
     if not methods or len(set(methods)) != len(methods):
         raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
     if batch_size < 1:

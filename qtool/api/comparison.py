@@ -39,6 +39,8 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
     A whole model takes auto and per-edge among its methods (`calibrate`)."""
     if data is None:
         raise QtoolError("missing DATA (calibration data file)")
+    if isinstance(methods, str):
+        raise QtoolError(f"`methods` is a list of method names, e.g. {methods.split(',')}, not the text {methods!r}")
     with read_once():
         whole = is_whole(model)
         if whole:

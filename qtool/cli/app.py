@@ -158,9 +158,9 @@ def calibrate(
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax and mse at the output on the last 20% of DATA and keeps the best.")] = "auto",
-    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's (minmax, or mse: the grid of least squared error).")] = "minmax",
+    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, or another of --method's single methods (mse: the grid of least squared error, which may clip).")] = "minmax",
     percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
-    compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl) in one pass and compare them on --eval.")] = None,
+    compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl; auto, and for a whole model per-edge) in one pass and compare them at the output on --eval; the best goes to --output.")] = None,
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="With --compare: held-out sequences to score each method on.")] = None,
     bits: Annotated[str, typer.Option(metavar="PRESET|FILE", help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
     dataset: DataOpt = None,
@@ -495,7 +495,7 @@ def inspect(
         out.print(lut_table(qm))
 
 
-export_app = typer.Typer(help="Write a quantized model (a GRU alone or a whole model) for a target: C sources, or a GRU's parameter tables.",
+export_app = typer.Typer(help="Write a quantized model (a GRU alone or a whole model) for a target: C sources, or parameter tables (JSON, HDF5) for other toolchains.",
                          no_args_is_help=True)
 app.add_typer(export_app, name="export")
 

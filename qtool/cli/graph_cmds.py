@@ -205,7 +205,8 @@ def inspect_qgraph(path: Path, as_json: bool) -> None:
                    "gru_tensors": {n: spec_rows(qm) for n, qm in grus.items()}})
         return
     info = qg.info
-    out.print(qgraph_table(rows, f"{qg.graph.name}: {info.get('bits')}, {info.get('method')}, "
+    weights = f", weights {info['method_weights']}" if "method_weights" in info else ""
+    out.print(qgraph_table(rows, f"{qg.graph.name}: {info.get('bits')}, {info.get('method')}{weights}, "
                                  f"{info.get('samples')} sequences of {info.get('data_file')}", False))
     for name, qm in grus.items():  # each GRU's own tensors, as `inspect` shows a GRU alone
         out.print(spec_table(qm, f"{escape(name)}: its tensors"))

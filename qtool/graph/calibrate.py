@@ -365,7 +365,7 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
                                               own)
             node_bits[node.name] = [own.weight, own.bias, own.activation, own.weight_method][
-                :3 if own.weight_method == "minmax" else 4]
+                :3 if own.weight_method == "minmax" or "W" not in node.params else 4]
     if files.ranges is not None:
         used = [r["edge"] for r in files.rows if r["used"]]
         kind = files.ranges.kind

@@ -28,8 +28,9 @@ from qtool.errors import STOP_SIGNALS, QtoolError
 
 MAX_IN_MEMORY_BYTES = 4 << 30  # an .npz array is read whole: beyond this, ask for .npy / .h5
 MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence
-# A text file qtool wrote says so in its first lines; an HDF5 file in its "format" attribute.
-TEXT_MARK = b"qtool"
+# A text file qtool wrote says so in its first lines, in one of these phrases (a file that merely
+# names qtool, a user's script importing it, is not one); an HDF5 file in its "format" attribute.
+TEXT_MARKS = (b"enerated by qtool", b'"format": "qtool-', b"# qtool advise:", b'<meta name="generator" content="qtool ')
 HEAD_BYTES = 4096
 
 
@@ -120,8 +121,8 @@ def _default_mode() -> int:
 
 
 def written_by_qtool(path: Path) -> bool:
-    """Whether an existing file is one qtool wrote: a qtool HDF5 file, or a text file that names
-    qtool in its first lines (every text output qtool writes does)."""
+    """Whether an existing file is one qtool wrote: a qtool HDF5 file, or a text file that says so
+    in its first lines (TEXT_MARKS: every text output qtool writes does) or ends in its seal."""
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
@@ -135,7 +136,14 @@ def written_by_qtool(path: Path) -> bool:
                 return str(f.attrs.get("format", "")).startswith("qtool-")
         except (OSError, ValueError):
             return False
-    return TEXT_MARK in head
+    if any(mark in head for mark in TEXT_MARKS):
+        return True
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 200))
+            return SEAL in f.read()
+    except OSError:
+        return False
 
 
 def _same_file(a: Path, b: Path) -> bool:

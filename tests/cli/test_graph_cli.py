@@ -221,6 +221,10 @@ def test_export_json_and_h5_of_a_whole_model_hold_its_integers(cli, digits_whole
         assert f[f"nodes/{k}"].attrs["name"] == head["name"]
         assert np.array_equal(f[f"nodes/{k}/integers/q_W"][()], ints["q_W"])
         assert "layer1/fwd/shifts" in f["nodes/0"]
+        edge0 = f["edges/0"].attrs
+        assert edge0["name"] == t["inputs"][0] == next(iter(t["edges"]))  # the graph's order, the input first
+        assert [edge0["lo"], edge0["hi"]] == t["edges"][t["inputs"][0]]["range"]
+        assert json.loads(f.attrs["calibration"])["samples"] == t["calibration"]["samples"]
 
 
 def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp_path):

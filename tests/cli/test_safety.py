@@ -67,6 +67,14 @@ def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tm
     code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "other", "--force")
     assert code == 2 and "not written by qtool" in err and one_error_line(err)
     assert (src / "other.c").read_text() == "/* hand written */\n" and not (src / "other.h").exists()
+    script = tmp_path / "analyse.py"  # names qtool, but qtool did not write it
+    script.write_text("import qtool\nqm = qtool.load('q.h5')\n")
+    code, _, err = cli("export", "json", qmodel, "-o", script, "--force")
+    assert code == 2 and "not written by qtool" in err and script.read_text().startswith("import qtool")
+    code, _, err = cli("export", "json", qmodel, "-o", tmp_path / "p.json")
+    assert code == 0, err
+    code, _, err = cli("export", "json", qmodel, "-o", tmp_path / "p.json", "--force")  # its own output
+    assert code == 0, err
 
 
 def test_export_into_the_current_directory(qmodel, tmp_path):
