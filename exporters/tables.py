@@ -48,9 +48,9 @@ def graph_tables(qg: QGraph) -> dict:
     from qtool.graph.file import fingerprint
 
     g = qg.graph
-    order = [*g.inputs, *(e for name in qg.core for e in qg.node(name).outputs)]  # the graph's order
+    order = {e: k for k, e in enumerate([*g.inputs, *(e for name in qg.core for e in qg.node(name).outputs)])}
     grids = {e: {"bits": t.bits, "exp2_inv": int(t.exp2_inv), "zp": int(t.zp), "range": [float(t.lo), float(t.hi)]}
-             for e, t in sorted(qg.grids.items(), key=lambda et: order.index(et[0]) if et[0] in order else len(order))}
+             for e, t in sorted(qg.grids.items(), key=lambda et: order.get(et[0], len(order)))}  # the graph's order
     nodes = []
     for name in qg.core:
         n, qp = qg.node(name), qg.qparams.get(name, {})
@@ -109,8 +109,8 @@ def write_h5(qm: QuantModel | QGraph, path: Path) -> None:
             if "cells" in node:
                 _write_cells(g, node["cells"])
             for name, v in node.get("integers", {}).items():
-                a = np.asarray(v) if not isinstance(v, dict) else np.asarray(None)
-                if a.dtype.kind in "iub":
+                a = None if isinstance(v, dict) else np.asarray(v)
+                if a is not None and a.dtype.kind in "iub":
                     g.create_dataset(f"integers/{name}", data=a.astype(np.int64))
                 else:  # a table of its own or a setting
                     g.attrs[f"integers.{name}"] = json.dumps(v, default=str)

@@ -126,6 +126,8 @@ def written_by_qtool(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 200))
+            tail = f.read()
     except OSError:
         return False
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
@@ -136,14 +138,7 @@ def written_by_qtool(path: Path) -> bool:
                 return str(f.attrs.get("format", "")).startswith("qtool-")
         except (OSError, ValueError):
             return False
-    if any(mark in head for mark in TEXT_MARKS):
-        return True
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - 200))
-            return SEAL in f.read()
-    except OSError:
-        return False
+    return any(mark in head for mark in TEXT_MARKS) or SEAL in tail
 
 
 def _same_file(a: Path, b: Path) -> bool:
