@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qtool.api.calibration import graph_candidates, observe
-from qtool.api.common import DataLike, Progress, as_data
+from qtool.api.common import DataLike, Progress, as_data, count
 from qtool.api.models import is_whole
 from qtool.api.simulation import simulate
 from qtool.core.graph import Graph
@@ -36,6 +36,7 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
     """Calibrate with each method in one float pass and score each at the output on held-out
     `test` data (`simulate`'s `output`: a GRU's output, a whole model's integer core outputs,
     a classifier's logits, with its top-1 agreement); the best has the highest output SNR.
+    `limit` bounds both: the first `limit` sequences of `data` calibrate, of `test` score.
     A whole model takes auto and per-edge among its methods (`calibrate`)."""
     if data is None:
         raise QtoolError("missing DATA (calibration data file)")
@@ -53,13 +54,14 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
                           time_first=time_first)
             models = [cal.quant_model(k) for k in range(len(methods))]
     test = as_data(test, dataset, time_first)
+    scored = count(test, limit)
     rows = []
-    total = len(models) * test.num_sequences
+    total = len(models) * scored
     for k, qm in enumerate(models):
         def part(done: int, _n: int, k=k) -> None:
             if progress:
-                progress(k * test.num_sequences + done, total)
-        sim = simulate(qm, test, batch_size=max(batch_size, 256), backend="cpu", progress=part,
+                progress(k * scored + done, total)
+        sim = simulate(qm, test, batch_size=max(batch_size, 256), backend="cpu", progress=part, limit=limit,
                        **({} if whole else {"per_tensor": False}))
         rows.append({"method": qm.info["method"], **sim.output})
     best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"] if rows[i]["snr_db"] is not None

@@ -143,6 +143,13 @@ def note_what_was_left_out(model) -> None:
         NOTES.append(note)
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file, or a copy of it byte for byte."""
+    import filecmp
+
+    return a.resolve() == b.resolve() or (a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False))
+
+
 def say_if_compiling() -> None:
     """One line on stderr when the engine's kernel is not compiled yet (the first run after an
     install), which would otherwise sit silent for several seconds."""
@@ -157,7 +164,7 @@ def calibrate(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
-    method: Annotated[str, typer.Option(metavar="METHOD", help="Range method for activations: auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax and mse at the output on the last 20% of DATA and keeps the best.")] = "auto",
+    method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax and mse at the output on the last 20% of DATA and keeps the best.")] = None,
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, or another of --method's single methods (mse: the grid of least squared error, which may clip).")] = "minmax",
     percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl; auto, and for a whole model per-edge) in one pass and compare them at the output on --eval; the best goes to --output.")] = None,
@@ -190,6 +197,9 @@ def calibrate(
         raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
     if compare is None and eval_path is not None:
         raise QtoolError("--eval goes with --compare")
+    if compare is not None and method is not None:
+        raise QtoolError("--method and --compare: name every method to try in --compare (e.g. --compare auto,mse)")
+    method = method or "auto"
     if whole and compare is None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
         output = Path(need(output, "output quantized model file (.h5)", "--output"))
@@ -216,7 +226,7 @@ def calibrate(
         force = True
     t0 = time.perf_counter()
     if eval_path is not None:
-        if eval_path.resolve() == data_path.resolve():
+        if _same_file(eval_path, data_path):
             err.print("warning: --eval is the calibration data; the scores are not on held-out data")
         with Bar("calibrating and scoring", 1) as bar:
             res = api.compare(model, data_path, eval_path, methods, bits=bits, method_weights=method_weights,
@@ -310,6 +320,8 @@ def advise(
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
+    if eval_path is not None and _same_file(eval_path, data_path):
+        err.print("warning: --eval is the calibration data; the measured SNRs are not on held-out data")
     if name is None and _whole_model(model_path):
         model = api.load_model(model_path, check=not no_check, whole=True)
     else:

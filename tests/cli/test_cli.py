@@ -180,11 +180,34 @@ def test_compare_scores_each_method_like_a_separate_run(cli, tmp_path):
     assert json.loads(out)["quant"]["method"] == best
 
 
+def test_compare_limit_bounds_the_scoring_and_a_copy_of_the_data_is_not_held_out(cli, tmp_path):
+    """--limit N calibrates on N sequences and scores on N; --eval given a byte-for-byte copy
+    of the calibration data warns that the scores are not on held-out data."""
+    copy = tmp_path / "copy.npy"
+    copy.write_bytes((SAMPLES / "calib.npy").read_bytes())
+    code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--compare", "minmax", "--eval", copy,
+                         "--limit", 7, "--json")
+    assert code == 0, err
+    assert "not on held-out data" in err
+    code, sim, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--method", "minmax", "--limit", 7,
+                         "-o", tmp_path / "q.h5")
+    assert code == 0, err
+    code, sim, err = cli("simulate", tmp_path / "q.h5", copy, "--limit", 7, "--json", "--no-per-tensor")
+    assert code == 0, err
+    row = json.loads(out)["methods"][0]
+    assert json.loads(sim)["output"] == pytest.approx({k: v for k, v in row.items() if k != "method"})
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--compare", "minmax", "--eval",
+                       SAMPLES / "test.npy", "--limit", 7, "--json")
+    assert code == 0 and "held-out" not in err
+
+
 def test_compare_and_method_errors(cli, tmp_path):
     for args, msg in ((("--compare", "minmax,kl"), "--compare needs --eval"),
                       (("--compare", "minmax,nope", "--eval", SAMPLES / "test.npy"), "unknown method 'nope'"),
                       (("--compare", "mse,mse", "--eval", SAMPLES / "test.npy"), "distinct methods"),
-                      (("--method-weights", "bogus", "-o", tmp_path / "q.h5"), "unknown method 'bogus'")):
+                      (("--method-weights", "bogus", "-o", tmp_path / "q.h5"), "unknown method 'bogus'"),
+                      (("--method", "kl", "--compare", "minmax,mse", "--eval", SAMPLES / "test.npy"),
+                       "--method and --compare")):
         code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", *args)
         assert code == 2 and msg in err and "Traceback" not in err + out
     assert not (tmp_path / "q.h5").exists()
