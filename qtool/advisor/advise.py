@@ -34,14 +34,17 @@ Progress = Callable[[str, int, int | None], None]  # (stage, done, total or None
 
 @dataclass
 class Advice:
-    """The advisor's answer. `chosen`: the configuration (promoted units, quantized model,
-    methods, flash, measured output SNR); `presets`: flash and output SNR of int8/w8a16/int16
-    (measured when held-out data was given, else predicted); `rows`: one per tensor."""
+    """The advisor's answer, for a GRU alone or a whole model. `chosen`: the configuration
+    (promoted units, quantized model, flash, measured output SNR; a GRU's auto methods);
+    `presets`: flash and output SNR of int8/w8a16/int16 (measured when held-out data was given,
+    else predicted for a GRU, flash alone for a whole model); `rows`: one per unit (a GRU's
+    tensors; a whole model's layer weights, outputs and GRU tensors); `predicted_output_db`: a
+    GRU's predicted output SNR (None for a whole model)."""
 
     mode: str                      # "rule", "target" or "budget"
-    chosen: Candidate
+    chosen: Candidate              # or qtool.advisor.graph.GraphCandidate
     measured_on: str               # what the measured SNRs were measured on
-    predicted_output_db: float
+    predicted_output_db: float | None
     rows: list[dict]
     presets: dict[str, dict]
     bits_toml: str
@@ -59,7 +62,7 @@ class Advice:
                 "int16_tensors": len(self.chosen.promoted), "presets": self.presets,
                 "threshold_db": self.threshold_db, "target_snr_db": self.target_db,
                 "max_flash": self.max_flash, "simulations": self.simulations, "seconds": self.seconds,
-                "methods": self.chosen.choice.as_dict()}
+                "methods": self.chosen.methods()}
 
 
 def file_configs(model: GruModel, promoted: frozenset[Unit], plan) -> list[dict[str, TensorConfig]]:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from qtool.advisor import pzero
-from qtool.advisor.advise import with_methods
+from qtool.advisor.advise import Advice, with_methods
 from qtool.advisor.configs import HIGH, LOW, TIED, all_units, bits_config, flash_bytes, unit_key
 from qtool.advisor.search import UnitSearch, unit_snr
 from qtool.advisor.stats import model_stats, new_estimators
@@ -59,6 +59,10 @@ class GraphCandidate:
     qg: QGraph
     flash: int
     snr_db: float  # measured output SNR on the evaluation data (nan: not measured)
+
+    def methods(self) -> dict:
+        """The method auto chose for the model (`advise --json`'s methods)."""
+        return {"winner": self.qg.info.get("auto", {}).get("chosen")}
 
 
 @dataclass
@@ -237,30 +241,6 @@ def unit_name(u: tuple) -> tuple[str, str]:
     return f"GRU layer {u[0]}", u[1]
 
 
-@dataclass
-class GraphAdvice:
-    mode: str
-    chosen: GraphCandidate
-    measured_on: str
-    rows: list[dict]
-    presets: dict[str, dict]
-    bits_toml: str
-    threshold_db: float
-    simulations: int
-    seconds: float
-    target_db: float | None = None
-    max_flash: int | None = None
-    extra: dict = field(default_factory=dict)
-
-    def summary(self) -> dict:
-        measured = None if math.isnan(self.chosen.snr_db) else self.chosen.snr_db
-        return {"mode": self.mode, "flash_bytes": self.chosen.flash, "measured_snr_db": measured,
-                "measured_on": self.measured_on, "units_16": len(self.chosen.promoted), "presets": self.presets,
-                "threshold_db": self.threshold_db, "target_snr_db": self.target_db, "max_flash": self.max_flash,
-                "simulations": self.simulations, "seconds": self.seconds,
-                "method": self.chosen.qg.info.get("auto", {}).get("chosen")}
-
-
 def unit_rows(sp: Space, chosen: GraphCandidate, measured: dict[str, float]) -> list[dict]:
     """One row per unit: what it is, its lowest predicted SNR at 8 bits, the measured SNR of the
     edge it sets (layers' outputs), its bits."""
@@ -295,7 +275,7 @@ def as_file_builds(sp: Space, chosen: GraphCandidate, data: SequenceData | None,
 def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceData | None = None,
                  target_db: float | None = None, max_flash: int | None = None, threshold_db: float = 18.5,
                  seed: int = 0, gamma: float = 0.01, repeats: int = 5, chunk: int = 64,
-                 progress: Progress | None = None, info: dict | None = None) -> GraphAdvice:
+                 progress: Progress | None = None, info: dict | None = None) -> Advice:
     """Predict, decide (and search, with `eval_data` and a target or a budget) for a whole model."""
     if (target_db is not None or max_flash is not None) and eval_data is None:
         raise QtoolError("`target_snr` and `max_flash` need `test`: held-out sequences to measure the output SNR on")
@@ -341,9 +321,9 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
            else "output SNR not measured (no held-out data)")
     comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "
                f"{len(sp.units)} units at 16 bits")
-    return GraphAdvice(mode, chosen, measured_on, unit_rows(sp, chosen, measured), presets,
+    return Advice(mode, chosen, measured_on, None, unit_rows(sp, chosen, measured), presets,
                        table_toml(sp.table(chosen.promoted, chosen.qg), comment), threshold_db, ev.simulations,
                        time.perf_counter() - t0, target_db, max_flash)
 
 
-__all__ = ["GraphAdvice", "advise_graph", "graph_flash"]
+__all__ = ["advise_graph", "graph_flash"]

@@ -68,6 +68,10 @@ class Candidate:
     flash: int
     snr_db: float  # measured output SNR on the evaluation data
 
+    def methods(self) -> dict:
+        """What auto chose for each tensor (`advise --json`'s methods)."""
+        return self.choice.as_dict()
+
 
 class Evaluator:
     """Builds a configuration (auto methods), counts its flash and measures its output SNR on

@@ -30,7 +30,7 @@ def advise(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: Da
     measured output SNR reaches `target_snr`, or the best SNR within `max_flash` bytes. Returns
     a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
     `progress(stage, done, total or None)`. A whole model: int8 or int16 for each layer's weights
-    and output and each GRU tensor, a qtool.advisor.graph.GraphAdvice (docs/advisor.md, "Whole
+    and output and each GRU tensor, its rows one per such unit (docs/advisor.md, "Whole
     models"). `check`: a file read here is checked against its framework."""
     from qtool.advisor.advise import THRESHOLD_DB
     from qtool.advisor.advise import advise as run_advise

@@ -9,7 +9,6 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from qtool.advisor.advise import Advice
-    from qtool.advisor.graph import GraphAdvice
 
 
 def _db(v: float | None) -> str:
@@ -37,18 +36,25 @@ def tensor_table(advice: Advice, title: str, verbose: bool = False) -> Table:
 
 
 def summary_line(advice: Advice) -> str:
-    c = advice.chosen
-    snr = (f"output SNR {c.snr_db:.2f} dB measured on {advice.measured_on} (predicted "
-           f"{advice.predicted_output_db:.1f} dB)" if not math.isnan(c.snr_db) else
-           f"output SNR {advice.predicted_output_db:.1f} dB predicted (--eval TEST measures it)")
-    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} tensors at 16 bits"]
+    """The chosen configuration and the three presets, for a GRU alone or a whole model (which
+    predicts no output SNR)."""
+    c, predicted = advice.chosen, advice.predicted_output_db
+    if not math.isnan(c.snr_db):
+        snr = f"output SNR {c.snr_db:.2f} dB measured on {advice.measured_on}"
+        snr += f" (predicted {predicted:.1f} dB)" if predicted is not None else ""
+    elif predicted is not None:
+        snr = f"output SNR {predicted:.1f} dB predicted (--eval TEST measures it)"
+    else:
+        snr = "output SNR not measured (--eval TEST measures it)"
+    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} of {len(advice.rows)} at 16 bits"]
     for name, p in advice.presets.items():
-        snr = (f"{p['snr_db']:.2f} dB" if "snr_db" in p else f"{p['predicted_snr_db']:.1f} dB predicted")
-        parts.append(f"all-{name}: {p['flash_bytes']:,} bytes, {snr}")
+        snr = (f", {p['snr_db']:.2f} dB" if "snr_db" in p else
+               f", {p['predicted_snr_db']:.1f} dB predicted" if "predicted_snr_db" in p else "")
+        parts.append(f"all-{name}: {p['flash_bytes']:,} bytes{snr}")
     return "; ".join(parts)
 
 
-def _searched(advice: Advice | GraphAdvice) -> str:
+def _searched(advice: Advice) -> str:
     """What the advisor decided by, and what that cost."""
     if advice.mode == "target":
         what = f"target {advice.target_db:g} dB"
@@ -60,10 +66,13 @@ def _searched(advice: Advice | GraphAdvice) -> str:
 
 
 def search_line(advice: Advice) -> str:
-    return f"{_searched(advice)}; methods: {advice.chosen.qm.info.get('method')}"
+    c = advice.chosen
+    if hasattr(c, "qm"):  # a GRU alone: auto's methods per tensor
+        return f"{_searched(advice)}; methods: {c.qm.info.get('method')}"
+    return f"{_searched(advice)}; method auto chose {c.methods()['winner'] or 'per-edge'}"
 
 
-def unit_table(advice: GraphAdvice, title: str) -> Table:
+def unit_table(advice: Advice, title: str) -> Table:
     """A whole model's units: the SNR predicted at 8 bits, the measured SNR of the edge the unit
     sets, the bits chosen (fits 80 columns)."""
     t = Table(title=title)
@@ -73,18 +82,3 @@ def unit_table(advice: GraphAdvice, title: str) -> Table:
         t.add_row(r["layer"], r["tensor"], _db(r["predicted_int8_db"]), _db(r["measured_snr_db"]), str(r["bits"]),
                   style="bold" if r["bits"] == 16 else None)
     return t
-
-
-def graph_summary_line(advice: GraphAdvice) -> str:
-    c = advice.chosen
-    snr = (f"output SNR {c.snr_db:.2f} dB measured on {advice.measured_on}" if not math.isnan(c.snr_db)
-           else "output SNR not measured (--eval TEST measures it)")
-    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} of {len(advice.rows)} at 16 bits"]
-    for name, p in advice.presets.items():
-        snr = f", {p['snr_db']:.2f} dB" if "snr_db" in p else ""
-        parts.append(f"all-{name}: {p['flash_bytes']:,} bytes{snr}")
-    return "; ".join(parts)
-
-
-def graph_search_line(advice: GraphAdvice) -> str:
-    return f"{_searched(advice)}; method auto chose {advice.chosen.qg.info.get('auto', {}).get('chosen', 'per-edge')}"

@@ -310,8 +310,6 @@ def advise(
     'qtool calibrate --bits FILE', which rebuilds the very same model."""
     from qtool import api
     from qtool.cli.advise_tables import (
-        graph_search_line,
-        graph_summary_line,
         search_line,
         summary_line,
         tensor_table,
@@ -340,12 +338,10 @@ def advise(
         return
     if whole:
         out.print(unit_table(adv, f"{model_path.name}: SNR per unit (dB)"))
-        out.print(as_flags(graph_summary_line(adv)), highlight=False)
-        out.print(as_flags(graph_search_line(adv)), highlight=False)
     else:
         out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
-        out.print(as_flags(summary_line(adv)), highlight=False)
-        out.print(as_flags(search_line(adv)), highlight=False)
+    out.print(as_flags(summary_line(adv)), highlight=False)
+    out.print(as_flags(search_line(adv)), highlight=False)
     if output is not None:
         out.print(f"bits file -> {escape(str(output))} (qtool calibrate MODEL CALIB --bits "
                   f"{escape(str(output))} rebuilds this model)", highlight=False)

@@ -120,7 +120,7 @@ def test_calibrate_compare_of_a_whole_model_writes_the_best(cli, tmp_path):
     res = json.loads(out)
     rows = {r["method"]: r for r in res["methods"]}
     assert set(rows) == {"minmax", "mse"} and res["best"] == max(rows, key=lambda m: rows[m]["snr_db"])
-    code, out, err = cli("simulate", tmp_path / "b.h5", SAMPLES / "test.npy", "--json")
+    code, out, err = cli("simulate", tmp_path / "b.h5", SAMPLES / "test.npy", "--limit", "60", "--json")
     assert code == 0, err
     sim = json.loads(out)
     assert sim["core_outputs"]["logits"]["snr_db"] == pytest.approx(rows[res["best"]]["snr_db"])
