@@ -50,7 +50,7 @@ from qtool.api.models import (
 from qtool.api.report import ReportResult, html_report
 from qtool.api.rows import op_text, qgraph_rows, steps_text
 from qtool.api.simulation import SimulationResult, load_labels, simulate
-from qtool.api.verification import GraphVerifyResult, VerifyResult, verify
+from qtool.api.verification import VerifyResult, verify
 from qtool.core.graph import Graph
 from qtool.core.model import DIRECTIONS, GruModel
 from qtool.core.qgraph import QGraph
@@ -66,6 +66,6 @@ FRONT_END = ("DIRECTIONS", "PRESETS", "cell_params", "cell_tensors", "claim_outp
              "import_lines", "import_note", "is_whole_model", "mode_explanation", "model_file_format",
              "needs_compile", "op_text", "qgraph_rows", "read_once", "steps_text")
 TYPES = ("Graph", "GruModel", "QGraph", "QuantModel", "SequenceData", "Inspection", "Calibration", "Comparison",
-         "SimulationResult", "ExportResult", "VerifyResult", "GraphVerifyResult", "ReportResult")
+         "SimulationResult", "ExportResult", "VerifyResult", "ReportResult")
 __all__ = ["advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",
            "load_model", "observe", "precompile", "save", "simulate", "verify", *TYPES, *FRONT_END]

@@ -19,27 +19,36 @@ from qtool.io.phases import phase
 
 @dataclass
 class VerifyResult:
-    """What `verify` compared on `target`: how many output integers, final-state integers and
-    dequantized outputs of the export `name` differ from the simulator's."""
+    """What `verify` compared of the export `name` on `target`, each part as how many integers
+    and how many of them differ from the simulator's. A GRU alone: its output integers and final
+    states (`output_*`, `state_*`). A whole model: every edge's integers run whole (`edge_*`,
+    `edges` per edge) and, where the model streams, the frames NAME_step gave one input frame at
+    a time (`stream_*`). Both: the dequantized outputs. The parts a model has not are None."""
 
     target: str
     sequences: int
     time_steps: int
-    output_values: int
-    output_mismatches: int
-    state_values: int
-    state_mismatches: int
-    dequantized_mismatches: int
-    name: str
+    output_values: int | None = None
+    output_mismatches: int | None = None
+    state_values: int | None = None
+    state_mismatches: int | None = None
+    edge_values: int | None = None
+    edge_mismatches: int | None = None
+    edges: dict | None = None
+    stream_values: int | None = None
+    stream_mismatches: int | None = None
+    streaming: bool | None = None
+    dequantized_mismatches: int = 0
+    name: str = ""
 
     @property
     def mismatches(self) -> int:
         """Every mismatch: 0 when the C computes exactly what the simulator computes."""
-        return self.output_mismatches + self.state_mismatches + self.dequantized_mismatches
+        return sum(v for k, v in vars(self).items() if k.endswith("_mismatches") and v is not None)
 
     def to_dict(self) -> dict:
-        """The fields as a dict, in order (`qtool verify --json`)."""
-        return dict(vars(self))
+        """The model's parts as a dict, in order (`qtool verify --json`)."""
+        return {k: v for k, v in vars(self).items() if v is not None}
 
 
 def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
@@ -76,32 +85,6 @@ def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.Pat
     return VerifyResult(**compare(qm, c, *simulated(qm, x)), name=prefix)
 
 
-@dataclass
-class GraphVerifyResult:
-    """What `verify` compared of a whole model's export `name` on `target`: every edge's integers
-    (run whole), the frames NAME_step gave one input frame at a time (where the model streams),
-    and the dequantized outputs, each against the simulator's."""
-
-    target: str
-    sequences: int
-    time_steps: int
-    edge_values: int
-    edge_mismatches: int
-    edges: dict
-    stream_values: int
-    stream_mismatches: int
-    streaming: bool
-    dequantized_mismatches: int
-    name: str
-
-    @property
-    def mismatches(self) -> int:
-        return self.edge_mismatches + self.stream_mismatches + self.dequantized_mismatches
-
-    def to_dict(self) -> dict:
-        return dict(vars(self))
-
-
 def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
     """The prefix of the whole-model export in `export_dir`: `name`, else the only one there."""
     from qtool.exporters.c_export import c_name
@@ -123,7 +106,7 @@ def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
 
 def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, name: str | None = None,
                   limit: int | None = None, dataset: str | None = None, time_first: bool = False,
-                  target: str = "host") -> GraphVerifyResult:
+                  target: str = "host") -> VerifyResult:
     """`verify` of a whole model: compile its export for `target`, run `data` through it whole
     and frame by frame, and count the integers that differ from the simulator's."""
     from qtool.exporters.c_graph import render_graph_c
@@ -157,4 +140,4 @@ def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, 
     q = run_int(qg, x)
     out = qg.core_outputs[0]
     y = dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp).astype(np.float32)
-    return GraphVerifyResult(**compare_graph(c, q, out, y), name=prefix)
+    return VerifyResult(**compare_graph(c, q, out, y), name=prefix)

@@ -641,21 +641,16 @@ def verify(
     with Bar("verify", 1):  # its phases: compiling, running (whole and frame by frame), comparing
         res = api.verify(api.load(qmodel_path), export_dir, data_path, name=name, limit=limit, dataset=dataset,
                          time_first=time_first, target=target)
-    if isinstance(res, api.GraphVerifyResult):
-        if graph_cmds.show_graph_verify(res, as_json):
-            raise typer.Exit(1)
-        return
-    bad = res.mismatches
     if as_json:
         emit_json(res.to_dict())
     else:
-        out.print(f"{res.target}: {res.sequences} sequences x {res.time_steps} steps: "
-                  f"{res.output_mismatches} mismatches in {res.output_values:,} output integers, "
-                  f"{res.state_mismatches} in {res.state_values:,} final-state integers, "
-                  f"{res.dequantized_mismatches} in the dequantized outputs")
-        out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not bad
+        from qtool.cli.tables import verify_lines
+
+        for line in verify_lines(res):
+            out.print(line)
+        out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not res.mismatches
                   else "[red]FAIL[/]: the C code differs from the simulator")
-    if bad:
+    if res.mismatches:
         raise typer.Exit(1)
 
 

@@ -261,23 +261,3 @@ def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) ->
         extra = ", ".join(f"{escape(e)} ({res.name}_output{k})" for k, e in enumerate(qg.core_outputs[1:], 1))
         out.print(f"outputs: {escape(qg.core_outputs[0])} ({res.name}_run_sequence's y_q), {extra}")
     wrote(res, output, name=name)
-
-
-def show_graph_verify(res, as_json: bool) -> int:
-    """What `qtool verify` found of a whole model's export; returns its mismatches."""
-    if as_json:
-        emit_json(res.to_dict())
-        return res.mismatches
-    bad = {e: n for e, n in res.edges.items() if n}
-    out.print(f"{res.target}: {res.sequences} sequences x {res.time_steps} steps, whole: "
-              f"{res.edge_mismatches} mismatches in {res.edge_values:,} integers of {len(res.edges)} edges"
-              + (f" ({', '.join(f'{escape(e)}: {n}' for e, n in bad.items())})" if bad else ""))
-    if res.streaming:
-        out.print(f"frame by frame ({res.name}_step): {res.stream_mismatches} mismatches in "
-                  f"{res.stream_values:,} output integers")
-    else:
-        out.print(f"frame by frame: not exported ({res.name}_step: see {res.name}.h)")
-    out.print(f"dequantized outputs: {res.dequantized_mismatches} mismatches")
-    out.print("[green]PASS[/]: the C code computes exactly what the simulator computes" if not res.mismatches
-              else "[red]FAIL[/]: the C code differs from the simulator")
-    return res.mismatches

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
 from qtool.api import DIRECTIONS, QuantModel, cell_params, cell_tensors, op_text, steps_text
@@ -284,3 +285,20 @@ def footprint_table(summary: dict, title: str) -> Table:
     for k in ("weight_bytes", "bias_bytes", "table_bytes", "other_bytes", "flash_bytes", "ram_bytes"):
         t.add_row(k.replace("_bytes", "").replace("other", "shifts, compensation, params"), f"{summary[k]:,}")
     return t
+
+
+def verify_lines(res) -> list[str]:
+    """What `qtool verify` compared, part by part (a GRU alone's outputs and states; a whole
+    model's edges, run whole and frame by frame), and the dequantized outputs."""
+    head = f"{res.target}: {res.sequences} sequences x {res.time_steps} steps"
+    if res.edges is None:
+        return [f"{head}: {res.output_mismatches} mismatches in {res.output_values:,} output integers, "
+                f"{res.state_mismatches} in {res.state_values:,} final-state integers, "
+                f"{res.dequantized_mismatches} in the dequantized outputs"]
+    bad = ", ".join(f"{escape(e)}: {n}" for e, n in res.edges.items() if n)
+    lines = [f"{head}, whole: {res.edge_mismatches} mismatches in {res.edge_values:,} integers of "
+             f"{len(res.edges)} edges" + (f" ({bad})" if bad else "")]
+    lines.append(f"frame by frame ({res.name}_step): {res.stream_mismatches} mismatches in "
+                 f"{res.stream_values:,} output integers" if res.streaming
+                 else f"frame by frame: not exported ({res.name}_step: see {res.name}.h)")
+    return [*lines, f"dequantized outputs: {res.dequantized_mismatches} mismatches"]
