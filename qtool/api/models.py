@@ -257,9 +257,10 @@ class Inspection:
         return self.qm is not None
 
 
-def inspect(path: str | os.PathLike, *, name: str | None = None, check: bool = True) -> Inspection:
+def inspect(path: str | os.PathLike, *, name: str | None = None, check: bool = True,
+            whole: bool | None = None) -> Inspection:
     """A quantized or float qtool model file, or any importable file (imported as `load_model`
-    imports it, checked)."""
+    imports it, checked; `name` and `whole` as there)."""
     import h5py
 
     from qtool.core.model import open_h5
@@ -273,7 +274,7 @@ def inspect(path: str | os.PathLike, *, name: str | None = None, check: bool = T
     if quantized or h5_format(path) == "qtool-qgraph":
         qm = load(path)
         return Inspection(qm.model if isinstance(qm, QuantModel) else qm.graph, qm)
-    return Inspection(load_model(path, name=name, check=check), None)
+    return Inspection(load_model(path, name=name, check=check, whole=whole), None)
 
 
 def load(path: str | os.PathLike) -> QuantModel | QGraph:

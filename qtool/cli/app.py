@@ -107,11 +107,12 @@ def import_cmd(
     src = Path(need(src, "model file to import", "MODEL"))
     output = Path(need(output, "output model file (.h5)", "--output"))
     api.claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
-    if name is None and _whole_model(src, fmt):
-        graph_cmds.import_graph(src, output, not no_check, fmt)
-        return
-    model = api.load_model(src, fmt, name, check=not no_check, whole=False)
+    model = api.load_model(src, fmt, name, check=not no_check, whole=name is None and _whole_model(src, fmt))
     api.save(model, output, True, inputs=[src])
+    if isinstance(model, api.Graph):
+        graph_cmds.show_graph(model, src)
+        out.print(f"imported the whole model -> {escape(str(output))}")
+        return
     dirs = "bidirectional" if model.bidirectional else "unidirectional"
     out.print(f"imported [bold]{model.name}[/]: {model.num_layers} layer(s), {dirs}, "
               f"input {model.input_size}, hidden {_hidden(model)} -> {escape(str(output))}")
@@ -373,29 +374,26 @@ def simulate(
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
-    if api.model_file_format(qmodel_path) == "qtool-qgraph":
-        if tensors != "summary" or not per_tensor:
-            raise QtoolError("a whole model always measures and shows every edge (no --tensors, --no-per-tensor)")
-        if save is not None:  # before the work, and never onto an input
-            api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal())
-            force = True
-        graph_cmds.simulate_graph(qmodel_path, data_path, labels=labels, save=save, backend=backend,
-                                  mode=mode,
-                                  batch_size=batch_size, limit=limit, dataset=dataset, time_first=time_first,
-                                  force=force, confirm=confirm_at_terminal(), as_json=as_json)
-        return
-    if labels is not None and qmodel_path.exists():
+    whole = api.model_file_format(qmodel_path) == "qtool-qgraph"
+    if whole and (tensors != "summary" or not per_tensor):
+        raise QtoolError("a whole model always measures and shows every edge (no --tensors, --no-per-tensor)")
+    if labels is not None and not whole and qmodel_path.exists():
         raise QtoolError("--labels goes with a whole model's classifier output (a GRU alone has no classes)")
     if tensors not in ("summary", "all"):
         raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
-    if save is not None:
-        api.claim_output(save, force, [qmodel_path, data_path], confirm_at_terminal())
+    if save is not None:  # before the work, and never onto an input
+        api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal())
     if backend != "cuda" and mode != "fakequant":
         say_if_compiling()
+    t0 = time.perf_counter()
+    qg = api.load(qmodel_path) if whole else None  # its rows below; `save` names the file it comes from
     with Bar("simulating", 1) as bar:
-        res = api.simulate(qmodel_path, data_path, per_tensor=per_tensor, backend=backend, batch_size=batch_size,
-                           limit=limit, save=save, force=True, dataset=dataset, time_first=time_first,
-                           mode=mode, progress=bar.update)
+        res = api.simulate(qmodel_path if save or not whole else qg, data_path, backend=backend, batch_size=batch_size, limit=limit, save=save,
+                           force=True, dataset=dataset, time_first=time_first, mode=mode, progress=bar.update,
+                           **({"labels": labels} if whole else {"per_tensor": per_tensor}))
+    if whole:
+        graph_cmds.show_graph_simulation(res, qg, data_path, mode, save, as_json, t0)
+        return
     warn(res.extra.get("notes", []))
     if as_json:
         emit_json(res.to_dict())
@@ -477,15 +475,15 @@ def inspect(
     kind = api.model_file_format(path)
     if kind in ("qtool-qgraph", "qtool-graph") and name is not None:
         raise QtoolError(f"--name picks one GRU of a framework file; {path.name} is qtool's whole-model file")
-    if kind == "qtool-qgraph":
-        graph_cmds.inspect_qgraph(path, as_json)
+    if graph and name is not None:
+        raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
+    found = api.inspect(path, name=name, check=not no_check, whole=True if graph else None)
+    if isinstance(found.qm, api.QGraph):
+        graph_cmds.show_qgraph(found.qm, as_json)
         return
-    if graph or kind == "qtool-graph" or (name is None and _whole_model(path)):
-        if name is not None:
-            raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
-        graph_cmds.inspect_graph(path, not no_check, as_json)
+    if isinstance(found.model, api.Graph):
+        graph_cmds.show_graph_file(found.model, path, as_json)
         return
-    found = api.inspect(path, name=name, check=not no_check)
     model, qm = found.model, found.qm
     summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
                "bidirectional": model.bidirectional, "input_size": model.input_size,

@@ -82,26 +82,16 @@ def show_graph(g, path: Path) -> None:
             out.print(f"note: {escape(note)}", highlight=False)
 
 
-def inspect_graph(path: Path, check: bool, as_json: bool) -> None:
-    from qtool import api
+def show_graph_file(g, path: Path, as_json: bool) -> None:
+    """What `qtool inspect` shows of a float whole model: every layer, its check, its notes."""
     from qtool.cli.tables import graph_rows
 
-    g = api.load_model(path, check=check, whole=True)
     if as_json:
         emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
                    "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result, "notes": g.notes,
                    "ranges": g.ranges.to_json() if g.ranges is not None else None})
         return
     show_graph(g, path)
-
-
-def import_graph(src: Path, output: Path, check: bool, fmt: str | None = None) -> None:
-    from qtool import api
-
-    g = api.load_model(src, fmt, check=check, whole=True)
-    api.save(g, output, True, inputs=[src])
-    show_graph(g, src)
-    out.print(f"imported the whole model -> {escape(str(output))}")
 
 
 def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: str, method: str,
@@ -147,19 +137,11 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
 
 
-def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: Path | None,
-                   backend: str, mode: str,
-                   batch_size: int, limit, dataset, time_first: bool, force: bool, confirm, as_json: bool
-                   ) -> None:
+def show_graph_simulation(sim, qg, data_path: Path, mode: str, save: Path | None, as_json: bool, t0: float) -> None:
+    """What `qtool simulate` measured of a whole model: every edge, the outputs, a classifier's
+    top-1 agreement (and with labels both accuracies)."""
     from qtool import api
 
-    t0 = time.perf_counter()
-    qg = api.load(qpath)
-    with Bar("simulating", 1) as bar:
-        # given the path (read again: cheap), the results file names the quantized file it comes from
-        sim = api.simulate(qpath if save else qg, data_path, labels=labels, batch_size=batch_size,
-                           limit=limit, dataset=dataset, time_first=time_first, save=save, force=force,
-                           confirm=confirm, backend=backend, mode=mode, progress=bar.update)
     res = sim.to_dict()
     warn(sim.notes)
     if as_json:
@@ -192,11 +174,12 @@ def simulate_graph(qpath: Path, data_path: Path, *, labels: Path | None, save: P
               f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
 
 
-def inspect_qgraph(path: Path, as_json: bool) -> None:
+def show_qgraph(qg, as_json: bool) -> None:
+    """What `qtool inspect` shows of a quantized whole model: every edge's grid, each GRU's
+    tensors, the passes."""
     from qtool import api
     from qtool.cli.tables import spec_rows, spec_table
 
-    qg = api.load(path)
     rows = api.qgraph_rows(qg)
     grus = {n: qg.qparams[n]["qm"] for n in qg.grus}
     if as_json:
