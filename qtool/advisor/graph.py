@@ -32,7 +32,7 @@ from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.tensors import METHOD_NAMES, BitsConfig, bits_from_table, bits_table, preset_config, table_toml
 from qtool.errors import QtoolError
-from qtool.graph.calibrate import SELF_CALIBRATED, Prepared, auto_graph, prepare, quantize_graph
+from qtool.graph.calibrate import FILE_CANDIDATES, SELF_CALIBRATED, Prepared, auto_graph, prepare, quantize_graph
 from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db, simulate_graph
 from qtool.io.files import SequenceData
@@ -200,7 +200,7 @@ class GraphEvaluator:
             phase(f"advise: calibrating a configuration of {len(promoted)} units at 16 bits"
                   + (f", simulation {self.simulations + 1}" if self.data is not None else ""))
             qg = auto_graph(self.sp.prep, self.sp.rows, self.sp.config(promoted), self.percentile, self.chunk,
-                            dict(self.info))
+                            dict(self.info), candidates=FILE_CANDIDATES)  # its bits file rebuilds the model
             snr = math.nan
             if self.data is not None:
                 snr = output_snr_db(simulate_graph(qg, self.data), qg)

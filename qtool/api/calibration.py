@@ -28,8 +28,9 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
     """A whole model (a graph, a whole-model file or a Keras/ONNX file) quantized on calibration
     data `[N, T, C]` of its input with each of `methods`, from one float pass over the data (the
     passes and every edge's values, `prepare`): every edge's grid, each GRU calibrated on its own
-    input (docs/graph.md). A method: auto (per-edge, minmax and mse scored at the output on the
-    last 20% of the data, the best calibrated on all), per-edge (per edge the method with the
+    input (docs/graph.md). A method: auto (per-edge, minmax, mse and percentile at 99.9, 99.95 and
+    99.99 scored at the output on the last 20% of the data, the best calibrated on all;
+    docs/graph.md), per-edge (per edge the method with the
     least error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema. A QDQ
     file's fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's
     imported ranges); the calibration sets the rest."""
@@ -206,8 +207,8 @@ def calibrate(model: GruModel | Graph | str | os.PathLike, data: DataLike | None
     a `QuantModel` for a GRU alone, a `QGraph` for a whole model (every edge's grid, each GRU
     calibrated on its own input; docs/graph.md). `method`: "auto" (a GRU: per tensor the method
     with the least error on held-out folds of the data, checked at the output against every
-    single method, docs/calibration.md; a whole model: per-edge, minmax and mse scored at the
-    output on the last 20% of the data, the best calibrated on all), "per-edge" (a whole model:
+    single method, docs/calibration.md; a whole model: per-edge, minmax, mse and three percentiles
+    scored at the output on the last 20% of the data, the best calibrated on all), "per-edge" (a whole model:
     per edge its least-error method) or one method. A quantized, QAT-trained or QDQ file keeps
     its own ranges (`snap`: how a scale that is not a power of two becomes one, "up" without
     clipping or "nearest"); `data` fills in the rest. `check`: a file read here is checked

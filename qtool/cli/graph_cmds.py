@@ -133,7 +133,8 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
     if "auto" in info:
         a = info["auto"]
         scores = ", ".join(f"{m} {v:.2f} dB" for m, v in a["output_snr_db"].items())
-        out.print(f"auto: output SNR on the last {a['held_out']} sequences: {scores} -> {a['chosen']}")
+        on = f"the last {a['held_out']} sequences" if a["held_out"] else "the calibration data (too few to hold out)"
+        out.print(f"auto: output SNR on {on}: {scores} -> {a['chosen']}")
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
 
 

@@ -12,9 +12,9 @@ grid passes then give every other edge its grid in graph order:
   percentile, mse) whose grid leaves the least squared error on the data; otherwise the method
   named.
 
-`method` auto (`auto_graph`) checks that choice at the model's output: per-edge, minmax
-and mse each calibrate on the first 80% of the data and are scored on the rest; the best is then
-calibrated on all of it.
+`method` auto (`auto_graph`) checks that choice at the model's output: per-edge, minmax, mse
+and three percentiles each calibrate on the first 80% of the data and are scored on the rest
+(under 10 sequences: on all of it); the best is then calibrated on all of it.
 
 Layer integers follow from the grids (each layer module's `quantize`).
 """
@@ -378,38 +378,53 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
                                                         **files.info()})
 
 
-AUTO_CANDIDATES = ("per-edge", "minmax", "mse")
+# Percentiles clip: at 99.9 a spectrum's rare peaks give up their grid's top bit to every other
+# value (GTCRN's int8 cosine 0.984 -> 0.996), yet a model whose tails carry it loses; scored.
+AUTO_CANDIDATES = ("per-edge", "minmax", "mse", "percentile 99.9", "percentile 99.95", "percentile 99.99")
+FILE_CANDIDATES = AUTO_CANDIDATES[:3]  # those a bits file names (advise's): a method, not its percentile
 HELD_OUT = 0.2  # the share of the data auto scores its candidates on
+MIN_HELD_OUT = 10  # with fewer sequences, the candidates are scored on the calibration data itself
 LOW_SNR_DB = 10.0  # below this held-out output SNR, calibrate says the bits are too few for the model
 
 
+def candidate(label: str, percentile: float) -> tuple[str, float]:
+    """A candidate's method and percentile: "percentile 99.9" -> ("percentile", 99.9); any
+    other method with the percentile given (per-edge's percentile edges)."""
+    method, _, level = label.partition(" ")
+    return method, float(level) if level else percentile
+
+
 def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
-               chunk: int = 64, info: dict | None = None, snap: str = "up", method_weights: str = "minmax"
-               ) -> QGraph:
-    """Each candidate (AUTO_CANDIDATES) calibrated on the first 80% of the sequences and scored
-    by the output SNR on the rest; the best one calibrated on all of them. With fewer than 10
-    sequences, per-edge without the check."""
+               chunk: int = 64, info: dict | None = None, snap: str = "up", method_weights: str = "minmax",
+               candidates: tuple[str, ...] = AUTO_CANDIDATES) -> QGraph:
+    """Each of `candidates` calibrated on the first 80% of the sequences and scored
+    by the output SNR on the rest; the best one calibrated on all of them. With fewer than
+    MIN_HELD_OUT sequences, each is calibrated on all and scored on them (none to hold out)."""
     from qtool.graph.simulate import output_snr_db, simulate_graph
 
-    fit = n - max(1, int(n * HELD_OUT))
-    if n < 10:
-        return quantize_graph(prep, n, config, "per-edge", percentile, chunk, info, snap, method_weights)
+    fit = n - max(1, int(n * HELD_OUT)) if n >= MIN_HELD_OUT else n
     edge = next(iter(prep.graph.inputs))
-    held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit:n]}, -1)[edge], False,
-                        "the held-out calibration data")
-    scores = {}
-    for k, m in enumerate(AUTO_CANDIDATES):
-        phase(f"auto: calibrating {m} on {fit} sequences, scoring it on the other {n - fit} "
-              f"({k + 1} of {len(AUTO_CANDIDATES)})")
-        candidate = quantize_graph(prep, fit, config, m, percentile, chunk, info, snap, method_weights)
-        scores[m] = output_snr_db(simulate_graph(candidate, held), candidate)
-    best = max(AUTO_CANDIDATES, key=lambda m: scores[m])  # ties: the first, per-edge
-    phase(f"auto: {best} scored best; calibrating it on all {n} sequences")
-    qg = quantize_graph(prep, n, config, best, percentile, chunk, info, snap, method_weights)
+    held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit if fit < n else 0:n]}, -1)[edge],
+                        False, "the held-out calibration sequences" if fit < n else "the calibration sequences")
+    scores, kept = {}, {}
+    for k, label in enumerate(candidates):
+        phase(f"auto: calibrating {label} on {fit} sequences, scoring it on "
+              + (f"the other {n - fit} " if fit < n else "them ") + f"({k + 1} of {len(candidates)})")
+        qg = quantize_graph(prep, fit, config, *candidate(label, percentile), chunk, info, snap, method_weights)
+        scores[label] = output_snr_db(simulate_graph(qg, held), qg)
+        if fit == n:  # calibrated on all: the one to keep if it wins
+            kept[label] = qg
+    best = max(candidates, key=lambda m: scores[m])  # ties: the first, per-edge
+    if fit < n:
+        phase(f"auto: {best} scored best; calibrating it on all {n} sequences")
+    qg = kept[best] if fit == n else quantize_graph(prep, n, config, *candidate(best, percentile), chunk, info,
+                                                    snap, method_weights)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
+    if candidate(best, percentile)[0] in ("percentile", "per-edge"):
+        qg.info["percentile"] = candidate(best, percentile)[1]
     if scores[best] < LOW_SNR_DB:  # every candidate is poor: the grids are not what is wrong
         qg.info["notes"] = [*qg.info.get("notes", []), (
-            f"the integer model's output SNR on the held-out calibration sequences is {scores[best]:.1f} dB at "
+            f"the integer model's output SNR on {held.name} is {scores[best]:.1f} dB at "
             f"best: {qg.info.get('bits', 'these bits')} is too coarse for this model; try --bits w8a16, or "
             "`qtool advise` to choose the bits per tensor")]
     return qg

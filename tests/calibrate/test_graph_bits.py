@@ -58,11 +58,29 @@ def test_auto_scores_its_candidates_at_the_output_and_keeps_the_best(graph):
     x = np.load(SAMPLES / "calib.npy")
     qg = api.calibrate(graph, x, bits="int8")
     auto = qg.info["auto"]
-    assert auto["held_out"] == 80 and set(auto["output_snr_db"]) == {"per-edge", "minmax", "mse"}
+    assert auto["held_out"] == 80 and set(auto["output_snr_db"]) == {
+        "per-edge", "minmax", "mse", "percentile 99.9", "percentile 99.95", "percentile 99.99"}
     assert auto["output_snr_db"][auto["chosen"]] == max(auto["output_snr_db"].values())
-    # the score is the candidate's own: per-edge on the first 320 sequences, simulated on the last 80
-    fit = api.calibrate(graph, x[:320], bits="int8", method="per-edge")
-    d = api.simulate(fit, x[320:]).outputs["logits"]
-    assert auto["output_snr_db"]["per-edge"] == pytest.approx(d.snr_db, abs=1e-9)
+    # the score is the candidate's own: calibrated on the first 320 sequences, simulated on the last 80
+    for label, method, p in (("per-edge", "per-edge", 99.99), ("percentile 99.9", "percentile", 99.9)):
+        fit = api.calibrate(graph, x[:320], bits="int8", method=method, percentile=p)
+        d = api.simulate(fit, x[320:]).outputs["logits"]
+        assert auto["output_snr_db"][label] == pytest.approx(d.snr_db, abs=1e-9)
     with pytest.raises(QtoolError, match="use auto, per-edge or one of"):
         api.calibrate(graph, x, method="best")
+
+
+def test_auto_with_too_few_sequences_to_hold_out_scores_on_the_calibration_data(graph):
+    """Under 10 sequences nothing is held out: each candidate is calibrated on all of them and
+    scored on them, and the best is the model, as `calibrate` with its method gives it."""
+    x = np.load(SAMPLES / "calib.npy")[:6]
+    qg = api.calibrate(graph, x, bits="int8")
+    auto = qg.info["auto"]
+    assert auto["held_out"] == 0 and auto["output_snr_db"][auto["chosen"]] == max(auto["output_snr_db"].values())
+    method, _, level = auto["chosen"].partition(" ")
+    alone = api.calibrate(graph, x, bits="int8", method=method, percentile=float(level or 99.99))
+    assert qg.grids == alone.grids
+    for label in auto["output_snr_db"]:
+        m, _, p = label.partition(" ")
+        own = api.calibrate(graph, x, bits="int8", method=m, percentile=float(p or 99.99))
+        assert auto["output_snr_db"][label] == pytest.approx(api.simulate(own, x).outputs["logits"].snr_db, abs=1e-9)
