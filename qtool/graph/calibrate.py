@@ -417,11 +417,12 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     best = max(candidates, key=lambda m: scores[m])  # ties: the first, per-edge
     if fit < n:
         phase(f"auto: {best} scored best; calibrating it on all {n} sequences")
-    qg = kept[best] if fit == n else quantize_graph(prep, n, config, *candidate(best, percentile), chunk, info,
-                                                    snap, method_weights)
+    method, level = candidate(best, percentile)
+    qg = kept[best] if fit == n else quantize_graph(prep, n, config, method, level, chunk, info, snap,
+                                                    method_weights)
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
-    if candidate(best, percentile)[0] in ("percentile", "per-edge"):
-        qg.info["percentile"] = candidate(best, percentile)[1]
+    if method in ("percentile", "per-edge"):
+        qg.info["percentile"] = level
     if scores[best] < LOW_SNR_DB:  # every candidate is poor: the grids are not what is wrong
         qg.info["notes"] = [*qg.info.get("notes", []), (
             f"the integer model's output SNR on {held.name} is {scores[best]:.1f} dB at "
