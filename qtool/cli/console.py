@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from qtool.errors import QtoolError, ignore_stop_signals
+from qtool.errors import QtoolError, hold_signal, ignore_stop_signals
 
 out = Console()
 err = Console(stderr=True)
@@ -162,6 +162,8 @@ RESIGNAL_S = 0.05
 
 def on_signal(signum, frame):
     """SIGINT, SIGTERM, SIGHUP: raise Interrupted (once: the next stop signal is ignored)."""
+    if hold_signal(signum):  # raised when the steps that hold it are done
+        return
     if _inside_llvmlite(frame):
         # An exception raised in llvmlite's ctypes callbacks (numba compiling or loading its
         # cache) is swallowed and leaves LLVM half-built, which crashes: ask again shortly.

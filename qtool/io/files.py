@@ -16,7 +16,6 @@ import io
 import math
 import os
 import shutil
-import signal
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from qtool.errors import STOP_SIGNALS, QtoolError
+from qtool.errors import QtoolError, signals_held
 
 MAX_IN_MEMORY_BYTES = 4 << 30  # an .npz array is read whole: beyond this, ask for .npy / .h5
 MAX_SEQUENCE_VALUES = 1 << 28  # T * C of one sequence
@@ -179,13 +178,14 @@ def probe_writable(path: Path) -> None:
     existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
     if not existing.is_dir():
         raise QtoolError(f"cannot write {path}: {existing} is a file, not a directory")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=existing)
-    except OSError as e:
-        raise QtoolError(os_error_message(e, path)) from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(tmp)
+    with signals_held():  # one between the probe's creation and its removal would leave it
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=existing)
+        except OSError as e:
+            raise QtoolError(os_error_message(e, path)) from None
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -199,18 +199,15 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     parent = _ensure_parent(dest)
     if dest.is_dir():
         raise QtoolError(f"output path is a directory: {dest}")
-    # signals wait until the temporary is in the `finally`'s care: one between its creation
-    # and the `try` would leave it behind
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    tmp_path = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
-    except OSError as e:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        raise QtoolError(os_error_message(e, dest)) from None
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        with signals_held():  # a signal waits until the temporary is in the `finally`'s care
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent)
+            except OSError as e:
+                raise QtoolError(os_error_message(e, dest)) from None
+            os.close(fd)
+            tmp_path = Path(tmp)
         try:
             yield tmp_path
             mode = dest.stat().st_mode & 0o7777 if dest.exists() else _default_mode()
@@ -219,8 +216,9 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         except OSError as e:
             raise QtoolError(os_error_message(e, dest)) from None
     finally:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink()
+        if tmp_path is not None:
+            with contextlib.suppress(OSError):
+                tmp_path.unlink()
 
 
 def write_bytes(dest: str | os.PathLike, data: bytes) -> None:

@@ -247,6 +247,41 @@ def test_signals_remove_temporaries(qmodel, tmp_path, sig):
     assert not list(tmp_path.glob("*s.h5*"))
 
 
+@pytest.mark.parametrize("step", ["probe", "temporary"])
+def test_a_signal_while_a_file_is_made_is_held_until_it_is_safe(tmp_path, monkeypatch, step):
+    """A signal that lands the instant a probe or temporary file exists (a Ctrl-C the moment a run
+    starts) is held: it is raised once the probe is gone, or once the temporary is in the care of
+    the code that removes it, and nothing is left behind."""
+    import tempfile
+
+    from qtool.cli import console as cli
+    from qtool.io import files
+
+    real_mkstemp = tempfile.mkstemp
+    seen = []
+
+    def mkstemp_then_signal(*args, **kwargs):
+        made = real_mkstemp(*args, **kwargs)
+        cli.on_signal(signal.SIGINT, sys._getframe())  # as if it landed here
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        return made
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp_then_signal)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, cli.on_signal)
+    try:
+        with pytest.raises(cli.Interrupted):
+            if step == "probe":
+                files.probe_writable(tmp_path / "r.h5")
+            else:
+                files.write_bytes(tmp_path / "r.h5", b"data")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    assert len(seen) == 1 and len(seen[0]) == 1  # the signal came while the file existed
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_signal_inside_llvmlite_is_asked_again_after_it():
     """A signal that lands in llvmlite's ctypes callbacks (numba compiling or reading its cache)
     must not raise there: ctypes swallows the exception and LLVM crashes on its half-built state
