@@ -59,6 +59,32 @@ def count(data: SequenceData, limit: int | None) -> int:
     return min(int(limit), data.num_sequences)
 
 
+def shared_sequences(data: DataLike, test: DataLike, limit: int | None = None, dataset: str | None = None,
+                     time_first: bool = False) -> int:
+    """How many of `test`'s first `limit` sequences are also among `data`'s (equal value for
+    value): held-out scores on them are not held out."""
+    import hashlib
+
+    data, test = as_data(data, dataset, time_first), as_data(test, dataset, time_first)
+    if data.shape[1:] != test.shape[1:]:
+        return 0
+
+    def digests(d: SequenceData) -> list[bytes]:
+        return [hashlib.blake2b(s.tobytes(), digest_size=16).digest()
+                for _, x in d.chunks(256, count(d, limit)) for s in x]
+    seen = set(digests(data))
+    return sum(h in seen for h in digests(test))
+
+
+def shared_notes(data: SequenceData, test: SequenceData, limit: int | None = None) -> list[str]:
+    """The note for held-out data that is not held out (`shared_sequences`)."""
+    shared, scored = shared_sequences(data, test, limit), count(test, limit)
+    if shared == scored:
+        return ["every held-out sequence is also in the calibration data: the scores are not on held-out data"]
+    return [f"{shared} of the {scored} held-out sequences are also in the calibration data: their scores "
+            "are not held out"] if shared else []
+
+
 SATURATED_NOTE = 0.02  # more than this share of an input's values outside its grid is said
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qtool.api.calibration import graph_candidates, observe
-from qtool.api.common import DataLike, Progress, as_data, count
+from qtool.api.common import DataLike, Progress, as_data, count, shared_notes
 from qtool.api.models import is_whole
 from qtool.api.simulation import simulate
 from qtool.core.graph import Graph
@@ -26,6 +26,8 @@ class Comparison:
     models: list[QuantModel | QGraph]
     rows: list[dict]
     best: int
+    scored: int  # held-out sequences each method was scored on
+    notes: list[str]  # what looks wrong with the held-out data (shared with the calibration data)
 
 
 def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: DataLike,
@@ -55,6 +57,7 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
             models = [cal.quant_model(k) for k in range(len(methods))]
     test = as_data(test, dataset, time_first)
     scored = count(test, limit)
+    notes = shared_notes(as_data(data, dataset, time_first), test, limit)
     rows = []
     total = len(models) * scored
     for k, qm in enumerate(models):
@@ -66,4 +69,4 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
         rows.append({"method": qm.info["method"], **sim.output})
     best = max(range(len(rows)), key=lambda i: rows[i]["snr_db"] if rows[i]["snr_db"] is not None
                else float("inf") if rows[i]["exact"] else float("-inf"))
-    return Comparison(models, rows, best)
+    return Comparison(models, rows, best, scored, notes)

@@ -144,13 +144,6 @@ def note_what_was_left_out(model) -> None:
         NOTES.append(note)
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """The same file, or a copy of it byte for byte."""
-    import filecmp
-
-    return a.resolve() == b.resolve() or (a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False))
-
-
 def say_if_compiling() -> None:
     """One line on stderr when the engine's kernel is not compiled yet (the first run after an
     install), which would otherwise sit silent for several seconds."""
@@ -227,27 +220,25 @@ def calibrate(
         force = True
     t0 = time.perf_counter()
     if eval_path is not None:
-        if _same_file(eval_path, data_path):
-            err.print("warning: --eval is the calibration data; the scores are not on held-out data")
         with Bar("calibrating and scoring", 1) as bar:
             res = api.compare(model, data_path, eval_path, methods, bits=bits, method_weights=method_weights,
                               percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
                               time_first=time_first, check=not no_check, progress=bar.update)
         best = res.models[res.best]
-        if whole:
-            warn(best.info.get("notes", []))
+        warn(res.notes + (best.info.get("notes", []) if whole else []))
         if output is not None:
             api.save(best, output, force, inputs=inputs)
         if as_json:
-            emit_json({"methods": res.rows, "best": res.rows[res.best]["method"],
-                       "output": str(output) if output else None})
+            emit_json({"methods": res.rows, "best": res.rows[res.best]["method"], "scored_sequences": res.scored,
+                       "notes": res.notes, "output": str(output) if output else None})
             return
         from qtool.cli.tables import compare_table
 
         info = best.info
         label = best.graph.name if whole else model.name
         out.print(compare_table(res.rows, res.best, f"{label}: {info['bits']}, calibrated on "
-                                f"{info['samples']} sequences of {info['data_file']}, scored on {eval_path.name}"))
+                                f"{info['samples']} sequences of {info['data_file']}, scored on {res.scored} of "
+                                f"{eval_path.name}"))
         if output is not None:
             out.print(f"wrote the best, {res.rows[res.best]['method']} -> {escape(str(output))}")
         return
@@ -319,8 +310,6 @@ def advise(
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
-    if eval_path is not None and _same_file(eval_path, data_path):
-        err.print("warning: --eval is the calibration data; the measured SNRs are not on held-out data")
     if name is None and _whole_model(model_path):
         model = api.load_model(model_path, check=not no_check, whole=True)
     else:

@@ -177,3 +177,15 @@ def test_export_takes_test_vectors_from_a_file(tmp_path):
         qg = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", method="minmax", limit=40, check=False)
         res = qtool.export_c(qg, tmp_path / "g", name="g", test_vectors=tmp_path / "v.npy")
         assert any(f.endswith("test_vectors.h") for f in res.files)
+
+
+def test_advise_says_which_held_out_sequences_are_calibration_data():
+    """Held-out data built from the calibration data (rows reordered, some new) is found
+    sequence by sequence, not by comparing files."""
+    rng = np.random.default_rng(7)
+    calib = rng.standard_normal((12, 6, 5)).astype(np.float32)
+    test = np.concatenate([calib[[9, 2]], rng.standard_normal((4, 6, 5)).astype(np.float32)])
+    adv = qtool.advise(random_model(C=5, H=8, seed=7), calib, test, repeats=1)
+    assert "2 of the 6 held-out sequences are also in the calibration data" in " ".join(adv.extra["notes"])
+    adv = qtool.advise(random_model(C=5, H=8, seed=7), calib, test[2:], repeats=1)
+    assert not any("held-out sequences" in n for n in adv.extra["notes"])

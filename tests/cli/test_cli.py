@@ -180,15 +180,18 @@ def test_compare_scores_each_method_like_a_separate_run(cli, tmp_path):
     assert json.loads(out)["quant"]["method"] == best
 
 
-def test_compare_limit_bounds_the_scoring_and_a_copy_of_the_data_is_not_held_out(cli, tmp_path):
-    """--limit N calibrates on N sequences and scores on N; --eval given a byte-for-byte copy
-    of the calibration data warns that the scores are not on held-out data."""
+def test_compare_limit_bounds_the_scoring_and_shared_sequences_are_said(cli, tmp_path):
+    """--limit N calibrates on N sequences and scores on N, and says so; --eval holding some of
+    the calibration sequences (a copy, or a file built from the same data) warns how many of the
+    scored ones are not held out."""
+    calib, test = np.load(SAMPLES / "calib.npy"), np.load(SAMPLES / "test.npy")
     copy = tmp_path / "copy.npy"
     copy.write_bytes((SAMPLES / "calib.npy").read_bytes())
     code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--compare", "minmax", "--eval", copy,
                          "--limit", 7, "--json")
     assert code == 0, err
-    assert "not on held-out data" in err
+    assert "every held-out sequence is also in the calibration data" in err
+    assert json.loads(out)["scored_sequences"] == 7
     code, sim, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--method", "minmax", "--limit", 7,
                          "-o", tmp_path / "q.h5")
     assert code == 0, err
@@ -196,6 +199,12 @@ def test_compare_limit_bounds_the_scoring_and_a_copy_of_the_data_is_not_held_out
     assert code == 0, err
     row = json.loads(out)["methods"][0]
     assert json.loads(sim)["output"] == pytest.approx({k: v for k, v in row.items() if k != "method"})
+    mixed = tmp_path / "mixed.npy"  # calibration sequences 3..9, then held-out ones: 3..6 are within --limit 7
+    np.save(mixed, np.concatenate([calib[3:10], test[:5]]))
+    code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--compare", "minmax", "--eval", mixed,
+                         "--limit", 7)
+    assert code == 0 and "4 of the 7 held-out sequences are also in the calibration data" in err, err
+    assert "scored on 7 of mixed.npy" in " ".join(out.split())
     code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "--compare", "minmax", "--eval",
                        SAMPLES / "test.npy", "--limit", 7, "--json")
     assert code == 0 and "held-out" not in err
