@@ -26,7 +26,6 @@ from qtool.exporters.c_types import SIZES, act_type
 
 from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.errors import QtoolError
-from qtool.graph.file import fingerprint
 from qtool.layers import input_map, layer
 from qtool.layers.c import CNode, Window, ctype, lit, requantize_expr
 from qtool.version import __version__
@@ -390,7 +389,7 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
 #define {P}_STREAMING ({int(not self.refusal)})
 #define {P}_FINISH_FRAMES ({self.finish_frames()}) /* the most frames {p}_finish gives */
 #define {P}_MAX_STEPS ({self.max_steps()}) /* the longest sequence the integer sums are proved for */
-#define {P}_MODEL_FINGERPRINT "{fingerprint(self.qg)}"
+#define {P}_MODEL_FINGERPRINT "{self.qg.fingerprint()}"
 #define {P}_INPUT_EXP2_INV ({int(gin.exp2_inv)}){self.input_shift_comment()}
 #define {P}_INPUT_ZP ({gin.zp})
 #define {P}_OUTPUT_EXP2_INV ({int(gout.exp2_inv)})

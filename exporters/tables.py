@@ -45,7 +45,6 @@ def parameter_tables(qm: QuantModel) -> dict:
 
 def graph_tables(qg: QGraph) -> dict:
     """A whole model's integers: each core edge's grid, each core node's integers in order."""
-    from qtool.graph.file import fingerprint
 
     g = qg.graph
     order = {e: k for k, e in enumerate([*g.inputs, *(e for name in qg.core for e in qg.node(name).outputs)])}
@@ -61,7 +60,7 @@ def graph_tables(qg: QGraph) -> dict:
             node["integers"] = _plain(qp)
         nodes.append(node)
     return {"format": "qtool-graph-params", "version": 1, "qtool_version": __version__, "model": g.name,
-            "fingerprint": fingerprint(qg), "calibration": _plain(qg.info), "inputs": list(g.inputs),
+            "fingerprint": qg.fingerprint(), "calibration": _plain(qg.info), "inputs": list(g.inputs),
             "input_shifts": {e: list(k) for e, k in g.input_shifts.items()}, "outputs": qg.core_outputs,
             "float_tail": qg.tail, "edges": grids, "nodes": nodes}
 

@@ -33,7 +33,6 @@ from qtool.core.qgraph import QGraph
 from qtool.core.tensors import METHOD_NAMES, BitsConfig, bits_from_table, bits_table, preset_config, table_toml
 from qtool.errors import QtoolError
 from qtool.graph.calibrate import FILE_CANDIDATES, SELF_CALIBRATED, Prepared, auto_graph, prepare, quantize_graph
-from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db, simulate_graph
 from qtool.io.files import SequenceData
 from qtool.io.phases import phase
@@ -266,7 +265,7 @@ def as_file_builds(sp: Space, chosen: GraphCandidate, data: SequenceData | None,
     measured anew."""
     qg = quantize_graph(sp.prep, sp.rows, sp.config(chosen.promoted, chosen.qg), "minmax", percentile, chunk,
                         {**info, "method": "bits file"})
-    if fingerprint(qg) == fingerprint(chosen.qg):
+    if qg.fingerprint() == chosen.qg.fingerprint():
         return chosen
     snr = output_snr_db(simulate_graph(qg, data), qg) if data is not None else math.nan
     return GraphCandidate(chosen.promoted, qg, graph_flash(qg), snr)

@@ -122,7 +122,6 @@ def _render_gru(qm: QuantModel, prefix: str, compensation: str, fully_integral: 
 def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bool, test_vectors):
     from qtool.exporters.c_graph import render_graph_c
     from qtool.exporters.c_graph_vectors import render_graph_test_vectors
-    from qtool.graph.file import fingerprint
     from qtool.graph.simulate import run_int
 
     rendered = render_graph_c(qg, prefix, fully_integral, compensation)
@@ -138,7 +137,7 @@ def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bo
     if steps_at and len(qg.graph.inputs) == 1:
         width = next(iter(qg.graph.inputs.values()))[-1]
         rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
-    return rendered, fingerprint(qg)
+    return rendered, qg.fingerprint()
 
 
 def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:

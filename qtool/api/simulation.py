@@ -115,13 +115,12 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
     sim.notes = shape_notes + saturation_notes(saturated, worst)
     if save is not None:
         def write(f) -> None:
-            from qtool.graph.file import fingerprint
             from qtool.io.results import RESULTS_FORMAT
             from qtool.version import __version__
 
             # the GRU-only results file's attributes, with the same meaning (docs/file-formats.md)
             f.attrs.update(format=RESULTS_FORMAT, version=1, qtool_version=__version__, samples=n, mode=mode,
-                           qmodel_fingerprint=fingerprint(qg), model=str(qg_path or qg.graph.name),
+                           qmodel_fingerprint=qg.fingerprint(), model=str(qg_path or qg.graph.name),
                            data_file=Path(data.name).name, created=now_utc(),
                            data_sha256=sha256_file(Path(data.name)) if Path(data.name).is_file() else "")
             for k, v in sim.kept.items():

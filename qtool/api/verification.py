@@ -47,8 +47,9 @@ class VerifyResult:
         return sum(v for k, v in vars(self).items() if k.endswith("_mismatches") and v is not None)
 
     def to_dict(self) -> dict:
-        """The model's parts as a dict, in order (`qtool verify --json`)."""
-        return {k: v for k, v in vars(self).items() if v is not None}
+        """The model's parts as a dict, in order, then the verdict (`qtool verify --json`)."""
+        return {**{k: v for k, v in vars(self).items() if v is not None}, "mismatches": self.mismatches,
+                "passed": self.mismatches == 0}
 
 
 def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.PathLike, data: DataLike, *,
@@ -112,13 +113,12 @@ def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, 
     from qtool.exporters.c_graph import render_graph_c
     from qtool.exporters.c_graph_verify import compare_graph, run_graph_c
     from qtool.exporters.c_verify import export_fingerprint
-    from qtool.graph.file import fingerprint
     from qtool.graph.simulate import run_int
     from qtool.numerics.qparams import dequantize
 
     export_dir = Path(export_dir)
     prefix = _graph_export_prefix(export_dir, name, qg)
-    stamp, mine = export_fingerprint(export_dir, prefix), fingerprint(qg)
+    stamp, mine = export_fingerprint(export_dir, prefix), qg.fingerprint()
     if stamp is None:
         raise QtoolError(f"{export_dir}: not a whole-model C export for '{prefix}' (no {prefix}.h with its "
                          "fingerprint); run 'qtool export c' or pass --name")

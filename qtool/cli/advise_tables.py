@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def _db(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    return "inf" if math.isinf(v) else f"{v:.1f}"
+    return "exact" if math.isinf(v) and v > 0 else f"{v:.1f}"  # as simulate says it
 
 
 def tensor_table(advice: Advice, title: str, verbose: bool = False) -> Table:

@@ -171,7 +171,8 @@ def show_graph_simulation(sim, qg, data_path: Path, mode: str, save: Path | None
                 line += (f"; accuracy: {who} {100 * part['accuracy_quant']:.2f}%, "
                          f"float {100 * res['accuracy_float']:.2f}%")
             out.print(line)
-    out.print(f"GRUs on {sim.backend} ({escape(sim.backend_reason)}), the other layers on the CPU; "
+    engine = "CUDA" if sim.backend == "cuda" else "the CPU"
+    out.print(f"GRUs on {engine} ({escape(sim.backend_reason)}), the other layers on the CPU; "
               f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
 
 
@@ -179,12 +180,13 @@ def show_qgraph(qg, as_json: bool) -> None:
     """What `qtool inspect` shows of a quantized whole model: every edge's grid, each GRU's
     tensors, the passes."""
     from qtool import api
-    from qtool.cli.tables import spec_rows, spec_table
+    from qtool.cli.tables import provenance_table, spec_rows, spec_table
 
     rows = api.qgraph_rows(qg)
     grus = {n: qg.qparams[n]["qm"] for n in qg.grus}
     if as_json:
-        emit_json({"name": qg.graph.name, "source": qg.graph.source, "core": qg.core, "tail": qg.tail,
+        emit_json({"name": qg.graph.name, "source": qg.graph.source, "fingerprint": qg.fingerprint(),
+                   "core": qg.core, "tail": qg.tail,
                    "passes": dict(qg.passes), "edges": rows, "quant": qg.info,
                    "gru_tensors": {n: spec_rows(qm) for n, qm in grus.items()}})
         return
@@ -198,6 +200,7 @@ def show_qgraph(qg, as_json: bool) -> None:
         out.print(escape(line), highlight=False)
     if qg.tail:
         out.print(f"float tail (after the dequantize): {', '.join(qg.tail)}")
+    out.print(provenance_table(qg))
 
 
 def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) -> None:

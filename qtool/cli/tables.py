@@ -267,13 +267,16 @@ def shapes_table(model, title: str) -> Table:
     return t
 
 
-def provenance_table(qm: QuantModel) -> Table:
+def provenance_table(qm) -> Table:
+    """Where a quantized model (a GRU alone or a whole model) came from: its fingerprint and
+    every plain fact of its info (the tables in it have tables of their own)."""
     t = Table(title="provenance", show_header=False)
     t.add_column("key", style="bold")
     t.add_column("value", overflow="fold")
     t.add_row("fingerprint", qm.fingerprint())
     for k, v in qm.info.items():
-        if k not in ("bits_config", "fingerprint"):  # a loaded file's info holds its fingerprint too
+        # a loaded file's info holds its fingerprint too
+        if k not in ("bits_config", "fingerprint") and not isinstance(v, (dict, list)):
             t.add_row(k, str(v))
     return t
 

@@ -11,7 +11,11 @@ the grids (qtool.graph.file, docs/file-formats.md) and a reader derives the rest
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from qtool.core.graph import Graph, Node
 from qtool.core.qmodel import TensorQ
@@ -21,6 +25,8 @@ from qtool.core.qmodel import TensorQ
 # a model of its own. A second recurrent op is one more name here and in the stage tables that
 # build it (qtool.graph.calibrate.SELF_CALIBRATED, qtool.advisor.graph.MODEL_OF).
 MODEL_OPS = ("gru",)
+QGFORMAT = "qtool-qgraph"
+GVERSION = 1  # the version of both graph files (qtool.graph.file), part of the fingerprint
 
 
 @dataclass
@@ -48,3 +54,35 @@ class QGraph:
         made = {e for n in self.core for e in self.node(n).outputs} | set(self.graph.inputs)
         read = [e for n in self.tail for e in self.node(n).inputs] + list(self.graph.outputs)
         return [e for e in dict.fromkeys(read) if e in made]
+
+    def fingerprint(self) -> str:
+        """A hash of everything that decides the quantized model's outputs: the graph's structure
+        and float params, the core and tail, every grid, every layer's bits and each GRU's own
+        fingerprint (its integers). Not the provenance, nor the names of the graph and its source."""
+        g = self.graph
+        structure = {"inputs": g.inputs, "outputs": g.outputs, "core": self.core, "tail": self.tail,
+                     "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in g.nodes],
+                     "grids": {e: [t.bits, int(t.exp2_inv), int(t.zp)] for e, t in self.grids.items()},
+                     "layer_bits": self.info.get("layer_bits", {}),
+                     **({"input_shifts": {e: list(k) for e, k in g.input_shifts.items()}} if g.input_shifts else {})}
+        h = hashlib.sha256(f"{QGFORMAT}/{GVERSION}|".encode())
+        h.update(json.dumps(structure, default=plain_json, sort_keys=True).encode())
+        for k, n in enumerate(g.nodes):
+            for name in sorted(n.params):
+                a = np.asarray(n.params[name], np.float32)  # as the file stores it
+                h.update(f"|{k}.{name}{a.shape}".encode() + a.tobytes())
+        for name in self.core:
+            qp = self.qparams.get(name, {})
+            if "qm" in qp:
+                h.update(f"|{name}:{qp['qm'].fingerprint()}".encode())
+            if "lut" in qp:  # an interpolated activation table: its knots decide the integers too
+                h.update(f"|{name}:lut{int(qp['lut_shift'][0])}".encode()
+                         + np.asarray(qp["lut"], np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+
+def plain_json(v):
+    """JSON for numpy scalars and tuples (as the graph file writes them)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    return list(v) if isinstance(v, tuple) else v

@@ -8,7 +8,7 @@
     /            attrs: quant (JSON: core, tail, passes, info (with layer_bits {node: [weight,
                  bias, activation(, weight method where not minmax)]}), grids {edge: [bits,
                  exp2_inv, zp, lo, hi]}), fingerprint
-                 (`fingerprint(qg)`; absent from files written before it)
+                 (`QGraph.fingerprint()`; absent from files written before it)
     /gru/<k>/    node k's quantized GRU, laid out as a "qtool-qgru" file (qtool.core.qmodel)
 
 The other layers' integers are not stored: they follow from the grids and the float weights
@@ -20,7 +20,6 @@ agrees, and the fingerprints agree with the contents.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import numpy as np
 from qtool.core import edges
 from qtool.core.graph import Graph, Node
 from qtool.core.model import DIRECTIONS, open_h5
-from qtool.core.qgraph import MODEL_OPS, QGraph
+from qtool.core.qgraph import GVERSION, MODEL_OPS, QGFORMAT, QGraph, plain_json
 from qtool.core.qmodel import TensorQ
 from qtool.errors import QtoolError
 from qtool.importers.ranges import GraphRanges
@@ -39,17 +38,9 @@ from qtool.layers import gru as gru_layer
 from qtool.layers.integer import LayerBits, same_grid
 from qtool.version import __version__
 
-GFORMAT, QGFORMAT, GVERSION = "qtool-graph", "qtool-qgraph", 1
+GFORMAT = "qtool-graph"
 MAX_JSON = 1 << 24  # characters of the graph's description
 MAX_PARAM_VALUES = 1 << 27
-
-
-def _plain(v):
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, tuple):
-        return list(v)
-    return v
 
 
 def _input_shifts(raw, graph: Graph, where: str) -> dict[str, tuple[int, ...]]:
@@ -94,9 +85,9 @@ def write_graph(f, graph: Graph) -> None:
             **({"input_maps": {e: list(m) for e, m in graph.input_maps.items()}} if graph.input_maps else {}),
             **({"ranges": graph.ranges.to_json()} if graph.ranges is not None else {}),
             "nodes": [{"name": n.name, "op": n.op, "inputs": n.inputs, "outputs": n.outputs, "source": n.source,
-                       "attrs": {k: _plain(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
+                       "attrs": {k: plain_json(v) for k, v in n.attrs.items()}} for n in graph.nodes]}
     f.attrs.update(format=GFORMAT, version=GVERSION, qtool_version=__version__,
-                   graph=json.dumps(desc, default=_plain))
+                   graph=json.dumps(desc, default=plain_json))
     for k, n in enumerate(graph.nodes):
         for name, a in n.params.items():
             f.create_dataset(f"params/{k}/{name}", data=np.asarray(a, np.float32))
@@ -170,36 +161,11 @@ def _ranges(d, where: str) -> GraphRanges:
     return ranges
 
 
-def fingerprint(qg: QGraph) -> str:
-    """A hash of everything that decides the quantized model's outputs: the graph's structure
-    and float params, the core and tail, every grid, every layer's bits and each GRU's own
-    fingerprint (its integers). Not the provenance, nor the names of the graph and its source."""
-    g = qg.graph
-    structure = {"inputs": g.inputs, "outputs": g.outputs, "core": qg.core, "tail": qg.tail,
-                 "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in g.nodes],
-                 "grids": {e: [t.bits, int(t.exp2_inv), int(t.zp)] for e, t in qg.grids.items()},
-                 "layer_bits": qg.info.get("layer_bits", {}),
-                 **({"input_shifts": {e: list(k) for e, k in g.input_shifts.items()}} if g.input_shifts else {})}
-    h = hashlib.sha256(f"{QGFORMAT}/{GVERSION}|".encode())
-    h.update(json.dumps(structure, default=_plain, sort_keys=True).encode())
-    for k, n in enumerate(g.nodes):
-        for name in sorted(n.params):
-            a = np.asarray(n.params[name], np.float32)  # as the file stores it
-            h.update(f"|{k}.{name}{a.shape}".encode() + a.tobytes())
-    for name in qg.core:
-        qp = qg.qparams.get(name, {})
-        if "qm" in qp:
-            h.update(f"|{name}:{qp['qm'].fingerprint()}".encode())
-        if "lut" in qp:  # an interpolated activation table: its knots decide the integers too
-            h.update(f"|{name}:lut{int(qp['lut_shift'][0])}".encode() + np.asarray(qp["lut"], np.int64).tobytes())
-    return h.hexdigest()[:16]
-
-
 def write_qgraph(f, qg: QGraph) -> None:
     write_graph(f, qg.graph)
     grids = {e: [g.bits, int(g.exp2_inv), int(g.zp), float(g.lo), float(g.hi)] for e, g in qg.grids.items()}
     quant = {"core": qg.core, "tail": qg.tail, "passes": qg.passes, "info": qg.info, "grids": grids}
-    f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=_plain), fingerprint=fingerprint(qg))
+    f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=plain_json), fingerprint=qg.fingerprint())
     for k, n in enumerate(qg.graph.nodes):
         if n.op in MODEL_OPS and n.name in qg.qparams:
             write_qmodel(f.create_group(f"gru/{k}"), qg.qparams[n.name]["qm"])
@@ -251,7 +217,7 @@ def _same_fingerprint(f, qg: QGraph, where: str) -> None:
     stored = f.attrs.get("fingerprint")
     if isinstance(stored, bytes):
         stored = stored.decode(errors="replace")
-    actual = fingerprint(qg)
+    actual = qg.fingerprint()
     if stored is not None and stored != actual:
         raise QtoolError(f"{where}: the contents' fingerprint is {actual}, the file says {stored!s:.40}; "
                          "the file was changed after qtool wrote it")

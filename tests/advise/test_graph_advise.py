@@ -25,7 +25,6 @@ from qtool.core.tensors import (
 )
 from qtool.errors import QtoolError
 from qtool.graph.calibrate import prepare, quantize_graph
-from qtool.graph.file import fingerprint
 from qtool.graph.simulate import output_snr_db
 from qtool.io.files import SequenceData
 from qtool.layers import check
@@ -113,7 +112,7 @@ def test_the_bits_file_rebuilds_the_measured_model(searched):
     assert graph_flash(qg) == adv.chosen.flash
     assert output_snr_db(api.simulate(qg, test.chunk(0, 40)), qg) == adv.chosen.snr_db
     assert all(np.array_equal(qg.grids[e].exp2_inv, adv.chosen.qg.grids[e].exp2_inv) for e in qg.grids)
-    assert fingerprint(qg) == fingerprint(adv.chosen.qg)  # every layer's bits too, those of no unit included
+    assert qg.fingerprint() == adv.chosen.qg.fingerprint()  # every layer's bits too, those of no unit included
 
 
 def outliers(n: int, seed: int) -> SequenceData:
@@ -140,7 +139,7 @@ def same_model(a, b) -> None:
                 assert pa[k].fingerprint() == pb[k].fingerprint(), name
             else:
                 assert np.array_equal(np.asarray(pa[k]), np.asarray(pb[k])), (name, k)
-    assert fingerprint(a) == fingerprint(b)
+    assert a.fingerprint() == b.fingerprint()
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +263,7 @@ def test_a_gru_is_observed_once_for_every_candidate(monkeypatch):
     assert len(made) == 2  # one on the 80% auto fits its candidates on, one on all the rows
     fresh = auto_graph(prepare(g, calib, 60, BitsConfig(preset_config("w8a16"))), 60,
                        BitsConfig(preset_config("w8a16")))
-    assert fingerprint(fresh) == fingerprint(shared[1])
+    assert fresh.fingerprint() == shared[1].fingerprint()
 
 
 def test_a_layernorms_scale_and_prelus_slopes_are_units_of_their_own():

@@ -4,6 +4,7 @@ against the framework; a weights-only file says why it has no graph."""
 import json
 import re
 
+import h5py
 import numpy as np
 import pytest
 from conftest import SAMPLES, has, keras_on_torch
@@ -134,6 +135,11 @@ def test_a_whole_model_file_is_inspected_and_its_labels_checked(cli, digits_whol
     d = digits_whole
     code, out, err = cli("inspect", d / "q.h5")
     assert code == 0 and "stack_grus" in out and "/head/Gemm" in out, err
+    with h5py.File(d / "q.h5") as f:  # its provenance, as a GRU alone's
+        stamp = f.attrs["fingerprint"]
+    assert stamp in out and "data_sha256" in out and "created" in out
+    code, out, err = cli("inspect", d / "q.h5", "--json")
+    assert json.loads(out)["fingerprint"] == stamp, err
     np.save(tmp_path / "short.npy", np.zeros(3, np.int64))
     np.save(tmp_path / "long.npy", np.zeros(600, np.int64))
     np.save(tmp_path / "float.npy", np.zeros(597))

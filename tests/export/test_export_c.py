@@ -210,7 +210,7 @@ def test_cli_offset_compensation_on_the_sample_meets_the_flash_goal(cli, tmp_pat
     assert fp["ram_bytes"] == (2 * 64 + 64) <= 0.55 * 2560 and fp["flash_bytes"] < 43212
     code, out, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--json")
     res = json.loads(out)
-    assert code == 0 and res["output_mismatches"] == res["state_mismatches"] == 0
+    assert code == 0 and res["output_mismatches"] == res["state_mismatches"] == 0 and res["passed"]
     code, _, err = cli("export", "c", q, "-o", tmp_path / "d", "--compensation", "lazy")
     assert code == 2 and "unknown compensation" in err and not (tmp_path / "d").exists()
 
@@ -377,9 +377,10 @@ def test_api_export_writes_the_rendered_files_once(tmp_path):
     assert res.footprint == footprint(qm) and res.name == "m" and res.replaced == []
     ver = qtool.verify(qm, tmp_path / "c", x)
     assert ver.mismatches == 0 and ver.name == "m" and ver.output_values == 5 * 11 * 12
-    assert ver.to_dict() == {**verify(qm, tmp_path / "c", "m", x), "name": "m"}
+    assert ver.to_dict() == {**verify(qm, tmp_path / "c", "m", x), "name": "m", "mismatches": 0, "passed": True}
     assert list(ver.to_dict()) == ["target", "sequences", "time_steps", "output_values", "output_mismatches",
-                                   "state_values", "state_mismatches", "dequantized_mismatches", "name"]
+                                   "state_values", "state_mismatches", "dequantized_mismatches", "name",
+                                   "mismatches", "passed"]
 
 
 def test_c_name_is_idempotent():

@@ -204,7 +204,7 @@ def test_cli_exports_and_verifies_a_whole_model(cli, tmp_path):
     (tmp_path / "c" / "kws_params.c").write_text(params[:start] + negated + params[end:])
     code, out, err = cli("verify", tmp_path / "q.h5", tmp_path / "c", tmp_path / "test.npy", "--json")
     doc = json.loads(out)
-    assert code == 1 and doc["edges"]["logits"] > 0 and doc["edges"]["mp"] == 0
+    assert code == 1 and doc["edges"]["logits"] > 0 and doc["edges"]["mp"] == 0 and doc["passed"] is False
     # another model's export
     other = api.calibrate(final_state_graph(), _data(5, 32, 20, 0), method="minmax", check=False)
     api.save(other, tmp_path / "other.h5")

@@ -81,13 +81,11 @@ def test_a_damaged_file_is_one_line(qfile, tmp_path, what):
 
 def test_a_file_without_a_fingerprint_loads(qfile, tmp_path):
     """Files written before the root fingerprint lack it; every other check still holds."""
-    from qtool.graph.file import fingerprint
-
     path = tmp_path / "old.h5"
     shutil.copy(qfile, path)
     with h5py.File(path, "r+") as f:
         stored = f.attrs.pop("fingerprint")
-    assert fingerprint(api.load(path)) == stored
+    assert api.load(path).fingerprint() == stored
 
 
 def test_a_file_qtool_wrote_loads_to_the_same_integers(qfile):
@@ -132,9 +130,7 @@ def test_the_cli_results_file_names_the_quantized_file(cli, qfile, tmp_path):
 
 def test_a_calibrated_model_and_its_file_have_one_fingerprint(qfile):
     """The results of a QGraph in memory and of its file carry the same qmodel_fingerprint."""
-    from qtool.graph.file import fingerprint
-
     qg = api.calibrate(api.load_model(SAMPLES / "digits.onnx", check=False),
                              np.load(SAMPLES / "calib.npy")[:64], method="minmax")
     with h5py.File(qfile) as f:
-        assert fingerprint(qg) == f.attrs["fingerprint"] == fingerprint(api.load(qfile))
+        assert qg.fingerprint() == f.attrs["fingerprint"] == api.load(qfile).fingerprint()
