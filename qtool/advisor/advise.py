@@ -54,12 +54,13 @@ class Advice:
     target_db: float | None = None
     max_flash: int | None = None
     extra: dict = field(default_factory=dict)
+    unit_count: int = 0            # the units that can go to 16 bits (rows less a GRU's 32-bit biases)
 
     def summary(self) -> dict:
         measured = None if math.isnan(self.chosen.snr_db) else self.chosen.snr_db
         return {"mode": self.mode, "flash_bytes": self.chosen.flash, "measured_snr_db": measured,
                 "measured_on": self.measured_on, "predicted_snr_db": self.predicted_output_db,
-                "int16_tensors": len(self.chosen.promoted), "presets": self.presets,
+                "int16_tensors": len(self.chosen.promoted), "unit_count": self.unit_count, "presets": self.presets,
                 "threshold_db": self.threshold_db, "target_snr_db": self.target_db,
                 "max_flash": self.max_flash, "simulations": self.simulations, "seconds": self.seconds,
                 "methods": self.chosen.methods()}
@@ -171,7 +172,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     toml = bits_toml("int8", file_configs(model, chosen.promoted, chosen.choice.plan), comment)
     sims = ev.simulations if eval_data is not None else 0
     return Advice(mode, chosen, measured_on, pred.output_db, rows, presets, toml, threshold_db, sims,
-                  time.perf_counter() - t0, target_db, max_flash)
+                  time.perf_counter() - t0, target_db, max_flash, unit_count=len(all_units(model)))
 
 
 __all__ = ["Advice", "advise", "THRESHOLD_DB"]

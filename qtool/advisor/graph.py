@@ -322,7 +322,7 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
                f"{len(sp.units)} units at 16 bits")
     return Advice(mode, chosen, measured_on, None, unit_rows(sp, chosen, measured), presets,
                        table_toml(sp.table(chosen.promoted, chosen.qg), comment), threshold_db, ev.simulations,
-                       time.perf_counter() - t0, target_db, max_flash)
+                       time.perf_counter() - t0, target_db, max_flash, unit_count=len(sp.units))
 
 
 __all__ = ["advise_graph", "graph_flash"]

@@ -140,20 +140,33 @@ def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bo
     return rendered, qg.fingerprint()
 
 
-def find_export(export_dir: Path, name: str | None, qm: QuantModel) -> str:
-    """The prefix of the export in `export_dir`: `name`, else the only one there, else the model's."""
+def find_export(export_dir: Path, name: str | None, qm: QuantModel | QGraph) -> str:
+    """The prefix of `qm`'s export in `export_dir`: `name`; else the only export there; else the
+    one made from `qm` (its fingerprint); else the one named after the model."""
     from qtool.exporters.c_export import c_name
+    from qtool.exporters.c_verify import export_fingerprint
 
     if not export_dir.is_dir():
         raise QtoolError(f"export directory not found: {export_dir}")
     if name is not None:
         return c_name(name)
-    prefixes = sorted(p.name[:-len("_params.h")] for p in export_dir.glob("*_params.h"))
+    whole = isinstance(qm, QGraph)
+    if whole:  # a whole model's header says how many edges it has
+        prefixes = sorted(p.stem for p in export_dir.glob("*.h") if "_NUM_EDGES (" in p.read_text(errors="replace"))
+    else:
+        prefixes = sorted(p.name[:-len("_params.h")] for p in export_dir.glob("*_params.h"))
     if len(prefixes) == 1:
         return prefixes[0]
     if not prefixes:
-        raise QtoolError(f"{export_dir}: no qtool C export here (no NAME_params.h); run 'qtool export c'")
-    default = c_name(qm.model.name)
+        raise QtoolError(f"{export_dir}: no " + ("whole-model C export here; run 'qtool export c' on the quantized "
+                                                 "whole model" if whole else
+                                                 "qtool C export here (no NAME_params.h); run 'qtool export c'"))
+    default = c_name(qm.graph.name if whole else qm.model.name)
+    mine = qm.fingerprint()
+    made = [p for p in prefixes if export_fingerprint(export_dir, p) == mine]
+    if made:
+        return default if default in made else made[0]
     if default in prefixes:
-        return default
-    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}); choose one with `name`")
+        return default  # verify then says it was made from another model
+    raise QtoolError(f"{export_dir} holds several exports ({', '.join(prefixes)}), none made from this model "
+                     f"(fingerprint {mine}); run 'qtool export c', or choose one with `name`")

@@ -86,25 +86,6 @@ def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.Pat
     return VerifyResult(**compare(qm, c, *simulated(qm, x)), name=prefix)
 
 
-def _graph_export_prefix(export_dir: Path, name: str | None, qg: QGraph) -> str:
-    """The prefix of the whole-model export in `export_dir`: `name`, else the only one there."""
-    from qtool.exporters.c_export import c_name
-
-    if not export_dir.is_dir():
-        raise QtoolError(f"export directory not found: {export_dir}")
-    if name is not None:
-        return c_name(name)
-    found = sorted(p.stem for p in export_dir.glob("*.h") if "_NUM_EDGES (" in p.read_text(errors="replace"))
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise QtoolError(f"{export_dir}: no whole-model C export here; run 'qtool export c' on the quantized "
-                         "whole model")
-    if c_name(qg.graph.name) in found:
-        return c_name(qg.graph.name)
-    raise QtoolError(f"{export_dir} holds several exports ({', '.join(found)}); choose one with `name`")
-
-
 def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, name: str | None = None,
                   limit: int | None = None, dataset: str | None = None, time_first: bool = False,
                   target: str = "host") -> VerifyResult:
@@ -117,7 +98,7 @@ def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, 
     from qtool.numerics.qparams import dequantize
 
     export_dir = Path(export_dir)
-    prefix = _graph_export_prefix(export_dir, name, qg)
+    prefix = find_export(export_dir, name, qg)
     stamp, mine = export_fingerprint(export_dir, prefix), qg.fingerprint()
     if stamp is None:
         raise QtoolError(f"{export_dir}: not a whole-model C export for '{prefix}' (no {prefix}.h with its "

@@ -46,7 +46,7 @@ def summary_line(advice: Advice) -> str:
         snr = f"output SNR {predicted:.1f} dB predicted (--eval TEST measures it)"
     else:
         snr = "output SNR not measured (--eval TEST measures it)"
-    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} of {len(advice.rows)} at 16 bits"]
+    parts = [f"chosen: flash {c.flash:,} bytes, {snr}, {len(c.promoted)} of {advice.unit_count} units at 16 bits"]
     for name, p in advice.presets.items():
         snr = (f", {p['snr_db']:.2f} dB" if "snr_db" in p else
                f", {p['predicted_snr_db']:.1f} dB predicted" if "predicted_snr_db" in p else "")

@@ -455,3 +455,19 @@ def test_cells_read_no_parameter_at_run_time(tmp_path):
     assert "P[" not in steps and "NULL" not in steps and "cell->" not in steps
     assert "qgru_rshift_round32(acc" not in steps  # the shifts of this model's GEMMs are all >= 1
     assert steps.count("static void m_l") == 4  # one step function per layer and direction
+
+
+def test_verify_finds_the_export_made_from_its_model_among_several(tmp_path):
+    """Several exports in one folder: verify takes the one whose fingerprint is the model's,
+    whatever its name, and where none is, says that rather than asking for a name."""
+    import qtool
+
+    a, x = model_and_data(1, 1, 3, "int8")
+    b, _ = model_and_data(1, 1, 4, "int8")
+    stranger, _ = model_and_data(1, 1, 5, "int8")
+    qtool.export_c(a, tmp_path, name="first")
+    qtool.export_c(b, tmp_path, name="second", force=True)  # the shared runtime files again
+    assert qtool.verify(b, tmp_path, x).name == "second"
+    assert qtool.verify(a, tmp_path, x).name == "first"
+    with pytest.raises(QtoolError, match=r"holds several exports \(first, second\), none made from this model"):
+        qtool.verify(stranger, tmp_path, x)
