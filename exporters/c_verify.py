@@ -116,7 +116,8 @@ def compile_c(sources: list[Path], exe: Path, include: Path, extra: list[str] | 
         raise QtoolError(f"the exported C did not compile: {first}")
 
 
-def _check_export(export_dir: Path, prefix: str) -> None:
+def check_export(export_dir: Path, prefix: str) -> None:
+    """Every file the export `prefix` needs is in `export_dir`."""
     needed = [export_dir / f for f in ("qgru.h", f"{prefix}.h", f"{prefix}_params.h")] + \
         sources(export_dir, prefix)
     missing = [p.name for p in needed if not p.is_file()]
@@ -164,7 +165,7 @@ def run_c(qm: QuantModel, export_dir: Path, prefix: str, x: np.ndarray, target: 
     (`target`); what it computed."""
     if target != HOST:
         check_tools(c_target.target(target))
-    _check_export(export_dir, prefix)
+    check_export(export_dir, prefix)
     N, T, _ = x.shape
     q_t = np.int8 if act_type(qm) == "int8_t" else np.int16
     with tempfile.TemporaryDirectory(prefix="qtool-verify-") as tmp:

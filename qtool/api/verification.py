@@ -60,7 +60,7 @@ def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.Pat
     states and dequantized outputs that differ from the simulator's."""
     from qtool.exporters.c_target import HOST
     from qtool.exporters.c_target import target as target_named
-    from qtool.exporters.c_verify import compare, export_fingerprint, run_c
+    from qtool.exporters.c_verify import check_export, compare, export_fingerprint, run_c
 
     if target != HOST:
         target_named(target)  # an unknown target: said before any work
@@ -72,6 +72,7 @@ def verify(qm: QuantModel | QGraph | str | os.PathLike, export_dir: str | os.Pat
                              target=target)
     export_dir = Path(export_dir)
     prefix = find_export(export_dir, name, qm)
+    check_export(export_dir, prefix)  # before any phase says it compiles
     stamp = export_fingerprint(export_dir, prefix)
     if stamp is not None and stamp != qm.fingerprint():
         raise QtoolError(f"the export in {export_dir} was made from another model (fingerprint "

@@ -38,6 +38,9 @@ def detect_format(path: Path) -> str:
         return "torch"
     if name.endswith(".safetensors"):
         return "safetensors"
+    if name.endswith((".h5", ".hdf5")) and path.is_file() and not _is_hdf5(path):
+        raise QtoolError(f"{path}: not an HDF5 file (qtool's model files and Keras' .h5 files are HDF5): "
+                         "damaged, cut short, or another kind of file")
     if name.endswith((".keras", ".h5", ".hdf5")):
         return "keras"
     if name.endswith(".onnx"):
@@ -226,6 +229,12 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
     graph, = once("keras", path, lambda: (check_graph(read_keras_graph(path), str(path)),))
     graph.check_result = check_keras_graph(path, graph) if check else None
     return graph
+
+
+def _is_hdf5(path: Path) -> bool:
+    import h5py
+
+    return h5py.is_hdf5(path)
 
 
 def _qtool_file(path: Path) -> bool:
