@@ -64,11 +64,13 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
                    mode: str = "integer", progress: Progress | None = None):
     """Run a quantized whole model in integers beside its float graph on `data`: every edge's and
     the outputs' SNR, cosine and saturation; for a classifier top-1 agreement, and with `labels`
-    both accuracies (qtool.graph.simulate.GraphSimulation). `outputs=True` keeps the first
-    output's float/y, quant/y and quant/y_int (`kept`, in the output's own shape, e.g.
+    both accuracies (a SimulationResult). `outputs=True` keeps the first output's float/y,
+    quant/y and quant/y_int (`y_float`, `y_quant`, `y_int`, in the output's own shape, e.g.
     `[N, classes]`); `save` writes them to an HDF5 file. `backend`: the GRUs' engine, as for
     `simulate` (the other layers run on the CPU). `mode`: "integer", "fakequant" (the float graph
     with every weight and edge rounded onto its grid, qtool.graph.fakequant) or "both"."""
+    import time
+
     from qtool.engine.backend import select_backend
     from qtool.graph.simulate import simulate_graph as run_simulation
     from qtool.io.files import write_h5
@@ -102,17 +104,17 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
     tick = (lambda done: progress(done, n)) if progress else None
     keep = outputs or save is not None
     comm = world()
+    t0 = time.perf_counter()
     if comm is None:
         sim = run_simulation(qg, data, n, batch_size, lab, keep, tick, runner, mode)
     else:  # under mpiexec: each rank its chunks, the root folds them in order and writes `save`
         from qtool.parallel.graph import simulate_graph as simulate_ranks
 
         sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
-    sim.backend, sim.backend_reason = label, reason
     saturated = {e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs if e in sim.edges}
     worst = {e: _worst_channel(qg, e, data, n, batch_size) for e, share in saturated.items()
              if share > SATURATED_NOTE and e in qg.graph.input_shifts}
-    sim.notes = shape_notes + saturation_notes(saturated, worst)
+    notes = shape_notes + saturation_notes(saturated, worst)
     if save is not None:
         def write(f) -> None:
             from qtool.io.results import RESULTS_FORMAT
@@ -127,7 +129,13 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
                 f.create_dataset(k, data=v)
 
         write_once(lambda: write_h5(save, write))
-    return sim
+    measured = sim.to_dict()
+    extra = {k: v for k, v in measured.items()
+             if k not in ("mode", "samples", "backend", "backend_reason", "outputs", "edges", "notes")}
+    arrays = {"y_float": sim.kept["float/y"], "y_quant": sim.kept["quant/y"], "y_int": sim.kept["quant/y_int"]} \
+        if outputs else {}
+    return SimulationResult(sim.output, n, time.perf_counter() - t0, label, reason, mode, edges=sim.edges,
+                            outputs=sim.outputs, extra=extra, notes=notes, **arrays)
 
 
 def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int) -> str:
@@ -145,28 +153,44 @@ def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int
 
 @dataclass
 class SimulationResult:
-    """Distances between the integer GRU (dequantized) and the float GRU: at the output, per
-    tensor (`tensors`, keyed layer{l}.{fwd,bwd}.{tensor}) and per time step."""
+    """How far the integer model (dequantized) lands from the float model on the same data, for
+    either kind. `output`: at the output, as SNR, cosine, largest error and saturation (a GRU's
+    output; a whole model's integer core outputs together, a classifier's logits, with its top-1
+    agreement). A GRU alone adds `tensors` (keyed layer{l}.{fwd,bwd}.{tensor}) and
+    `per_step_snr_db`; a whole model `edges` (every core edge) and `outputs` (the model's outputs,
+    after the float tail), each a qtool.engine.metrics.Distance. `extra`: mode "both"'s
+    "fakequant" (its distances and agreement), a classifier's accuracies with labels. With
+    outputs=True: the float output, the integer one dequantized (the fake-quant model's under
+    mode "fakequant") and its raw integers; a GRU's `[N, T, output_size]`, a whole model's first
+    output in its own shape. The parts a model has not are None."""
 
     output: dict
-    tensors: dict
-    per_step_snr_db: list
     samples: int
     seconds: float
     backend: str
     backend_reason: str = ""
     mode: str = "integer"
-    extra: dict = field(default_factory=dict)  # mode both: "fakequant" (its distances, agreement)
-    # with outputs=True, [N, T, output_size]: the float GRU's output, the integer GRU's dequantized
-    # (the fake-quant GRU's under mode "fakequant") and its raw output integers (int32)
+    tensors: dict | None = None
+    per_step_snr_db: list | None = None
+    edges: dict | None = None
+    outputs: dict | None = None
+    extra: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)  # what looks wrong with the data
     y_float: np.ndarray | None = None
     y_quant: np.ndarray | None = None
     y_int: np.ndarray | None = None
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "output": self.output, "tensors": self.tensors,
-                "per_step_snr_db": self.per_step_snr_db, "samples": self.samples, "seconds": self.seconds,
-                "backend": self.backend, "backend_reason": self.backend_reason, **self.extra}
+        """The measurements (`qtool simulate --json`): a GRU's per tensor, a whole model's per edge."""
+        head = {"mode": self.mode, "output": self.output}
+        if self.edges is None:
+            head |= {"tensors": self.tensors, "per_step_snr_db": self.per_step_snr_db}
+        tail = {"samples": self.samples, "seconds": self.seconds, "backend": self.backend,
+                "backend_reason": self.backend_reason}
+        if self.edges is not None:
+            tail |= {"outputs": {e: d.as_dict() for e, d in self.outputs.items()},
+                     "edges": {e: d.as_dict() for e, d in self.edges.items()}}
+        return {**head, **tail, **self.extra, "notes": list(self.notes)}
 
 
 def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per_tensor: bool = True,
@@ -178,9 +202,9 @@ def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per
     """Run the integer model and the float model side by side on `data` and measure how far apart
     they are. `mode`: "integer", "fakequant" (the float model with every tensor rounded onto its
     grid) or "both". `save` writes both outputs and the raw output integers to an HDF5 file;
-    `outputs=True` returns them in the result. A GRU alone gives a `SimulationResult`
-    (`y_float`, `y_quant`, `y_int`, `[N, T, out]`); a whole model a `GraphSimulation` (every
-    edge; a classifier's top-1 agreement, and with `labels` both accuracies)."""
+    `outputs=True` returns them in the result. A `SimulationResult` for either kind: a GRU
+    alone's per tensor and per step, a whole model's per edge (a classifier's top-1 agreement,
+    and with `labels` both accuracies)."""
     whole = is_whole(qm)
     only_for(whole, "simulate", per_tensor=per_tensor, labels=labels)
     if whole:
@@ -227,12 +251,12 @@ def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
     x_tensor = res["tensors"].get(tensor_key(0, 0, "x"), {})
-    res["notes"] = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, data.time_first) + saturation_notes(
+    notes = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, data.time_first) + saturation_notes(
         {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
-    extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db")}
-    arrays = (kept.y_float, kept.y_quant, kept.y_int) if kept else (None, None, None)
-    return SimulationResult(res["output"], res["tensors"], res["per_step_snr_db"], n,
-                            time.perf_counter() - t0, label, reason, mode, extra, *arrays)
+    extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db", "samples")}
+    arrays = {"y_float": kept.y_float, "y_quant": kept.y_quant, "y_int": kept.y_int} if kept else {}
+    return SimulationResult(res["output"], n, time.perf_counter() - t0, label, reason, mode, tensors=res["tensors"],
+                            per_step_snr_db=res["per_step_snr_db"], extra=extra, notes=notes, **arrays)
 
 
 class _Outputs:

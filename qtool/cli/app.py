@@ -383,7 +383,7 @@ def simulate(
     if whole:
         graph_cmds.show_graph_simulation(res, qg, data_path, mode, save, as_json, t0)
         return
-    warn(res.extra.get("notes", []))
+    warn(res.notes)
     if as_json:
         emit_json(res.to_dict())
         return

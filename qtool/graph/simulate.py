@@ -74,14 +74,13 @@ class GraphSimulation:
     counts: dict = field(default_factory=dict)  # mode both: per edge, integers compared
     fq_agree: int = 0  # mode both, classifier: the fake-quant model's top-1 equal to float's
     fq_correct: int = 0  # mode both, with labels: the fake-quant model's top-1 equal to the label
-    notes: list = field(default_factory=list)  # what looks wrong with the data (qtool.api.common.axes_notes, ...)
     core_outputs: list = field(default_factory=list)  # the integer core's outputs (a classifier's logits): edges
 
     @property
     def output(self) -> dict:
         """The integer core's outputs together (a classifier's logits; `output_snr_db`'s measure)
         as one distance, and a classifier's top-1 agreement: what `SimulationResult.output` is
-        for a GRU alone, so that one score reads either."""
+        for a GRU alone."""
         d = Distance()
         for e in self.core_outputs:
             d = d.merge(self.edges[e])
@@ -91,7 +90,7 @@ class GraphSimulation:
         out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,
                "backend_reason": self.backend_reason, "outputs": {e: d.as_dict() for e, d in self.outputs.items()},
                "core_outputs": {e: self.edges[e].as_dict() for e in self.core_outputs},
-               "edges": {e: d.as_dict() for e, d in self.edges.items()}, "notes": list(self.notes)}
+               "edges": {e: d.as_dict() for e, d in self.edges.items()}}
         if self.mode == "both":
             out["fakequant"] = {"outputs": {e: d.as_dict() for e, d in self.fq_outputs.items()},
                                 "edges": {e: d.as_dict() for e, d in self.fq_edges.items()},

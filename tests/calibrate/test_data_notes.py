@@ -29,7 +29,7 @@ def quantized(tmp_path_factory):
 def notes(qm, data):
     if isinstance(qm, qtool.api.QGraph):
         return qtool.simulate(qm, data, backend="cpu").notes
-    return qtool.simulate(qm, data, backend="cpu").extra["notes"]
+    return qtool.simulate(qm, data, backend="cpu").notes
 
 
 @pytest.mark.parametrize("kind", ["gru", "whole"])

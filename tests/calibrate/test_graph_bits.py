@@ -37,7 +37,7 @@ def test_a_layer_takes_its_own_bits_and_method(graph, tmp_path):
     again = api.load(tmp_path / "q.h5")
     assert np.array_equal(again.qparams["/head/Gemm"]["q_W"], q_W)
     test = np.load(SAMPLES / "test.npy")
-    assert api.simulate(again, test).to_dict() == api.simulate(qg, test).to_dict()
+    assert api.simulate(again, test).to_dict() | {"seconds": 0} == api.simulate(qg, test).to_dict() | {"seconds": 0}
 
 
 @pytest.mark.parametrize("table,says", [

@@ -97,7 +97,7 @@ def test_bad_model_files(cli, tmp_path):
     (tmp_path / "x.onnx").write_bytes(b"\x00\x01garbage")
     (tmp_path / "x.pt").write_bytes(b"garbage")
     cases = [
-        (["inspect", tmp_path / "corrupt.h5"], "not a readable"),
+        (["inspect", tmp_path / "corrupt.h5"], "not an HDF5 file"),
         (["inspect", tmp_path / "missing.h5"], "not found"),
         (["simulate", MODEL, SAMPLES / "test.npy"], "a safetensors file, not a quantized model"),
         (["import", tmp_path / "x.weird", "-o", tmp_path / "m.h5"], "not found"),

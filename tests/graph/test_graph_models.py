@@ -169,7 +169,7 @@ def test_torch_gru_classifier(tmp_path):
     qg, res = results["int8"]
     api.save(qg, tmp_path / "q.h5")
     again = api.simulate(api.load(tmp_path / "q.h5"), x_test, labels=y_test).to_dict()
-    assert again == res
+    assert again | {"seconds": 0} == res | {"seconds": 0}
     _c_verified(qg, x_test, tmp_path, streams=True)
 
 

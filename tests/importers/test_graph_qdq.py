@@ -169,7 +169,7 @@ def test_integer_model_lands_near_onnx_runtimes_qdq_run(ort_qdq):
     are not the file's meaning."""
     qg = api.calibrate(ort_qdq / "q.onnx", ort_qdq / "calib.npy", bits="w8a16")
     x = np.load(ort_qdq / "test.npy")
-    y_int = api.simulate(qg, x, outputs=True).kept["quant/y"]
+    y_int = api.simulate(qg, x, outputs=True).y_quant
     assert _cos(y_int, _ort(ort_qdq / "q.onnx", x, optimize=False)) > 0.999
 
 
@@ -240,7 +240,7 @@ def test_torch_ao_qat_model_exported_to_onnx(tmp_path):
                                                                             8, False)
     with torch.no_grad():
         y = m(torch.from_numpy(calib)).numpy()
-    assert _cos(api.simulate(qg, calib, outputs=True).kept["quant/y"], y) > 0.99
+    assert _cos(api.simulate(qg, calib, outputs=True).y_quant, y) > 0.99
 
 
 def test_qoperator_files_and_mismatched_pairs_are_refused(ort_qdq, tmp_path):

@@ -128,7 +128,7 @@ def test_calibration_takes_the_qkeras_grids_and_simulation_follows_qkeras(keras,
     assert all(rows[e]["used"] and rows[e]["moved_db"] == 0.0 and not rows[e]["clips"] for e in GRIDS)
     assert qg.info["edge_methods"]["qrelu"] == "the file's" and qg.info["edge_methods"]["dense"] == "the file's"
     sim = api.simulate(qg, test, outputs=True)
-    y = sim.kept["quant/y"]
+    y = sim.y_quant
     want = keras.ops.convert_to_numpy(m(test))  # QKeras' own quantized model
     assert np.array_equal(y * 16, np.round(y * 16))  # on QKeras' output grid
     cos = float((y * want).sum() / np.linalg.norm(y) / np.linalg.norm(want))
