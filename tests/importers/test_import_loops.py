@@ -170,7 +170,7 @@ def test_a_tflite_model_calibrates_and_simulates_in_integers(cli, tmp_path):
     code, out, err = cli("calibrate", GOLDEN / "tf_while_stack.tflite", tmp_path / "calib.npy", "-o", q, "--no-check")
     assert code == 0, err
     sim = qtool.simulate(q, x)
-    assert sim.core_outputs and next(iter(sim.outputs.values())).cosine > 0.99
+    assert sim.extra["core_outputs"] and next(iter(sim.outputs.values())).cosine > 0.99
 
 
 def test_tflite_files_qtool_cannot_read_are_refused_in_one_line(cli, tmp_path):
