@@ -60,8 +60,13 @@ class GraphCandidate:
     snr_db: float  # measured output SNR on the evaluation data (nan: not measured)
 
     def methods(self) -> dict:
-        """The method auto chose for the model (`advise --json`'s methods)."""
-        return {"winner": self.qg.info.get("auto", {}).get("chosen")}
+        """What auto chose, as a GRU's `methods` says it (`advise --json`): the winner, its
+        held-out output SNR (None when scored on the calibration data), and each edge's method."""
+        auto = self.qg.info.get("auto", {})
+        chosen = auto.get("chosen")
+        held = auto.get("output_snr_db", {}).get(chosen) if auto.get("held_out") else None
+        return {"winner": chosen, "held_out_snr_db": held,
+                "edges": [{"edge": e, "method": m} for e, m in self.qg.info.get("edge_methods", {}).items()]}
 
 
 @dataclass

@@ -161,6 +161,9 @@ def test_the_bits_file_names_every_method_so_any_method_rebuilds_the_model(per_e
     edges = {e: m for e, m in info["edge_methods"].items() if m in METHOD_NAMES}
     gru = {m for layer in info["gru_methods"]["gru"] for m in layer.values()}
     assert len(set(edges.values())) > 1 and len(gru) > 1  # no single --method rebuilds this model
+    said = adv.summary()["methods"]  # advise --json: the winner and each edge's method
+    assert said["winner"] == "per-edge" and {r["edge"]: r["method"] for r in said["edges"]} == info["edge_methods"]
+    assert said["held_out_snr_db"] == info["auto"]["output_snr_db"]["per-edge"]
     file = load_bits(str(path))[1]
     assert {n: t["method"] for n, t in file.graph.items()} == {"x": edges["x"], "front": edges["f"], "head": edges["y"]}
     assert {(l, n): t.method for l, t in file.layers.items() for n, t in t.items()} | \
