@@ -59,13 +59,11 @@ def count(data: SequenceData, limit: int | None) -> int:
     return min(int(limit), data.num_sequences)
 
 
-def shared_sequences(data: DataLike, test: DataLike, limit: int | None = None, dataset: str | None = None,
-                     time_first: bool = False) -> int:
+def shared_sequences(data: SequenceData, test: SequenceData, limit: int | None = None) -> int:
     """How many of `test`'s first `limit` sequences are also among `data`'s (equal value for
     value): held-out scores on them are not held out."""
     import hashlib
 
-    data, test = as_data(data, dataset, time_first), as_data(test, dataset, time_first)
     if data.shape[1:] != test.shape[1:]:
         return 0
 
