@@ -23,13 +23,13 @@ from qtool.cli.console import (
     emit_json,
     err,
     need,
-    on_signal,
     out,
     say_phases,
+    stop_on_signals,
     warn,
     wrote,
 )
-from qtool.errors import STOP_SIGNALS, QtoolError
+from qtool.errors import QtoolError
 from qtool.parallel import check_command, command_scope, stop_every_rank
 from qtool.parallel.agree import RankStopped
 from qtool.version import __version__
@@ -689,8 +689,7 @@ def _one_line(text) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, on_signal)
+    stop_on_signals()
     say_phases()
     NOTES.clear()  # in-process callers (tests) run several commands
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from qtool.errors import QtoolError, hold_signal, ignore_stop_signals
+from qtool.errors import STOP_SIGNALS, QtoolError, hold_signal, ignore_stop_signals
 
 out = Console()
 err = Console(stderr=True)
@@ -167,12 +167,37 @@ def on_signal(signum, frame):
     if _inside_llvmlite(frame):
         # An exception raised in llvmlite's ctypes callbacks (numba compiling or loading its
         # cache) is swallowed and leaves LLVM half-built, which crashes: ask again shortly.
-        timer = threading.Timer(RESIGNAL_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
+        _resignal(signum)
         return
     ignore_stop_signals()
     raise Interrupted(signum)
+
+
+def on_unraisable(unraisable) -> None:
+    """An Interrupted raised where Python cannot pass it on (a `__del__`, a weakref callback, a
+    ctypes callback) is dropped with an "Exception ignored" message, and the run could no longer
+    be stopped: arm the handler again and send the signal again, once back in ordinary code."""
+    e = unraisable.exc_value
+    if not isinstance(e, Interrupted) or threading.current_thread() is not threading.main_thread():
+        sys.__unraisablehook__(unraisable)
+        return
+    signal.signal(e.signum, on_signal)
+    _resignal(e.signum)
+
+
+def _resignal(signum: int) -> None:
+    """The signal again in a moment, from a timer: sent from here, it could land before the
+    code that dropped the exception has returned."""
+    timer = threading.Timer(RESIGNAL_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
+def stop_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise Interrupted, also where Python would drop it."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+    sys.unraisablehook = on_unraisable
 
 
 def _inside_llvmlite(frame) -> bool:

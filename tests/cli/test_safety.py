@@ -304,6 +304,34 @@ def test_a_signal_inside_llvmlite_is_asked_again_after_it():
             signal.signal(sig, handler)
 
 
+SIGNAL_IN_DEL = """
+import os, signal, time
+from qtool.cli.console import Interrupted, stop_on_signals
+
+class Collected:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here, where Python drops what it raises
+
+stop_on_signals()
+try:
+    Collected()
+    time.sleep(5)
+    print("ran on")
+except Interrupted:
+    print("stopped")
+"""
+
+
+def test_a_signal_python_drops_in_a_destructor_is_sent_again():
+    """A stop signal whose Interrupted is raised inside a `__del__` or a weakref callback (the
+    garbage collector runs them anywhere) is dropped by Python with an "Exception ignored"
+    message: the handler is armed again and the signal sent again, so the run still stops."""
+    p = subprocess.run([sys.executable, "-c", SIGNAL_IN_DEL], capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["stopped"], p.stderr
+    assert "Exception ignored" not in p.stderr
+
+
 def test_two_runs_writing_one_output_leave_one_runs_file(tmp_path):
     """Two calibrations of different methods writing the same -o at once: the file is one run's
     whole output (each writes a private temporary and renames it), never a mix."""
