@@ -31,7 +31,8 @@ def advise(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: Da
     a qtool.advisor.advise.Advice; `output` gets its bits file (TOML, for `calibrate(bits=...)`).
     `progress(stage, done, total or None)`. A whole model: int8 or int16 for each layer's weights
     and output and each GRU tensor, its rows one per such unit (docs/advisor.md, "Whole
-    models"). `check`: a file read here is checked against its framework."""
+    models"). `limit` bounds both `data` and `test` to their first `limit` sequences. `check`: a
+    file read here is checked against its framework."""
     from qtool.advisor.advise import THRESHOLD_DB
     from qtool.advisor.advise import advise as run_advise
 
@@ -52,6 +53,8 @@ def advise(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: Da
     data_in, test_in = data, test
     data = as_data(data, dataset, time_first)
     test = as_data(test, dataset, time_first) if test is not None else None
+    if test is not None:
+        test = test.first(count(test, limit))  # `limit` bounds the held-out data as the calibration
     if isinstance(model, GruModel):  # a whole model's are checked by its float pass
         for d in (data, test) if test is not None else (data,):
             d.check_features(model.input_size)

@@ -9,6 +9,7 @@ it (and the user said so); an output that is one of the command's inputs is refu
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import errno
 import hashlib
@@ -501,6 +502,14 @@ class SequenceData:
         if frame and self.frame and not frames_fit(self.frame, frame):
             raise QtoolError(f"{self.name}: its frames are {list(self.frame)} but the model reads "
                              f"{_frame_text(frame)}; transpose the data to that order")
+
+    def first(self, n: int) -> SequenceData:
+        """The first `n` sequences, read as lazily as the whole file."""
+        if n >= self.num_sequences:
+            return self
+        part = copy.copy(self)
+        part.shape = (n, *self.shape[1:])
+        return part
 
     def chunk(self, start: int, stop: int) -> np.ndarray:
         """Sequences [start, stop) as float32 `[n, T, C]`, refusing NaN and Inf."""

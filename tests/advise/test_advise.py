@@ -122,3 +122,20 @@ def test_bad_input_is_one_line_and_writes_nothing(cli, files, extra, message):
     assert "Traceback" not in err and not out_file.exists()
     if "300" in extra:
         assert "best measured is" in err
+
+
+def test_limit_bounds_the_held_out_data_as_the_calibration(cli, files):
+    """`--limit 20`: the first 20 sequences calibrate and the first 20 of --eval measure, as
+    `calibrate --limit 20` and `simulate --limit 20` of its bits file do."""
+    bits = files / "limit.toml"
+    code, out, err = cli("advise", files / "m.h5", files / "calib.npy", "--eval", files / "test.npy",
+                         "--limit", 20, "-o", bits, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["measured_on"].startswith("20 held-out sequences")
+    code, _, err = cli("calibrate", files / "m.h5", files / "calib.npy", "--bits", bits, "--limit", 20,
+                       "-o", files / "limit.h5")
+    assert code == 0, err
+    code, out, err = cli("simulate", files / "limit.h5", files / "test.npy", "--limit", 20, "--json")
+    assert code == 0, err
+    assert json.loads(out)["output"]["snr_db"] == pytest.approx(res["measured_snr_db"], abs=1e-9)
