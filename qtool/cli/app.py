@@ -126,7 +126,7 @@ def _hidden(model) -> str:
     return str(sizes[0]) if len(set(sizes)) == 1 else ", ".join(map(str, sizes))
 
 
-NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line)
+NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line), and in --json
 
 
 def _whole_model(path: Path, fmt: str | None = None) -> bool:
@@ -230,7 +230,7 @@ def calibrate(
             api.save(best, output, force, inputs=inputs)
         if as_json:
             emit_json({"methods": res.rows, "best": res.rows[res.best]["method"], "scored_sequences": res.scored,
-                       "notes": res.notes, "output": str(output) if output else None})
+                       "notes": [*NOTES, *res.notes], "output": str(output) if output else None})
             return
         from qtool.cli.tables import compare_table
 
@@ -251,11 +251,11 @@ def calibrate(
         qm = cal.quant_model(0)
     api.save(qm, output, force, inputs=inputs)
     elapsed = time.perf_counter() - t0
-    imported = {} if ranges is None else {"imported": cal.ranges_used, "notes": ranges.notes}
+    imported = {} if ranges is None else {"imported": cal.ranges_used}
     auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
     if as_json:
         emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
-                   "tensors": spec_rows(qm), **imported, **auto})
+                   "tensors": spec_rows(qm), **imported, **auto, "notes": [*NOTES, *(ranges.notes if ranges else [])]})
         return
     title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
              + (f" over {qm.info['samples']} sequence{'s' * (qm.info['samples'] != 1)}" if qm.info["samples"] else ""))
@@ -323,7 +323,7 @@ def advise(
     whole = not hasattr(adv.chosen, "qm")
     warn(adv.extra.get("notes", []))
     if as_json:
-        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "notes": adv.extra.get("notes", []),
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "notes": [*NOTES, *adv.extra.get("notes", [])],
                    ("units" if whole else "tensors"): adv.rows})
         return
     if whole:

@@ -2,6 +2,8 @@
 --no-check), what an import leaves out is said, and a command that needs a quantized model says
 what it was given instead."""
 
+import json
+
 import numpy as np
 import pytest
 from conftest import has
@@ -52,6 +54,10 @@ def test_calibrate_picks_a_gru_by_name_and_says_what_it_left_out(cli, files):
                          "--name", "enc", "--force")
     assert code == 0, err
     assert "left out, not quantized: dec (GRU), fc (2 tensors)" in " ".join(err.split())
+    for args in (("calibrate", "-o", d / "q.h5", "--force", "--method", "minmax"), ("advise",)):
+        code, out, err = cli(args[0], d / "seq2seq.pt", d / "calib.npy", *args[1:], "--name", "enc", "--json")
+        assert code == 0, err
+        assert any("left out, not quantized: dec (GRU)" in n for n in json.loads(out)["notes"]), args
     import qtool
 
     qm = qtool.load(d / "q.h5")
