@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qtool.api.common import describe_check, h5_format, other_model, write_once
 from qtool.core.graph import Graph
-from qtool.core.model import GruModel
+from qtool.core.model import GruModel, check_model_file
 from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
@@ -283,6 +283,7 @@ def load(path: str | os.PathLike) -> QuantModel | QGraph:
     from qtool.io.qmodel_file import load_qmodel
 
     path = Path(path)
+    check_model_file(path)
     if h5_format(path) == "qtool-qgraph":
         return load_qgraph(path)
     try:

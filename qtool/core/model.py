@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -327,6 +328,20 @@ def read_model(f: h5py.File, formats: tuple = (FORMAT,)) -> GruModel:
     return model
 
 
+NOT_HDF5 = ("not an HDF5 file (qtool's model files and Keras' .h5 files are HDF5): damaged, cut short, "
+            "or another kind of file")
+
+
+def check_model_file(path: Path) -> None:
+    """A model file to read exists, is a file and is not empty."""
+    if path.is_dir():
+        raise QtoolError(f"{path} is a directory, not a model file")
+    if not path.is_file():
+        raise QtoolError(f"model file not found: {path}")
+    if path.stat().st_size == 0:
+        raise QtoolError(f"{path} is empty (0 bytes), not a model file")
+
+
 def open_h5(path, mode: str = "r") -> h5py.File:
     """Open an HDF5 file, turning h5py's low-level errors into one clear line."""
     try:
@@ -335,6 +350,8 @@ def open_h5(path, mode: str = "r") -> h5py.File:
         raise QtoolError(f"file not found: {path}") from None
     except OSError as e:  # h5py: "Unable to ... (truncated file: eof = 20, sblock->base_addr = 0, ...)"
         reason = str(e).split("(", 1)[-1].split(",")[0].rstrip(")")
+        if "signature not found" in reason:
+            raise QtoolError(f"{path}: {NOT_HDF5}") from None
         raise QtoolError(f"{path}: not a readable HDF5 file ({reason})") from None
 
 

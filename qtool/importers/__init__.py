@@ -10,21 +10,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from qtool.core.model import GruModel
+from qtool.core.model import NOT_HDF5, GruModel, check_model_file
 from qtool.errors import QtoolError
 from qtool.importers.stack import Stack, chained, natural_key
 
 __all__ = ["FORMATS", "Stack", "chained", "detect_format", "gru_names", "import_graph", "import_model", "import_note",
            "natural_key", "not_fed_by_input", "read_imported", "read_stacks"]
-
-def _model_file(path: Path) -> None:
-    if path.is_dir():
-        raise QtoolError(f"{path} is a directory, not a model file")
-    if not path.is_file():
-        raise QtoolError(f"model file not found: {path}")
-    if path.stat().st_size == 0:
-        raise QtoolError(f"{path} is empty (0 bytes), not a model file")
-
 
 FORMATS = ("torch", "safetensors", "keras", "onnx", "tflite", "haste")
 GRAPH_FORMATS = ("onnx", "tflite")  # read by the ONNX importer (a TFLite file as the ONNX graph it computes)
@@ -38,9 +29,8 @@ def detect_format(path: Path) -> str:
         return "torch"
     if name.endswith(".safetensors"):
         return "safetensors"
-    if name.endswith((".h5", ".hdf5")) and path.is_file() and not _is_hdf5(path):
-        raise QtoolError(f"{path}: not an HDF5 file (qtool's model files and Keras' .h5 files are HDF5): "
-                         "damaged, cut short, or another kind of file")
+    if name.endswith((".h5", ".hdf5")) and path.is_file() and path.stat().st_size and not _is_hdf5(path):
+        raise QtoolError(f"{path}: {NOT_HDF5}")
     if name.endswith((".keras", ".h5", ".hdf5")):
         return "keras"
     if name.endswith(".onnx"):
@@ -113,7 +103,7 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
     if they disagree; `model.extra["check"]` says what was checked and the largest difference.
     """
     path = Path(path)
-    _model_file(path)
+    check_model_file(path)
     fmt = fmt or detect_format(path)
     if fmt == "keras":
         _not_qtool_output(path)
@@ -210,7 +200,7 @@ def import_graph(path: str | Path, fmt: str | None = None, check: bool = True):
     from qtool.layers import check as check_graph
 
     path = Path(path)
-    _model_file(path)
+    check_model_file(path)
     fmt = fmt or detect_format(path)
     if fmt in GRAPH_FORMATS:
         from qtool.importers.onnx.model_graph import import_onnx_graph

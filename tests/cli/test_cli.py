@@ -94,11 +94,17 @@ def test_bad_data_one_line_no_output(cli, qmodel, tmp_path):
 
 def test_bad_model_files(cli, tmp_path):
     (tmp_path / "corrupt.h5").write_bytes(b"not hdf5 at all")
+    (tmp_path / "empty.h5").write_bytes(b"")
     (tmp_path / "x.onnx").write_bytes(b"\x00\x01garbage")
     (tmp_path / "x.pt").write_bytes(b"garbage")
     cases = [
         (["inspect", tmp_path / "corrupt.h5"], "not an HDF5 file"),
-        (["inspect", tmp_path / "missing.h5"], "not found"),
+        (["inspect", tmp_path / "missing.h5"], "model file not found"),
+        (["simulate", tmp_path / "missing.h5", SAMPLES / "test.npy"], "model file not found"),
+        (["export", "c", tmp_path / "missing.h5", "-o", tmp_path / "c"], "model file not found"),
+        (["export", "c", tmp_path / "corrupt.h5", "-o", tmp_path / "c"], "not an HDF5 file"),
+        (["simulate", tmp_path / "corrupt.h5", SAMPLES / "test.npy"], "not an HDF5 file"),
+        (["inspect", tmp_path / "empty.h5"], "is empty (0 bytes), not a model file"),
         (["simulate", MODEL, SAMPLES / "test.npy"], "a safetensors file, not a quantized model"),
         (["import", tmp_path / "x.weird", "-o", tmp_path / "m.h5"], "not found"),
         (["import", SAMPLES / "calib.npy", "-o", tmp_path / "m.h5", "--format", "nope"], "unknown format"),
