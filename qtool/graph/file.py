@@ -164,7 +164,8 @@ def _ranges(d, where: str) -> GraphRanges:
 def write_qgraph(f, qg: QGraph) -> None:
     write_graph(f, qg.graph)
     grids = {e: [g.bits, int(g.exp2_inv), int(g.zp), float(g.lo), float(g.hi)] for e, g in qg.grids.items()}
-    quant = {"core": qg.core, "tail": qg.tail, "passes": qg.passes, "info": qg.info, "grids": grids}
+    info = {**qg.info, "qtool_version": __version__}  # the provenance says who wrote it, as a GRU's does
+    quant = {"core": qg.core, "tail": qg.tail, "passes": qg.passes, "info": info, "grids": grids}
     f.attrs.update(format=QGFORMAT, quant=json.dumps(quant, default=plain_json), fingerprint=qg.fingerprint())
     for k, n in enumerate(qg.graph.nodes):
         if n.op in MODEL_OPS and n.name in qg.qparams:
