@@ -1,4 +1,4 @@
-"""The integer GRU of every cell form (issue 25): the reset gate before the recurrent GEMM,
+"""The integer GRU of every cell form: the reset gate before the recurrent GEMM,
 hard_sigmoid gates, relu and linear candidates. The CPU engine against the independent rational
 reference of the formulas (tests/reference_int_gru.py), the files, the validator and the proof
 of the lanes. The haste cell's numbers are pinned by tests/engine/test_integer_gru.py and the golden files."""

@@ -1,4 +1,4 @@
-"""Issue 25's bar on trained models: Keras GRUs with the reset gate before the recurrent GEMM,
+"""Every cell form on trained models: Keras GRUs with the reset gate before the recurrent GEMM,
 hard_sigmoid gates (both reset forms) and a relu candidate, and an ONNX GRU with
 linear_before_reset=0, each trained on a task this test makes, saved by its framework, imported
 with the check on (float = framework to 1e-4), then calibrated and simulated on held-out data:

@@ -1,4 +1,4 @@
-"""The GRU cells other than the haste form (issue 25): the reset gate before the recurrent GEMM
+"""The GRU cells other than the haste form: the reset gate before the recurrent GEMM
 (Keras reset_after=False, ONNX linear_before_reset=0), hard_sigmoid gates, relu and linear
 candidates. Keras models are built, compiled (one with a custom loss), trained a few steps and
 saved as .keras and legacy .h5; ONNX GRUs are built with onnx.helper. Each import is checked
