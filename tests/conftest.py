@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -134,6 +135,20 @@ def fine_tune(module, x, target, batch: int, steps: int = 8) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+
+STOP_HANDLERS = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_as_they_were():
+    """qtool's main ends ignoring stop signals (a finished command keeps its exit status): after
+    each test that ran it in-process the signals are pytest's again, so Ctrl-C stops pytest."""
+    hook = sys.unraisablehook
+    yield
+    for sig, handler in STOP_HANDLERS.items():
+        signal.signal(sig, handler)
+    sys.unraisablehook = hook
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from qtool.cli.console import (
     Bar,
     Interrupted,
     as_flags,
+    command_over,
     confirm_at_terminal,
     emit_json,
     err,
@@ -695,11 +696,14 @@ def main(argv: list[str] | None = None) -> None:
     if not os.environ.get("QTOOL_DEBUG"):  # libraries' warnings would break the one-line rule
         warnings.simplefilter("ignore")
     try:
-        with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
-            code = app(args=argv, prog_name="qtool", standalone_mode=False)
-            for note in NOTES:
-                err.print(f"note: {escape(as_flags(note))}", highlight=False)  # wrapped at word boundaries
-            NOTES.clear()
+        try:
+            with command_scope(out, err):  # under mpiexec: rank 0 prints, the ranks agree on errors
+                code = app(args=argv, prog_name="qtool", standalone_mode=False)
+                for note in NOTES:
+                    err.print(f"note: {escape(as_flags(note))}", highlight=False)  # wrapped at word boundaries
+                NOTES.clear()
+        finally:
+            command_over()
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

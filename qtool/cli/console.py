@@ -181,6 +181,8 @@ def on_unraisable(unraisable) -> None:
     if not isinstance(e, Interrupted) or threading.current_thread() is not threading.main_thread():
         sys.__unraisablehook__(unraisable)
         return
+    if _over:  # the command has ended: nothing is left to stop
+        return
     signal.signal(e.signum, on_signal)
     _resignal(e.signum)
 
@@ -193,11 +195,24 @@ def _resignal(signum: int) -> None:
     timer.start()
 
 
+_over = False
+
+
 def stop_on_signals() -> None:
     """SIGINT, SIGTERM and SIGHUP raise Interrupted, also where Python would drop it."""
+    global _over
+    _over = False
     for sig in STOP_SIGNALS:
         signal.signal(sig, on_signal)
     sys.unraisablehook = on_unraisable
+
+
+def command_over() -> None:
+    """The command has ended, its output written or its error found: a stop signal from here on
+    has nothing to stop or clean up, and the exit status stays the command's own."""
+    global _over
+    _over = True
+    ignore_stop_signals()
 
 
 def _inside_llvmlite(frame) -> bool:

@@ -332,6 +332,14 @@ def test_a_signal_python_drops_in_a_destructor_is_sent_again():
     assert "Exception ignored" not in p.stderr
 
 
+@pytest.mark.parametrize("args,code", [(("inspect", MODEL), 0), (("inspect", "no-such-file.h5"), 2)])
+def test_a_finished_command_keeps_its_exit_status(cli, args, code):
+    """Once a command has written its output or said its error, a stop signal (a Ctrl-C as it
+    exits) has nothing left to stop: it is ignored, and the exit status stays the command's."""
+    assert cli(*args)[0] == code
+    assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
+
 def test_two_runs_writing_one_output_leave_one_runs_file(tmp_path):
     """Two calibrations of different methods writing the same -o at once: the file is one run's
     whole output (each writes a private temporary and renames it), never a mix."""
