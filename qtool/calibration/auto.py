@@ -244,8 +244,10 @@ class AutoCalibrator:
 
     def quantize(self, config: dict[str, TensorConfig], info: dict) -> tuple[QuantModel, AutoChoice]:
         choice = self.choose(config)
-        label = {"per-tensor": "per tensor"}.get(choice.winner, choice.winner)
-        qm = self.build(config, choice.plan, {**info, "method": f"auto ({label}): {choice.plan.label()}"})
+        # "auto: mse" where one method won; "auto (per tensor): minmax, layer0 z_pre mse, ..."
+        method = f"auto (per tensor): {choice.plan.label()}" if choice.winner == "per-tensor" else \
+            f"auto: {choice.plan.label()}"
+        qm = self.build(config, choice.plan, {**info, "method": method})
         return qm, choice
 
     def _per_tensor(self, config: dict[str, TensorConfig]

@@ -117,7 +117,7 @@ def test_calibrate_defaults_to_auto_and_is_no_worse_than_any_single_method(cli, 
     code, out, err = cli("calibrate", model, SAMPLES / "calib.npy", "-o", tmp_path / "a.h5", "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["method"].startswith("auto (") and res["auto"]["winner"] and res["auto"]["tensors"]
+    assert res["method"].startswith("auto") and res["auto"]["winner"] and res["auto"]["tensors"]
     code, out, err = cli("simulate", tmp_path / "a.h5", SAMPLES / "test.npy", "--json", "--no-per-tensor")
     auto_snr = json.loads(out)["output"]["snr_db"]
     code, out, err = cli("calibrate", model, SAMPLES / "calib.npy", "--compare", ",".join(AUTO_METHODS),

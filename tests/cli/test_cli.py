@@ -47,7 +47,7 @@ def test_tables_and_inspect(cli, qmodel):
     assert code == 0 and "exp2_inv" in out and "lut_g" in out
     code, out, _ = cli("inspect", qmodel, "--json")
     info = json.loads(out)
-    assert info["quantized"] and info["quant"]["method"].startswith("auto (") and info["quant"]["samples"] == 400
+    assert info["quantized"] and info["quant"]["method"].startswith("auto") and info["quant"]["samples"] == 400
 
 
 def test_calibrate_directly_from_source_with_presets_and_ema(cli, tmp_path):
