@@ -87,7 +87,7 @@ DataOpt = Annotated[str | None, typer.Option("--dataset", metavar="NAME", help="
 TimeFirst = Annotated[bool, typer.Option("--time-first", help="Data is [T, N, C] instead of [N, T, C].")]
 Force = Annotated[bool, typer.Option("--force", "-f", help="Replace an existing output that qtool wrote (files qtool did not write are never replaced).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print results as JSON for scripts.")]
-LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N sequences of each data file (the calibration data, --eval's).", min=1)]
+LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N sequences of each data file.", min=1)]
 
 
 @app.command("import")
