@@ -180,10 +180,8 @@ def other_model(path: Path) -> str | None:
     """What a file that is no quantized model is, when it is a model of another kind."""
     from qtool.importers import detect_format
 
-    if not path.is_file():
+    if not path.is_file() or path.stat().st_size == 0:  # qtool.core.model.check_model_file says so
         return None
-    if path.stat().st_size == 0:
-        return "an empty file (0 bytes)"
     fmt = h5_format(path)
     if fmt is None:
         with contextlib.suppress(QtoolError):

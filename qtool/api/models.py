@@ -210,6 +210,7 @@ def load_qgraph(path: str | os.PathLike) -> QGraph:
     from qtool.graph.file import load as load_file
 
     path = Path(path)
+    check_model_file(path)
     fmt = h5_format(path)
     if fmt != "qtool-qgraph":
         kind = "a float whole-model file" if fmt == "qtool-graph" else other_model(path)
@@ -292,8 +293,6 @@ def load(path: str | os.PathLike) -> QuantModel | QGraph:
         kind = other_model(path)  # a float model or a framework file: say what it is and what to run
         if kind is None:
             raise
-        if kind.startswith("an empty file"):
-            raise QtoolError(f"{path} is empty (0 bytes), not a quantized model") from None
         raise QtoolError(f"{path}: {kind}, not a quantized model; quantize it first: qtool calibrate "
                          f"{path} CALIB_DATA -o q.h5") from None
 
