@@ -1,5 +1,5 @@
 """`python -m qtool.cli`."""
 
-from qtool.cli.app import main
+from qtool.cli import main
 
 main()

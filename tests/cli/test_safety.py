@@ -332,6 +332,27 @@ def test_a_signal_python_drops_in_a_destructor_is_sent_again():
     assert "Exception ignored" not in p.stderr
 
 
+SIGNAL_WHILE_STARTING = """
+import os, signal, sys
+class SignalOnImport:  # the signal arrives while the commands' modules are imported
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "typer":
+            os.kill(os.getpid(), signal.SIGINT)
+from qtool.cli import main
+sys.meta_path.insert(0, SignalOnImport)
+main(["--version"])
+"""
+
+
+def test_a_signal_while_starting_is_one_line():
+    """A Ctrl-C in the first tenths of a second, while the entry point imports the commands, ends
+    the run with the exit status of a stop and one line, not a KeyboardInterrupt traceback."""
+    p = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_STARTING], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 128 + signal.SIGINT, p.stderr
+    assert p.stderr.splitlines() == ["interrupted (SIGINT) while starting; nothing was written"]
+
+
 @pytest.mark.parametrize("args,code", [(("inspect", MODEL), 0), (("inspect", "no-such-file.h5"), 2)])
 def test_a_finished_command_keeps_its_exit_status(cli, args, code):
     """Once a command has written its output or said its error, a stop signal (a Ctrl-C as it
