@@ -74,11 +74,14 @@ def now_utc() -> str:
 
 
 def _ensure_parent(dest: Path) -> Path:
+    """The existing directory a file output goes into. A missing one is refused, not created: a
+    mistyped path would otherwise grow a tree of directories nobody asked for."""
     parent = dest.parent if str(dest.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise QtoolError(os_error_message(e, parent, "creating")) from None
+    blocker = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not blocker.is_dir():
+        raise QtoolError(f"cannot write {dest}: {blocker} is a file, not a directory")
+    if blocker != parent:
+        raise QtoolError(f"output directory not found: {parent} (create it first)")
     return parent
 
 
@@ -152,6 +155,8 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
                  confirm: Callable[[str], bool] | None = None) -> Path:
     """Check that `path` may be written: it is none of `inputs`, not a directory, and if it
     exists, qtool wrote it and the user agreed (`force`, or `confirm(question)` at a terminal)."""
+    if not str(path).strip() or Path(path) == Path("."):  # typer reads `-o ""` as "."
+        raise QtoolError("the output path is empty or the current directory; name a file")
     path = Path(path)
     for i in inputs:
         if i is not None and (_same_file(path, Path(i)) or path.resolve() == Path(i).resolve()):
@@ -173,12 +178,9 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
 
 def probe_writable(path: Path) -> None:
     """Refuse now, not after minutes of work, an output whose folder cannot take a file: create
-    and remove a temporary in the nearest existing folder (a read-only mount, no permission, a
-    file where a folder must go). Nothing is created that stays."""
-    parent = path.parent if str(path.parent) else Path(".")
-    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise QtoolError(f"cannot write {path}: {existing} is a file, not a directory")
+    and remove a temporary in it (a missing folder, a read-only mount, no permission, a file
+    where a folder must go). Nothing is created that stays."""
+    existing = _ensure_parent(path)
     with signals_held():  # one between the probe's creation and its removal would leave it
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=existing)

@@ -217,7 +217,7 @@ def test_read_only_directory(qmodel, tmp_path):
         assert res.returncode == 2 and "read-only" in res.stderr and one_error_line(res.stderr)
         # the long commands refuse before their work (advise takes over 30 s on the sample)
         for args in (["advise", MODEL, SAMPLES / "calib.npy", "--eval", SAMPLES / "test.npy", "--target-snr", "40",
-                      "-o", d / "sub" / "bits.toml"],
+                      "-o", d / "bits.toml"],
                      ["calibrate", MODEL, SAMPLES / "calib.npy", "-o", d / "q.h5"],
                      ["simulate", qmodel, SAMPLES / "test.npy", "--save", d / "s.h5"]):
             t0 = time.perf_counter()
@@ -227,6 +227,24 @@ def test_read_only_directory(qmodel, tmp_path):
         assert not list(d.iterdir())
     finally:
         subprocess.run(["umount", str(d)])
+
+
+@pytest.mark.parametrize("command", ["calibrate", "advise", "simulate", "report", "import", "export json"])
+def test_an_output_into_a_missing_directory_is_refused(cli, qmodel, tmp_path, command):
+    """A file output into a directory that does not exist (a mistyped path) is refused before any
+    work, and no directory is created; `-o ""` names no file."""
+    data = SAMPLES / "calib.npy"
+    args = {"calibrate": ["calibrate", MODEL, data], "import": ["import", MODEL],
+            "advise": ["advise", MODEL, data, "--eval", data, "--target-snr", "20"],
+            "simulate": ["simulate", qmodel, data], "report": ["report", qmodel, data],
+            "export json": ["export", "json", qmodel]}[command]
+    flag = "--save" if command == "simulate" else "-o"
+    code, _, stderr = cli(*args, flag, tmp_path / "no" / "such" / "out.h5")
+    assert code == 2 and one_error_line(stderr), stderr
+    assert f"output directory not found: {tmp_path / 'no' / 'such'}" in stderr
+    assert not (tmp_path / "no").exists()
+    code, _, stderr = cli(*args, flag, "")
+    assert code == 2 and "the output path is empty" in stderr and one_error_line(stderr), stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
