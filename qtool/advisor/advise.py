@@ -136,10 +136,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     if target_db is not None or max_flash is not None:
         search = Search(ev, predictor)
         mode = "target" if target_db is not None else "budget"
-        chosen = search.for_target(target_db) if target_db is not None else search.within(max_flash)
-        if target_db is not None and max_flash is not None and chosen.flash > max_flash:
-            raise QtoolError(f"reaching {target_db:g} dB needs {chosen.flash:,} bytes of flash, above "
-                             f"`max_flash` {max_flash:,}")
+        chosen = search.for_target(target_db, max_flash) if target_db is not None else search.within(max_flash)
         presets = measured_presets(int8=search.low, w8a16=search.w8a16, int16=search.high)
     else:
         mode = "rule"

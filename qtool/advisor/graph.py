@@ -296,10 +296,7 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
     ev = GraphEvaluator(sp, eval_data, 99.99, chunk, info, lambda k: tick("simulations", k, None))
     search = GraphSearch(ev)
     if target_db is not None:
-        mode, chosen = "target", search.for_target(target_db)
-        if max_flash is not None and chosen.flash > max_flash:
-            raise QtoolError(f"reaching {target_db:g} dB needs {chosen.flash:,} bytes of flash, above "
-                             f"`max_flash` {max_flash:,}")
+        mode, chosen = "target", search.for_target(target_db, max_flash)
     elif max_flash is not None:
         mode, chosen = "budget", search.within(max_flash)
     else:

@@ -180,7 +180,24 @@ class UnitSearch(ABC):
     def passing(self, target_db: float) -> list:
         return [c for c in self.ev.seen.values() if c.snr_db >= target_db]
 
-    def for_target(self, target_db: float) -> Candidate:
+    def check_budget(self, budget: int) -> None:
+        """Refuse at once a budget below the all-int8 flash, the least any configuration needs."""
+        if budget < self.low.flash:
+            raise QtoolError(f"`max_flash` {budget:,} bytes is below the all-int8 flash "
+                             f"({self.low.flash:,} bytes), the least any configuration needs")
+
+    def for_target(self, target_db: float, budget: int | None = None) -> Candidate:
+        """The least flash whose measured SNR reaches `target_db`; an error if that is above
+        `budget` (checked first against the all-int8 flash, before any search)."""
+        if budget is not None:
+            self.check_budget(budget)
+        chosen = self._for_target(target_db)
+        if budget is not None and chosen.flash > budget:
+            raise QtoolError(f"reaching {target_db:g} dB needs {chosen.flash:,} bytes of flash, above "
+                             f"`max_flash` {budget:,}")
+        return chosen
+
+    def _for_target(self, target_db: float) -> Candidate:
         ev = self.ev
         if self.low.snr_db >= target_db:
             return self.low
@@ -227,9 +244,7 @@ class UnitSearch(ABC):
     def within(self, budget: int) -> Candidate:
         """The best measured SNR with flash at most `budget`: the order's longest prefix that
         fits, the order filled greedily with every unit that still fits, and the presets."""
-        if budget < self.low.flash:
-            raise QtoolError(f"`max_flash` {budget:,} bytes is below the all-int8 flash "
-                             f"({self.low.flash:,} bytes), the least any configuration needs")
+        self.check_budget(budget)
         prefix, fill, spent, blocked = [], [], self.low.flash, False
         for u in self.order:
             fits = spent + max(self.cost[u], 0) <= budget

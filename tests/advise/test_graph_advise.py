@@ -237,6 +237,8 @@ def test_the_budget_search_stays_within_the_budget(searched):
     assert within.chosen.flash <= budget and within.chosen.snr_db >= adv.presets["int8"]["snr_db"]
     with pytest.raises(QtoolError, match="below the all-int8 flash"):
         api.advise(g, calib.chunk(0, 60), test.chunk(0, 40), max_flash=100)
+    with pytest.raises(QtoolError, match="below the all-int8 flash"):  # before the target's search
+        api.advise(g, calib.chunk(0, 60), test.chunk(0, 40), target_snr=300, max_flash=100)
 
 
 def test_advise_on_the_whole_sample_at_the_command_line(cli, tmp_path):
