@@ -140,7 +140,7 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
 
 def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int) -> str:
     """The channel of a per-channel input grid with the largest share of values outside its own
-    grid: `channel 3 (its grid 2^-15 finer): 95.0%`."""
+    grid: `channel 3 (a grid 2^15 times finer than the coarsest): 95.0%`."""
     g, shifts = qg.grids[edge], qg.graph.input_shifts[edge]
     out, total = np.zeros(len(shifts)), 0
     for _, x in data.chunks(chunk, n):
@@ -148,7 +148,8 @@ def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int
         out += ((v < g.lo) | (v > g.hi)).sum(0)
         total += v.shape[0]
     c = int(np.argmax(out))
-    return f"channel {c} (its grid 2^-{shifts[c]} finer): {out[c] / max(total, 1):.1%}"
+    grid = "the coarsest grid" if shifts[c] == 0 else f"a grid 2^{shifts[c]} times finer than the coarsest"
+    return f"channel {c} ({grid}): {out[c] / max(total, 1):.1%}"
 
 
 @dataclass

@@ -113,6 +113,9 @@ def clean(v):
 
 
 def emit_json(obj) -> None:
+    """One JSON object on stdout; its `notes` in the command line's words, as on stderr."""
+    if isinstance(obj, dict) and obj.get("notes"):
+        obj = {**obj, "notes": [as_flags(n) for n in obj["notes"]]}
     print(json.dumps(clean(obj), allow_nan=False))
 
 

@@ -44,7 +44,8 @@ def detect_format(path: Path) -> str:
                          "with tf2onnx (python -m tf2onnx.convert --graphdef FILE.pb --inputs ... --outputs ... "
                          "--output model.onnx) and import the .onnx")
     if name.endswith((".npy", ".csv", ".wav")):  # a data file where the model goes: arguments swapped?
-        raise QtoolError(f"{path} holds data, not a model; the model file comes first, then the data")
+        raise QtoolError(f"{path}: qtool reads {Path(name).suffix} files as data, not as a model; the model "
+                         "file comes first, then the data")
     raise QtoolError(f"{path}: cannot tell the model format from the name; name it by its format (.pt, "
                      ".safetensors, .keras, .h5, .onnx, .tflite, .npz) or use `fmt` with `qtool import` "
                      f"({', '.join(FORMATS)})")

@@ -397,6 +397,8 @@ def open_sequences(
     to get validated float32 batches `[n, T, C]`.
     """
     path = Path(path)
+    if path.is_dir():
+        raise QtoolError(f"{path} is a directory, not a data file")
     if not path.is_file():
         raise QtoolError(f"data file not found: {path}")
     if path.stat().st_size == 0:

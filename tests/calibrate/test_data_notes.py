@@ -52,7 +52,8 @@ def test_at_the_command_line(cli, quantized, tmp_path):
     qtool.save(models["whole"], tmp_path / "q.h5")
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--json")
     assert code == 0 and "warning: the data [8, 597, 8] look time-first" in err and "--time-first" in err
-    assert json.loads(out)["notes"][0].startswith("the data [8, 597, 8] look time-first")
+    (said,) = json.loads(out)["notes"]  # in the command line's words, as on stderr
+    assert said.startswith("the data [8, 597, 8] look time-first") and "pass --time-first" in said
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--labels", SAMPLES / "test_labels.npy")
     assert code == 2 and err.count("\n") == 1 and "look time-first" in err and "--time-first" in err
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--time-first",

@@ -112,6 +112,7 @@ def test_bad_model_files(cli, tmp_path):
          "neither a preset"),
         (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method", "magic"],
          "unknown method"),
+        (["calibrate", MODEL, tmp_path, "-o", tmp_path / "q.h5"], f"{tmp_path} is a directory, not a data file"),
     ]
     if has("onnx"):
         cases.append((["import", tmp_path / "x.onnx", "-o", tmp_path / "m.h5"], "not a readable ONNX"))

@@ -179,4 +179,5 @@ def test_simulate_names_the_channel_most_outside_its_grid():
     x = mfcc(20, 1)
     x[..., 3] *= 100  # one channel scaled unlike the calibration data
     notes = " ".join(qtool.simulate(qg, x).notes)
-    assert "lie outside its grid (saturated; most on channel 3 (its grid 2^-3 finer):" in notes, notes
+    said = "lie outside its grid (saturated; most on channel 3 (a grid 2^3 times finer than the coarsest):"
+    assert said in notes, notes

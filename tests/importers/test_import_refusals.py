@@ -164,7 +164,7 @@ def test_frozen_graphs_and_data_given_as_the_model_are_named(cli, tmp_path):
              "tf2onnx")
     np.save(tmp_path / "calib.npy", np.zeros((2, 3, 4), np.float32))
     one_line(*cli("calibrate", tmp_path / "calib.npy", tmp_path / "kws.pb", "-o", tmp_path / "q.h5"),
-             "holds data, not a model; the model file comes first")
+             "qtool reads .npy files as data, not as a model; the model file comes first")
 
 
 def test_empty_and_tflite_files_are_named(cli, tmp_path):
