@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.api.common import DataLike, as_data, axes_notes, count, range_notes, shared_notes
+from qtool.api.common import DataLike, as_data, count, held_out_notes
 from qtool.api.models import is_whole, load_model_for_data, one_input_graph
 from qtool.core.graph import Graph
 from qtool.core.model import GruModel
@@ -80,9 +80,7 @@ def _advised(run: Callable, data: SequenceData, test: SequenceData | None, n: in
     data (`.extra["notes"]`; in the error when the run fails)."""
     from qtool.io.files import write_bytes
 
-    notes = [] if test is None else (axes_notes(int(data.shape[1]), test.shape, test.time_first,
-                                                "is calibrated here on") + range_notes(data, n, test)
-                                     + shared_notes(data, test, n))
+    notes = [] if test is None else held_out_notes(data, n, test)
     try:
         adv = run()
     except QtoolError as e:

@@ -131,6 +131,13 @@ def range_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
             "are they scaled as the calibration data are?"]
 
 
+def held_out_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
+    """What looks wrong in held-out data `test` beside the first `n` calibration sequences of
+    `data`: steps and batch swapped, values outside the calibration range, sequences shared."""
+    return (axes_notes(int(data.shape[1]), test.shape, test.time_first, "is calibrated here on")
+            + range_notes(data, n, test) + shared_notes(data, test, n))
+
+
 def check_mode(mode: str) -> None:
     from qtool.simulation.fakequant import MODES
 

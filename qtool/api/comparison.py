@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qtool.api.calibration import graph_candidates, observe
-from qtool.api.common import DataLike, Progress, as_data, count, shared_notes
+from qtool.api.common import DataLike, Progress, as_data, count, held_out_notes
 from qtool.api.models import is_whole
 from qtool.api.simulation import simulate
 from qtool.core.graph import Graph
@@ -55,9 +55,11 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
                           percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
                           time_first=time_first)
             models = [cal.quant_model(k) for k in range(len(methods))]
+    data = as_data(data, dataset, time_first)
     test = as_data(test, dataset, time_first)
     scored = count(test, limit)
-    notes = shared_notes(as_data(data, dataset, time_first), test, limit)
+    test = test.first(scored)
+    notes = held_out_notes(data, count(data, limit), test)
     rows = []
     total = len(models) * scored
     for k, qm in enumerate(models):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.api.common import DataLike, Progress, as_data, count
+from qtool.api.common import DataLike, Progress, as_data, axes_notes, count
 from qtool.api.models import is_whole, load
 from qtool.api.rows import qgraph_rows
+from qtool.api.simulation import graph_saturation_notes, gru_notes
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
@@ -28,6 +29,7 @@ class ReportResult:
     samples: int
     size: int
     backend: str
+    notes: list  # what looks wrong with the data, as `simulate` says it
 
 
 def html_report(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
@@ -62,25 +64,25 @@ def html_report(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, out
     n = count(data, limit)
     out = claim_output(out, force, [qm_path, None if isinstance(data_in, np.ndarray) else data.name], confirm)
     page = _graph_page if whole else _gru_page
-    html, output, per_step = page(qm, data, n, runner, label, reason, sequences=sequences, units=units,
-                                  batch_size=batch_size, progress=progress)
+    html, output, per_step, notes = page(qm, data, n, runner, label, reason, sequences=sequences, units=units,
+                                         batch_size=batch_size, progress=progress)
     write_bytes(out, html)
-    return ReportResult(out, output, per_step, n, len(html), label)
+    return ReportResult(out, output, per_step, n, len(html), label, notes)
 
 
 def _gru_page(qm: QuantModel, data: SequenceData, n: int, runner, label: str, reason: str, *, sequences: int,
-              units: int, batch_size: int, progress: Progress | None) -> tuple[bytes, dict, list]:
+              units: int, batch_size: int, progress: Progress | None) -> tuple[bytes, dict, list, list]:
     """A GRU alone's page (qtool.report.html): its tensors, the output's error by time step."""
     from qtool.report.data import collect
     from qtool.report.html import render
 
     rd = collect(qm, data, n, keep=sequences, batch_size=batch_size, runner=runner, progress=progress)
     return (render(qm, rd, Path(data.name).name, units).encode(), rd.results["output"],
-            rd.results["per_step_snr_db"])
+            rd.results["per_step_snr_db"], gru_notes(qm, data, rd.results["tensors"]))
 
 
 def _graph_page(qg: QGraph, data: SequenceData, n: int, runner, label: str, reason: str, *, sequences: int,
-                units: int, batch_size: int, progress: Progress | None) -> tuple[bytes, dict, list]:
+                units: int, batch_size: int, progress: Progress | None) -> tuple[bytes, dict, list, list]:
     """A whole model's page (qtool.report.graph_page): the graph with each edge's error, and each
     GRU's tensors measured on its own input (qtool.report.data.collect_graph)."""
     from qtool.report.data import collect_graph
@@ -91,4 +93,5 @@ def _graph_page(qg: QGraph, data: SequenceData, n: int, runner, label: str, reas
     sim.backend, sim.backend_reason = label, reason
     res = sim.to_dict()
     html = render(qg, qgraph_rows(qg, sim), res, Path(data.name).name, grus).encode()
-    return html, next(iter(res["outputs"].values())), []
+    notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
+    return html, next(iter(res["outputs"].values())), [], notes + graph_saturation_notes(qg, sim, data, n, batch_size)

@@ -111,10 +111,7 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
         from qtool.parallel.graph import simulate_graph as simulate_ranks
 
         sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
-    saturated = {e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs if e in sim.edges}
-    worst = {e: _worst_channel(qg, e, data, n, batch_size) for e, share in saturated.items()
-             if share > SATURATED_NOTE and e in qg.graph.input_shifts}
-    notes = shape_notes + saturation_notes(saturated, worst)
+    notes = shape_notes + graph_saturation_notes(qg, sim, data, n, batch_size)
     if save is not None:
         def write(f) -> None:
             from qtool.io.results import RESULTS_FORMAT
@@ -136,6 +133,23 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
         if outputs else {}
     return SimulationResult(sim.output, n, time.perf_counter() - t0, label, reason, mode, edges=sim.edges,
                             outputs=sim.outputs, extra=extra, notes=notes, **arrays)
+
+
+def graph_saturation_notes(qg: QGraph, sim, data: SequenceData, n: int, batch_size: int) -> list[str]:
+    """The model's inputs scaled unlike the calibration data (`sim`: a GraphSimulation), with the
+    channel most outside its own grid where an input has a grid per channel."""
+    saturated = {e: sim.edges[e].as_dict()["saturated"] for e in qg.graph.inputs if e in sim.edges}
+    worst = {e: _worst_channel(qg, e, data, n, batch_size) for e, share in saturated.items()
+             if share > SATURATED_NOTE and e in qg.graph.input_shifts}
+    return saturation_notes(saturated, worst)
+
+
+def gru_notes(qm: QuantModel, data: SequenceData, tensors: dict) -> list[str]:
+    """What looks wrong with the data of a GRU alone's run (`tensors`: its per-tensor results):
+    time-first data read batch-first, inputs scaled unlike the calibration data."""
+    x = tensors.get(tensor_key(0, 0, "x"), {})
+    return axes_notes(int(qm.info.get("time_steps", 0)), data.shape, data.time_first) + saturation_notes(
+        {"x": x["saturated"]} if "saturated" in x else {})
 
 
 def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int) -> str:
@@ -251,9 +265,7 @@ def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
-    x_tensor = res["tensors"].get(tensor_key(0, 0, "x"), {})
-    notes = axes_notes(int(qm.info.get("time_steps", 0)), data.shape, data.time_first) + saturation_notes(
-        {"x": x_tensor["saturated"]} if "saturated" in x_tensor else {})
+    notes = gru_notes(qm, data, res["tensors"])
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db", "samples")}
     arrays = {"y_float": kept.y_float, "y_quant": kept.y_quant, "y_int": kept.y_int} if kept else {}
     return SimulationResult(res["output"], n, time.perf_counter() - t0, label, reason, mode, tensors=res["tensors"],

@@ -435,9 +435,10 @@ def report(
         res = api.html_report(qmodel_path, data_path, output, limit=limit, sequences=sequences, units=units,
                               backend=backend, batch_size=batch_size, force=force, confirm=confirm_at_terminal(),
                               dataset=dataset, time_first=time_first, progress=bar.update)
+    warn(res.notes)
     if as_json:
         emit_json({"output": str(res.path), "bytes": res.size, "samples": res.samples, "backend": res.backend,
-                   "metrics": res.output, "per_step_snr_db": res.per_step_snr_db})
+                   "metrics": res.output, "per_step_snr_db": res.per_step_snr_db, "notes": res.notes})
         return
     m = res.output
     snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
@@ -480,7 +481,8 @@ def inspect(
                "hidden_size": model.hidden_size, "quantized": found.quantized, **model.extra.get("import", {})}
     if as_json:
         emit_json({**summary, "shapes": layer_rows(model),
-                   **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {})})
+                   **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {}),
+                   "notes": [n for n in [api.import_note(model)] if n]})
         return
     out.print(shapes_table(model, f"{model.name} ({model.source})"))
     if api.import_note(model):

@@ -54,6 +54,10 @@ def test_at_the_command_line(cli, quantized, tmp_path):
     assert code == 0 and "warning: the data [8, 597, 8] look time-first" in err and "--time-first" in err
     (said,) = json.loads(out)["notes"]  # in the command line's words, as on stderr
     assert said.startswith("the data [8, 597, 8] look time-first") and "pass --time-first" in said
+    code, out, err = cli("report", tmp_path / "q.h5", d / "time_first.npy", "-o", tmp_path / "r.html", "--json")
+    assert code == 0 and "warning: the data [8, 597, 8] look time-first" in err and "--time-first" in err
+    (said,) = json.loads(out)["notes"]  # report simulates as simulate does, and says the same
+    assert said.startswith("the data [8, 597, 8] look time-first")
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--labels", SAMPLES / "test_labels.npy")
     assert code == 2 and err.count("\n") == 1 and "look time-first" in err and "--time-first" in err
     code, out, err = cli("simulate", tmp_path / "q.h5", d / "time_first.npy", "--time-first",
@@ -95,6 +99,11 @@ def test_advise_says_held_out_data_scaled_unlike_the_calibration_data(quantized)
     assert "of the held-out values lie outside the calibration data's range" in said
     assert qtool.advise(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", d / "good.npy",
                         limit=60).extra["notes"] == []
+    # compare scores on held-out data too, and says the same
+    cmp = qtool.compare(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", d / "x100.npy",
+                        methods=["minmax"], limit=60)
+    (said,) = cmp.notes
+    assert "of the held-out values lie outside the calibration data's range" in said
 
 
 def test_calibrate_says_when_every_candidate_of_auto_scores_poorly(monkeypatch):

@@ -48,6 +48,9 @@ def test_tables_and_inspect(cli, qmodel):
     code, out, _ = cli("inspect", qmodel, "--json")
     info = json.loads(out)
     assert info["quantized"] and info["quant"]["method"].startswith("auto") and info["quant"]["samples"] == 400
+    code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--json")  # a GRU and a dense head
+    assert code == 0 and json.loads(out)["notes"] == [
+        "took the GRU (gru); left out, not quantized: head (2 tensors) (qtool quantizes the GRU alone)"]
 
 
 def test_calibrate_directly_from_source_with_presets_and_ema(cli, tmp_path):
