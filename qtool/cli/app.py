@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from qtool.cli import graph_cmds
 from qtool.cli.console import (
+    NOTES,
     Bar,
     Interrupted,
     as_flags,
@@ -127,13 +128,19 @@ def _hidden(model) -> str:
     return str(sizes[0]) if len(set(sizes)) == 1 else ", ".join(map(str, sizes))
 
 
-NOTES: list[str] = []  # said on stderr when the command succeeds (an error stays one line), and in --json
-
-
 def _whole_model(path: Path, fmt: str | None = None) -> bool:
     from qtool import api
 
     return api.is_whole_model(path, fmt)
+
+
+def note_if_quantized(path: Path) -> None:
+    """A quantized qtool file given to calibrate or advise: its float model is what they use."""
+    from qtool import api
+
+    if api.model_file_format(path) in ("qtool-qgru", "qtool-qgraph"):
+        NOTES.append(f"{path.name} is a quantized model already: its float model was calibrated again, "
+                     "and none of its grids were kept")
 
 
 def note_what_was_left_out(model) -> None:
@@ -188,6 +195,7 @@ def calibrate(
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     whole = name is None and _whole_model(model_path)
+    note_if_quantized(model_path)
     if compare is not None and eval_path is None:
         raise QtoolError("--compare needs --eval TEST: held-out sequences to score each method on")
     if compare is None and eval_path is not None:
@@ -231,7 +239,7 @@ def calibrate(
             api.save(best, output, force, inputs=inputs)
         if as_json:
             emit_json({"methods": res.rows, "best": res.rows[res.best]["method"], "scored_sequences": res.scored,
-                       "notes": [*NOTES, *res.notes], "output": str(output) if output else None})
+                       "notes": res.notes, "output": str(output) if output else None})
             return
         from qtool.cli.tables import compare_table
 
@@ -256,7 +264,7 @@ def calibrate(
     auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
     if as_json:
         emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
-                   "tensors": spec_rows(qm), **imported, **auto, "notes": [*NOTES, *(ranges.notes if ranges else [])]})
+                   "tensors": spec_rows(qm), **imported, **auto, "notes": ranges.notes if ranges else []})
         return
     title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
              + (f" over {qm.info['samples']} sequence{'s' * (qm.info['samples'] != 1)}" if qm.info["samples"] else ""))
@@ -311,6 +319,7 @@ def advise(
 
     model_path = Path(need(model_path, "model file", "MODEL"))
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
+    note_if_quantized(model_path)
     if name is None and _whole_model(model_path):
         model = api.load_model(model_path, check=not no_check, whole=True)
     else:
@@ -324,7 +333,7 @@ def advise(
     whole = not hasattr(adv.chosen, "qm")
     warn(adv.extra.get("notes", []))
     if as_json:
-        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "notes": [*NOTES, *adv.extra.get("notes", [])],
+        emit_json({**adv.summary(), "bits_file": adv.extra.get("bits_file"), "notes": adv.extra.get("notes", []),
                    ("units" if whole else "tensors"): adv.rows})
         return
     if whole:

@@ -112,10 +112,14 @@ def clean(v):
     return v
 
 
+NOTES: list[str] = []  # the command's notes: on stderr when it succeeds (an error stays one line), and in --json
+
+
 def emit_json(obj) -> None:
-    """One JSON object on stdout; its `notes` in the command line's words, as on stderr."""
-    if isinstance(obj, dict) and obj.get("notes"):
-        obj = {**obj, "notes": [as_flags(n) for n in obj["notes"]]}
+    """One JSON object on stdout; its `notes` (the command's NOTES first) in the command line's
+    words, as on stderr."""
+    if isinstance(obj, dict) and (NOTES or "notes" in obj):
+        obj = {**obj, "notes": [as_flags(n) for n in [*NOTES, *obj.get("notes", [])]]}
     print(json.dumps(clean(obj), allow_nan=False))
 
 

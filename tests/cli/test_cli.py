@@ -95,6 +95,19 @@ def test_bad_data_one_line_no_output(cli, qmodel, tmp_path):
             assert not list(tmp_path.glob(".out.h5*"))  # no temporary left behind
 
 
+def test_a_quantized_file_calibrated_again_is_said(cli, qmodel, tmp_path):
+    """calibrate and advise take the float model a quantized file holds; they say so."""
+    said = f"note: {qmodel.name} is a quantized model already: its float model was calibrated again"
+    code, out, err = cli("calibrate", qmodel, SAMPLES / "calib.npy", "-o", tmp_path / "again.h5", "--method", "minmax",
+                         "--json")
+    assert code == 0 and said in err, err
+    assert json.loads(out)["notes"][0].startswith(f"{qmodel.name} is a quantized model already")
+    code, out, err = cli("advise", qmodel, SAMPLES / "calib.npy", "--limit", 40)
+    assert code == 0 and said in err, err
+    code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method", "minmax")
+    assert code == 0 and "quantized model already" not in err, err
+
+
 def test_bad_model_files(cli, tmp_path):
     (tmp_path / "corrupt.h5").write_bytes(b"not hdf5 at all")
     (tmp_path / "empty.h5").write_bytes(b"")
