@@ -94,7 +94,7 @@ LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N s
 @app.command("import")
 def import_cmd(
     src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, .tflite, haste .npz.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5; its directory is created if needed).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx, tflite or haste (default: from the file name).")] = None,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
@@ -165,7 +165,7 @@ def say_if_compiling() -> None:
 def calibrate(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5). With --compare: optional, gets the method with the best output SNR.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best.")] = None,
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, or another of --method's single methods (mse: the grid of least squared error, which may clip).")] = "minmax",
     percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
@@ -290,7 +290,7 @@ def advise(
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
     target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB.")] = None,
     max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE'.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE' (its directory is created if needed).")] = None,
     threshold: Annotated[float | None, typer.Option(metavar="DB", help="The threshold rule's T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
     gamma: Annotated[float, typer.Option(metavar="RATE", help="The estimator's sampling rate.")] = 0.01,
@@ -353,7 +353,7 @@ def simulate(
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
-    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write float/y, quant/y and quant/y_int to this .h5 file.")] = None,
+    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write float/y, quant/y and quant/y_int to this .h5 file (its directory is created if needed).")] = None,
     per_tensor: Annotated[bool, typer.Option(help="A GRU alone: measure every tensor, not just the output (a whole model always measures every edge).")] = True,
     tensors: Annotated[str, typer.Option(metavar="summary|all", help="A GRU alone: which tensors to print, a summary (each layer's h and the worst few) or all of them; --json always has all. A whole model shows every edge.")] = "summary",
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
@@ -418,7 +418,7 @@ def simulate(
 def report(
     qmodel_path: QModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server; its directory is created if needed).")] = None,
     sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
     units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
     dataset: DataOpt = None,
@@ -592,7 +592,7 @@ def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, k
 @export_app.command("json")
 def export_json_cmd(
     qmodel_path: QModelArg = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The JSON file to write.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The JSON file to write (its directory is created if needed).")] = None,
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON.
@@ -605,7 +605,7 @@ def export_json_cmd(
 @export_app.command("h5")
 def export_h5_cmd(
     qmodel_path: QModelArg = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HDF5 file to write.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HDF5 file to write (its directory is created if needed).")] = None,
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5.

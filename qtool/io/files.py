@@ -73,16 +73,22 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _ensure_parent(dest: Path) -> Path:
-    """The existing directory a file output goes into. A missing one is refused, not created: a
-    mistyped path would otherwise grow a tree of directories nobody asked for."""
+def _ensure_parent(dest: Path) -> tuple[Path, list[Path]]:
+    """The directory a file output goes into, created with any missing directories above it (as
+    `-o`'s help says), and those it created, outermost last."""
     parent = dest.parent if str(dest.parent) else Path(".")
-    blocker = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
-    if not blocker.is_dir():
-        raise QtoolError(f"cannot write {dest}: {blocker} is a file, not a directory")
-    if blocker != parent:
-        raise QtoolError(f"output directory not found: {parent} (create it first)")
-    return parent
+    created = [p for p in (parent, *parent.parents) if not p.exists()]
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise QtoolError(os_error_message(e, parent, "creating")) from None
+    return parent, created
+
+
+def _remove_created(created: list[Path]) -> None:
+    for d in created:
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only empty folders go: what another process put there stays
 
 
 def _mount_point(path: Path) -> Path:
@@ -178,9 +184,12 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
 
 def probe_writable(path: Path) -> None:
     """Refuse now, not after minutes of work, an output whose folder cannot take a file: create
-    and remove a temporary in it (a missing folder, a read-only mount, no permission, a file
-    where a folder must go). Nothing is created that stays."""
-    existing = _ensure_parent(path)
+    and remove a temporary in the nearest existing folder (a read-only mount, no permission, a
+    file where a folder must go). Nothing is created that stays."""
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise QtoolError(f"cannot write {path}: {existing} is a file, not a directory")
     with signals_held():  # one between the probe's creation and its removal would leave it
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=existing)
@@ -199,10 +208,10 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     temporary behind. The file gets the mode a plain write would give it.
     """
     dest = Path(dest)
-    parent = _ensure_parent(dest)
     if dest.is_dir():
         raise QtoolError(f"output path is a directory: {dest}")
-    tmp_path = None
+    parent, created = _ensure_parent(dest)
+    tmp_path, done = None, False
     try:
         with signals_held():  # a signal waits until the temporary is in the `finally`'s care
             try:
@@ -216,12 +225,15 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
             mode = dest.stat().st_mode & 0o7777 if dest.exists() else _default_mode()
             os.chmod(tmp_path, mode)
             os.replace(tmp_path, dest)
+            done = True
         except OSError as e:
             raise QtoolError(os_error_message(e, dest)) from None
     finally:
         if tmp_path is not None:
             with contextlib.suppress(OSError):
                 tmp_path.unlink()
+        if not done:  # a failed write leaves no directory of ours either
+            _remove_created(created)
 
 
 def write_bytes(dest: str | os.PathLike, data: bytes) -> None:
@@ -251,7 +263,8 @@ def write_h5(dest: str | os.PathLike, fill: Callable) -> None:
 
 def check_free_space(dest: Path, nbytes: int) -> None:
     """Refuse before starting a long write that cannot fit on the disk."""
-    parent = _ensure_parent(dest)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    parent = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
     free = shutil.disk_usage(parent).free
     if nbytes > free:
         raise QtoolError(f"no space left on {_mount_point(parent)} for {dest}: it needs about "
@@ -279,9 +292,7 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
     try:
         return _write_into(out_dir, files, force, confirm, inputs)
     except BaseException:  # a refusal, a full disk, a signal: no folder of ours stays behind either
-        for d in created:
-            with contextlib.suppress(OSError):
-                d.rmdir()  # only empty folders go: what another process put there stays
+        _remove_created(created)
         raise
 
 
