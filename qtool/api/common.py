@@ -131,6 +131,19 @@ def range_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
             "are they scaled as the calibration data are?"]
 
 
+def output_notes(output: dict) -> list[str]:
+    """An output SNR below LOW_SNR_DB (10 dB): the integer output's error is near the output's
+    own size, which more bits or other weights and data explain, not the data's scale alone."""
+    from qtool.graph.calibrate import LOW_SNR_DB
+
+    snr = output.get("snr_db")
+    if output.get("exact") or snr is None or snr >= LOW_SNR_DB:
+        return []
+    return [f"the output SNR is {snr:.1f} dB, below {LOW_SNR_DB:g} dB: the integer output's error is near the "
+            "output's own size (calibrate with more `bits`, w8a16 or int16, or run `qtool advise`; check that the "
+            "weights and data are the ones the model was trained with)"]
+
+
 def held_out_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
     """What looks wrong in held-out data `test` beside the first `n` calibration sequences of
     `data`: steps and batch swapped, values outside the calibration range, sequences shared."""

@@ -18,6 +18,7 @@ from qtool.api.common import (
     check_mode,
     count,
     only_for,
+    output_notes,
     saturation_notes,
     write_once,
 )
@@ -112,6 +113,7 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
 
         sim = simulate_ranks(comm, qg, data, n, batch_size, lab, keep, tick, runner, mode)
     notes = shape_notes + graph_saturation_notes(qg, sim, data, n, batch_size)
+    notes = notes or output_notes(sim.output)  # what is wrong with the data explains a low SNR first
     if save is not None:
         def write(f) -> None:
             from qtool.io.results import RESULTS_FORMAT
@@ -265,7 +267,7 @@ def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per
         sim = write_results(save, qm, data, n, lambda on_chunk: run_simulation(
             qm, data, batch_size, per_tensor, n, _keeping(kept, on_chunk), runner, mode), progress, mode)
     res = sim.results()
-    notes = gru_notes(qm, data, res["tensors"])
+    notes = gru_notes(qm, data, res["tensors"]) or output_notes(res["output"])
     extra = {k: v for k, v in res.items() if k not in ("mode", "output", "tensors", "per_step_snr_db", "samples")}
     arrays = {"y_float": kept.y_float, "y_quant": kept.y_quant, "y_int": kept.y_int} if kept else {}
     return SimulationResult(res["output"], n, time.perf_counter() - t0, label, reason, mode, tensors=res["tensors"],

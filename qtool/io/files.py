@@ -157,6 +157,11 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+# the suffixes qtool reads as something no command writes: data, and framework models
+READ_AS = {**dict.fromkeys((".npy", ".csv", ".wav"), "data"), ".npz": "data or haste weights",
+           **dict.fromkeys((".onnx", ".pt", ".pth", ".keras", ".tflite", ".safetensors", ".pb"), "a framework's model")}
+
+
 def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
                  confirm: Callable[[str], bool] | None = None) -> Path:
     """Check that `path` may be written: it is none of `inputs`, not a directory, and if it
@@ -169,6 +174,10 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
             raise QtoolError(f"output {path} is also an input of this command; choose another name")
     if path.is_dir():
         raise QtoolError(f"output path is a directory: {path}")
+    read_as = READ_AS.get(path.suffix.lower())
+    if read_as:  # qtool would then refuse to read back what it wrote
+        raise QtoolError(f"output {path}: qtool reads {path.suffix} files as {read_as}, which this output is not; "
+                         "choose another name")
     probe_writable(path)
     if path.exists() or path.is_symlink():
         if not written_by_qtool(path):

@@ -46,6 +46,20 @@ def test_time_first_data_and_scaled_inputs_are_said(quantized, kind):
     assert said.startswith("50.6% of the values of input") and "outside its grid" in said
 
 
+def test_a_low_output_snr_is_said(tmp_path):
+    """Recurrent weights a million times too large (a unit slip in a converter): the output SNR
+    falls below 10 dB on data that look right, and simulate says where to look."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(SAMPLES / "digits_gru.safetensors")
+    save_file({k: v * 1e6 if "weight_hh" in k else v for k, v in weights.items()}, tmp_path / "big.safetensors")
+    res = qtool.simulate(qtool.calibrate(tmp_path / "big.safetensors", SAMPLES / "calib.npy", method="minmax"),
+                         SAMPLES / "test.npy")
+    assert res.output["snr_db"] < 10
+    (said,) = res.notes
+    assert said.startswith(f"the output SNR is {res.output['snr_db']:.1f} dB, below 10 dB")
+
+
 @pytest.mark.skipif(not has("onnx"), reason="needs onnx")
 def test_at_the_command_line(cli, quantized, tmp_path):
     d, models = quantized

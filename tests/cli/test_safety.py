@@ -249,6 +249,17 @@ def test_an_output_into_a_missing_directory(cli, qmodel, tmp_path, command):
     assert code == 2 and "the output path is empty" in stderr and one_error_line(stderr), stderr
 
 
+@pytest.mark.parametrize("name", ["q.npy", "q.onnx", "q.pt"])
+def test_an_output_named_as_a_file_qtool_reads_otherwise_is_refused(cli, qmodel, tmp_path, name):
+    """An HDF5 file named .npy would be read back as data, one named .onnx as a framework's
+    model: the name is refused before any work, so that qtool never writes what it cannot read."""
+    for args in (["calibrate", MODEL, SAMPLES / "calib.npy", "-o"],
+                 ["simulate", qmodel, SAMPLES / "test.npy", "--save"]):
+        code, _, err = cli(*args, tmp_path / name)
+        assert code == 2 and f"qtool reads {Path(name).suffix} files as" in err and one_error_line(err), err
+        assert not (tmp_path / name).exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_remove_temporaries(qmodel, tmp_path, sig):
     # enough work that the signal lands while the results are written, on a fast machine too
