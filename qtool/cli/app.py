@@ -288,7 +288,7 @@ def advise(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
-    target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB.")] = None,
+    target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB (with --max-flash too: refused where that flash is above the budget).")] = None,
     max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE' (its directory is created if needed).")] = None,
     threshold: Annotated[float | None, typer.Option(metavar="DB", help="The threshold rule's T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
@@ -377,7 +377,7 @@ def simulate(
     if whole and (tensors != "summary" or not per_tensor):
         raise QtoolError("a whole model always measures and shows every edge (no --tensors, --no-per-tensor)")
     if labels is not None and not whole and qmodel_path.exists():
-        raise QtoolError("--labels goes with a whole model's classifier output (a GRU alone has no classes)")
+        raise QtoolError("--labels go with a whole model's classifier output (a GRU alone has no classes)")
     if tensors not in ("summary", "all"):
         raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
     if save is not None:  # before the work, and never onto an input
@@ -514,7 +514,7 @@ def export_c_cmd(
     name: Annotated[str | None, typer.Option(metavar="NAME", help="Prefix of every C identifier and file (default: the model's name).")] = None,
     test_vectors: Annotated[bool, typer.Option("--test-vectors", help="Also write test vectors and a main() that checks them.")] = False,
     data_path: Annotated[Path | None, typer.Option("--data", metavar="DATA", help="Take the test vectors' inputs from this data file (else random in the calibrated input range).")] = None,
-    vectors: Annotated[int, typer.Option(metavar="N", help="Number of test sequences.", min=1)] = 4,
+    vectors: Annotated[int | None, typer.Option(metavar="N", help="With --test-vectors: the number of test sequences (default 4).", min=1)] = None,
     compensation: Annotated[str, typer.Option(metavar="table|offset",
         help="Zero-point compensation: 'table' stores the precomputed W_sum_mul_x_zp / R_sum_mul_h_zp "
              "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
@@ -535,6 +535,9 @@ def export_c_cmd(
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     output = Path(need(output, "output directory", "--output"))
+    if not test_vectors and (vectors is not None or data_path is not None):
+        raise QtoolError(f"{'--vectors' if vectors is not None else '--data'} goes with --test-vectors")
+    vectors = 4 if vectors is None else vectors
     qm = api.load(qmodel_path)
     if isinstance(qm, api.QGraph):
         width, g = next(iter(qm.graph.inputs.values()))[-1], qm.grids[next(iter(qm.graph.inputs))]

@@ -177,6 +177,10 @@ def test_cli_export_verify_and_tables(cli, tmp_path):
     assert code == 0 and res["output_mismatches"] == 0 and res["output_values"] == 597 * 8 * 64
     code, _, err = cli("export", "c", q, "-o", tmp_path / "c", "--name", "digits")
     assert code == 2 and "--force" in err
+    for extra, said in ((["--vectors", "3"], "--vectors goes with --test-vectors"),
+                        (["--data", SAMPLES / "test.npy"], "--data goes with --test-vectors")):
+        code, _, err = cli("export", "c", q, "-o", tmp_path / "c2", *extra)
+        assert code == 2 and said in err and not (tmp_path / "c2").exists(), err
     code, _, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--limit", "5")  # finds "digits"
     assert code == 0, err
     assert cli("export", "json", q, "-o", tmp_path / "p.json")[0] == 0
