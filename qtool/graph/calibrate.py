@@ -273,7 +273,7 @@ def _absorbers(g: Graph, edge: str) -> tuple[list[Node], str | None]:
 
 
 def _shifts_text(g: Graph) -> str:
-    return "; ".join(f"the channels of {e} x 2^k, k = {list(k)}" for e, k in g.input_shifts.items())
+    return "; ".join(f"{e}: channel c x 2^k_c, k = {list(k)}" for e, k in g.input_shifts.items())
 
 
 def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorConfig], chunk: int = 64,
