@@ -168,7 +168,7 @@ def calibrate(
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best.")] = None,
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, or another of --method's single methods (mse: the grid of least squared error, which may clip).")] = "minmax",
-    percentile: Annotated[float, typer.Option(metavar="P", help="With percentile: the share of values kept, two-sided.")] = 99.99,
+    percentile: Annotated[float | None, typer.Option(metavar="P", help="With percentile (and auto, per-edge, which try it): the share of values kept, two-sided (default 99.99).")] = None,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl; auto, and for a whole model per-edge) in one pass and compare them at the output on --eval; the best goes to --output.")] = None,
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="With --compare: held-out sequences to score each method on.")] = None,
     bits: Annotated[str, typer.Option(metavar="PRESET|FILE", help="Preset int8, w8a16 or int16, or a JSON/TOML file with per-tensor bits.")] = "int8",
@@ -203,6 +203,11 @@ def calibrate(
     if compare is not None and method is not None:
         raise QtoolError("--method and --compare: name every method to try in --compare (e.g. --compare auto,mse)")
     method = method or "auto"
+    tried = [m.strip() for m in compare.split(",")] if compare is not None else [method]
+    if percentile is not None and not {"percentile", "auto", "per-edge"} & {*tried, method_weights}:
+        raise QtoolError(f"--percentile goes with the percentile method (auto and per-edge try it too); "
+                         f"{', '.join(tried)} takes none")
+    percentile = 99.99 if percentile is None else percentile
     if whole and compare is None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
         output = Path(need(output, "output quantized model file (.h5)", "--output"))

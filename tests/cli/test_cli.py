@@ -129,6 +129,8 @@ def test_bad_model_files(cli, tmp_path):
         (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method", "magic"],
          "unknown method"),
         (["calibrate", MODEL, tmp_path, "-o", tmp_path / "q.h5"], f"{tmp_path} is a directory, not a data file"),
+        (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method", "minmax", "--percentile",
+          "99"], "--percentile goes with the percentile method (auto and per-edge try it too); minmax takes none"),
     ]
     if has("onnx"):
         cases.append((["import", tmp_path / "x.onnx", "-o", tmp_path / "m.h5"], "not a readable ONNX"))
