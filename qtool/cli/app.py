@@ -206,7 +206,7 @@ def calibrate(
     tried = [m.strip() for m in compare.split(",")] if compare is not None else [method]
     if percentile is not None and not {"percentile", "auto", "per-edge"} & {*tried, method_weights}:
         raise QtoolError(f"--percentile goes with the percentile method (auto and per-edge try it too); "
-                         f"{', '.join(tried)} takes none")
+                         f"{', '.join(tried)} take{'s' * (len(tried) == 1)} none")
     percentile = 99.99 if percentile is None else percentile
     if whole and compare is None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
