@@ -99,6 +99,7 @@ def import_cmd(
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
     force: Force = False,
+    as_json: JsonOpt = False,
 ):
     """Read a trained model (PyTorch, Keras, ONNX, haste weights) into qtool's model file.
 
@@ -111,6 +112,10 @@ def import_cmd(
     api.claim_output(output, force, [src], confirm_at_terminal())  # before the import and its check
     model = api.load_model(src, fmt, name, check=not no_check, whole=name is None and _whole_model(src, fmt))
     api.save(model, output, True, inputs=[src])
+    if as_json:
+        summary = graph_cmds.graph_summary(model) if isinstance(model, api.Graph) else gru_summary(model)
+        emit_json({"output": str(output), **summary})
+        return
     if isinstance(model, api.Graph):
         graph_cmds.show_graph(model, src)
         out.print(f"imported the whole model -> {escape(str(output))}")
@@ -120,6 +125,18 @@ def import_cmd(
               f"input {model.input_size}, hidden {_hidden(model)} -> {escape(str(output))}")
     for line in api.import_lines(model):
         out.print(escape(as_flags(line)), highlight=False)
+
+
+def gru_summary(model) -> dict:
+    """A GRU's shape, its import (what was taken, left out, assumed) and its check, for --json."""
+    from qtool import api
+
+    imported = model.extra.get("import", {})
+    left_out = api.import_note(model)
+    return {"name": model.name, "source": model.source, "layers": model.num_layers,
+            "bidirectional": model.bidirectional, "input_size": model.input_size, "hidden_size": model.hidden_size,
+            **imported, "check": model.extra.get("check"),
+            "notes": [*imported.get("notes", []), *([left_out] if left_out else [])]}
 
 
 def _hidden(model) -> str:
@@ -490,13 +507,9 @@ def inspect(
         graph_cmds.show_graph_file(found.model, path, as_json)
         return
     model, qm = found.model, found.qm
-    summary = {"name": model.name, "source": model.source, "layers": model.num_layers,
-               "bidirectional": model.bidirectional, "input_size": model.input_size,
-               "hidden_size": model.hidden_size, "quantized": found.quantized, **model.extra.get("import", {})}
     if as_json:
-        emit_json({**summary, "shapes": layer_rows(model),
-                   **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {}),
-                   "notes": [n for n in [api.import_note(model)] if n]})
+        emit_json({**gru_summary(model), "quantized": found.quantized, "shapes": layer_rows(model),
+                   **({"fingerprint": qm.fingerprint(), "quant": qm.info, "tensors": spec_rows(qm)} if qm else {})})
         return
     out.print(shapes_table(model, f"{model.name} ({model.source})"))
     if api.import_note(model):

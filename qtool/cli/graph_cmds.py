@@ -82,14 +82,19 @@ def show_graph(g, path: Path) -> None:
             out.print(f"note: {escape(note)}", highlight=False)
 
 
-def show_graph_file(g, path: Path, as_json: bool) -> None:
-    """What `qtool inspect` shows of a float whole model: every layer, its check, its notes."""
+def graph_summary(g) -> dict:
+    """A float whole model for --json: every layer, its check, its notes."""
     from qtool.cli.tables import graph_rows
 
+    return {"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
+            "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result, "notes": g.notes,
+            "ranges": g.ranges.to_json() if g.ranges is not None else None}
+
+
+def show_graph_file(g, path: Path, as_json: bool) -> None:
+    """What `qtool inspect` shows of a float whole model: every layer, its check, its notes."""
     if as_json:
-        emit_json({"name": g.name, "source": g.source, "inputs": {k: list(v) for k, v in g.inputs.items()},
-                   "outputs": g.outputs, "layers": graph_rows(g), "check": g.check_result, "notes": g.notes,
-                   "ranges": g.ranges.to_json() if g.ranges is not None else None})
+        emit_json(graph_summary(g))
         return
     show_graph(g, path)
 

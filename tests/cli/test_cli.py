@@ -40,7 +40,7 @@ def test_import_calibrate_simulate_json_and_save(cli, qmodel, tmp_path):
     assert yi.dtype == np.int32 and np.abs(yq - y).max() < 1.0
 
 
-def test_tables_and_inspect(cli, qmodel):
+def test_tables_and_inspect(cli, qmodel, tmp_path):
     code, out, _ = cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", "50")
     assert code == 0 and "output" in out and "SNR dB" in out
     code, out, _ = cli("inspect", qmodel)
@@ -48,6 +48,10 @@ def test_tables_and_inspect(cli, qmodel):
     code, out, _ = cli("inspect", qmodel, "--json")
     info = json.loads(out)
     assert info["quantized"] and info["quant"]["method"].startswith("auto") and info["quant"]["samples"] == 400
+    code, out, _ = cli("import", SAMPLES / "digits_gru.safetensors", "-o", tmp_path / "m.h5", "--json")
+    got = json.loads(out)
+    assert code == 0 and got["output"] == str(tmp_path / "m.h5") and got["left_out"] == ["head (2 tensors)"]
+    assert (got["layers"], got["input_size"], got["hidden_size"]) == (2, 8, 64) and got["check"]["checked"]
     code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--json")  # a GRU and a dense head
     assert code == 0 and json.loads(out)["notes"] == [
         "took the GRU (gru); left out, not quantized: head (2 tensors) (qtool quantizes the GRU alone)"]
