@@ -176,9 +176,10 @@ def show_graph_simulation(sim, qg, data_path: Path, mode: str, save: Path | None
                 line += (f"; accuracy: {who} {100 * part['accuracy_quant']:.2f}%, "
                          f"float {100 * res['accuracy_float']:.2f}%")
             out.print(line)
-    engine = "CUDA" if sim.backend == "cuda" else "the CPU"
-    out.print(f"GRUs on {engine} ({escape(sim.backend_reason)}), the other layers on the CPU; "
-              f"{time.perf_counter() - t0:.2f} s" + (f"; saved outputs -> {escape(str(save))}" if save else ""))
+    where = (f"GRUs on CUDA ({escape(sim.backend_reason)}), the other layers on the CPU" if sim.backend == "cuda"
+             else f"every layer on the CPU ({escape(sim.backend_reason)})")
+    saved = f"; saved outputs -> {escape(str(save))}" if save else ""
+    out.print(f"{where}; {time.perf_counter() - t0:.2f} s{saved}")
 
 
 def show_qgraph(qg, as_json: bool) -> None:
