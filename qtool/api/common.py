@@ -134,7 +134,7 @@ def range_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
 def output_notes(output: dict) -> list[str]:
     """An output SNR below LOW_SNR_DB (10 dB): the integer output's error is near the output's
     own size, which more bits or other weights and data explain, not the data's scale alone."""
-    from qtool.graph.calibrate import LOW_SNR_DB
+    from qtool.engine.metrics import LOW_SNR_DB
 
     snr = output.get("snr_db")
     if output.get("exact") or snr is None or snr >= LOW_SNR_DB:

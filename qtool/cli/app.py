@@ -220,10 +220,10 @@ def calibrate(
     if compare is not None and method is not None:
         raise QtoolError("--method and --compare: name every method to try in --compare (e.g. --compare auto,mse)")
     method = method or "auto"
-    tried = [m.strip() for m in compare.split(",")] if compare is not None else [method]
-    if percentile is not None and not {"percentile", "auto", "per-edge"} & {*tried, method_weights}:
+    methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
+    if percentile is not None and not {"percentile", "auto", "per-edge"} & {*methods, method_weights}:
         raise QtoolError(f"--percentile goes with the percentile method (auto and per-edge try it too); "
-                         f"{', '.join(tried)} take{'s' * (len(tried) == 1)} none")
+                         f"{', '.join(methods)} take{'s' * (len(methods) == 1)} none")
     percentile = 99.99 if percentile is None else percentile
     if whole and compare is None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
@@ -241,7 +241,6 @@ def calibrate(
         ranges = api.file_ranges(model_path, model)
     if ranges is None or compare is not None or data_path is not None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
-    methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
     if output is None and compare is None:
         output = Path(need(output, "output quantized model file (.h5)", "--output"))
     inputs = [model_path, data_path, eval_path]

@@ -10,6 +10,8 @@ from numba.extending import register_jitable
 
 from qtool.engine.simd import f64_bits, f64_from_bits
 
+LOW_SNR_DB = 10.0  # below this output SNR the bits are too few for the model (calibrate and simulate say so)
+
 # the columns of a statistics row, as the engines accumulate them (named as Distance's fields;
 # STAT_MAX_ABS is a maximum, the others sums), and their indexes STAT_<NAME>
 STATS = ("ref2", "err2", "dot", "q2", "max_abs", "count", "saturated")

@@ -40,6 +40,7 @@ from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.core.tensors import TensorConfig
+from qtool.engine.metrics import LOW_SNR_DB
 from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
@@ -384,7 +385,6 @@ AUTO_CANDIDATES = ("per-edge", "minmax", "mse", "percentile 99.9", "percentile 9
 FILE_CANDIDATES = AUTO_CANDIDATES[:3]  # those a bits file names (advise's): a method, not its percentile
 HELD_OUT = 0.2  # the share of the data auto scores its candidates on
 MIN_HELD_OUT = 10  # with fewer sequences, the candidates are scored on the calibration data itself
-LOW_SNR_DB = 10.0  # below this held-out output SNR, calibrate says the bits are too few for the model
 
 
 def candidate(label: str, percentile: float) -> tuple[str, float]:

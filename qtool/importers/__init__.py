@@ -13,6 +13,7 @@ from pathlib import Path
 from qtool.core.model import NOT_HDF5, GruModel, check_model_file
 from qtool.errors import QtoolError
 from qtool.importers.stack import Stack, chained, natural_key
+from qtool.io.files import READ_AS
 
 __all__ = ["FORMATS", "Stack", "chained", "detect_format", "gru_names", "import_graph", "import_model", "import_note",
            "natural_key", "not_fed_by_input", "read_imported", "read_stacks"]
@@ -43,7 +44,7 @@ def detect_format(path: Path) -> str:
         raise QtoolError(f"{path}: a TensorFlow frozen graph, which qtool does not read; convert it to ONNX "
                          "with tf2onnx (python -m tf2onnx.convert --graphdef FILE.pb --inputs ... --outputs ... "
                          "--output model.onnx) and import the .onnx")
-    if name.endswith((".npy", ".csv", ".wav")):  # a data file where the model goes: arguments swapped?
+    if READ_AS.get(Path(name).suffix) == "data":  # a data file where the model goes: arguments swapped?
         raise QtoolError(f"{path}: qtool reads {Path(name).suffix} files as data, not as a model; the model "
                          "file comes first, then the data")
     raise QtoolError(f"{path}: cannot tell the model format from the name; name it by its format (.pt, "

@@ -85,6 +85,12 @@ def _ensure_parent(dest: Path) -> tuple[Path, list[Path]]:
     return parent, created
 
 
+def _nearest_existing(dest: Path) -> Path:
+    """The folder `dest` would go into, or the nearest one above it that exists."""
+    parent = dest.parent if str(dest.parent) else Path(".")
+    return next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+
+
 def _remove_created(created: list[Path]) -> None:
     for d in created:
         with contextlib.suppress(OSError):
@@ -195,8 +201,7 @@ def probe_writable(path: Path) -> None:
     """Refuse now, not after minutes of work, an output whose folder cannot take a file: create
     and remove a temporary in the nearest existing folder (a read-only mount, no permission, a
     file where a folder must go). Nothing is created that stays."""
-    parent = path.parent if str(path.parent) else Path(".")
-    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    existing = _nearest_existing(path)
     if not existing.is_dir():
         raise QtoolError(f"cannot write {path}: {existing} is a file, not a directory")
     with signals_held():  # one between the probe's creation and its removal would leave it
@@ -272,8 +277,7 @@ def write_h5(dest: str | os.PathLike, fill: Callable) -> None:
 
 def check_free_space(dest: Path, nbytes: int) -> None:
     """Refuse before starting a long write that cannot fit on the disk."""
-    parent = dest.parent if str(dest.parent) else Path(".")
-    parent = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    parent = _nearest_existing(dest)
     free = shutil.disk_usage(parent).free
     if nbytes > free:
         raise QtoolError(f"no space left on {_mount_point(parent)} for {dest}: it needs about "
