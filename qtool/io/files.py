@@ -135,6 +135,10 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
+HDF5_SUFFIXES = (".h5", ".hdf5")  # qtool reads them as models or data: only HDF5 outputs take them
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
 def written_by_qtool(path: Path) -> bool:
     """Whether an existing file is one qtool wrote: a qtool HDF5 file, or a text file that says so
     in its first lines (TEXT_MARKS: every text output qtool writes does) or ends in its seal."""
@@ -145,7 +149,7 @@ def written_by_qtool(path: Path) -> bool:
             tail = f.read()
     except OSError:
         return False
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+    if head.startswith(HDF5_SIGNATURE):
         import h5py
 
         try:
@@ -168,10 +172,20 @@ READ_AS = {**dict.fromkeys((".npy", ".csv", ".wav"), "data"), ".npz": "data or h
            **dict.fromkeys((".onnx", ".pt", ".pth", ".keras", ".tflite", ".safetensors", ".pb"), "a framework's model")}
 
 
+def _is_hdf5(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
 def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
-                 confirm: Callable[[str], bool] | None = None) -> Path:
-    """Check that `path` may be written: it is none of `inputs`, not a directory, and if it
-    exists, qtool wrote it and the user agreed (`force`, or `confirm(question)` at a terminal)."""
+                 confirm: Callable[[str], bool] | None = None, hdf5: bool = True) -> Path:
+    """Check that `path` may be written: it is none of `inputs`, not a directory, not named as a
+    file qtool reads as something else, and if it exists, qtool wrote it as the same kind of file
+    (`hdf5`: this output is an HDF5 file, else text) and the user agreed (`force`, or
+    `confirm(question)` at a terminal)."""
     if not str(path).strip() or Path(path) == Path("."):  # typer reads `-o ""` as "."
         raise QtoolError("the output path is empty or the current directory; name a file")
     path = Path(path)
@@ -180,7 +194,8 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
             raise QtoolError(f"output {path} is also an input of this command; choose another name")
     if path.is_dir():
         raise QtoolError(f"output path is a directory: {path}")
-    read_as = READ_AS.get(path.suffix.lower())
+    suffix = path.suffix.lower()
+    read_as = READ_AS.get(suffix) or (None if hdf5 or suffix not in HDF5_SUFFIXES else "models and data")
     if read_as:  # qtool would then refuse to read back what it wrote
         raise QtoolError(f"output {path}: qtool reads {path.suffix} files as {read_as}, which this output is not; "
                          "choose another name")
@@ -189,6 +204,9 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
         if not written_by_qtool(path):
             raise QtoolError(f"{path} exists and was not written by qtool; it is left alone "
                              "(remove it yourself or choose another output)")
+        if _is_hdf5(path) != hdf5:  # a model where a page would go, or the other way round
+            raise QtoolError(f"{path} is {'a text' if hdf5 else 'an HDF5'} file qtool wrote for another "
+                             "command; this output is not one, so it is left alone (choose another name)")
         if not force:
             if confirm is None:
                 raise QtoolError(f"{path} exists; use `force` to overwrite it")

@@ -243,8 +243,10 @@ def test_an_output_into_a_missing_directory(cli, qmodel, tmp_path, command):
         np.save(tmp_path / "wide.npy", np.zeros((4, 8, 9), np.float32))
         code, _, stderr = cli("calibrate", MODEL, tmp_path / "wide.npy", "-o", tmp_path / "no" / "such" / "out.h5")
         assert code == 2 and not (tmp_path / "no").exists(), stderr
-    code, _, stderr = cli(*args, flag, tmp_path / "new" / "dir" / "out.h5")
-    assert code == 0 and (tmp_path / "new" / "dir" / "out.h5").is_file(), stderr
+    out = tmp_path / "new" / "dir" / {"advise": "out.toml", "report": "out.html", "export json": "out.json"}.get(
+        command, "out.h5")
+    code, _, stderr = cli(*args, flag, out)
+    assert code == 0 and out.is_file(), stderr
     code, _, stderr = cli(*args, flag, "")
     assert code == 2 and "the output path is empty" in stderr and one_error_line(stderr), stderr
 
@@ -258,6 +260,25 @@ def test_an_output_named_as_a_file_qtool_reads_otherwise_is_refused(cli, qmodel,
         code, _, err = cli(*args, tmp_path / name)
         assert code == 2 and f"qtool reads {Path(name).suffix} files as" in err and one_error_line(err), err
         assert not (tmp_path / name).exists()
+
+
+def test_an_output_of_another_kind_is_never_replaced(cli, qmodel, tmp_path):
+    """`--force` replaces a file qtool wrote for the same kind of output only: a report's page
+    never replaces a model, a model never replaces a page; and a page is not named .h5."""
+    model = tmp_path / "m.h5"
+    shutil.copyfile(qmodel, model)
+    before = model.read_bytes()
+    code, _, err = cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", tmp_path / "m.h5", "--force")
+    assert code == 2 and "also an input" in err  # the model read is the model written: refused first
+    shutil.copyfile(qmodel, tmp_path / "other.h5")
+    code, _, err = cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", tmp_path / "other.h5", "--force")
+    assert code == 2 and "qtool reads .h5 files as models and data" in err and one_error_line(err), err
+    page = tmp_path / "page.html"
+    assert cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", page)[0] == 0
+    shown = page.read_bytes()
+    code, _, err = cli("import", MODEL, "-o", page, "--force")
+    assert code == 2 and "is a text file qtool wrote for another command" in err and one_error_line(err), err
+    assert page.read_bytes() == shown and model.read_bytes() == before
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
