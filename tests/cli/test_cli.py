@@ -51,7 +51,8 @@ def test_tables_and_inspect(cli, qmodel, tmp_path):
     code, out, _ = cli("import", SAMPLES / "digits_gru.safetensors", "-o", tmp_path / "m.h5", "--json")
     got = json.loads(out)
     assert code == 0 and got["output"] == str(tmp_path / "m.h5") and got["left_out"] == ["head (2 tensors)"]
-    assert (got["layers"], got["input_size"], got["hidden_size"]) == (2, 8, 64) and got["check"]["checked"]
+    assert (got["layers"], got["input_size"], got["hidden_size"]) == (2, 8, 64)
+    assert got["check"]["checked"] == has("torch")  # checked against PyTorch where it is installed
     code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--json")  # a GRU and a dense head
     assert code == 0 and json.loads(out)["notes"] == [
         "took the GRU (gru); left out, not quantized: head (2 tensors) (qtool quantizes the GRU alone)"]
