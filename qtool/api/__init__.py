@@ -17,7 +17,7 @@ Every user error raises qtool.errors.QtoolError with a one-line message.
 
 # ruff: noqa: F401  (the package face: it re-exports the verbs, their types and FRONT_END from the modules)
 from qtool.api.advice import advise
-from qtool.api.calibration import Calibration, calibrate, file_ranges, observe
+from qtool.api.calibration import Calibration, calibrate, check_calibration_options, file_ranges, observe
 from qtool.api.common import (
     GRU_ONLY_VERBS,
     ONLY_FOR,
@@ -62,9 +62,9 @@ from qtool.io.files import SequenceData, claim_output
 # What a front end (the command line, a notebook's display, a GUI) reads besides the verbs
 # (qtool.API) and their results, to show them as qtool does: docs/api.md, "For front ends". The
 # command line uses nothing else of qtool's (tests/project/test_layers.py).
-FRONT_END = ("DIRECTIONS", "PRESETS", "cell_params", "cell_tensors", "claim_output", "describe_check", "file_ranges",
-             "import_lines", "import_note", "is_whole_model", "mode_explanation", "model_file_format",
-             "needs_compile", "op_text", "qgraph_rows", "read_once", "steps_text")
+FRONT_END = ("DIRECTIONS", "PRESETS", "cell_params", "cell_tensors", "check_calibration_options", "claim_output",
+             "describe_check", "file_ranges", "import_lines", "import_note", "is_whole_model", "mode_explanation",
+             "model_file_format", "needs_compile", "op_text", "qgraph_rows", "read_once", "steps_text")
 TYPES = ("Graph", "GruModel", "QGraph", "QuantModel", "SequenceData", "Inspection", "Calibration", "Comparison",
          "SimulationResult", "ExportResult", "VerifyResult", "ReportResult")
 __all__ = ["advise", "as_data", "calibrate", "compare", "export_c", "export_tables", "html_report", "inspect", "load",

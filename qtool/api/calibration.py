@@ -20,6 +20,30 @@ from qtool.io.files import SequenceData, now_utc, sha256_file
 from qtool.parallel import world
 
 
+def check_calibration_options(methods: Sequence[str], method_weights: str = "minmax", percentile: float = 99.99,
+                  batch_size: int = 64, snap: str = "up", *, whole: bool) -> None:
+    """Refuse, before any file is read or written, calibration options no model of this kind
+    takes: an unknown method (per-edge is a whole model's), a repeated one, a percentile outside
+    (50, 100], an empty batch, an unknown rounding of imported ranges."""
+    from qtool.calibrators import METHODS
+
+    known = ("auto", "per-edge", *METHODS) if whole else ("auto", *METHODS)
+    for m in methods:
+        if m not in known:
+            also = " (per-edge is a whole model's)" if m == "per-edge" else ""
+            raise QtoolError(f"unknown method '{m}' (use {', '.join(known[:-len(METHODS)])} or one of "
+                             f"{', '.join(METHODS)}){also}")
+    if method_weights not in METHODS:
+        raise QtoolError(f"unknown `method_weights` '{method_weights}' (use one of {', '.join(METHODS)})")
+    if not methods or len(set(methods)) != len(methods):
+        raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
+    if not 50.0 < percentile <= 100.0:
+        raise QtoolError("`percentile` must be in (50, 100]")
+    if batch_size < 1:
+        raise QtoolError("`batch_size` must be at least 1")
+    if snap not in ("up", "nearest"):
+        raise QtoolError(f"`snap` must be up or nearest, got '{snap}'")
+
 def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: Sequence[str], *,
                      bits: str | dict = "int8", method_weights: str = "minmax", percentile: float = 99.99,
                      batch_size: int = 64, limit: int | None = None, dataset: str | None = None,
@@ -34,22 +58,9 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
     least error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema. A QDQ
     file's fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's
     imported ranges); the calibration sets the rest."""
-    from qtool.calibrators import METHODS
     from qtool.graph.calibrate import auto_graph, prepare, quantize_graph
 
-    for method in methods:
-        if method not in ("auto", "per-edge", *METHODS):
-            raise QtoolError(f"unknown `method` '{method}' (use auto, per-edge or one of {', '.join(METHODS)})")
-    if method_weights not in METHODS:
-        raise QtoolError(f"unknown `method_weights` '{method_weights}' (use one of {', '.join(METHODS)})")
-    if not methods or len(set(methods)) != len(methods):
-        raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
-    if not 50.0 < percentile <= 100.0:
-        raise QtoolError("`percentile` must be in (50, 100]")
-    if batch_size < 1:
-        raise QtoolError("`batch_size` must be at least 1")
-    if snap not in ("up", "nearest"):
-        raise QtoolError(f"`snap` must be up or nearest, got '{snap}'")
+    check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=True)
     label, config = _bits_config(bits)
     model, source = one_input_graph(model, check)
     data = as_data(data, dataset, time_first)
@@ -149,23 +160,11 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     the method with the least held-out error (qtool.calibration.auto); beside a file's own ranges,
     minmax fills in the rest."""
     from qtool.calibration.observe import MethodPlan, collect_many
-    from qtool.calibrators import METHODS
 
     only_for(is_whole(model), "observe")
     if "auto" in methods and len(methods) > 1:
         raise QtoolError("`methods` takes single methods (auto chooses among them itself)")
-    for m in [*(m for m in methods if m != "auto"), method_weights]:
-        if m not in METHODS:
-            whole = " (per-edge is a whole model's)" if m == "per-edge" else ""
-            raise QtoolError(f"unknown method '{m}' (use auto or one of {', '.join(METHODS)}){whole}")
-    if not methods or len(set(methods)) != len(methods):
-        raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
-    if batch_size < 1:
-        raise QtoolError("`batch_size` must be at least 1")
-    if not 50.0 < percentile <= 100.0:
-        raise QtoolError("`percentile` must be in (50, 100]")
-    if snap not in ("up", "nearest"):
-        raise QtoolError(f"`snap` must be up or nearest, got '{snap}'")
+    check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=False)
     label, config = _bits_config(bits)
     if not isinstance(model, GruModel):
         path = Path(model)

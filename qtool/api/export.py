@@ -14,7 +14,7 @@ from qtool.api.models import load
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
 from qtool.errors import QtoolError
-from qtool.io.files import claim_output
+from qtool.io.files import claim_folder, claim_output
 
 
 def export_tables(qm: QuantModel | QGraph | str | os.PathLike, output: str | os.PathLike, kind: str = "json", *,
@@ -79,6 +79,7 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
 
     if compensation not in COMPENSATION:
         raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
+    claim_folder(out_dir)  # before the model is read and rendered
     if test_vectors is not None and not isinstance(test_vectors, np.ndarray):
         vectors = as_data(test_vectors)
         test_vectors = vectors.chunk(0, vectors.num_sequences)

@@ -48,7 +48,7 @@ from qtool.calibrators.mse import grid_error
 from qtool.core.model import GruModel
 from qtool.core.qmodel import QuantModel
 from qtool.core.tensors import TensorConfig
-from qtool.engine.metrics import Distance
+from qtool.engine.metrics import Distance, coarse_bits_note
 from qtool.io.files import SequenceData
 from qtool.io.phases import phase
 from qtool.numerics.float_gru import TRACED, TRACED_RESET_BEFORE, traced
@@ -240,7 +240,8 @@ class AutoCalibrator:
         winner = max(plans, key=lambda k: snr[k])  # first of equals: the mix
         if winner != "per-tensor":
             per_tensor = {k: winner for k in per_tensor}
-        return AutoChoice(plans[winner], winner, snr, per_tensor, errors)
+        note = coarse_bits_note(snr[winner], "the held-out sequences", None) or ""
+        return AutoChoice(plans[winner], winner, snr, per_tensor, errors, note)
 
     def quantize(self, config: dict[str, TensorConfig], info: dict) -> tuple[QuantModel, AutoChoice]:
         choice = self.choose(config)

@@ -3,6 +3,7 @@ results as rich tables or JSON. Every user error is one line on stderr and a non
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -80,6 +81,13 @@ def root(ctx: typer.Context,
     ctx.with_resource(api.read_once())  # a model file is read once per command
 
 
+def file_output(value: str) -> Path:
+    """An output that is one file: a trailing slash names a folder, which Path() would drop."""
+    if value.endswith(("/", os.sep)):
+        raise typer.BadParameter(f"{value} names a folder; this output is one file: name it (e.g. {value}out.h5)")
+    return Path(value)
+
+
 NameOpt = Annotated[str | None, typer.Option("--name", metavar="NAME", help="Which GRU, when the file holds several (a Keras layer, an ONNX node, a PyTorch module prefix).")]
 NoCheckOpt = Annotated[bool, typer.Option("--no-check", help="Skip running the source framework (PyTorch, Keras, ONNX Runtime, when installed) on random inputs to confirm the import of a framework file.")]
 ModelArg = Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A qtool model file or any importable GRU (.pt/.pth, .safetensors, .keras/.h5, .onnx, .tflite, haste .npz).")]
@@ -94,7 +102,7 @@ LimitOpt = Annotated[int | None, typer.Option(metavar="N", help="Use at most N s
 @app.command("import")
 def import_cmd(
     src: Annotated[Path | None, typer.Argument(metavar="MODEL", show_default=False, help="A trained GRU: .pt/.pth, .safetensors, .keras/.h5, .onnx, .tflite, haste .npz.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The qtool model file to write (.h5; its directory is created if needed).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The qtool model file to write (.h5; its directory is created if needed).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", metavar="FORMAT", help="torch, safetensors, keras, onnx, tflite or haste (default: from the file name).")] = None,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
@@ -133,7 +141,7 @@ def gru_summary(model) -> dict:
 
     imported = model.extra.get("import", {})
     left_out = api.import_note(model)
-    return {"name": model.name, "source": model.source, "layers": model.num_layers,
+    return {"name": model.name, "source": model.source, "num_layers": model.num_layers,
             "bidirectional": model.bidirectional, "input_size": model.input_size, "hidden_size": model.hidden_size,
             **imported, "check": model.extra.get("check"),
             "notes": [*imported.get("notes", []), *([left_out] if left_out else [])]}
@@ -182,7 +190,7 @@ def say_if_compiling() -> None:
 def calibrate(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best.")] = None,
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, or another of --method's single methods (mse: the grid of least squared error, which may clip).")] = "minmax",
     percentile: Annotated[float | None, typer.Option(metavar="P", help="With percentile (and auto, per-edge, which try it): the share of values kept, two-sided (default 99.99).")] = None,
@@ -225,6 +233,7 @@ def calibrate(
         raise QtoolError(f"--percentile goes with the percentile method (auto and per-edge try it too); "
                          f"{', '.join(methods)} take{'s' * (len(methods) == 1)} none")
     percentile = 99.99 if percentile is None else percentile
+    api.check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=whole)
     if whole and compare is None:
         data_path = Path(need(data_path, "calibration data file", "DATA"))
         output = Path(need(output, "output quantized model file (.h5)", "--output"))
@@ -284,7 +293,8 @@ def calibrate(
     imported = {} if ranges is None else {"imported": cal.ranges_used}
     auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
     if as_json:
-        emit_json({"output": str(output), **qm.info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
+        info = {**qm.info, "bits_config": json.loads(qm.info.get("bits_config") or "{}")}  # stored as text
+        emit_json({"output": str(output), **info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
                    "tensors": spec_rows(qm), **imported, **auto, "notes": ranges.notes if ranges else []})
         return
     title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
@@ -311,7 +321,7 @@ def advise(
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
     target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB (with --max-flash too: refused where that flash is above the budget).")] = None,
     max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE' (its directory is created if needed).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="Write the chosen bits file (TOML) for 'qtool calibrate --bits FILE' (its directory is created if needed).")] = None,
     threshold: Annotated[float | None, typer.Option(metavar="DB", help="The threshold rule's T: int8 where the predicted SNR is above it (default: 18.5, from the experiment in docs/advisor.md).")] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the estimator's sampling (same seed, data and --batch-size: same numbers).")] = 0,
     gamma: Annotated[float, typer.Option(metavar="RATE", help="The estimator's sampling rate.")] = 0.01,
@@ -439,7 +449,7 @@ def simulate(
 def report(
     qmodel_path: QModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HTML page to write (one file; opens in a browser without a server; its directory is created if needed).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The HTML page to write (one file; opens in a browser without a server; its directory is created if needed).")] = None,
     sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
     units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
     dataset: DataOpt = None,
@@ -537,7 +547,7 @@ def export_c_cmd(
              "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
              "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
              "less flash. Both give the same integers.")] = "table",
-    fully_integral: Annotated[bool, typer.Option("--fully-integral/--no-fully-integral", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written.")] = True,
+    fully_integral: Annotated[bool, typer.Option("--fully-integral/--allow-float", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written (the default; --allow-float writes it).")] = True,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -554,6 +564,9 @@ def export_c_cmd(
     output = Path(need(output, "output directory", "--output"))
     if not test_vectors and (vectors is not None or data_path is not None):
         raise QtoolError(f"{'--vectors' if vectors is not None else '--data'} goes with --test-vectors")
+    if data_path is None and (dataset is not None or time_first):
+        raise QtoolError(f"{'--dataset' if dataset is not None else '--time-first'} goes with --data (the file of "
+                         "the test vectors' inputs)")
     vectors = 4 if vectors is None else vectors
     qm = api.load(qmodel_path)
     if isinstance(qm, api.QGraph):
@@ -612,7 +625,7 @@ def _export_tables(qmodel_path: Path | None, output: Path | None, force: bool, k
 @export_app.command("json")
 def export_json_cmd(
     qmodel_path: QModelArg = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The JSON file to write (its directory is created if needed).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The JSON file to write (its directory is created if needed).")] = None,
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as JSON.
@@ -625,7 +638,7 @@ def export_json_cmd(
 @export_app.command("h5")
 def export_h5_cmd(
     qmodel_path: QModelArg = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", help="The HDF5 file to write (its directory is created if needed).")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The HDF5 file to write (its directory is created if needed).")] = None,
     force: Force = False,
 ):
     """Write every tensor's bits, exp2_inv, zero point and the derived shifts as HDF5.

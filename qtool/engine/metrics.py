@@ -12,6 +12,16 @@ from qtool.engine.simd import f64_bits, f64_from_bits
 
 LOW_SNR_DB = 10.0  # below this output SNR the bits are too few for the model (calibrate and simulate say so)
 
+
+def coarse_bits_note(snr_db: float, held: str, bits: str | None) -> str | None:
+    """What calibrate says when the best calibration it found is below LOW_SNR_DB on held-out
+    data: the grids are not what is wrong, the bits are; None otherwise."""
+    if snr_db >= LOW_SNR_DB:
+        return None
+    coarse = f"{bits} is" if bits else "these bits are"
+    return (f"the integer model's output SNR on {held} is {snr_db:.1f} dB at best: {coarse} too coarse for this "
+            "model; try --bits w8a16, or `qtool advise` to choose the bits per tensor")
+
 # the columns of a statistics row, as the engines accumulate them (named as Distance's fields;
 # STAT_MAX_ABS is a maximum, the others sums), and their indexes STAT_<NAME>
 STATS = ("ref2", "err2", "dot", "q2", "max_abs", "count", "saturated")

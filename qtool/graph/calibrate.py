@@ -40,7 +40,7 @@ from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
 from qtool.core.tensors import TensorConfig
-from qtool.engine.metrics import LOW_SNR_DB
+from qtool.engine.metrics import coarse_bits_note
 from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
 from qtool.io.files import SequenceData
@@ -423,9 +423,7 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     qg.info["auto"] = {"held_out": n - fit, "output_snr_db": scores, "chosen": best}
     if method in ("percentile", "per-edge"):
         qg.info["percentile"] = level
-    if scores[best] < LOW_SNR_DB:  # every candidate is poor: the grids are not what is wrong
-        qg.info["notes"] = [*qg.info.get("notes", []), (
-            f"the integer model's output SNR on {held.name} is {scores[best]:.1f} dB at "
-            f"best: {qg.info.get('bits', 'these bits')} is too coarse for this model; try --bits w8a16, or "
-            "`qtool advise` to choose the bits per tensor")]
+    note = coarse_bits_note(scores[best], held.name, qg.info.get("bits"))  # every candidate is poor
+    if note:
+        qg.info["notes"] = [*qg.info.get("notes", []), note]
     return qg

@@ -188,6 +188,8 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
     `confirm(question)` at a terminal)."""
     if not str(path).strip() or Path(path) == Path("."):  # typer reads `-o ""` as "."
         raise QtoolError("the output path is empty or the current directory; name a file")
+    if str(path).endswith(("/", os.sep)):  # Path() would drop the slash and write a file of the folder's name
+        raise QtoolError(f"output {path} names a folder; this output is one file: name it (e.g. {path}out.h5)")
     path = Path(path)
     for i in inputs:
         if i is not None and (_same_file(path, Path(i)) or path.resolve() == Path(i).resolve()):
@@ -212,6 +214,19 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
                 raise QtoolError(f"{path} exists; use `force` to overwrite it")
             if not confirm(f"{path} exists. Overwrite?"):
                 raise QtoolError(f"{path} exists and was not overwritten")
+    return path
+
+
+def claim_folder(path: str | os.PathLike) -> Path:
+    """Check early that `path` may be a folder of outputs: not an existing file, nor named as a
+    file qtool reads (`x.h5`, `x.npy`: a folder of that name would be mistaken for one)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise QtoolError(f"output path exists and is not a directory: {path}")
+    suffix = path.suffix.lower()
+    if not path.exists() and (suffix in READ_AS or suffix in HDF5_SUFFIXES):
+        raise QtoolError(f"output {path} is named as a {path.suffix} file; this output is a folder of "
+                         "files: name a folder")
     return path
 
 
@@ -312,9 +327,7 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
     """Write several files into `out_dir` (created if needed), replacing only files of these
     names that qtool wrote; every other file in the directory is left as it is. All files are
     staged as temporaries first and renamed into place together."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise QtoolError(f"output path exists and is not a directory: {out_dir}")
+    out_dir = claim_folder(out_dir)
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,6 +461,8 @@ def open_sequences(
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
+            if dataset is not None:  # one array: a name to pick would be silently ignored
+                raise QtoolError(f"{path}: a .npy file holds one array; `dataset` names one in a .npz or .h5 file")
             arr = NpyFile(path)
             if arr.fortran or arr.dtype.hasobject:  # rare layouts: numpy's own (mapped) reader
                 arr = np.load(path, mmap_mode="r", allow_pickle=False)

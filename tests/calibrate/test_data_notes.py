@@ -124,12 +124,26 @@ def test_calibrate_says_when_every_candidate_of_auto_scores_poorly(monkeypatch):
     """auto's held-out scores are all the data can say of the bits: below LOW_SNR_DB, a note names
     the wider presets (the sample scores about 29 dB; the bar raised above it here)."""
     pytest.importorskip("onnx")
-    import qtool.graph.calibrate as gc
+    import qtool.engine.metrics as metrics
 
     qg = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", check=False)
     assert not [n for n in qg.info.get("notes", []) if "too coarse" in n]
-    monkeypatch.setattr(gc, "LOW_SNR_DB", 1000.0)
+    monkeypatch.setattr(metrics, "LOW_SNR_DB", 1000.0)
     qg = qtool.calibrate(SAMPLES / "digits.onnx", SAMPLES / "calib.npy", check=False)
     best = max(qg.info["auto"]["output_snr_db"].values())
     assert f"output SNR on the held-out calibration sequences is {best:.1f} dB at best: int8 is too coarse" in \
         " ".join(qg.info["notes"])
+
+
+def test_calibrate_says_when_auto_scores_a_gru_alone_poorly(monkeypatch):
+    """The same note for a GRU alone: its auto's held-out output SNR, in the choice's note."""
+    import qtool.engine.metrics as metrics
+
+    def choice():
+        return qtool.observe(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", methods=["auto"],
+                             limit=60).auto[1]
+    assert choice().note == ""
+    monkeypatch.setattr(metrics, "LOW_SNR_DB", 1000.0)
+    got = choice()
+    assert f"output SNR on the held-out sequences is {got.held_snr_db[got.winner]:.1f} dB at best: these bits " \
+           "are too coarse for this model" in got.note

@@ -40,6 +40,18 @@ def test_import_calibrate_simulate_json_and_save(cli, qmodel, tmp_path):
     assert yi.dtype == np.int32 and np.abs(yq - y).max() < 1.0
 
 
+def test_calibrate_json_holds_objects_not_encoded_text(cli, tmp_path):
+    """--json gives the bits config as an object (the model file keeps it as JSON text)."""
+    from qtool import api
+
+    code, out, err = cli("calibrate", SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", "-o",
+                         tmp_path / "q.h5", "--method", "minmax", "--bits", "w8a16", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["bits_config"]["h"]["bits"] == 16 and doc["bits_config"]["W"]["bits"] == 8
+    assert doc["bits_config"] == json.loads(api.load(tmp_path / "q.h5").info["bits_config"])
+
+
 def test_tables_and_inspect(cli, qmodel, tmp_path):
     code, out, _ = cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", "50")
     assert code == 0 and "output" in out and "SNR dB" in out
@@ -51,7 +63,7 @@ def test_tables_and_inspect(cli, qmodel, tmp_path):
     code, out, _ = cli("import", SAMPLES / "digits_gru.safetensors", "-o", tmp_path / "m.h5", "--json")
     got = json.loads(out)
     assert code == 0 and got["output"] == str(tmp_path / "m.h5") and got["left_out"] == ["head (2 tensors)"]
-    assert (got["layers"], got["input_size"], got["hidden_size"]) == (2, 8, 64)
+    assert (got["num_layers"], got["input_size"], got["hidden_size"]) == (2, 8, 64)
     assert got["check"]["checked"] == has("torch")  # checked against PyTorch where it is installed
     code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--json")  # a GRU and a dense head
     assert code == 0 and json.loads(out)["notes"] == [
@@ -244,7 +256,7 @@ def test_compare_and_method_errors(cli, tmp_path):
     for args, msg in ((("--compare", "minmax,kl"), "--compare needs --eval"),
                       (("--compare", "minmax,nope", "--eval", SAMPLES / "test.npy"), "unknown method 'nope'"),
                       (("--compare", "mse,mse", "--eval", SAMPLES / "test.npy"), "distinct methods"),
-                      (("--method-weights", "bogus", "-o", tmp_path / "q.h5"), "unknown method 'bogus'"),
+                      (("--method-weights", "bogus", "-o", tmp_path / "q.h5"), "unknown --method-weights 'bogus'"),
                       (("--method", "kl", "--compare", "minmax,mse", "--eval", SAMPLES / "test.npy"),
                        "--method and --compare")):
         code, out, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", *args)

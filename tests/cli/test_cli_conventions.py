@@ -24,6 +24,16 @@ def test_version_help_and_no_arguments(cli):
     assert code == 2 and "unknown preset 'int9'" in err and len(err.strip().splitlines()) == 1
 
 
+def test_every_help_fits_80_columns_uncut(cli, monkeypatch):
+    """At 80 columns no flag of any command is cut to 'flag…' (help text wraps; names must not)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = [["import"], ["calibrate"], ["advise"], ["simulate"], ["report"], ["inspect"], ["verify"],
+                ["precompile"], ["export", "c"], ["export", "json"], ["export", "h5"]]
+    for cmd in commands:
+        code, out, _ = cli(*cmd, "--help")
+        assert code == 0 and "…" not in out and max(map(len, out.splitlines())) <= 80, (cmd, out)
+
+
 def test_the_cli_starts_without_numpy():
     """`qtool --help` and `--version` stay quick: numpy (and all the numerics) load on first use."""
     import subprocess

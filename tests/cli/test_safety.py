@@ -281,6 +281,30 @@ def test_an_output_of_another_kind_is_never_replaced(cli, qmodel, tmp_path):
     assert page.read_bytes() == shown and model.read_bytes() == before
 
 
+def test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused(cli, qmodel, tmp_path):
+    """`-o out/` names a folder (Path would drop the slash and write a file `out`); `export c -o
+    c.h5` names a file (a folder of that name would be read as a model): both refused at once."""
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", f"{tmp_path}/out/", "--method", "minmax")
+    assert code == 2 and "names a folder; this output is one file" in err and one_error_line(err), err
+    assert not (tmp_path / "out").exists()
+    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c.h5")
+    assert code == 2 and "is named as a .h5 file; this output is a folder" in err and one_error_line(err), err
+    assert not (tmp_path / "c.h5").exists()
+
+
+def test_options_that_would_be_ignored_are_refused(cli, qmodel, tmp_path):
+    """An option the command would not use is refused, never dropped: `--time-first`/`--dataset`
+    without `--data` in `export c`, `--dataset` for a .npy file (one array); an unknown method is
+    refused before an existing output is."""
+    for flag in (["--time-first"], ["--dataset", "x"]):
+        code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", *flag)
+        assert code == 2 and f"{flag[0]} goes with --data" in err and one_error_line(err), err
+    code, _, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--dataset", "x")
+    assert code == 2 and "a .npy file holds one array" in err and one_error_line(err), err
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", qmodel, "--method", "foo")
+    assert code == 2 and "unknown method 'foo'" in err and one_error_line(err), err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_remove_temporaries(qmodel, tmp_path, sig):
     # enough work that the signal lands while the results are written, on a fast machine too

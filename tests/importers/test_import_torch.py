@@ -89,6 +89,19 @@ def test_whole_module_pickle_says_it_holds_code(tmp_path):
 
 
 @needs_torch
+def test_a_cut_file_says_so_in_whole_sentences(tmp_path):
+    """A .pt cut short (a failed copy): torch's long zip error becomes one whole sentence."""
+    import torch
+
+    whole = tmp_path / "whole.pt"
+    torch.save(state_dict(), whole)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(whole.read_bytes()[:len(whole.read_bytes()) // 2])
+    msg = refused(cut, r"not a whole PyTorch file \(its zip archive is truncated or damaged")
+    assert msg.endswith("save it again") and "If you are seeing" not in msg
+
+
+@needs_torch
 @pytest.mark.parametrize("protocol", [2, 4])
 def test_raw_pickle_is_one_line_without_warnings(tmp_path, protocol):
     path = tmp_path / "raw.pth"

@@ -112,9 +112,19 @@ def _torch_error(path: Path, e: Exception) -> QtoolError:
     if detail:
         return QtoolError(f"{path}: a pickle that PyTorch's weights-only loader refuses "
                           f"({detail[1].strip()[:100]}), not a torch.save'd state_dict; {save}")
-    lines = msg.strip().splitlines()
+    if "zip archive" in msg:  # miniz's words for a cut or damaged file
+        return QtoolError(f"{path}: not a whole PyTorch file (its zip archive is truncated or damaged: "
+                          f"{_first_sentence(msg)}); save it again")
     return QtoolError(f"{path}: cannot load as a weights-only PyTorch file "
-                      f"({lines[0][:200] if lines else type(e).__name__})")
+                      f"({_first_sentence(msg) or type(e).__name__})")
+
+
+def _first_sentence(msg: str) -> str:
+    """The first sentence of torch's first line, whole (its later ones are advice for another case)."""
+    line = (msg.strip().splitlines() or [""])[0]
+    end = re.search(r"\.(\s|$)", line)
+    line = line[:end.start()] if end else line
+    return line if len(line) <= 200 else line[:line.rfind(" ", 0, 200)] + " ..."
 
 
 def _load_pt(path: Path, keep, order: list) -> dict:
