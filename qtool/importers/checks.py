@@ -146,3 +146,28 @@ def one_torch_thread() -> Iterator[None]:
     finally:
         if torch and threads:
             torch.set_num_threads(threads)
+
+
+def rounding_spread(run, xs: dict[str, np.ndarray]) -> float:
+    """How far the model's own outputs move (relative where above 1, as the checks measure) when
+    its inputs move by one float32 rounding step, each value times 1 +- 2^-24 at random: what
+    float32 implementations of the same model may disagree by without any misreading. `run`
+    maps inputs to a dict of outputs."""
+    rng = np.random.default_rng(1)
+    nudged = {k: (v * (1 + rng.choice([-1.0, 1.0], v.shape) * 2.0 ** -24)).astype(np.float32)
+              for k, v in xs.items()}
+    base, moved = run(xs), run(nudged)
+    return max((float(np.abs(moved[k] - b).max(initial=0.0)) / max(1.0, float(np.abs(b).max(initial=0.0)))
+                for k, b in base.items()), default=0.0)
+
+
+def wrong_import(what: str, tolerance: float, spread: float) -> QtoolError:
+    """The refusal of an import that differs from its framework (`what`: where and by how much).
+    Where the model itself moves by more than `tolerance` under float32 rounding of its inputs
+    (`rounding_spread`), the check cannot tell a misread file from rounding, and says so."""
+    if spread > tolerance:
+        return QtoolError(f"{what}; but the model's own output moves by up to {spread:.3g} when its inputs move "
+                          "by one float32 rounding step, so float32 implementations disagree on it by as much: "
+                          "the check cannot tell a misread file here and refuses it (`check=False` imports it "
+                          "unchecked)")
+    return QtoolError(f"{what}; refusing a wrong import")

@@ -14,7 +14,7 @@ import numpy as np
 
 from qtool.core.model import GruModel
 from qtool.errors import QtoolError
-from qtool.importers.checks import framework_run, reason
+from qtool.importers.checks import framework_run, reason, rounding_spread, wrong_import
 from qtool.numerics.float_gru import run_float
 
 SEQUENCES, STEPS = 3, 8
@@ -44,8 +44,9 @@ def cross_check(model: GruModel, stack, where: str) -> dict:
                          f"import {got.shape}; the file was not read as the framework reads it")
     diff = float(np.abs(want - got).max())
     if not diff <= TOLERANCE:
-        raise QtoolError(f"{where}: the imported GRU differs from {stack.framework} by up to {diff:.3g} "
-                         f"on random inputs (tolerance {TOLERANCE:g}); refusing a wrong import")
+        raise wrong_import(f"{where}: the imported GRU differs from {stack.framework} by up to {diff:.3g} "
+                           f"on random inputs (tolerance {TOLERANCE:g})", TOLERANCE,
+                           rounding_spread(lambda v: {"y": run_float(model, v["x"])}, {"x": x}))
     return {"checked": True, "framework": stack.framework, "max_abs_diff": diff,
             "sequences": SEQUENCES, "steps": STEPS, "seconds": round(time.perf_counter() - t0, 3)}
 

@@ -16,7 +16,14 @@ import qtool.layers
 from qtool.core import edges
 from qtool.core.graph import Graph
 from qtool.errors import QtoolError
-from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, one_torch_thread, reason
+from qtool.importers.checks import (
+    MAX_TENSOR_ELEMENTS,
+    framework_run,
+    one_torch_thread,
+    reason,
+    rounding_spread,
+    wrong_import,
+)
 from qtool.importers.keras.check import _import_keras, _load, _oversized, float_activations, keras2_hard_sigmoid
 from qtool.importers.keras.config import FLOAT_POLICIES, _policy, keras_major
 from qtool.importers.keras.model_graph import input_shapes
@@ -116,8 +123,8 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
         raise
     except Exception as e:  # Keras refused the file qtool accepted: say so, in one line
         raise QtoolError(f"{path}: Keras cannot run this model ({reason(e)})") from None
-    got = qtool.layers.run(graph, {k: a.reshape(*a.shape[:2], -1) if a.ndim == 4 else a  # a map's frames
-                                   for k, a in zip(graph.inputs, args)})
+    feeds = {k: a.reshape(*a.shape[:2], -1) if a.ndim == 4 else a for k, a in zip(graph.inputs, args)}  # maps: frames
+    got = qtool.layers.run(graph, feeds)
     want = [w.reshape(*w.shape[:2], -1) if w.ndim == 4 else w for w in want]
     if len(want) != len(graph.outputs):
         raise QtoolError(f"{path}: Keras gives {len(want)} outputs, the graph {len(graph.outputs)}")
@@ -131,8 +138,9 @@ def check_keras_graph(path: str | Path, graph: Graph) -> dict:
         tol = TOLERANCE * max(1.0, float(np.abs(w).max()) if w.size else 0.0)
         if not d <= tol:
             hint = (f" ({UNEVEN_AVG_POOL} on these {steps} steps)" if _uneven_avg_pools(graph, x) else "")
-            raise QtoolError(f"{path}: the imported graph's output '{edge}' differs from Keras by up to {d:.3g} on "
-                             f"random inputs (tolerance {tol:.3g}){hint}; refusing a wrong import")
+            raise wrong_import(f"{path}: the imported graph's output '{edge}' differs from Keras by up to {d:.3g} on "
+                               f"random inputs (tolerance {tol:.3g}){hint}", TOLERANCE,
+                               rounding_spread(lambda v: qtool.layers.run(graph, v), feeds))
         diff = max(diff, d)
     same_pools = any(n.op == "avg_pool1d" and n.attrs.get("padding") == "same" for n in graph.nodes)
     note = ({"note": f"{UNEVEN_AVG_POOL}; checked on {steps} steps, where they agree"}

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, reason
+from qtool.importers.checks import MAX_TENSOR_ELEMENTS, framework_run, reason, rounding_spread, wrong_import
 from qtool.importers.onnx import fake_quant
 from qtool.importers.onnx.external import inline
 from qtool.importers.onnx.graph import Graph
@@ -159,8 +159,9 @@ def compare_outputs(path: Path, graph, ports, xs: dict, want: dict, n: int, fram
                              f"({list(ref.shape)} channels-last), qtool's graph {list(got[edge].shape)}")
         diff = float(np.abs(ref - got[edge]).max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
         if not diff <= TOLERANCE:
-            raise QtoolError(f"{path}: output '{name}' of the imported graph differs from {framework} by up to "
-                             f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g}); refusing a wrong import")
+            raise wrong_import(f"{path}: output '{name}' of the imported graph differs from {framework} by up to "
+                               f"{diff:.3g} (relative where above 1; tolerance {TOLERANCE:g})", TOLERANCE,
+                               rounding_spread(lambda v: L.run(graph, v), xs))
         worst = max(worst, diff)
     return worst
 
