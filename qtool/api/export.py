@@ -31,7 +31,8 @@ def export_tables(qm: QuantModel | QGraph | str | os.PathLike, output: str | os.
     if not isinstance(qm, (QuantModel, QGraph)):
         qm_path = Path(qm)
         qm = load(qm_path)
-    output = claim_output(output, force, [qm_path], confirm, hdf5=kind == "h5")
+    output = claim_output(output, force, [qm_path], confirm, hdf5=kind == "h5", text="JSON",
+                          kind="tables")
     if kind == "json":
         write_bytes(output, json_bytes(qm))
     else:
@@ -49,6 +50,7 @@ class ExportResult:
     compensation: str
     fingerprint: str
     edited: list[str] = field(default_factory=list)  # replaced files edited since qtool wrote them
+    removed: list[str] = field(default_factory=list)  # an earlier export's test vectors, not written now
 
 
 def simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,9 +97,10 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     render = _render_graph if isinstance(qm, QGraph) else _render_gru
     rendered, stamp = render(qm, prefix, compensation, fully_integral, test_vectors)
     files = rendered.encoded()
-    replaced = write_files(out_dir, files, force, confirm, inputs=[path])
+    stale = [f"{prefix}_test_vectors.h", f"{prefix}_test_main.c"]  # an export with test vectors wrote them
+    replaced = write_files(out_dir, files, force, confirm, inputs=[path], stale=stale)
     return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
-                        stamp, replaced.edited)
+                        stamp, replaced.edited, replaced.removed)
 
 
 def gru_of(qm: QuantModel | QGraph) -> QuantModel | QGraph:

@@ -84,7 +84,8 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
         qg = load_qgraph(qg_path)
     if save is not None:
         files = [qg_path, data, labels]
-        save = claim_output(save, force, [f for f in files if isinstance(f, (str, os.PathLike))], confirm)
+        save = claim_output(save, force, [f for f in files if isinstance(f, (str, os.PathLike))], confirm,
+                            kind="results")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first)
@@ -247,7 +248,7 @@ def simulate(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, *, per
     n = count(data, limit)
     if save is not None:
         save = claim_output(save, force, [qm_path, data.name if not isinstance(data_in, np.ndarray) else None],
-                            confirm)
+                            confirm, kind="results")
     t0 = time.perf_counter()
     comm = world()
     kept = _Outputs(n, data.shape[1], qm.model.output_size) if outputs else None

@@ -84,7 +84,7 @@ def root(ctx: typer.Context,
 def file_output(value: str) -> Path:
     """An output that is one file: a trailing slash names a folder, which Path() would drop."""
     if value.endswith(("/", os.sep)):
-        raise typer.BadParameter(f"{value} names a folder; this output is one file: name it (e.g. {value}out.h5)")
+        raise typer.BadParameter(f"{value} names a folder; this output is one file: name the file (e.g. {value}NAME)")
     return Path(value)
 
 
@@ -384,7 +384,7 @@ def simulate(
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
-    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write float/y, quant/y and quant/y_int to this .h5 file (its directory is created if needed).")] = None,
+    save: Annotated[Path | None, typer.Option(metavar="FILE", parser=file_output, help="Write float/y, quant/y and quant/y_int to this .h5 file (its directory is created if needed).")] = None,
     per_tensor: Annotated[bool, typer.Option(help="A GRU alone: measure every tensor, not just the output (a whole model always measures every edge).")] = True,
     tensors: Annotated[str, typer.Option(metavar="summary|all", help="A GRU alone: which tensors to print, a summary (each layer's h and the worst few) or all of them; --json always has all. A whole model shows every edge.")] = "summary",
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
@@ -412,7 +412,7 @@ def simulate(
     if tensors not in ("summary", "all"):
         raise QtoolError(f"--tensors must be summary or all, got '{tensors}'")
     if save is not None:  # before the work, and never onto an input
-        api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal())
+        api.claim_output(save, force, [qmodel_path, data_path, labels], confirm_at_terminal(), kind="results")
     if backend != "cuda" and mode != "fakequant":
         say_if_compiling()
     t0 = time.perf_counter()
@@ -589,7 +589,7 @@ def export_c_cmd(
     fp = res.footprint
     base = fp.int8_weight_bytes + fp.table_bytes
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
-               "edited": res.edited,
+               "edited": res.edited, "removed": res.removed,
                "fingerprint": res.fingerprint, "compensation": compensation, "flash_bytes": fp.flash_bytes,
                "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
                "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,

@@ -215,7 +215,8 @@ def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) ->
     fp = res.footprint
     state = {} if fp.streaming else {"state_bytes": None}  # RAM NAME_step keeps: only a model that streams has one
     summary = {"directory": str(output), "name": res.name, "files": res.files, "replaced": res.replaced,
-               "edited": res.edited, "fingerprint": res.fingerprint, "flash_bytes": fp.flash_bytes,
+               "edited": res.edited, "removed": res.removed, "fingerprint": res.fingerprint,
+               "flash_bytes": fp.flash_bytes,
                "ram_bytes": fp.ram_bytes if fp.streaming else None, "macs_per_step": fp.macs_per_step,
                "macs_per_sequence": fp.macs_per_sequence,
                "streaming": fp.streaming, "streaming_refusal": fp.streaming_refusal,

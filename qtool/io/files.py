@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -141,7 +142,10 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 def written_by_qtool(path: Path) -> bool:
     """Whether an existing file is one qtool wrote: a qtool HDF5 file, or a text file that says so
-    in its first lines (TEXT_MARKS: every text output qtool writes does) or ends in its seal."""
+    in its first lines (TEXT_MARKS: every text output qtool writes does) or ends in its seal.
+    Never a device, pipe or socket (reading one may never end: /dev/zero, a FIFO)."""
+    if not path.is_file():
+        return False
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
@@ -172,6 +176,24 @@ READ_AS = {**dict.fromkeys((".npy", ".csv", ".wav"), "data"), ".npz": "data or h
            **dict.fromkeys((".onnx", ".pt", ".pth", ".keras", ".tflite", ".safetensors", ".pb"), "a framework's model")}
 
 
+# what each kind of HDF5 output holds, and the formats ("format" attribute) of its files
+HDF5_KINDS = {"model": ("a model", ("qtool-gru", "qtool-qgru", "qtool-graph", "qtool-qgraph")),
+              "results": ("simulation results", ("qtool-results",)),
+              "tables": ("parameter tables", ("qtool-params", "qtool-graph-params"))}
+
+
+def _hdf5_kind(path: Path) -> str:
+    """The kind (HDF5_KINDS) of a qtool HDF5 file."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        fmt = str(f.attrs.get("format", ""))
+    return next((k for k, (_, formats) in HDF5_KINDS.items() if fmt in formats), "model")
+
+
+TEXT_AS = {".json": "JSON", ".toml": "TOML", ".html": "HTML", ".htm": "HTML"}
+
+
 def _is_hdf5(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
@@ -181,15 +203,18 @@ def _is_hdf5(path: Path) -> bool:
 
 
 def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
-                 confirm: Callable[[str], bool] | None = None, hdf5: bool = True) -> Path:
+                 confirm: Callable[[str], bool] | None = None, hdf5: bool = True, text: str | None = None,
+                 kind: str = "model") -> Path:
     """Check that `path` may be written: it is none of `inputs`, not a directory, not named as a
     file qtool reads as something else, and if it exists, qtool wrote it as the same kind of file
-    (`hdf5`: this output is an HDF5 file, else text) and the user agreed (`force`, or
-    `confirm(question)` at a terminal)."""
+    (`hdf5`: this output is an HDF5 file of `kind`, a model, simulate's results or export's
+    tables; else text: `text` names its format, which a .json, .toml or .html name must match)
+    and the user agreed (`force`, or `confirm(question)` at a
+    terminal)."""
     if not str(path).strip() or Path(path) == Path("."):  # typer reads `-o ""` as "."
         raise QtoolError("the output path is empty or the current directory; name a file")
     if str(path).endswith(("/", os.sep)):  # Path() would drop the slash and write a file of the folder's name
-        raise QtoolError(f"output {path} names a folder; this output is one file: name it (e.g. {path}out.h5)")
+        raise QtoolError(f"output {path} names a folder; this output is one file: name the file (e.g. {path}NAME)")
     path = Path(path)
     for i in inputs:
         if i is not None and (_same_file(path, Path(i)) or path.resolve() == Path(i).resolve()):
@@ -198,6 +223,8 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
         raise QtoolError(f"output path is a directory: {path}")
     suffix = path.suffix.lower()
     read_as = READ_AS.get(suffix) or (None if hdf5 or suffix not in HDF5_SUFFIXES else "models and data")
+    if not read_as and suffix in TEXT_AS and (hdf5 or text not in (None, TEXT_AS[suffix])):
+        read_as = TEXT_AS[suffix]  # a bits file named .json is read back as JSON
     if read_as:  # qtool would then refuse to read back what it wrote
         raise QtoolError(f"output {path}: qtool reads {path.suffix} files as {read_as}, which this output is not; "
                          "choose another name")
@@ -209,6 +236,10 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
         if _is_hdf5(path) != hdf5:  # a model where a page would go, or the other way round
             raise QtoolError(f"{path} is {'a text' if hdf5 else 'an HDF5'} file qtool wrote for another "
                              "command; this output is not one, so it is left alone (choose another name)")
+        other = _hdf5_kind(path) if hdf5 else kind
+        if other != kind:  # simulate's results where a model would go, or the other way round
+            raise QtoolError(f"{path} holds {HDF5_KINDS[other][0]} qtool wrote; this output is {HDF5_KINDS[kind][0]}, "
+                             "so it is left alone (choose another name)")
         if not force:
             if confirm is None:
                 raise QtoolError(f"{path} exists; use `force` to overwrite it")
@@ -320,13 +351,18 @@ def check_free_space(dest: Path, nbytes: int) -> None:
 class Replaced(NamedTuple):
     names: list[str]  # the files of these names that were there
     edited: list[str]  # those of them edited since qtool wrote them (`edited_since_written`)
+    removed: list[str] = []  # `stale` files qtool wrote that this write made obsolete, removed
 
 
 def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool,
-                confirm: Callable[[str], bool] | None = None, inputs: Iterable = ()) -> Replaced:
+                confirm: Callable[[str], bool] | None = None, inputs: Iterable = (),
+                stale: Iterable[str] = ()) -> Replaced:
     """Write several files into `out_dir` (created if needed), replacing only files of these
     names that qtool wrote; every other file in the directory is left as it is. All files are
-    staged as temporaries first and renamed into place together."""
+    staged as temporaries first and renamed into place together. `stale`: names an earlier
+    write of the same set made and this one does not (test vectors no longer asked for): where
+    qtool wrote them and none was edited since, they are removed with the same consent as a
+    replacement, so that no file of an older model stays beside the new ones."""
     out_dir = claim_folder(out_dir)
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
@@ -334,13 +370,14 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
     except OSError as e:
         raise QtoolError(os_error_message(e, out_dir, "creating")) from None
     try:
-        return _write_into(out_dir, files, force, confirm, inputs)
+        return _write_into(out_dir, files, force, confirm, inputs, stale)
     except BaseException:  # a refusal, a full disk, a signal: no folder of ours stays behind either
         _remove_created(created)
         raise
 
 
-def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable) -> Replaced:
+def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable,
+                stale: Iterable[str] = ()) -> Replaced:
     targets = {name: out_dir / name for name in files}
     for p in targets.values():
         for i in inputs:
@@ -352,16 +389,23 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
                          "alone (move them or choose another directory or `name`)")
     existing = [n for n, p in targets.items() if p.exists()]
     edited = [n for n in existing if edited_since_written(targets[n])]
+    old = [n for n in stale if n not in files and (out_dir / n).is_file() and written_by_qtool(out_dir / n)]
+    if any(edited_since_written(out_dir / n) for n in old):  # the user's now: the set stays together
+        old = []
     note = f" ({', '.join(edited)} edited since qtool wrote {'it' if len(edited) == 1 else 'them'})" if edited else ""
-    if existing and not force and not (confirm and confirm(
-            f"{out_dir}: replace {', '.join(existing)}{note}? (other files stay as they are)")):
-        raise QtoolError(f"{out_dir} already holds {', '.join(existing)}{note}; use `force` to replace them")
+    gone = f" and remove {', '.join(old)} (an earlier export's, not written now)" if old else ""
+    if (existing or old) and not force and not (confirm and confirm(
+            f"{out_dir}: replace {', '.join(existing) or 'nothing'}{note}{gone}? (other files stay as they are)")):
+        raise QtoolError(f"{out_dir} already holds {', '.join(existing + old)}{note}; use `force` to replace them")
     with contextlib.ExitStack() as stack:  # renames every file into place as it unwinds
         for name, data in files.items():
             tmp = stack.enter_context(atomic_path(targets[name]))
             with open(tmp, "wb") as f:
                 f.write(data)
-    return Replaced(existing, edited)
+    for name in old:
+        with contextlib.suppress(FileNotFoundError):
+            (out_dir / name).unlink()
+    return Replaced(existing, edited, old)
 
 
 def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
@@ -379,8 +423,6 @@ def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
 def _check_npz_member(path: Path, name: str) -> None:
     """Before numpy allocates an array from a .npz member, check that its header's size is what
     the member holds and that it fits in memory (an archive can claim any size)."""
-    import zipfile
-
     from numpy.lib import format as npy
 
     with zipfile.ZipFile(path) as z:
@@ -467,6 +509,8 @@ def open_sequences(
             if arr.fortran or arr.dtype.hasobject:  # rare layouts: numpy's own (mapped) reader
                 arr = np.load(path, mmap_mode="r", allow_pickle=False)
         elif suffix == ".npz":
+            if not zipfile.is_zipfile(path):  # numpy would call it a pickle
+                raise QtoolError(f"{path}: not a .npz archive (a damaged or cut file, or another format named .npz)")
             with np.load(path, allow_pickle=False) as z:
                 name = _pick_npz(z.files, dataset, path)
                 _check_npz_member(path, name)
@@ -490,7 +534,7 @@ def open_sequences(
             raise QtoolError(f"{path}: unknown data format '{suffix}' (use .npy, .npz or .h5)")
     except QtoolError:
         raise
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:  # a damaged archive or a cut file
         raise QtoolError(f"{path}: cannot read data file ({e})") from None
     return SequenceData(arr, time_first, str(path))
 

@@ -292,6 +292,71 @@ def test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refuse
     assert not (tmp_path / "c.h5").exists()
 
 
+def test_an_output_that_is_a_device_or_pipe_is_left_alone(cli, tmp_path):
+    """`-o /dev/full --force`: qtool looked for its mark at the file's end and read forever; a
+    device or a FIFO is never a file qtool wrote, so it is refused at once."""
+    fifo = tmp_path / "pipe.h5"
+    os.mkfifo(fifo)
+    for target in (Path("/dev/full"), fifo):
+        code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", target, "--force", "--method", "minmax")
+        assert code == 2 and "was not written by qtool; it is left alone" in err and one_error_line(err), err
+
+
+def test_an_output_is_named_and_kept_as_its_own_kind(cli, qmodel, tmp_path):
+    """A bits file (TOML) is not named .json, tables (HDF5) not .json, a page not .json: qtool
+    would read them back as JSON. `--force` replaces a model with a model only, simulate's
+    results with results only, export's tables with tables only."""
+    for args in (["advise", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "bits.json"],
+                 ["export", "h5", qmodel, "-o", tmp_path / "t.json"],
+                 ["report", qmodel, SAMPLES / "test.npy", "-o", tmp_path / "r.json"]):
+        code, _, err = cli(*args)
+        assert code == 2 and "qtool reads .json files as JSON" in err and one_error_line(err), err
+    results, model = tmp_path / "r.h5", tmp_path / "m.h5"
+    assert cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", 3, "--save", results)[0] == 0
+    shutil.copyfile(qmodel, model)
+    kept = results.read_bytes(), model.read_bytes()
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", results, "--force", "--method", "minmax")
+    assert code == 2 and "holds simulation results qtool wrote; this output is a model" in err, err
+    code, _, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", 3, "--save", model, "--force")
+    assert code == 2 and "holds a model qtool wrote; this output is simulation results" in err, err
+    code, _, err = cli("export", "h5", qmodel, "-o", results, "--force")
+    assert code == 2 and "this output is parameter tables" in err and one_error_line(err), err
+    assert (results.read_bytes(), model.read_bytes()) == kept
+    code, _, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--save", f"{tmp_path}/new/")
+    assert code == 2 and "names a folder" in err and not (tmp_path / "new").exists(), err
+
+
+def test_an_export_without_test_vectors_removes_an_earlier_exports(cli, qmodel, tmp_path):
+    """Test vectors of an earlier export would be compiled with the new model's files (and fail
+    for another reason than theirs): an export without them removes those qtool wrote, unedited,
+    with the consent a replacement needs; where one was edited, both stay."""
+    out = tmp_path / "c"
+    assert cli("export", "c", qmodel, "-o", out, "--test-vectors")[0] == 0
+    code, _, err = cli("export", "c", qmodel, "-o", out)
+    assert code == 2 and "gru_test_main.c" in err and (out / "gru_test_main.c").exists(), err
+    code, out_text, _ = cli("export", "c", qmodel, "-o", out, "--force")
+    assert code == 0 and "removed gru_test_vectors.h, gru_test_main.c" in out_text
+    assert sorted(p.name for p in out.iterdir()) == ["gru.c", "gru.h", "gru_params.c", "gru_params.h", "qgru.c",
+                                                     "qgru.h"]
+    assert cli("export", "c", qmodel, "-o", out, "--test-vectors", "--force")[0] == 0
+    main = out / "gru_test_main.c"
+    main.write_text(main.read_text() + "/* mine */\n")
+    code, out_text, _ = cli("export", "c", qmodel, "-o", out, "--force")
+    assert code == 0 and "removed gru_test" not in out_text and main.read_text().endswith("/* mine */\n")
+    assert (out / "gru_test_vectors.h").exists()  # kept with the edited main that includes it
+
+
+def test_a_damaged_data_archive_is_one_line(cli, tmp_path):
+    """A .npz that is no zip (cut, damaged, another format): one line, not numpy's pickle error
+    or an internal error."""
+    good = tmp_path / "good.npz"
+    np.savez(good, x=np.load(SAMPLES / "calib.npy")[:4])
+    for name, data in (("cut.npz", good.read_bytes()[:300]), ("noise.npz", bytes(range(256)) * 8)):
+        (tmp_path / name).write_bytes(data)
+        code, _, err = cli("calibrate", MODEL, tmp_path / name, "-o", tmp_path / "q.h5")
+        assert code == 2 and "not a .npz archive" in err and one_error_line(err), err
+
+
 def test_options_that_would_be_ignored_are_refused(cli, qmodel, tmp_path):
     """An option the command would not use is refused, never dropped: `--time-first`/`--dataset`
     without `--data` in `export c`, `--dataset` for a .npy file (one array); an unknown method is

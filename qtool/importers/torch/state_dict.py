@@ -134,6 +134,10 @@ def _load_pt(path: Path, keep, order: list) -> dict:
         raise QtoolError("reading .pt/.pth files needs PyTorch (pip install torch==2.13.0, the CPU "
                          "build); or export the state_dict to .safetensors") from None
     mmap = zipfile.is_zipfile(path)  # torch's zip format: tensors are mapped, only the GRU's are read
+    with open(path, "rb") as f:
+        if f.read(4) == b"PK\x03\x04" and not mmap:  # a zip's start without its end: a cut copy
+            raise QtoolError(f"{path}: not a whole PyTorch file (its zip archive is truncated or damaged: "
+                             "its central directory is missing); save it again")
     if mmap:
         try:
             with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
