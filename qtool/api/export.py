@@ -150,6 +150,8 @@ def find_export(export_dir: Path, name: str | None, qm: QuantModel | QGraph) -> 
     from qtool.exporters.c_export import c_name
     from qtool.exporters.c_verify import export_fingerprint
 
+    if export_dir.exists() and not export_dir.is_dir():
+        raise QtoolError(f"{export_dir} is a file, not an export directory (the folder that qtool export c wrote)")
     if not export_dir.is_dir():
         raise QtoolError(f"export directory not found: {export_dir}")
     if name is not None:

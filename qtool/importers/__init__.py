@@ -53,10 +53,10 @@ def detect_format(path: Path) -> str:
 
 
 QTOOL_FILES = {"qtool-results": "a results file (qtool simulate --save): model outputs, not a model",
-               "qtool-qgraph": "a quantized whole model; this command takes a GRU alone (--name picks one "
-                               "from the framework file)",
-               "qtool-graph": "a whole model; this command takes a GRU alone (--name picks one from the "
-                              "framework file)"}
+               "qtool-qgraph": "qtool's quantized whole model, which holds no GRU to pick by `name` (`name` "
+                               "picks one GRU of a framework file; without it the model is taken whole)",
+               "qtool-graph": "qtool's whole model, which holds no GRU to pick by `name` (`name` picks one GRU "
+                              "of a framework file; without it the model is taken whole)"}
 
 
 def _not_qtool_output(path: Path) -> None:

@@ -519,6 +519,10 @@ def open_sequences(
             import h5py
 
             f = h5py.File(path, "r")
+            fmt = str(f.attrs.get("format", ""))
+            if fmt.startswith("qtool-") and fmt != "qtool-results":  # a model where the data go: swapped?
+                f.close()
+                raise QtoolError(f"{path}: a qtool model file ({fmt}), not data; the model comes first, then the data")
             names = _h5_datasets(f)
             if dataset is None:
                 if len(names) != 1:

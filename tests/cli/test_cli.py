@@ -130,6 +130,9 @@ def test_bad_model_files(cli, tmp_path):
     (tmp_path / "empty.h5").write_bytes(b"")
     (tmp_path / "x.onnx").write_bytes(b"\x00\x01garbage")
     (tmp_path / "x.pt").write_bytes(b"garbage")
+    from qtool import api
+
+    api.save(api.load_model(MODEL, check=False), tmp_path / "q0.h5")  # a model where the data go
     cases = [
         (["inspect", tmp_path / "corrupt.h5"], "not an HDF5 file"),
         (["inspect", tmp_path / "missing.h5"], "model file not found"),
@@ -152,7 +155,12 @@ def test_bad_model_files(cli, tmp_path):
     if has("onnx"):
         cases.append((["import", tmp_path / "x.onnx", "-o", tmp_path / "m.h5"], "not a readable ONNX"))
     if has("torch"):
-        cases.append((["import", tmp_path / "x.pt", "-o", tmp_path / "m.h5"], "weights-only"))
+        cases.append((["import", tmp_path / "x.pt", "-o", tmp_path / "m.h5"],
+                      "not a PyTorch file (neither torch.save's zip archive nor a pickle)"))
+        cases.append((["import", SAMPLES / "digits.onnx", "--format", "torch", "-o", tmp_path / "m.h5"],
+                      "digits.onnx: not a PyTorch file"))
+    cases += [(["calibrate", MODEL, tmp_path / "q0.h5", "-o", tmp_path / "q.h5"], "a qtool model file (qtool-gru), "
+               "not data; the model comes first")]
     for args, msg in cases:
         code, out, err = cli(*args)
         assert code == 2 and msg in err and "Traceback" not in err, (args, err)

@@ -135,9 +135,13 @@ def _load_pt(path: Path, keep, order: list) -> dict:
                          "build); or export the state_dict to .safetensors") from None
     mmap = zipfile.is_zipfile(path)  # torch's zip format: tensors are mapped, only the GRU's are read
     with open(path, "rb") as f:
-        if f.read(4) == b"PK\x03\x04" and not mmap:  # a zip's start without its end: a cut copy
-            raise QtoolError(f"{path}: not a whole PyTorch file (its zip archive is truncated or damaged: "
-                             "its central directory is missing); save it again")
+        head = f.read(4)
+    if head == b"PK\x03\x04" and not mmap:  # a zip's start without its end: a cut copy
+        raise QtoolError(f"{path}: not a whole PyTorch file (its zip archive is truncated or damaged: "
+                         "its central directory is missing); save it again")
+    if not mmap and not head.startswith(b"\x80"):  # torch.save writes a zip, or (legacy) a pickle
+        raise QtoolError(f"{path}: not a PyTorch file (neither torch.save's zip archive nor a pickle); "
+                         "name it by its format or pass the one it holds as `fmt`")
     if mmap:
         try:
             with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
