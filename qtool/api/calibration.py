@@ -19,6 +19,9 @@ from qtool.importers.once import read_once
 from qtool.io.files import SequenceData, now_utc, sha256_file
 from qtool.parallel import world
 
+SNAP_WITHOUT_RANGES = ("`snap` rounds the scales a quantized or QAT-trained file holds (ONNX QDQ, PyTorch "
+                       "fake-quant, a QuantGRU checkpoint); this model holds none, so it would change nothing")
+
 
 def check_calibration_options(methods: Sequence[str], method_weights: str = "minmax", percentile: float = 99.99,
                   batch_size: int = 64, snap: str = "up", *, whole: bool) -> None:
@@ -33,8 +36,11 @@ def check_calibration_options(methods: Sequence[str], method_weights: str = "min
             also = " (per-edge is a whole model's)" if m == "per-edge" else ""
             raise QtoolError(f"unknown method '{m}' (use {', '.join(known[:-len(METHODS)])} or one of "
                              f"{', '.join(METHODS)}){also}")
-    if method_weights not in METHODS:
-        raise QtoolError(f"unknown `method_weights` '{method_weights}' (use one of {', '.join(METHODS)})")
+    weight_methods = [m for m in METHODS if m != "ema"]  # ema smooths over batches; weights are one tensor
+    if method_weights not in weight_methods:
+        also = " (ema averages ranges over batches of data; the weights are one tensor: minmax is its range)" \
+            if method_weights == "ema" else ""
+        raise QtoolError(f"unknown `method_weights` '{method_weights}' (use one of {', '.join(weight_methods)}){also}")
     if not methods or len(set(methods)) != len(methods):
         raise QtoolError("`methods` needs distinct methods, e.g. minmax,percentile,mse,kl")
     if not 50.0 < percentile <= 100.0:
@@ -63,6 +69,8 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
     check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=True)
     label, config = _bits_config(bits)
     model, source = one_input_graph(model, check)
+    if snap != "up" and model.ranges is None:
+        raise QtoolError(SNAP_WITHOUT_RANGES)
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
     tick = (lambda done: progress(done, n)) if progress else None
@@ -170,6 +178,8 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
         path = Path(model)
         model = load_model_for_data(path)
         ranges = file_ranges(path, model) if ranges is None else ranges
+    if snap != "up" and ranges is None:
+        raise QtoolError(SNAP_WITHOUT_RANGES)
     auto = list(methods) == ["auto"] and ranges is None
     methods = ["minmax" if m == "auto" else m for m in methods]
     plans = [MethodPlan.from_config(config, m, method_weights, percentile) for m in methods]

@@ -33,23 +33,29 @@ class ReportResult:
 
 
 def html_report(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, out: str | os.PathLike, *,
-                limit: int | None = None, sequences: int = 3, units: int = 4, backend: str = "auto",
+                limit: int | None = None, sequences: int | None = None, units: int | None = None,
+                backend: str = "auto",
                 batch_size: int = 256, force: bool = False, confirm: Callable[[str], bool] | None = None,
                 dataset: str | None = None, time_first: bool = False,
                 progress: Progress | None = None) -> ReportResult:
     """Simulate as `simulate` does and write one self-contained HTML page. A GRU alone (needs
     the `report` extra, plotly): per tensor its float histogram against its grid, the output
-    error by time step, float vs integer output traces of the first `sequences` sequences. A
-    whole model: the graph with each edge's error, and each GRU's tensors measured on its own
-    input (their histograms where plotly is installed)."""
+    error by time step, float vs integer output traces of the first `sequences` (3) sequences,
+    `units` (4) output units each. A whole model: the graph with each edge's error, and each
+    GRU's tensors measured on its own input (their histograms where plotly is installed); it
+    draws no traces, so `sequences` and `units` are refused."""
     from qtool.engine.backend import select_backend
     from qtool.io.files import write_bytes
     from qtool.report.html import plotly_modules
 
     for value, option in ((batch_size, "`batch_size`"), (sequences, "`sequences`"), (units, "`units`")):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise QtoolError(f"{option} must be at least 1, got {value}")
     whole = is_whole(qm)
+    if whole and (sequences is not None or units is not None):
+        raise QtoolError(f"{'`sequences`' if sequences is not None else '`units`'} sets the output traces of a GRU "
+                         "alone's page; a whole model's page draws none")
+    sequences, units = sequences or 3, units or 4
     if not whole:
         plotly_modules()  # refuse before the work, not after it
     runner, label, reason = select_backend(backend)
@@ -78,8 +84,11 @@ def _gru_page(qm: QuantModel, data: SequenceData, n: int, runner, label: str, re
     from qtool.report.html import render
 
     rd = collect(qm, data, n, keep=sequences, batch_size=batch_size, runner=runner, progress=progress)
+    drawn = [f"`{option}` {asked}: drew {has}, {what}" for option, asked, has, what in (
+        ("sequences", sequences, min(sequences, n), "every sequence simulated"),
+        ("units", units, min(units, qm.model.output_size), "every unit of the output")) if asked > has]
     return (render(qm, rd, Path(data.name).name, units).encode(), rd.results["output"],
-            rd.results["per_step_snr_db"], gru_notes(qm, data, rd.results["tensors"]))
+            rd.results["per_step_snr_db"], gru_notes(qm, data, rd.results["tensors"]) + drawn)
 
 
 def _graph_page(qg: QGraph, data: SequenceData, n: int, runner, label: str, reason: str, *, sequences: int,

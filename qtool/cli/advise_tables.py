@@ -17,21 +17,30 @@ def _db(v: float | None) -> str:
     return "exact" if math.isinf(v) and v > 0 else f"{v:.1f}"  # as simulate says it
 
 
-def tensor_table(advice: Advice, title: str, verbose: bool = False) -> Table:
+def tensor_table(advice: Advice, title: str) -> Table:
     """Per tensor: the SNR predicted on its grid, the measured one and the bits chosen (fits 80
-    columns); `verbose` adds the estimator's statistics and the P_zero prediction."""
+    columns)."""
     t = Table(title=title)
-    stats = ("mu", "sigma", "M", "P0 @8", "P0 @16", "P0 SNR") if verbose else ()
-    cols = ("layer", "tensor", *stats, "predicted", "measured", "bits", "method")
-    for c in cols:
+    for c in ("layer", "tensor", "predicted", "measured", "bits", "method"):
         t.add_column(c, justify="left" if c in ("layer", "tensor", "method") else "right",
                      no_wrap=c in ("layer", "tensor"))
     for r in advice.rows:
-        values = (f"{r['mu']:.2g}", f"{r['sigma']:.2g}", f"{r['M']:.3g}", f"{r['p_zero_8']:.0e}",
-                  f"{r['p_zero_16']:.0e}", _db(r["predicted_seed_db"])) if verbose else ()
-        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], *values, _db(r["predicted_grid_db"]),
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], _db(r["predicted_grid_db"]),
                   _db(r["measured_snr_db"]), str(r["bits"]), r["method"] or "",
                   style="bold" if r["bits"] == 16 else None)
+    return t
+
+
+def estimator_table(advice: Advice, title: str) -> Table:
+    """Per tensor the estimator's statistics (`advise --verbose`): mean, deviation, largest
+    magnitude M, the probabilities P0 of a zero at 8 and 16 bits, and the P_zero SNR prediction
+    (a table of its own, so that both fit 80 columns)."""
+    t = Table(title=title)
+    for c in ("layer", "tensor", "mu", "sigma", "M", "P0 @8", "P0 @16", "P0 SNR"):
+        t.add_column(c, justify="left" if c in ("layer", "tensor") else "right", no_wrap=True)
+    for r in advice.rows:
+        t.add_row(f"{r['layer']}.{r['direction']}", r["tensor"], f"{r['mu']:.2g}", f"{r['sigma']:.2g}",
+                  f"{r['M']:.3g}", f"{r['p_zero_8']:.0e}", f"{r['p_zero_16']:.0e}", _db(r["predicted_seed_db"]))
     return t
 
 

@@ -192,7 +192,7 @@ def calibrate(
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best.")] = None,
-    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, or another of --method's single methods (mse: the grid of least squared error, which may clip).")] = "minmax",
+    method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, percentile, mse (the grid of least squared error, which may clip) or kl.")] = "minmax",
     percentile: Annotated[float | None, typer.Option(metavar="P", help="With percentile (and auto, per-edge, which try it): the share of values kept, two-sided (default 99.99).")] = None,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl; auto, and for a whole model per-edge) in one pass and compare them at the output on --eval; the best goes to --output.")] = None,
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="With --compare: held-out sequences to score each method on.")] = None,
@@ -202,7 +202,7 @@ def calibrate(
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
     limit: LimitOpt = None,
     snap: Annotated[str, typer.Option(metavar="up|nearest", help="For quantized or QAT-trained models (ONNX QDQ, PyTorch fake-quant, QAT checkpoints): a file scale that is not a power of two goes 'up' to the finest power-of-two grid that does not clip its range, or to the 'nearest' power of two.")] = "up",
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every tensor's quantization and the activation tables.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every tensor's quantization and the activation tables (a whole model: each GRU's).")] = False,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
     force: Force = False,
@@ -241,7 +241,7 @@ def calibrate(
         graph_cmds.calibrate_graph(model_path, data_path, output, bits=bits, method=method,
                                    method_weights=method_weights, percentile=percentile, batch_size=batch_size,
                                    limit=limit, dataset=dataset, time_first=time_first, check=not no_check,
-                                   snap=snap, force=True, as_json=as_json)
+                                   snap=snap, force=True, as_json=as_json, verbose=verbose)
         return
     model, ranges = model_path, None
     if not whole:
@@ -330,7 +330,7 @@ def advise(
     time_first: TimeFirst = False,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 64,
     limit: LimitOpt = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the P_zero SNR prediction.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A GRU alone: also print each tensor's statistics (mu, sigma, M, the zero-probabilities P0) and the P_zero SNR prediction.")] = False,
     name: NameOpt = None,
     no_check: NoCheckOpt = False,
     force: Force = False,
@@ -342,6 +342,7 @@ def advise(
     'qtool calibrate --bits FILE', which rebuilds the very same model."""
     from qtool import api
     from qtool.cli.advise_tables import (
+        estimator_table,
         search_line,
         summary_line,
         tensor_table,
@@ -352,6 +353,9 @@ def advise(
     data_path = Path(need(data_path, "calibration data file", "CALIB"))
     note_if_quantized(model_path)
     if name is None and _whole_model(model_path):
+        if verbose:  # before the work: there is nothing more to show
+            raise QtoolError("--verbose shows a GRU alone's estimator statistics per tensor; a whole model's "
+                             "units are predicted per edge and measured, and the table shows all of that")
         model = api.load_model(model_path, check=not no_check, whole=True)
     else:
         model = api.load_model(model_path, name=name, check=not no_check, whole=False, for_data=True)
@@ -370,7 +374,9 @@ def advise(
     if whole:
         out.print(unit_table(adv, f"{model_path.name}: SNR per unit (dB)"))
     else:
-        out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)", verbose))
+        out.print(tensor_table(adv, f"{adv.chosen.qm.model.name}: SNR per tensor (dB)"))
+        if verbose:
+            out.print(estimator_table(adv, f"{adv.chosen.qm.model.name}: the estimator's statistics"))
     out.print(as_flags(summary_line(adv)), highlight=False)
     out.print(as_flags(search_line(adv)), highlight=False)
     if output is not None:
@@ -450,8 +456,8 @@ def report(
     qmodel_path: QModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The HTML page to write (one file; opens in a browser without a server; its directory is created if needed).")] = None,
-    sequences: Annotated[int, typer.Option(metavar="N", help="Draw the float and integer output of the first N sequences.", min=1)] = 3,
-    units: Annotated[int, typer.Option(metavar="N", help="Output units drawn per sequence, spread over the output.", min=1)] = 4,
+    sequences: Annotated[int | None, typer.Option(metavar="N", show_default=False, help="A GRU alone: draw the float and integer output of the first N sequences (default 3).", min=1)] = None,
+    units: Annotated[int | None, typer.Option(metavar="N", show_default=False, help="A GRU alone: output units drawn per sequence, spread over the output (default 4).", min=1)] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
@@ -508,6 +514,9 @@ def inspect(
         raise QtoolError(f"--name picks one GRU of a framework file; {path.name} is qtool's whole-model file")
     if graph and name is not None:
         raise QtoolError("--name picks one GRU of a file; --graph shows the whole model")
+    if graph and kind == "qtool-qgru":
+        raise QtoolError(f"--graph shows a float model's layers; {path.name} is a quantized GRU alone, whose "
+                         "tensors inspect shows without it")
     found = api.inspect(path, name=name, check=not no_check, whole=True if graph else None)
     if isinstance(found.qm, api.QGraph):
         graph_cmds.show_qgraph(found.qm, as_json)
@@ -578,6 +587,9 @@ def export_c_cmd(
         if data_path is not None:
             data = api.as_data(data_path, dataset, time_first)
             data.check_features(width)
+            if vectors > data.num_sequences:
+                warn([f"--vectors {vectors}: {data_path.name} holds {data.num_sequences} sequences; the test "
+                      f"vectors are all {data.num_sequences}"])
             x = data.chunk(0, min(vectors, data.num_sequences))
         else:
             x = np.random.default_rng(0).uniform(g.lo, g.hi, (vectors, 16, width)).astype(np.float32)

@@ -101,9 +101,9 @@ def show_graph_file(g, path: Path, as_json: bool) -> None:
 
 def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: str, method: str,
                     method_weights: str, percentile: float, batch_size: int, limit, dataset, time_first: bool,
-                    check: bool, snap: str, force: bool, as_json: bool) -> None:
+                    check: bool, snap: str, force: bool, as_json: bool, verbose: bool = False) -> None:
     from qtool import api
-    from qtool.cli.tables import ranges_table
+    from qtool.cli.tables import lut_table, ranges_table, spec_table
 
     t0 = time.perf_counter()
     with Bar("calibrating", 1) as bar:
@@ -125,6 +125,9 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
         out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
     weights = f", weights {method_weights}" if method_weights != "minmax" else ""
     out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}{weights}, {info['samples']} sequences", False))
+    for name in qg.grus if verbose else []:  # each GRU's tensors and tables, as a GRU alone's --verbose
+        out.print(spec_table(qg.qparams[name]["qm"], f"{escape(name)}: its tensors"))
+        out.print(lut_table(qg.qparams[name]["qm"]))
     for line in passes_lines(qg):
         out.print(escape(line), highlight=False)
     if "imported" in info:

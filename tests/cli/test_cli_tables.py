@@ -79,7 +79,7 @@ def test_saved_results_record_the_simulation_mode(cli, tmp_path):
 def test_advise_table_fits_80_columns_and_verbose_adds_the_statistics():
     from types import SimpleNamespace
 
-    from qtool.cli.advise_tables import tensor_table
+    from qtool.cli.advise_tables import estimator_table, tensor_table
 
     row = {"layer": 1, "direction": "bwd", "mu": -0.0123, "sigma": 0.456, "M": 12.5, "p_zero_8": 1e-3,
            "p_zero_16": 1e-7, "predicted_seed_db": 31.25, "predicted_grid_db": 30.5, "measured_snr_db": 29.75,
@@ -95,5 +95,9 @@ def test_advise_table_fits_80_columns_and_verbose_adds_the_statistics():
     for r in rows:
         assert any(f"│ 1.bwd │ {r['tensor']} " in line and "30.5" in line and "29.8" in line and "percentile" in line
                    for line in lines), r["tensor"]
-    wide = tensor_table(advice, "t", verbose=True)
-    assert [c.header for c in wide.columns][2:8] == ["mu", "sigma", "M", "P0 @8", "P0 @16", "P0 SNR"]
+    stats = estimator_table(advice, "t")  # --verbose: a table of its own, uncut at 80 columns too
+    assert [c.header for c in stats.columns][2:8] == ["mu", "sigma", "M", "P0 @8", "P0 @16", "P0 SNR"]
+    text = _render(stats)
+    assert all(len(line) <= 80 for line in text.splitlines()) and "…" not in text
+    assert any("│ 1.bwd │ old_contrib " in line and "-0.012" in line and "12.5" in line and "1e-07" in line
+               and "31.2" in line for line in text.splitlines())

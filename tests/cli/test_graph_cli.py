@@ -249,6 +249,11 @@ def test_report_draws_a_whole_model_with_each_edges_error(cli, digits_whole, tmp
         label = "exact" if m["exact"] else f"{m['snr_db']:.1f} dB"
         assert f"<title>{edge}</title>" in page or edge == "logits", edge
         assert label in page, (edge, label)
+    code, _, err = cli("report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "t.html", "--units", 2)
+    assert code == 2 and "--units sets the output traces of a GRU alone's page; a whole model's page draws none" \
+        in err and not (tmp_path / "t.html").exists()
+    code, _, err = cli("advise", SAMPLES / "digits.onnx", SAMPLES / "calib.npy", "-v")  # nothing more to show
+    assert code == 2 and "--verbose shows a GRU alone's estimator statistics" in err, err
     (tmp_path / "mine.html").write_text("<p>my page</p>")
     code, _, err = cli("report", d / "q.h5", SAMPLES / "test.npy", "-o", tmp_path / "mine.html", "--force")
     assert code == 2 and "was not written by qtool" in err

@@ -368,6 +368,16 @@ def test_options_that_would_be_ignored_are_refused(cli, qmodel, tmp_path):
     assert code == 2 and "a .npy file holds one array" in err and one_error_line(err), err
     code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", qmodel, "--method", "foo")
     assert code == 2 and "unknown method 'foo'" in err and one_error_line(err), err
+    for args, said in ((["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--snap", "nearest"],
+                        "--snap rounds the scales a quantized or QAT-trained file holds"),
+                       (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method-weights",
+                         "ema"], "ema averages ranges over batches of data"),
+                       (["inspect", qmodel, "--graph"], "--graph shows a float model's layers; q.h5 is a quantized GRU")):
+        code, _, err = cli(*args)
+        assert code == 2 and said in err and one_error_line(err) and not (tmp_path / "q.h5").exists(), err
+    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--test-vectors", "--data", SAMPLES / "test.npy",
+                       "--vectors", 600)
+    assert code == 0 and "--vectors 600: test.npy holds 597 sequences; the test vectors are all 597" in err, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
