@@ -98,7 +98,8 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     rendered, stamp = render(qm, prefix, compensation, fully_integral, test_vectors)
     files = rendered.encoded()
     stale = [f"{prefix}_test_vectors.h", f"{prefix}_test_main.c"]  # an export with test vectors wrote them
-    replaced = write_files(out_dir, files, force, confirm, inputs=[path], stale=stale)
+    replaced = write_files(out_dir, files, force, confirm, inputs=[path], stale=stale,
+                           fixed=[f.name for f in RUNTIME.iterdir()])
     return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
                         stamp, replaced.edited, replaced.removed)
 

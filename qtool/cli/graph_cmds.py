@@ -62,16 +62,23 @@ def passes_lines(qg) -> list[str]:
     return [f"pass {name}: {what}" for name, what in qg.passes]
 
 
-def show_graph(g, path: Path) -> None:
-    """The float graph, a row a layer, and what its import was checked against (for qtool's own
-    file: the check stored in it, run when the model was first imported)."""
+def check_line(g, path: Path) -> None:
+    """What the import of `path` was checked against; for qtool's own file, the check stored in
+    it, run when the model was first imported (not again now)."""
     from qtool import api
-    from qtool.cli.tables import graph_table
 
-    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layer{'s' * (len(g.nodes) != 1)}"))
     stored = api.model_file_format(path) in ("qtool-graph", "qtool-qgraph")
     out.print(("as stored in the file, from its first import: " if stored else "")
               + escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+
+
+def show_graph(g, path: Path) -> None:
+    """The float graph, a row a layer, and what its import was checked against (for qtool's own
+    file: the check stored in it, run when the model was first imported)."""
+    from qtool.cli.tables import graph_table
+
+    out.print(graph_table(g, f"{g.name} ({g.source}): {len(g.nodes)} layer{'s' * (len(g.nodes) != 1)}"))
+    check_line(g, path)
     for note in g.notes:
         out.print(f"note: {escape(note)}", highlight=False)
     if g.ranges is not None:
@@ -122,7 +129,7 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
         return
     info = qg.info
     if g.check_result is not None:
-        out.print(escape(as_flags(api.describe_check(g.check_result))), highlight=False)
+        check_line(g, model_path)
     weights = f", weights {method_weights}" if method_weights != "minmax" else ""
     out.print(qgraph_table(rows, f"{g.name}: {info['bits']}, {method}{weights}, {info['samples']} sequences", False))
     for name in qg.grus if verbose else []:  # each GRU's tensors and tables, as a GRU alone's --verbose

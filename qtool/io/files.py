@@ -356,13 +356,14 @@ class Replaced(NamedTuple):
 
 def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool,
                 confirm: Callable[[str], bool] | None = None, inputs: Iterable = (),
-                stale: Iterable[str] = ()) -> Replaced:
+                stale: Iterable[str] = (), fixed: Iterable[str] = ()) -> Replaced:
     """Write several files into `out_dir` (created if needed), replacing only files of these
     names that qtool wrote; every other file in the directory is left as it is. All files are
     staged as temporaries first and renamed into place together. `stale`: names an earlier
     write of the same set made and this one does not (test vectors no longer asked for): where
     qtool wrote them and none was edited since, they are removed with the same consent as a
-    replacement, so that no file of an older model stays beside the new ones."""
+    replacement, so that no file of an older model stays beside the new ones. `fixed`: names
+    that do not follow the export's `name` (the runtime's), for the refusal's advice."""
     out_dir = claim_folder(out_dir)
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
@@ -370,14 +371,14 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
     except OSError as e:
         raise QtoolError(os_error_message(e, out_dir, "creating")) from None
     try:
-        return _write_into(out_dir, files, force, confirm, inputs, stale)
+        return _write_into(out_dir, files, force, confirm, inputs, stale, set(fixed))
     except BaseException:  # a refusal, a full disk, a signal: no folder of ours stays behind either
         _remove_created(created)
         raise
 
 
 def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, inputs: Iterable,
-                stale: Iterable[str] = ()) -> Replaced:
+                stale: Iterable[str] = (), fixed: Iterable[str] = ()) -> Replaced:
     targets = {name: out_dir / name for name in files}
     for p in targets.values():
         for i in inputs:
@@ -385,8 +386,10 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
                 raise QtoolError(f"output {p} is also an input of this command")
     foreign = [n for n, p in targets.items() if (p.exists() or p.is_symlink()) and not written_by_qtool(p)]
     if foreign:
-        raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left "
-                         "alone (move them or choose another directory or `name`)")
+        renamed = any(n not in fixed for n in foreign)  # `name` changes the model's files, not the runtime's
+        raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left alone (move "
+                         + ("them or choose another directory or `name`)" if renamed else
+                            "them or choose another directory: `name` does not rename the runtime's files)"))
     existing = [n for n, p in targets.items() if p.exists()]
     edited = [n for n in existing if edited_since_written(targets[n])]
     old = [n for n in stale if n not in files and (out_dir / n).is_file() and written_by_qtool(out_dir / n)]

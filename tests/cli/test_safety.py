@@ -67,6 +67,12 @@ def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tm
     code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "other", "--force")
     assert code == 2 and "not written by qtool" in err and one_error_line(err)
     assert (src / "other.c").read_text() == "/* hand written */\n" and not (src / "other.h").exists()
+    assert "or --name)" in err  # another name would help
+    fw = tmp_path / "fw2"
+    fw.mkdir()
+    (fw / "qgru.c").write_text("/* a file of the runtime's name */\n")  # no name renames the runtime's
+    code, _, err = cli("export", "c", qmodel, "-o", fw)
+    assert code == 2 and "--name does not rename the runtime's files" in err and one_error_line(err), err
     script = tmp_path / "analyse.py"  # names qtool, but qtool did not write it
     script.write_text("import qtool\nqm = qtool.load('q.h5')\n")
     code, _, err = cli("export", "json", qmodel, "-o", script, "--force")
@@ -370,9 +376,9 @@ def test_options_that_would_be_ignored_are_refused(cli, qmodel, tmp_path):
     assert code == 2 and "unknown method 'foo'" in err and one_error_line(err), err
     for args, said in ((["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--snap", "nearest"],
                         "--snap rounds the scales a quantized or QAT-trained file holds"),
-                       (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--method-weights",
-                         "ema"], "ema averages ranges over batches of data"),
-                       (["inspect", qmodel, "--graph"], "--graph shows a float model's layers; q.h5 is a quantized GRU")):
+                       (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5",
+                         "--method-weights", "ema"], "ema averages ranges over batches of data"),
+                       (["inspect", qmodel, "--graph"], "--graph shows a float model's layers; q.h5 is a quantized")):
         code, _, err = cli(*args)
         assert code == 2 and said in err and one_error_line(err) and not (tmp_path / "q.h5").exists(), err
     code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--test-vectors", "--data", SAMPLES / "test.npy",
