@@ -396,7 +396,7 @@ def simulate(
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
     limit: LimitOpt = None,
     backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
-    mode: Annotated[str, typer.Option(metavar="integer|fakequant|both", help="integer: the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
+    mode: Annotated[str, typer.Option(metavar="MODE", help="integer (the default): the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
     labels: Annotated[Path | None, typer.Option(metavar="FILE", help="A whole model's classifier: the class of each sequence (.npy of integers [N]), for the float and integer accuracy.")] = None,
     force: Force = False,
     as_json: JsonOpt = False,
@@ -591,6 +591,13 @@ def export_c_cmd(
                 warn([f"--vectors {vectors}: {data_path.name} holds {data.num_sequences} sequences; the test "
                       f"vectors are all {data.num_sequences}"])
             x = data.chunk(0, min(vectors, data.num_sequences))
+            seen = x if not isinstance(qm, api.QGraph) else next(iter(  # as the grid sees them: rows scaled
+                qm.graph.scale_inputs({next(iter(qm.graph.inputs)): x.reshape(*x.shape[:2], -1)}).values()))
+            off = float(np.mean((seen < g.lo) | (seen > g.hi)))
+            if off > 0.01:  # they still agree bit for bit, but saturated inputs test little of the model
+                warn([f"{off:.0%} of the test vectors' inputs lie outside the calibrated input range "
+                      f"[{g.lo:.4g}, {g.hi:.4g}] and saturate there; vectors from data like the calibration "
+                      "data test more of the model"])
         else:
             x = np.random.default_rng(0).uniform(g.lo, g.hi, (vectors, 16, width)).astype(np.float32)
     res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=x, force=force,

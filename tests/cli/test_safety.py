@@ -384,6 +384,10 @@ def test_options_that_would_be_ignored_are_refused(cli, qmodel, tmp_path):
     code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--test-vectors", "--data", SAMPLES / "test.npy",
                        "--vectors", 600)
     assert code == 0 and "--vectors 600: test.npy holds 597 sequences; the test vectors are all 597" in err, err
+    assert "outside the calibrated input range" not in err
+    np.save(tmp_path / "loud.npy", np.load(SAMPLES / "test.npy")[:4] * 100)
+    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c2", "--test-vectors", "--data", tmp_path / "loud.npy")
+    assert code == 0 and "of the test vectors' inputs lie outside the calibrated input range" in err, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
