@@ -24,7 +24,7 @@ SNAP_WITHOUT_RANGES = ("`snap` rounds the scales a quantized or QAT-trained file
 
 
 def check_calibration_options(methods: Sequence[str], method_weights: str = "minmax", percentile: float = 99.99,
-                  batch_size: int = 64, snap: str = "up", *, whole: bool) -> None:
+                              batch_size: int = 64, snap: str = "up", *, whole: bool) -> None:
     """Refuse, before any file is read or written, calibration options no model of this kind
     takes: an unknown method (per-edge is a whole model's), a repeated one, a percentile outside
     (50, 100], an empty batch, an unknown rounding of imported ranges."""

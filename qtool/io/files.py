@@ -209,8 +209,7 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
     file qtool reads as something else, and if it exists, qtool wrote it as the same kind of file
     (`hdf5`: this output is an HDF5 file of `kind`, a model, simulate's results or export's
     tables; else text: `text` names its format, which a .json, .toml or .html name must match)
-    and the user agreed (`force`, or `confirm(question)` at a
-    terminal)."""
+    and the user agreed (`force`, or `confirm(question)` at a terminal)."""
     if not str(path).strip() or Path(path) == Path("."):  # typer reads `-o ""` as "."
         raise QtoolError("the output path is empty or the current directory; name a file")
     if str(path).endswith(("/", os.sep)):  # Path() would drop the slash and write a file of the folder's name
