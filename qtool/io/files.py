@@ -386,9 +386,10 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
     foreign = [n for n, p in targets.items() if (p.exists() or p.is_symlink()) and not written_by_qtool(p)]
     if foreign:
         renamed = any(n not in fixed for n in foreign)  # `name` changes the model's files, not the runtime's
-        raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; they are left alone (move "
-                         + ("them or choose another directory or `name`)" if renamed else
-                            "them or choose another directory: `name` does not rename the runtime's files)"))
+        they, them = ("it is", "it") if len(foreign) == 1 else ("they are", "them")
+        raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; {they} left alone (move "
+                         + (f"{them} or choose another directory or `name`)" if renamed else
+                            f"{them} or choose another directory: `name` does not rename the runtime's files)"))
     existing = [n for n, p in targets.items() if p.exists()]
     edited = [n for n in existing if edited_since_written(targets[n])]
     old = [n for n in stale if n not in files and (out_dir / n).is_file() and written_by_qtool(out_dir / n)]
