@@ -139,9 +139,6 @@ def _load_pt(path: Path, keep, order: list) -> dict:
     if head == b"PK\x03\x04" and not mmap:  # a zip's start without its end: a cut copy
         raise QtoolError(f"{path}: not a whole PyTorch file (its zip archive is truncated or damaged: "
                          "its central directory is missing); save it again")
-    if not mmap and not head.startswith(b"\x80"):  # torch.save writes a zip, or (legacy) a pickle
-        raise QtoolError(f"{path}: not a PyTorch file (neither torch.save's zip archive nor a pickle); "
-                         "name it by its format or pass the one it holds as `fmt`")
     if mmap:
         try:
             with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
@@ -154,6 +151,9 @@ def _load_pt(path: Path, keep, order: list) -> dict:
         with framework_run():
             obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # unpickling errors come in many types
+        if not mmap and not head.startswith(b"\x80"):  # torch.save writes a zip, or (legacy) a binary pickle
+            raise QtoolError(f"{path}: not a PyTorch file (neither torch.save's zip archive nor a pickle); "
+                             "name it by its format or pass the one it holds as `fmt`") from None
         raise _torch_error(path, e) from None
     if not isinstance(obj, dict):
         raise QtoolError(f"{path}: expected a state_dict (a dict of tensors), got {type(obj).__name__}")
