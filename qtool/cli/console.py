@@ -77,13 +77,25 @@ PHASE_WIDTH = 28
 class PhaseLines(logging.Handler):
     """The phases the API says (qtool.io.phases): in the progress bar at a terminal, otherwise (a
     log, a pipe, CI) as timestamped lines on stderr, so that a long run is never silent
-    (QTOOL_PROGRESS_LINES=0 turns the lines off; an error stays one line after them)."""
+    (QTOOL_PROGRESS_LINES=0 turns the lines off; an error stays one line after them). A line the
+    last REPEAT_S seconds already printed is not printed again: an advisor's search calibrates
+    every candidate with the same phases, which said each time made a log of hundreds of lines."""
+
+    REPEAT_S = 10.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: dict[str, float] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if ACTIVE and err.is_terminal:
             ACTIVE[-1].say(text)
         elif os.environ.get("QTOOL_PROGRESS_LINES", "1") != "0":
+            now = time.monotonic()
+            if now - self.said.get(text, -math.inf) < self.REPEAT_S:
+                return
+            self.said[text] = now
             # one line each, however long: a log is read with grep
             err.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True)
 

@@ -116,3 +116,20 @@ def test_a_long_run_says_its_phases_in_a_log(tmp_path):
     lines = [ln for ln in done.stderr.splitlines() if re.match(r"\d\d:\d\d:\d\d GRU auto: ", ln)]
     assert any("least-error method" in ln for ln in lines) and any("single methods" in ln for ln in lines)
     assert not re.search(r"\d\d:\d\d:\d\d (GRU )?auto: ", done.stdout)  # the phases stay off the output
+
+
+def test_a_phase_said_again_within_seconds_is_one_line(capsys, monkeypatch):
+    """An advisor's search calibrates each candidate with the same phases: in a log, a line the
+    last 10 s printed is not printed again (hundreds of lines for a whole model's search)."""
+    import logging
+
+    from qtool.cli import console
+
+    monkeypatch.setenv("QTOOL_PROGRESS_LINES", "1")
+    clock = iter([0.0, 1.0, 2.0, 11.5])
+    monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
+    lines = console.PhaseLines()
+    for text in ("GRU auto: folds", "GRU auto: folds", "advise: simulation 2", "GRU auto: folds"):
+        lines.emit(logging.LogRecord("qtool", logging.INFO, __file__, 0, text, None, None))
+    said = [ln.split(" ", 1)[1] for ln in capsys.readouterr().err.splitlines()]
+    assert said == ["GRU auto: folds", "advise: simulation 2", "GRU auto: folds"]
