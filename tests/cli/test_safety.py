@@ -279,11 +279,13 @@ def test_an_output_of_another_kind_is_never_replaced(cli, qmodel, tmp_path):
     shutil.copyfile(qmodel, tmp_path / "other.h5")
     code, _, err = cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", tmp_path / "other.h5", "--force")
     assert code == 2 and "qtool reads .h5 files as models and data" in err and one_error_line(err), err
-    page = tmp_path / "page.html"
+    page = tmp_path / "page.txt"  # a name that does not say HTML: the file's content does
     assert cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", page)[0] == 0
     shown = page.read_bytes()
     code, _, err = cli("import", MODEL, "-o", page, "--force")
     assert code == 2 and "is a text file qtool wrote for another command" in err and one_error_line(err), err
+    code, _, err = cli("import", MODEL, "-o", tmp_path / "page.html")  # the name alone says HTML
+    assert code == 2 and "qtool reads .html files as HTML" in err and one_error_line(err), err
     assert page.read_bytes() == shown and model.read_bytes() == before
 
 

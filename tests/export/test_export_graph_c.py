@@ -184,7 +184,8 @@ def test_cli_exports_and_verifies_a_whole_model(cli, tmp_path):
     code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "kws", "--test-vectors")
     assert code == 0, err
     assert "footprint by layer" in out and "kws_step runs one frame at a time" in out
-    code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "kws", "--json", "--force")
+    code, out, err = cli("export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--name", "kws", "--json", "--force",
+                         "--test-vectors")
     doc = json.loads(out)
     assert doc["streaming"] and [x["op"] for x in doc["layers"]][:3] == ["conv1d", "activation", "conv1d"]  # bn folded
     assert doc["flash_bytes"] == sum(x["flash_bytes"] for x in doc["layers"]) > 0
