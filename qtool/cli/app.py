@@ -750,6 +750,13 @@ def _one_line(text) -> str:
     return escape(" ".join(str(text).split()))
 
 
+def _json_error(text: str, code: int, argv: list[str] | None) -> None:
+    """With --json, a failed command's error as a JSON object on stdout too (`error`,
+    `exit_code`), so that a script that reads stdout gets one object either way."""
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        out.print(json.dumps({"error": text, "exit_code": code}), markup=False, highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
@@ -776,9 +783,11 @@ def main(argv: list[str] | None = None) -> None:
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         err.print(f"[red]error:[/] {_one_line(e.format_message())}{hint}", highlight=False, soft_wrap=True)
+        _json_error(f"{_one_line(e.format_message())}{hint}", e.exit_code, argv)
         sys.exit(e.exit_code)
     except QtoolError as e:
         err.print(f"[red]error:[/] {_one_line(as_flags(e))}", highlight=False, soft_wrap=True)
+        _json_error(_one_line(as_flags(e)), 2, argv)
         sys.exit(2)
     except (Interrupted, KeyboardInterrupt, RankStopped) as e:
         signum = getattr(e, "signum", signal.SIGINT)
@@ -790,6 +799,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err.print(f"[red]internal error:[/] {type(e).__name__}: {_one_line(e)} (please report it; set "
                   "QTOOL_DEBUG=1 for a traceback)", highlight=False, soft_wrap=True)
+        _json_error(f"internal error: {type(e).__name__}: {_one_line(e)}", 1, argv)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)  # typer returns the code of a typer.Exit
 

@@ -133,3 +133,19 @@ def test_a_phase_said_again_within_seconds_is_one_line(capsys, monkeypatch):
         lines.emit(logging.LogRecord("qtool", logging.INFO, __file__, 0, text, None, None))
     said = [ln.split(" ", 1)[1] for ln in capsys.readouterr().err.splitlines()]
     assert said == ["GRU auto: folds", "advise: simulation 2", "GRU auto: folds"]
+
+
+def test_a_failed_command_under_json_prints_its_error_as_json(cli):
+    """A script reading --json's stdout gets one object either way: the error and the exit code
+    (the error line stays on stderr); without --json stdout stays empty."""
+    import json
+
+    from conftest import SAMPLES
+
+    code, out, err = cli("simulate", "missing.h5", SAMPLES / "test.npy", "--json")
+    assert code == 2 and json.loads(out) == {"error": "model file not found: missing.h5", "exit_code": 2}
+    assert err.strip() == "error: model file not found: missing.h5"
+    code, out, _ = cli("simulate", "missing.h5", SAMPLES / "test.npy", "--json", "--bogus")
+    assert code == 2 and json.loads(out)["error"].startswith("No such option: --bogus")
+    code, out, _ = cli("simulate", "missing.h5", SAMPLES / "test.npy")
+    assert code == 2 and out == ""
