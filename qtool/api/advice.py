@@ -61,7 +61,7 @@ def advise(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: Da
     if output is not None:  # refuse before the work, not after it
         names = [None if isinstance(d, np.ndarray) or d is None else s.name
                  for d, s in ((data_in, data), (test_in, test))]
-        output = claim_output(output, force, [source, *names], confirm, hdf5=False, text="TOML")
+        output = claim_output(output, force, [source, *names], confirm, kind="TOML")
     n = count(data, limit)
     args = (target_snr, max_flash, THRESHOLD_DB if threshold is None else threshold, seed, gamma, repeats, batch_size)
     provenance = {"data_file": Path(data.name).name}

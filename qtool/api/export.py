@@ -31,8 +31,7 @@ def export_tables(qm: QuantModel | QGraph | str | os.PathLike, output: str | os.
     if not isinstance(qm, (QuantModel, QGraph)):
         qm_path = Path(qm)
         qm = load(qm_path)
-    output = claim_output(output, force, [qm_path], confirm, hdf5=kind == "h5", text="JSON",
-                          kind="tables")
+    output = claim_output(output, force, [qm_path], confirm, kind="tables" if kind == "h5" else "JSON")
     if kind == "json":
         write_bytes(output, json_bytes(qm))
     else:

@@ -69,7 +69,7 @@ def html_report(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, out
         data.check_features(qm.model.input_size)
     n = count(data, limit)
     out = claim_output(out, force, [qm_path, None if isinstance(data_in, np.ndarray) else data.name], confirm,
-                       hdf5=False, text="HTML")
+                       kind="HTML")
     page = _graph_page if whole else _gru_page
     html, output, per_step, notes = page(qm, data, n, runner, label, reason, sequences=sequences, units=units,
                                          batch_size=batch_size, progress=progress)

@@ -203,13 +203,12 @@ def _is_hdf5(path: Path) -> bool:
 
 
 def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
-                 confirm: Callable[[str], bool] | None = None, hdf5: bool = True, text: str | None = None,
-                 kind: str = "model") -> Path:
+                 confirm: Callable[[str], bool] | None = None, kind: str = "model") -> Path:
     """Check that `path` may be written: it is none of `inputs`, not a directory, not named as a
-    file qtool reads as something else, and if it exists, qtool wrote it as the same kind of file
-    (`hdf5`: this output is an HDF5 file of `kind`, a model, simulate's results or export's
-    tables; else text: `text` names its format, which a .json, .toml or .html name must match)
-    and the user agreed (`force`, or `confirm(question)` at a terminal)."""
+    file qtool reads as something else, and if it exists, qtool wrote it as the same `kind` of
+    output and the user agreed (`force`, or `confirm(question)` at a terminal). `kind`: an HDF5
+    output's (HDF5_KINDS: a model, simulate's results, export's tables) or a text output's
+    format (TEXT_AS: JSON, TOML, HTML), which a .json, .toml or .html name must match."""
     if not str(path).strip() or Path(path) == Path("."):  # typer reads `-o ""` as "."
         raise QtoolError("the output path is empty or the current directory; name a file")
     if str(path).endswith(("/", os.sep)):  # Path() would drop the slash and write a file of the folder's name
@@ -221,8 +220,9 @@ def claim_output(path: str | os.PathLike, force: bool, inputs: Iterable = (),
     if path.is_dir():
         raise QtoolError(f"output path is a directory: {path}")
     suffix = path.suffix.lower()
+    hdf5 = kind in HDF5_KINDS
     read_as = READ_AS.get(suffix) or (None if hdf5 or suffix not in HDF5_SUFFIXES else "models and data")
-    if not read_as and suffix in TEXT_AS and (hdf5 or text not in (None, TEXT_AS[suffix])):
+    if not read_as and TEXT_AS.get(suffix, kind) != kind:
         read_as = TEXT_AS[suffix]  # a bits file named .json is read back as JSON
     if read_as:  # qtool would then refuse to read back what it wrote
         raise QtoolError(f"output {path}: qtool reads {path.suffix} files as {read_as}, which this output is not; "
