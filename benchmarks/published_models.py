@@ -11,7 +11,8 @@ licences are their authors'); point the script at checkouts of them:
 ARM's ML-KWS-for-MCU GRU_S/M/L and CRNN_S/M/L are TensorFlow frozen graphs: convert each from
 its MFCC input on (`tf2onnx.convert.from_graph_def(graph_def, input_names=["Reshape_1:0"],
 output_names=["labels_softmax:0"], opset=13)`) and pass the .onnx files (features [N, 25, 10] for
-the GRUs, maps [N, 49, 10, 1] for the CRNNs). Where the output is a vector of classes, the top-1
+the GRUs, maps [N, 49, 10, 1] for the CRNNs; `benchmarks/kws_clips.py` makes held-out spoken
+clips through their own front end). Where the output is a vector of classes, the top-1
 agreement of the integer model with the float one is reported too.
 
 GTCRN (Xiaobin-Rong/gtcrn): export its checkpoint with `torch.onnx.export(GTCRN(), spec,
