@@ -65,7 +65,7 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
     that scores best at the output) or one of minmax, percentile, mse, kl, ema. A QDQ
     file's fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's
     imported ranges); the calibration sets the rest."""
-    from qtool.graph.calibrate import auto_graph, prepare, quantize_graph, search_graph
+    from qtool.graph.calibrate import MIN_HELD_OUT, auto_graph, prepare, quantize_graph, search_graph
 
     check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=True)
     label, config = _bits_config(bits)
@@ -74,6 +74,9 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
         raise QtoolError(SNAP_WITHOUT_RANGES)
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
+    if "search" in methods and n < MIN_HELD_OUT:  # scored on what it was fitted to, it fits noise
+        raise QtoolError(f"search keeps a grid only where it scores better on held-out sequences: it needs at "
+                         f"least {MIN_HELD_OUT} calibration sequences, got {n}")
     tick = (lambda done: progress(done, n)) if progress else None
     path = Path(data.name)
     info = {"bits": label, "samples": n, "time_steps": int(data.shape[1]), "data_file": path.name,

@@ -459,7 +459,8 @@ def search_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percen
     """Auto's winner, then each observed edge in graph order tries the grid of each of
     SEARCH_CANDIDATES and keeps the one that raises the output SNR on auto's scored sequences
     (greedy: each edge on the choices before it); the choices calibrated on all `n` sequences.
-    Edges a bits file, a GRU, a QDQ file or a shared grid sets are left as they are."""
+    Edges a bits file, a GRU, a QDQ file or a shared grid sets are left as they are. Needs
+    MIN_HELD_OUT sequences (the caller checks): scored on the data it fits, it fits noise."""
     from qtool.graph.simulate import output_snr_db, simulate_graph
 
     start = auto_graph(prep, n, config, percentile, chunk, info, snap, method_weights)

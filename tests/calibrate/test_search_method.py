@@ -55,6 +55,12 @@ def test_search_holds_on_data_it_never_saw(heavy_tailed):
     assert api.simulate(found, test).outputs["y"].snr_db > api.simulate(auto, test).outputs["y"].snr_db + 1
 
 
+def test_search_needs_sequences_to_hold_out(heavy_tailed):
+    g, x, _, _ = heavy_tailed
+    with pytest.raises(QtoolError, match="needs at least 10 calibration sequences, got 9"):
+        api.calibrate(g, x[:9], method="search")
+
+
 def test_search_is_a_whole_models(tmp_path):
     x = np.load(SAMPLES / "calib.npy")[:20]
     with pytest.raises(QtoolError, match="search is a whole model's"):
