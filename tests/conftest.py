@@ -112,6 +112,21 @@ def calibrated(model, x_calib, preset="int8", method="minmax", config=None):
     return build_quant_model(model, obs, config or preset_config(preset), {"method": method})
 
 
+@pytest.fixture(scope="session")
+def qgru_file(tmp_path_factory) -> Path:
+    """The bundled sample GRU calibrated (auto) on its calibration data and saved, for the tests
+    that run commands on a quantized GRU or damage copies of it; beside it x.npy, three test
+    sequences. Read it, never write it."""
+    from qtool import api
+
+    if not has("safetensors"):
+        pytest.skip("the sample is .safetensors")
+    d = tmp_path_factory.mktemp("qgru")
+    api.save(api.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy"), d / "q.h5")
+    np.save(d / "x.npy", np.load(SAMPLES / "test.npy")[:3])
+    return d / "q.h5"
+
+
 @pytest.fixture(scope="module")
 def torch():
     """PyTorch, seeded, on one thread (QuantGRU's tensors are small: more threads only wait on each

@@ -11,7 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, SAMPLES, has
+from conftest import GOLDEN, has
 from fuzz_inputs import (
     DATASET_DAMAGE,
     damage_bytes,
@@ -32,17 +32,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-@pytest.fixture(scope="module")
-def qmodel(tmp_path_factory):
-    from qtool import api
-
-    d = tmp_path_factory.mktemp("fq")
-    model = api.load_model(SAMPLES / "digits_gru.safetensors")
-    api.save(api.calibrate(model, SAMPLES / "calib.npy", limit=64), d / "q.h5")
-    np.save(d / "x.npy", np.load(SAMPLES / "test.npy")[:3])
-    return d / "q.h5"
-
-
 def check(code: int, out: str, err: str, where, case: str) -> None:
     text = out + err
     assert "Traceback" not in text and "internal error" not in text, (case, err)
@@ -53,13 +42,13 @@ def check(code: int, out: str, err: str, where, case: str) -> None:
     assert not leftovers, (case, leftovers)
 
 
-def test_mutated_quantized_models(cli, qmodel, tmp_path):
+def test_mutated_quantized_models(cli, qgru_file, tmp_path):
     start = peak_rss_mb()
-    x = qmodel.parent / "x.npy"
+    x = qgru_file.parent / "x.npy"
     loaded = refused = 0
-    for k, (name, target, damage, is_attr) in enumerate(qmodel_cases(qmodel, 1, CASES)):
+    for k, (name, target, damage, is_attr) in enumerate(qmodel_cases(qgru_file, 1, CASES)):
         bad = tmp_path / f"m{k}.h5"
-        mutate_h5(qmodel, bad, target, damage, is_attr)
+        mutate_h5(qgru_file, bad, target, damage, is_attr)
         code, out, err = cli("inspect", bad)
         check(code, out, err, tmp_path, name)
         if code == 2:
@@ -87,28 +76,28 @@ def test_mutated_quantized_models(cli, qmodel, tmp_path):
     ("quant/layer0/fwd/qW", "poke_huge", False, "qW"), ("quant/layer0/fwd/qW", "fractions", False, "qW"),
     ("quant@version", "string", True, "version"), ("quant/layer1/fwd/spec/h/exp2_inv", "grow", False, "exp2_inv"),
 ])
-def test_the_reported_corruptions_are_refused_by_name(cli, qmodel, tmp_path, issue_case):
+def test_the_reported_corruptions_are_refused_by_name(cli, qgru_file, tmp_path, issue_case):
     target, damage, is_attr, word = issue_case
     bad = tmp_path / "bad.h5"
-    mutate_h5(qmodel, bad, target, damage, is_attr)
-    for args in (["inspect", bad], ["simulate", bad, qmodel.parent / "x.npy", "--no-per-tensor"],
-                 ["export", "c", bad, "-o", tmp_path / "c"], ["verify", bad, tmp_path, qmodel.parent / "x.npy"]):
+    mutate_h5(qgru_file, bad, target, damage, is_attr)
+    for args in (["inspect", bad], ["simulate", bad, qgru_file.parent / "x.npy", "--no-per-tensor"],
+                 ["export", "c", bad, "-o", tmp_path / "c"], ["verify", bad, tmp_path, qgru_file.parent / "x.npy"]):
         code, out, err = cli(*args)
         check(code, out, err, tmp_path, target)
         assert code == 2 and word in err, (args[0], err)
     assert not (tmp_path / "c").exists()
 
 
-def test_sh_old_contrib_h_of_200_is_refused(cli, qmodel, tmp_path):
+def test_sh_old_contrib_h_of_200_is_refused(cli, qgru_file, tmp_path):
     import h5py
 
     from qtool.numerics.rescale import PARAMS
 
     bad = tmp_path / "bad.h5"
-    shutil.copyfile(qmodel, bad)
+    shutil.copyfile(qgru_file, bad)
     with h5py.File(bad, "r+") as f:
         f["quant/layer0/fwd/P"][PARAMS.index("sh_old_contrib_h")] = 200
-    code, out, err = cli("simulate", bad, qmodel.parent / "x.npy")
+    code, out, err = cli("simulate", bad, qgru_file.parent / "x.npy")
     assert code == 2 and "sh_old_contrib_h = 200" in err
 
 
@@ -158,14 +147,14 @@ REFUSED = ("npy_huge_shape", "npy_truncated", "npy_complex", "npy_object", "npy_
 BEYOND_EVERY_GRID = ("npy_1e30", "npy_pm_1e30", "npy_int64_extremes")  # simulate saturates them; calibrate refuses
 
 
-def test_odd_data_files(cli, qmodel, tmp_path):
+def test_odd_data_files(cli, qgru_file, tmp_path):
     start = peak_rss_mb()
-    good = np.load(qmodel.parent / "x.npy")
+    good = np.load(qgru_file.parent / "x.npy")
     for name, suffix, write in data_cases(good):
         path = tmp_path / f"{name}{suffix}"
         write(path)
-        for args in (["simulate", qmodel, path, "--limit", "2", "--no-per-tensor"],
-                     ["calibrate", qmodel, path, "-o", tmp_path / "q.h5", "--limit", "2", "--force"]):
+        for args in (["simulate", qgru_file, path, "--limit", "2", "--no-per-tensor"],
+                     ["calibrate", qgru_file, path, "-o", tmp_path / "q.h5", "--limit", "2", "--force"]):
             code, out, err = cli(*args)
             check(code, out, err, tmp_path, name)
             if name in REFUSED or (args[0] == "calibrate" and name in BEYOND_EVERY_GRID):
@@ -178,16 +167,16 @@ def test_every_damage_kind_is_exercised():
     assert len(DATASET_DAMAGE) >= 10
 
 
-def test_a_file_named_h5_that_is_no_hdf5_is_said_so(cli, qmodel, tmp_path):
+def test_a_file_named_h5_that_is_no_hdf5_is_said_so(cli, qgru_file, tmp_path):
     """A .h5 that is not HDF5 at all (text, a download error page) is named as such by every
     command that reads a model, not blamed on Keras; one cut short says that."""
     bad = tmp_path / "bad.h5"
     bad.write_text("<html>404</html>")
-    for args in (["inspect", bad], ["simulate", bad, qmodel.parent / "x.npy"],
-                 ["calibrate", bad, qmodel.parent / "x.npy", "-o", tmp_path / "q.h5"]):
+    for args in (["inspect", bad], ["simulate", bad, qgru_file.parent / "x.npy"],
+                 ["calibrate", bad, qgru_file.parent / "x.npy", "-o", tmp_path / "q.h5"]):
         code, out, err = cli(*args)
         assert code == 2 and "not an HDF5 file" in err and "Keras" not in err.split("(")[0], (args[0], err)
     cut = tmp_path / "cut.h5"
-    cut.write_bytes(qmodel.read_bytes()[:100])
+    cut.write_bytes(qgru_file.read_bytes()[:100])
     code, _, err = cli("inspect", cut)
     assert code == 2 and "truncated" in err, err

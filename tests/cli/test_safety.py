@@ -19,98 +19,88 @@ pytestmark = pytest.mark.skipif(not has("safetensors"), reason="the sample is .s
 MODEL = SAMPLES / "digits_gru.safetensors"
 
 
-@pytest.fixture(scope="module")
-def qmodel(tmp_path_factory):
-    from qtool import api
-
-    d = tmp_path_factory.mktemp("q")
-    qm = api.calibrate(MODEL, SAMPLES / "calib.npy")
-    api.save(qm, d / "q.h5")
-    return d / "q.h5"
-
-
 def one_error_line(err: str) -> bool:
     return len(err.strip().splitlines()) == 1 and "Traceback" not in err and "internal error" not in err
 
 
-def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qmodel, tmp_path):
+def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qgru_file, tmp_path):
     src = tmp_path / "fw" / "src"
     src.mkdir(parents=True)
     (src / "main.c").write_text("int main(void) { return 0; }\n")
     (src / "notes.txt").write_text("mine\n")
     os.chmod(src, 0o755)
-    code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")
+    code, out, err = cli("export", "c", qgru_file, "-o", src, "--name", "digits")
     assert code == 0, err
     assert (src / "main.c").read_text().startswith("int main") and (src / "notes.txt").read_text() == "mine\n"
     assert stat.S_IMODE(src.stat().st_mode) == 0o755
     ours = {"digits.c", "digits.h", "digits_params.h", "digits_params.c", "qgru.c", "qgru.h"}
     assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
-    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")  # again: needs --force
+    code, _, err = cli("export", "c", qgru_file, "-o", src, "--name", "digits")  # again: needs --force
     assert code == 2 and "--force" in err and "digits.c" in err and one_error_line(err)
-    code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force")
+    code, out, err = cli("export", "c", qgru_file, "-o", src, "--name", "digits", "--force")
     assert code == 0 and "replaced" in out and "edited" not in err
     params = src / "digits_params.c"  # a hand edit: a replacement says what it overwrote
     params.write_text(params.read_text().replace("{", "{ /* tuned */", 1))
-    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits")
+    code, _, err = cli("export", "c", qgru_file, "-o", src, "--name", "digits")
     assert code == 2 and "digits_params.c edited since qtool wrote it" in err and one_error_line(err)
-    code, out, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force", "--json")
+    code, out, err = cli("export", "c", qgru_file, "-o", src, "--name", "digits", "--force", "--json")
     assert code == 0 and json.loads(out)["edited"] == ["digits_params.c"]
     assert err.strip() == "warning: digits_params.c had been edited since qtool wrote it; this export replaced it"
     assert "tuned" not in params.read_text()
     with open(src / "digits.h", "a") as f:  # a line added after the seal is an edit too
         f.write("#define MINE 1\n")
-    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "digits", "--force")
+    code, _, err = cli("export", "c", qgru_file, "-o", src, "--name", "digits", "--force")
     assert code == 0 and "digits.h had been edited since qtool wrote it" in err
     assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
     assert not [p for p in src.iterdir() if p.name.startswith(".")]  # no temporaries
     (src / "other.c").write_text("/* hand written */\n")  # a file of the export's names, not ours
-    code, _, err = cli("export", "c", qmodel, "-o", src, "--name", "other", "--force")
+    code, _, err = cli("export", "c", qgru_file, "-o", src, "--name", "other", "--force")
     assert code == 2 and "not written by qtool" in err and one_error_line(err)
     assert (src / "other.c").read_text() == "/* hand written */\n" and not (src / "other.h").exists()
     assert "or --name)" in err  # another name would help
     fw = tmp_path / "fw2"
     fw.mkdir()
     (fw / "qgru.c").write_text("/* a file of the runtime's name */\n")  # no name renames the runtime's
-    code, _, err = cli("export", "c", qmodel, "-o", fw)
+    code, _, err = cli("export", "c", qgru_file, "-o", fw)
     assert code == 2 and "--name does not rename the runtime's files" in err and one_error_line(err), err
     script = tmp_path / "analyse.py"  # names qtool, but qtool did not write it
     script.write_text("import qtool\nqm = qtool.load('q.h5')\n")
-    code, _, err = cli("export", "json", qmodel, "-o", script, "--force")
+    code, _, err = cli("export", "json", qgru_file, "-o", script, "--force")
     assert code == 2 and "not written by qtool" in err and script.read_text().startswith("import qtool")
-    code, _, err = cli("export", "json", qmodel, "-o", tmp_path / "p.json")
+    code, _, err = cli("export", "json", qgru_file, "-o", tmp_path / "p.json")
     assert code == 0, err
-    code, _, err = cli("export", "json", qmodel, "-o", tmp_path / "p.json", "--force")  # its own output
+    code, _, err = cli("export", "json", qgru_file, "-o", tmp_path / "p.json", "--force")  # its own output
     assert code == 0, err
 
 
-def test_export_into_the_current_directory(qmodel, tmp_path):
+def test_export_into_the_current_directory(qgru_file, tmp_path):
     (tmp_path / "keep.txt").write_text("x")
-    res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "c", str(qmodel), "-o", ".",
+    res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "c", str(qgru_file), "-o", ".",
                           "--name", "m"], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "m.c").is_file() and (tmp_path / "keep.txt").read_text() == "x"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_names_that_collide_with_the_runtime_or_inputs_are_refused(cli, qmodel, tmp_path):
-    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--name", "qgru")
+def test_names_that_collide_with_the_runtime_or_inputs_are_refused(cli, qgru_file, tmp_path):
+    code, _, err = cli("export", "c", qgru_file, "-o", tmp_path / "c", "--name", "qgru")
     assert code == 2 and "runtime" in err and not (tmp_path / "c").exists()
     data = tmp_path / "data.npy"
     np.save(data, np.load(SAMPLES / "test.npy")[:5])
     before = data.read_bytes()
-    code, _, err = cli("simulate", qmodel, data, "--save", data, "--force")
+    code, _, err = cli("simulate", qgru_file, data, "--save", data, "--force")
     assert code == 2 and "also an input" in err and data.read_bytes() == before
-    code, _, err = cli("calibrate", qmodel, data, "-o", qmodel, "--force")
+    code, _, err = cli("calibrate", qgru_file, data, "-o", qgru_file, "--force")
     assert code == 2 and "also an input" in err
 
 
-def test_outputs_get_the_permissions_of_a_plain_write(qmodel, tmp_path):
+def test_outputs_get_the_permissions_of_a_plain_write(qgru_file, tmp_path):
     old = os.umask(0o027)
     try:
-        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "json", str(qmodel), "-o",
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "json", str(qgru_file), "-o",
                               str(tmp_path / "p.json")], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
-        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "c", str(qmodel), "-o",
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "c", str(qgru_file), "-o",
                               str(tmp_path / "c")], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
     finally:
@@ -121,9 +111,9 @@ def test_outputs_get_the_permissions_of_a_plain_write(qmodel, tmp_path):
 
 
 @pytest.mark.parametrize("limit", ["0", "-5"])
-def test_limits_below_one_are_refused(cli, qmodel, tmp_path, limit):
+def test_limits_below_one_are_refused(cli, qgru_file, tmp_path, limit):
     for cmd in (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5"],
-                ["simulate", qmodel, SAMPLES / "test.npy"]):
+                ["simulate", qgru_file, SAMPLES / "test.npy"]):
         code, out, err = cli(*cmd, "--limit", limit)
         assert code == 2 and "limit" in err and one_error_line(err), err
     assert not (tmp_path / "q.h5").exists()
@@ -131,7 +121,7 @@ def test_limits_below_one_are_refused(cli, qmodel, tmp_path, limit):
     from qtool.errors import QtoolError
 
     with pytest.raises(QtoolError, match="limit"):
-        api.simulate(qmodel, SAMPLES / "test.npy", limit=int(limit))
+        api.simulate(qgru_file, SAMPLES / "test.npy", limit=int(limit))
 
 
 def test_json_is_strict_json_even_for_exact_tensors(cli, tmp_path):
@@ -149,11 +139,11 @@ def test_json_is_strict_json_even_for_exact_tensors(cli, tmp_path):
     assert exact and all(res["tensors"][k]["snr_db"] is None for k in exact)  # int16 weights of small rows
 
 
-def test_verify_names_a_stale_export(cli, qmodel, tmp_path):
+def test_verify_names_a_stale_export(cli, qgru_file, tmp_path):
     from qtool import api
 
     q = tmp_path / "q.h5"
-    shutil.copyfile(qmodel, q)
+    shutil.copyfile(qgru_file, q)
     assert cli("export", "c", q, "-o", tmp_path / "c", "--name", "digits")[0] == 0
     api.save(api.calibrate(MODEL, SAMPLES / "calib.npy", method="minmax"), q, force=True)
     code, _, err = cli("verify", q, tmp_path / "c", SAMPLES / "test.npy", "--limit", "3")
@@ -172,11 +162,11 @@ def test_quantize_saturates_instead_of_wrapping(x):
         assert q32.tolist() == [[lo, hi]]
 
 
-def test_huge_inputs_equal_inputs_clipped_to_the_grid(qmodel):
+def test_huge_inputs_equal_inputs_clipped_to_the_grid(qgru_file):
     from qtool.engine.cpu import run_int
     from qtool.numerics.qparams import grid_range
 
-    qm = __import__("qtool").load(qmodel)
+    qm = __import__("qtool").load(qgru_file)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((16, 8, qm.model.input_size)).astype(np.float32) * 1e18
     s = qm.cells[0][0].spec["x"]
@@ -200,11 +190,11 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(d)])
 
 
-def test_full_disk_is_one_line_and_leaves_nothing(qmodel, small_disk):
+def test_full_disk_is_one_line_and_leaves_nothing(qgru_file, small_disk):
     cases = [
         (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", small_disk / "q.h5"], "no space left"),
-        (["simulate", qmodel, SAMPLES / "test.npy", "--save", small_disk / "s.h5"], "no space left"),
-        (["export", "c", qmodel, "-o", small_disk / "c", "--test-vectors", "--vectors", "64"], "no space left"),
+        (["simulate", qgru_file, SAMPLES / "test.npy", "--save", small_disk / "s.h5"], "no space left"),
+        (["export", "c", qgru_file, "-o", small_disk / "c", "--test-vectors", "--vectors", "64"], "no space left"),
     ]
     for args, msg in cases:
         res = subprocess.run([sys.executable, "-m", "qtool.cli", *map(str, args)], capture_output=True, text=True)
@@ -213,19 +203,19 @@ def test_full_disk_is_one_line_and_leaves_nothing(qmodel, small_disk):
         assert not leftovers, leftovers
 
 
-def test_read_only_directory(qmodel, tmp_path):
+def test_read_only_directory(qgru_file, tmp_path):
     d = tmp_path / "ro"
     if os.geteuid() != 0 or not _mounted_tmpfs(d, "1m", ro=True):
         pytest.skip("needs root to mount a read-only tmpfs")
     try:
-        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "json", str(qmodel), "-o",
+        res = subprocess.run([sys.executable, "-m", "qtool.cli", "export", "json", str(qgru_file), "-o",
                               str(d / "p.json")], capture_output=True, text=True)
         assert res.returncode == 2 and "read-only" in res.stderr and one_error_line(res.stderr)
         # the long commands refuse before their work (advise takes over 30 s on the sample)
         for args in (["advise", MODEL, SAMPLES / "calib.npy", "--eval", SAMPLES / "test.npy", "--target-snr", "40",
                       "-o", d / "bits.toml"],
                      ["calibrate", MODEL, SAMPLES / "calib.npy", "-o", d / "q.h5"],
-                     ["simulate", qmodel, SAMPLES / "test.npy", "--save", d / "s.h5"]):
+                     ["simulate", qgru_file, SAMPLES / "test.npy", "--save", d / "s.h5"]):
             t0 = time.perf_counter()
             res = subprocess.run([sys.executable, "-m", "qtool.cli", *map(str, args)], capture_output=True, text=True)
             assert res.returncode == 2 and "read-only" in res.stderr and one_error_line(res.stderr), res.stderr
@@ -236,14 +226,14 @@ def test_read_only_directory(qmodel, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["calibrate", "advise", "simulate", "report", "import", "export json"])
-def test_an_output_into_a_missing_directory(cli, qmodel, tmp_path, command):
+def test_an_output_into_a_missing_directory(cli, qgru_file, tmp_path, command):
     """A file output into a directory that does not exist creates it (as `-o`'s help says); a run
     that fails leaves no directory behind; `-o ""` names no file."""
     data = SAMPLES / "calib.npy"
     args = {"calibrate": ["calibrate", MODEL, data], "import": ["import", MODEL],
             "advise": ["advise", MODEL, data, "--limit", 40],
-            "simulate": ["simulate", qmodel, data], "report": ["report", qmodel, data],
-            "export json": ["export", "json", qmodel]}[command]
+            "simulate": ["simulate", qgru_file, data], "report": ["report", qgru_file, data],
+            "export json": ["export", "json", qgru_file]}[command]
     flag = "--save" if command == "simulate" else "-o"
     if command == "calibrate":  # data of the wrong width: refused after the output was claimed
         np.save(tmp_path / "wide.npy", np.zeros((4, 8, 9), np.float32))
@@ -258,25 +248,25 @@ def test_an_output_into_a_missing_directory(cli, qmodel, tmp_path, command):
 
 
 @pytest.mark.parametrize("name", ["q.npy", "q.onnx", "q.pt"])
-def test_an_output_named_as_a_file_qtool_reads_otherwise_is_refused(cli, qmodel, tmp_path, name):
+def test_an_output_named_as_a_file_qtool_reads_otherwise_is_refused(cli, qgru_file, tmp_path, name):
     """An HDF5 file named .npy would be read back as data, one named .onnx as a framework's
     model: the name is refused before any work, so that qtool never writes what it cannot read."""
     for args in (["calibrate", MODEL, SAMPLES / "calib.npy", "-o"],
-                 ["simulate", qmodel, SAMPLES / "test.npy", "--save"]):
+                 ["simulate", qgru_file, SAMPLES / "test.npy", "--save"]):
         code, _, err = cli(*args, tmp_path / name)
         assert code == 2 and f"qtool reads {Path(name).suffix} files as" in err and one_error_line(err), err
         assert not (tmp_path / name).exists()
 
 
-def test_an_output_of_another_kind_is_never_replaced(cli, qmodel, tmp_path):
+def test_an_output_of_another_kind_is_never_replaced(cli, qgru_file, tmp_path):
     """`--force` replaces a file qtool wrote for the same kind of output only: a report's page
     never replaces a model, a model never replaces a page; and a page is not named .h5."""
     model = tmp_path / "m.h5"
-    shutil.copyfile(qmodel, model)
+    shutil.copyfile(qgru_file, model)
     before = model.read_bytes()
     code, _, err = cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", tmp_path / "m.h5", "--force")
     assert code == 2 and "also an input" in err  # the model read is the model written: refused first
-    shutil.copyfile(qmodel, tmp_path / "other.h5")
+    shutil.copyfile(qgru_file, tmp_path / "other.h5")
     code, _, err = cli("report", model, SAMPLES / "test.npy", "--limit", 5, "-o", tmp_path / "other.h5", "--force")
     assert code == 2 and "qtool reads .h5 files as models and data" in err and one_error_line(err), err
     page = tmp_path / "page.txt"  # a name that does not say HTML: the file's content does
@@ -289,13 +279,13 @@ def test_an_output_of_another_kind_is_never_replaced(cli, qmodel, tmp_path):
     assert page.read_bytes() == shown and model.read_bytes() == before
 
 
-def test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused(cli, qmodel, tmp_path):
+def test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused(cli, qgru_file, tmp_path):
     """`-o out/` names a folder (Path would drop the slash and write a file `out`); `export c -o
     c.h5` names a file (a folder of that name would be read as a model): both refused at once."""
     code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", f"{tmp_path}/out/", "--method", "minmax")
     assert code == 2 and "names a folder; this output is one file" in err and one_error_line(err), err
     assert not (tmp_path / "out").exists()
-    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c.h5")
+    code, _, err = cli("export", "c", qgru_file, "-o", tmp_path / "c.h5")
     assert code == 2 and "is named as a .h5 file; this output is a folder" in err and one_error_line(err), err
     assert not (tmp_path / "c.h5").exists()
 
@@ -310,46 +300,46 @@ def test_an_output_that_is_a_device_or_pipe_is_left_alone(cli, tmp_path):
         assert code == 2 and "was not written by qtool; it is left alone" in err and one_error_line(err), err
 
 
-def test_an_output_is_named_and_kept_as_its_own_kind(cli, qmodel, tmp_path):
+def test_an_output_is_named_and_kept_as_its_own_kind(cli, qgru_file, tmp_path):
     """A bits file (TOML) is not named .json, tables (HDF5) not .json, a page not .json: qtool
     would read them back as JSON. `--force` replaces a model with a model only, simulate's
     results with results only, export's tables with tables only."""
     for args in (["advise", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "bits.json"],
-                 ["export", "h5", qmodel, "-o", tmp_path / "t.json"],
-                 ["report", qmodel, SAMPLES / "test.npy", "-o", tmp_path / "r.json"]):
+                 ["export", "h5", qgru_file, "-o", tmp_path / "t.json"],
+                 ["report", qgru_file, SAMPLES / "test.npy", "-o", tmp_path / "r.json"]):
         code, _, err = cli(*args)
         assert code == 2 and "qtool reads .json files as JSON" in err and one_error_line(err), err
     results, model = tmp_path / "r.h5", tmp_path / "m.h5"
-    assert cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", 3, "--save", results)[0] == 0
-    shutil.copyfile(qmodel, model)
+    assert cli("simulate", qgru_file, SAMPLES / "test.npy", "--limit", 3, "--save", results)[0] == 0
+    shutil.copyfile(qgru_file, model)
     kept = results.read_bytes(), model.read_bytes()
     code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", results, "--force", "--method", "minmax")
     assert code == 2 and "holds simulation results qtool wrote; this output is a model" in err, err
-    code, _, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--limit", 3, "--save", model, "--force")
+    code, _, err = cli("simulate", qgru_file, SAMPLES / "test.npy", "--limit", 3, "--save", model, "--force")
     assert code == 2 and "holds a model qtool wrote; this output is simulation results" in err, err
-    code, _, err = cli("export", "h5", qmodel, "-o", results, "--force")
+    code, _, err = cli("export", "h5", qgru_file, "-o", results, "--force")
     assert code == 2 and "this output is parameter tables" in err and one_error_line(err), err
     assert (results.read_bytes(), model.read_bytes()) == kept
-    code, _, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--save", f"{tmp_path}/new/")
+    code, _, err = cli("simulate", qgru_file, SAMPLES / "test.npy", "--save", f"{tmp_path}/new/")
     assert code == 2 and "names a folder" in err and not (tmp_path / "new").exists(), err
 
 
-def test_an_export_without_test_vectors_removes_an_earlier_exports(cli, qmodel, tmp_path):
+def test_an_export_without_test_vectors_removes_an_earlier_exports(cli, qgru_file, tmp_path):
     """Test vectors of an earlier export would be compiled with the new model's files (and fail
     for another reason than theirs): an export without them removes those qtool wrote, unedited,
     with the consent a replacement needs; where one was edited, both stay."""
     out = tmp_path / "c"
-    assert cli("export", "c", qmodel, "-o", out, "--test-vectors")[0] == 0
-    code, _, err = cli("export", "c", qmodel, "-o", out)
+    assert cli("export", "c", qgru_file, "-o", out, "--test-vectors")[0] == 0
+    code, _, err = cli("export", "c", qgru_file, "-o", out)
     assert code == 2 and "gru_test_main.c" in err and (out / "gru_test_main.c").exists(), err
-    code, out_text, _ = cli("export", "c", qmodel, "-o", out, "--force")
+    code, out_text, _ = cli("export", "c", qgru_file, "-o", out, "--force")
     assert code == 0 and "removed gru_test_vectors.h, gru_test_main.c" in out_text
     assert sorted(p.name for p in out.iterdir()) == ["gru.c", "gru.h", "gru_params.c", "gru_params.h", "qgru.c",
                                                      "qgru.h"]
-    assert cli("export", "c", qmodel, "-o", out, "--test-vectors", "--force")[0] == 0
+    assert cli("export", "c", qgru_file, "-o", out, "--test-vectors", "--force")[0] == 0
     main = out / "gru_test_main.c"
     main.write_text(main.read_text() + "/* mine */\n")
-    code, out_text, _ = cli("export", "c", qmodel, "-o", out, "--force")
+    code, out_text, _ = cli("export", "c", qgru_file, "-o", out, "--force")
     assert code == 0 and "removed gru_test" not in out_text and main.read_text().endswith("/* mine */\n")
     assert (out / "gru_test_vectors.h").exists()  # kept with the edited main that includes it
 
@@ -365,39 +355,41 @@ def test_a_damaged_data_archive_is_one_line(cli, tmp_path):
         assert code == 2 and "not a .npz archive" in err and one_error_line(err), err
 
 
-def test_options_that_would_be_ignored_are_refused(cli, qmodel, tmp_path):
+def test_options_that_would_be_ignored_are_refused(cli, qgru_file, tmp_path):
     """An option the command would not use is refused, never dropped: `--time-first`/`--dataset`
     without `--data` in `export c`, `--dataset` for a .npy file (one array); an unknown method is
     refused before an existing output is."""
     for flag in (["--time-first"], ["--dataset", "x"]):
-        code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", *flag)
+        code, _, err = cli("export", "c", qgru_file, "-o", tmp_path / "c", *flag)
         assert code == 2 and f"{flag[0]} goes with --data" in err and one_error_line(err), err
-    code, _, err = cli("simulate", qmodel, SAMPLES / "test.npy", "--dataset", "x")
+    code, _, err = cli("simulate", qgru_file, SAMPLES / "test.npy", "--dataset", "x")
     assert code == 2 and "a .npy file holds one array" in err and one_error_line(err), err
-    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", qmodel, "--method", "foo")
+    code, _, err = cli("calibrate", MODEL, SAMPLES / "calib.npy", "-o", qgru_file, "--method", "foo")
     assert code == 2 and "unknown method 'foo'" in err and one_error_line(err), err
     for args, said in ((["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5", "--snap", "nearest"],
                         "--snap rounds the scales a quantized or QAT-trained file holds"),
                        (["calibrate", MODEL, SAMPLES / "calib.npy", "-o", tmp_path / "q.h5",
                          "--method-weights", "ema"], "ema averages ranges over batches of data"),
-                       (["inspect", qmodel, "--graph"], "--graph shows a float model's layers; q.h5 is a quantized")):
+                       (["inspect", qgru_file, "--graph"],
+                        "--graph shows a float model's layers; q.h5 is a quantized")):
         code, _, err = cli(*args)
         assert code == 2 and said in err and one_error_line(err) and not (tmp_path / "q.h5").exists(), err
-    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--test-vectors", "--data", SAMPLES / "test.npy",
+    code, _, err = cli("export", "c", qgru_file, "-o", tmp_path / "c", "--test-vectors", "--data", SAMPLES / "test.npy",
                        "--vectors", 600)
     assert code == 0 and "--vectors 600: test.npy holds 597 sequences; the test vectors are all 597" in err, err
     assert "outside the calibrated input range" not in err
     np.save(tmp_path / "loud.npy", np.load(SAMPLES / "test.npy")[:4] * 100)
-    code, _, err = cli("export", "c", qmodel, "-o", tmp_path / "c2", "--test-vectors", "--data", tmp_path / "loud.npy")
+    code, _, err = cli("export", "c", qgru_file, "-o", tmp_path / "c2", "--test-vectors",
+                       "--data", tmp_path / "loud.npy")
     assert code == 0 and "of the test vectors' inputs lie outside the calibrated input range" in err, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_signals_remove_temporaries(qmodel, tmp_path, sig):
+def test_signals_remove_temporaries(qgru_file, tmp_path, sig):
     # enough work that the signal lands while the results are written, on a fast machine too
     x = np.random.default_rng(0).standard_normal((60000, 24, 8)).astype(np.float32)
     np.save(tmp_path / "big.npy", x)
-    p = subprocess.Popen([sys.executable, "-m", "qtool.cli", "simulate", str(qmodel), str(tmp_path / "big.npy"),
+    p = subprocess.Popen([sys.executable, "-m", "qtool.cli", "simulate", str(qgru_file), str(tmp_path / "big.npy"),
                           "--save", str(tmp_path / "s.h5"), "--no-per-tensor"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
@@ -547,8 +539,8 @@ def _equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
 
 
-def test_a_name_that_is_no_c_prefix_is_said_when_it_changes(cli, qmodel, tmp_path):
-    code, out, err = cli("export", "c", qmodel, "-o", tmp_path / "c", "--name", "1bad-name")
+def test_a_name_that_is_no_c_prefix_is_said_when_it_changes(cli, qgru_file, tmp_path):
+    code, out, err = cli("export", "c", qgru_file, "-o", tmp_path / "c", "--name", "1bad-name")
     assert code == 0 and "warning: --name '1bad-name' is no C identifier prefix" in err and "'m_1bad_name'" in err
-    code, out, err = cli("export", "c", qmodel, "-o", tmp_path / "d", "--name", "digits")
+    code, out, err = cli("export", "c", qgru_file, "-o", tmp_path / "d", "--name", "digits")
     assert code == 0 and "warning" not in err
