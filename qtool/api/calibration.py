@@ -26,14 +26,14 @@ SNAP_WITHOUT_RANGES = ("`snap` rounds the scales a quantized or QAT-trained file
 def check_calibration_options(methods: Sequence[str], method_weights: str = "minmax", percentile: float = 99.99,
                               batch_size: int = 64, snap: str = "up", *, whole: bool) -> None:
     """Refuse, before any file is read or written, calibration options no model of this kind
-    takes: an unknown method (per-edge and search are a whole model's), a repeated one, a percentile outside
+    takes: an unknown method (per-edge is a whole model's), a repeated one, a percentile outside
     (50, 100], an empty batch, an unknown rounding of imported ranges."""
     from qtool.calibrators import METHODS
 
-    known = ("auto", "per-edge", "search", *METHODS) if whole else ("auto", *METHODS)
+    known = ("auto", "per-edge", *METHODS) if whole else ("auto", *METHODS)
     for m in methods:
         if m not in known:
-            also = f" ({m} is a whole model's)" if m in ("per-edge", "search") else ""
+            also = " (per-edge is a whole model's)" if m == "per-edge" else ""
             raise QtoolError(f"unknown method '{m}' (use {', '.join(known[:-len(METHODS)])} or one of "
                              f"{', '.join(METHODS)}){also}")
     weight_methods = [m for m in METHODS if m != "ema"]  # ema smooths over batches; weights are one tensor
@@ -61,11 +61,10 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
     input (docs/graph.md). A method: auto (per-edge, minmax, mse and percentile at 99.9, 99.95 and
     99.99 scored at the output on the last 20% of the data, the best calibrated on all;
     docs/graph.md), per-edge (per edge the method with the
-    least error there; each GRU its own auto), search (auto's winner, then per edge the grid
-    that scores best at the output) or one of minmax, percentile, mse, kl, ema. A QDQ
+    least error there; each GRU its own auto) or one of minmax, percentile, mse, kl, ema. A QDQ
     file's fake-quant pairs (`Graph.ranges`) give their edges' grids (`snap` as for a GRU's
     imported ranges); the calibration sets the rest."""
-    from qtool.graph.calibrate import MIN_HELD_OUT, auto_graph, prepare, quantize_graph, search_graph
+    from qtool.graph.calibrate import auto_graph, prepare, quantize_graph
 
     check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=True)
     label, config = _bits_config(bits)
@@ -74,9 +73,6 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
         raise QtoolError(SNAP_WITHOUT_RANGES)
     data = as_data(data, dataset, time_first)
     n = count(data, limit)
-    if "search" in methods and n < MIN_HELD_OUT:  # scored on what it was fitted to, it fits noise
-        raise QtoolError(f"search keeps a grid only where it scores better on held-out sequences: it needs at "
-                         f"least {MIN_HELD_OUT} calibration sequences, got {n}")
     tick = (lambda done: progress(done, n)) if progress else None
     path = Path(data.name)
     info = {"bits": label, "samples": n, "time_steps": int(data.shape[1]), "data_file": path.name,
@@ -86,10 +82,8 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
     info["notes"] = axes_notes(model.steps, data.shape, data.time_first, "declares")
     prep = prepare(model, data, n, config, batch_size, tick)
     weights = {} if method_weights == "minmax" else {"method_weights": method_weights}
-    calibrated = {"auto": auto_graph, "search": search_graph}
-    return [calibrated[m](prep, n, config, percentile, batch_size, {"method": m, **weights, **info}, snap,
-                          method_weights)
-            if m in calibrated else
+    return [auto_graph(prep, n, config, percentile, batch_size, {"method": m, **weights, **info}, snap, method_weights)
+            if m == "auto" else
             quantize_graph(prep, n, config, m, percentile, batch_size, {"method": m, **weights, **info}, snap,
                            method_weights)
             for m in methods]
@@ -224,11 +218,10 @@ def calibrate(model: GruModel | Graph | str | os.PathLike, data: DataLike | None
     with the least error on held-out folds of the data, checked at the output against every
     single method, docs/calibration.md; a whole model: per-edge, minmax, mse and three percentiles
     scored at the output on the last 20% of the data, the best calibrated on all), "per-edge" (a whole model:
-    per edge its least-error method), "search" (a whole model: auto's winner, then per edge the
-    grid that raises the output SNR most, greedily in graph order; slow) or one method. A
-    quantized, QAT-trained or QDQ file keeps its own ranges (`snap`: how a scale that is not a
-    power of two becomes one, "up" without clipping or "nearest"); `data` fills in the rest.
-    `check`: a file read here is checked against its framework."""
+    per edge its least-error method) or one method. A quantized, QAT-trained or QDQ file keeps
+    its own ranges (`snap`: how a scale that is not a power of two becomes one, "up" without
+    clipping or "nearest"); `data` fills in the rest. `check`: a file read here is checked
+    against its framework."""
     with read_once():
         whole = is_whole(model)
         if whole:

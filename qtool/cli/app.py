@@ -191,7 +191,7 @@ def calibrate(
     model_path: ModelArg = None,
     data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
-    method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best; search starts from auto's best and gives each edge, in turn, the grid that scores best at the output (a simulation per grid tried: minutes).")] = None,
+    method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best.")] = None,
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, percentile, mse (the grid of least squared error, which may clip) or kl.")] = "minmax",
     percentile: Annotated[float | None, typer.Option(metavar="P", help="With percentile (and auto, per-edge, which try it): the share of values kept, two-sided (default 99.99).")] = None,
     compare: Annotated[str | None, typer.Option(metavar="M1,M2,...", help="Calibrate with each of these methods (e.g. minmax,percentile,mse,kl; auto, and for a whole model per-edge) in one pass and compare them at the output on --eval; the best goes to --output.")] = None,
@@ -229,8 +229,8 @@ def calibrate(
         raise QtoolError("--method and --compare: name every method to try in --compare (e.g. --compare auto,mse)")
     method = method or "auto"
     methods = [m.strip() for m in compare.split(",") if m.strip()] if compare is not None else [method]
-    if percentile is not None and not {"percentile", "auto", "per-edge", "search"} & {*methods, method_weights}:
-        raise QtoolError(f"--percentile goes with the percentile method (auto, per-edge and search try it too); "
+    if percentile is not None and not {"percentile", "auto", "per-edge"} & {*methods, method_weights}:
+        raise QtoolError(f"--percentile goes with the percentile method (auto and per-edge try it too); "
                          f"{', '.join(methods)} take{'s' * (len(methods) == 1)} none")
     percentile = 99.99 if percentile is None else percentile
     api.check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=whole)

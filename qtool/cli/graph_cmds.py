@@ -150,13 +150,6 @@ def calibrate_graph(model_path: Path, data_path: Path, output: Path, *, bits: st
         scores = ", ".join(f"{m} {v:.2f} dB" for m, v in a["output_snr_db"].items())
         on = f"the last {a['held_out']} sequences" if a["held_out"] else "the calibration data (too few to hold out)"
         out.print(f"auto: output SNR on {on}: {scores} -> {a['chosen']}")
-    if "search" in info:
-        sr = info["search"]
-        moved = ", ".join(f"{escape(e)} {m}" for e, m in sr["edges"].items()) or "none"
-        out.print(f"search: {sr['tried']} grid{'s' * (sr['tried'] != 1)} tried on {sr['open_edges']} "
-                  f"edge{'s' * (sr['open_edges'] != 1)}, output SNR "
-                  f"{a['output_snr_db'][a['chosen']]:.2f} -> {sr['output_snr_db']:.2f} dB; edges moved: {moved}",
-                  highlight=False)
     out.print(f"calibrated in {elapsed:.2f} s -> {escape(str(output))}")
 
 

@@ -35,7 +35,7 @@ from qtool.calibration.observe import (
     collect,
     tensor_q,
 )
-from qtool.calibrators import METHODS, make_observer
+from qtool.calibrators import make_observer
 from qtool.core.graph import Graph, Node
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel, TensorQ
@@ -116,15 +116,6 @@ def observed_grid(values: np.ndarray, bits: int, method: str, percentile: float,
         grids[m] = tensor_q(o, TensorConfig(bits, False), name=name)
     best = min(grids, key=lambda m: _squared_error(flat, grids[m]))
     return grids[best], best
-
-
-def _observed(values: np.ndarray, bits: int, method: str, percentile: float, edge: str,
-              own_grids: dict[str, str] | None) -> tuple[TensorQ, str]:
-    """An observed edge's grid by `method`, or by its own candidate in `own_grids` (then named so)."""
-    if own_grids and edge in own_grids:
-        label = own_grids[edge]
-        return observed_grid(values, bits, *candidate(label, percentile), edge)[0], f"search: {label}"
-    return observed_grid(values, bits, method, percentile, edge)
 
 
 def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percentile: float, chunk: int,
@@ -310,12 +301,10 @@ def calibrate_graph(graph: Graph, data: SequenceData, n: int, config: dict[str, 
 
 
 def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], method: str, percentile: float,
-                   chunk: int, info: dict | None, snap: str = "up", method_weights: str = "minmax",
-                   own_grids: dict[str, str] | None = None) -> QGraph:
+                   chunk: int, info: dict | None, snap: str = "up", method_weights: str = "minmax") -> QGraph:
     """Every grid and layer integer from the first `rows` sequences of the prepared values; an
     edge a QDQ file quantizes (`Graph.ranges`) takes the file's grid (`snap` as for a GRU's).
-    `method_weights`: each layer's weights per output channel, and each GRU's W and R. `own_grids`:
-    an observed edge's own method, as a candidate label ("percentile 99.9"; search's choices)."""
+    `method_weights`: each layer's weights per output channel, and each GRU's W and R."""
     from qtool.calibration.auto import chosen_methods
 
     g, core, tail, done = prep.graph, prep.core, prep.tail, list(prep.passes)
@@ -355,9 +344,9 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             if grids[edge] is not None:
                 methods[edge] = "the file's"
             else:
-                grids[edge], methods[edge] = _observed(values[edge], own.activation,
-                                                       chosen.get(edge, {}).get("method", method), percentile,
-                                                       edge, own_grids)
+                grids[edge], methods[edge] = observed_grid(values[edge], own.activation,
+                                                           chosen.get(edge, {}).get("method", method), percentile,
+                                                           edge)
     for node in (g_node for g_node in g.nodes if g_node.name in core):
         own = layer_bits(config, node.name, method_weights)
         for edge in node.outputs:
@@ -370,9 +359,8 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             elif (fixed := files.grid(edge, own.activation)) is not None:
                 grids[edge], methods[edge] = fixed, "the file's"
             else:
-                grids[edge], methods[edge] = _observed(
-                    values[edge], own.activation, chosen.get(node.name, {}).get("method", method), percentile, edge,
-                    own_grids)
+                grids[edge], methods[edge] = observed_grid(
+                    values[edge], own.activation, chosen.get(node.name, {}).get("method", method), percentile, edge)
         if node.op not in SELF_CALIBRATED:
             mod = layer(node.op, node.label)
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
@@ -406,16 +394,6 @@ def candidate(label: str, percentile: float) -> tuple[str, float]:
     return method, float(level) if level else percentile
 
 
-def held_out(prep: Prepared, n: int) -> tuple[int, SequenceData]:
-    """The sequences a candidate is calibrated on (the first `fit`) and those it is scored on:
-    the last 20%, or with fewer than MIN_HELD_OUT sequences all of them."""
-    fit = n - max(1, int(n * HELD_OUT)) if n >= MIN_HELD_OUT else n
-    edge = next(iter(prep.graph.inputs))
-    held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit if fit < n else 0:n]}, -1)[edge],
-                        False, "the held-out calibration sequences" if fit < n else "the calibration sequences")
-    return fit, held
-
-
 def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
                chunk: int = 64, info: dict | None = None, snap: str = "up", method_weights: str = "minmax",
                candidates: tuple[str, ...] = AUTO_CANDIDATES) -> QGraph:
@@ -424,7 +402,10 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     MIN_HELD_OUT sequences, each is calibrated on all and scored on them (none to hold out)."""
     from qtool.graph.simulate import output_snr_db, simulate_graph
 
-    fit, held = held_out(prep, n)
+    fit = n - max(1, int(n * HELD_OUT)) if n >= MIN_HELD_OUT else n
+    edge = next(iter(prep.graph.inputs))
+    held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit if fit < n else 0:n]}, -1)[edge],
+                        False, "the held-out calibration sequences" if fit < n else "the calibration sequences")
     scores, kept = {}, {}
     for k, label in enumerate(candidates):
         phase(f"auto: calibrating {label} on {fit} sequences, scoring it on "
@@ -446,50 +427,3 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     if note:
         qg.info["notes"] = [*qg.info.get("notes", []), note]
     return qg
-
-
-# The grids search tries on each edge: auto's methods, and a deeper clip that a single edge can
-# afford where the whole model cannot (GTCRN's attention energies)
-SEARCH_CANDIDATES = ("minmax", "mse", "percentile 99.5", "percentile 99.9", "percentile 99.95", "percentile 99.99")
-
-
-def search_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
-                 chunk: int = 64, info: dict | None = None, snap: str = "up", method_weights: str = "minmax"
-                 ) -> QGraph:
-    """Auto's winner, then each observed edge in graph order tries the grid of each of
-    SEARCH_CANDIDATES and keeps the one that raises the output SNR on auto's scored sequences
-    (greedy: each edge on the choices before it); the choices calibrated on all `n` sequences.
-    Edges a bits file, a GRU, a QDQ file or a shared grid sets are left as they are. Needs
-    MIN_HELD_OUT sequences (the caller checks): scored on the data it fits, it fits noise."""
-    from qtool.graph.simulate import output_snr_db, simulate_graph
-
-    start = auto_graph(prep, n, config, percentile, chunk, info, snap, method_weights)
-    auto = start.info["auto"]
-    method, level = candidate(auto["chosen"], percentile)
-    fit, held = held_out(prep, n)
-    own = {name for name, entry in getattr(config, "graph", {}).items() if "method" in entry}
-    owner = {e: node.name for node in prep.graph.nodes for e in node.outputs}
-    open_edges = [e for e, how in start.info["edge_methods"].items() if how in METHODS and owner.get(e, e) not in own]
-    best, chosen, tried = auto["output_snr_db"][auto["chosen"]], {}, 0
-    for k, edge in enumerate(open_edges):
-        phase(f"search: edge {k + 1} of {len(open_edges)} ({edge}), output SNR {best:.2f} dB")
-        bits = start.grids[edge].bits
-        seen = {(int(start.grids[edge].exp2_inv), int(start.grids[edge].zp))}
-        for label in SEARCH_CANDIDATES:
-            grid = observed_grid(prep.values[edge][:fit], bits, *candidate(label, percentile), edge)[0]
-            if (int(grid.exp2_inv), int(grid.zp)) in seen:
-                continue
-            seen.add((int(grid.exp2_inv), int(grid.zp)))
-            qg = quantize_graph(prep, fit, config, method, level, chunk, info, snap, method_weights,
-                                {**chosen, edge: label})
-            score, tried = output_snr_db(simulate_graph(qg, held), qg), tried + 1
-            if score > best:
-                best, chosen[edge] = score, label
-    qg = quantize_graph(prep, n, config, method, level, chunk, info, snap, method_weights, chosen)
-    qg.info["auto"] = auto
-    qg.info["search"] = {"from": auto["chosen"], "output_snr_db": best, "edges": chosen, "tried": tried,
-                         "open_edges": len(open_edges)}
-    if method in ("percentile", "per-edge"):
-        qg.info["percentile"] = level
-    return qg
-

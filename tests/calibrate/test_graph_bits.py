@@ -66,7 +66,7 @@ def test_auto_scores_its_candidates_at_the_output_and_keeps_the_best(graph):
         fit = api.calibrate(graph, x[:320], bits="int8", method=method, percentile=p)
         d = api.simulate(fit, x[320:]).outputs["logits"]
         assert auto["output_snr_db"][label] == pytest.approx(d.snr_db, abs=1e-9)
-    with pytest.raises(QtoolError, match="use auto, per-edge, search or one of"):
+    with pytest.raises(QtoolError, match="use auto, per-edge or one of"):
         api.calibrate(graph, x, method="best")
 
 
