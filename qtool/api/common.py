@@ -104,12 +104,12 @@ def axes_notes(steps: int | None, shape: tuple, time_first: bool, source: str = 
             "which is their first axis, not their second; if they are [T, N, C], pass `time_first`"]
 
 
-def saturation_notes(saturated: dict[str, float], worst: dict[str, str] | None = None) -> list[str]:
+def saturation_notes(saturated: dict[str, float], worst: dict[str, str] | None = None, of: str = "the ") -> list[str]:
     """Inputs with more than 2% of their values outside their grid (input -> share): data scaled
-    unlike the calibration data (`simulate` says it, and runs on); `worst`: an input with a grid
-    per channel -> the channel most outside its own."""
+    unlike the calibration data (`simulate` and `export_c` say it, and run on); `worst`: an input
+    with a grid per channel -> the channel most outside its own; `of`: whose values they are."""
     worst = worst or {}
-    return [f"{share:.1%} of the values of input '{name}' lie outside its grid (saturated"
+    return [f"{share:.1%} of {of}values of input '{name}' lie outside its grid (saturated"
             + (f"; most on {worst[name]}" if name in worst else "") + "): are the data scaled as the calibration "
             "data were?" for name, share in saturated.items() if share > SATURATED_NOTE]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.api.common import DataLike, as_data
+from qtool.api.common import DataLike, as_data, saturation_notes
 from qtool.api.models import load
 from qtool.core.qgraph import QGraph
 from qtool.core.qmodel import QuantModel
@@ -50,6 +50,7 @@ class ExportResult:
     fingerprint: str
     edited: list[str] = field(default_factory=list)  # replaced files edited since qtool wrote them
     removed: list[str] = field(default_factory=list)  # an earlier export's test vectors, not written now
+    notes: list[str] = field(default_factory=list)  # what looks wrong with the test vectors
 
 
 def simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,13 +64,17 @@ def simulated(qm: QuantModel, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.PathLike, *, name: str | None = None,
-             compensation: str = "table", test_vectors: DataLike | None = None, force: bool = False,
+             compensation: str = "table", test_vectors: DataLike | bool | None = None, vectors: int | None = None,
+             dataset: str | None = None, time_first: bool = False, force: bool = False,
              confirm: Callable[[str], bool] | None = None, fully_integral: bool = True) -> ExportResult:
     """Write the C sources (runtime, parameter tables, model) into `out_dir`, replacing only
     files of the same names that qtool wrote; other files in the directory are left alone.
-    `test_vectors`: float inputs `[V, T, C]` (an array or a data file) for a self-checking test
-    main. `fully_integral`: refuse an export whose integer core would hold a floating-point
-    operation. The footprint carries what the compiler passes (qtool.numerics.passes) removed.
+    `test_vectors` for a self-checking test main: float inputs `[V, T, C]` (an array, a data file
+    or SequenceData; the first `vectors` of them, default all), or True for `vectors` (default 4)
+    random sequences of 16 steps in the calibrated input range; the result's notes say when there
+    are fewer than asked, or when they saturate the input's grid. `fully_integral`: refuse an
+    export whose integer core would hold a floating-point operation. The footprint carries what
+    the compiler passes (qtool.numerics.passes) removed.
     A whole model (docs/embedded.md, "Whole models"): every layer of its integer core in C, run
     whole (NAME_run_sequence) and, where every layer is causal, frame by frame (NAME_step); its
     footprint per layer (qtool.exporters.c_graph.GraphFootprint). A whole model that is a GRU
@@ -80,14 +85,14 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
 
     if compensation not in COMPENSATION:
         raise QtoolError(f"unknown compensation {compensation!r}: use one of {', '.join(COMPENSATION)}")
+    if vectors is not None and (isinstance(vectors, bool) or not isinstance(vectors, (int, np.integer)) or vectors < 1):
+        raise QtoolError(f"`vectors` must be a positive integer, got {vectors!r:.20}")
     claim_folder(out_dir)  # before the model is read and rendered
-    if test_vectors is not None and not isinstance(test_vectors, np.ndarray):
-        vectors = as_data(test_vectors)
-        test_vectors = vectors.chunk(0, vectors.num_sequences)
     path = None
     if not isinstance(qm, (QuantModel, QGraph)):
         path = Path(qm)
         qm = load(path)
+    test_vectors, notes = _test_inputs(qm, test_vectors, vectors, dataset, time_first)
     qm = gru_of(qm)
     prefix = c_name(name or (qm.graph.name if isinstance(qm, QGraph) else qm.model.name))
     if prefix in {p.stem for p in RUNTIME.iterdir()}:
@@ -100,7 +105,36 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     replaced = write_files(out_dir, files, force, confirm, inputs=[path], stale=stale,
                            fixed=[f.name for f in RUNTIME.iterdir()])
     return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
-                        stamp, replaced.edited, replaced.removed)
+                        stamp, replaced.edited, replaced.removed, notes)
+
+
+def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors: int | None,
+                 dataset: str | None, time_first: bool) -> tuple[np.ndarray | None, list[str]]:
+    """The test vectors' float inputs `[V, T, C]` (export_c's `test_vectors`), and notes on them:
+    fewer sequences than asked; inputs outside the input's grid, which still agree bit for bit
+    but test little of the model."""
+    if given is None or given is False:
+        if vectors is not None or dataset is not None or time_first:
+            raise QtoolError("`vectors`, `dataset` and `time_first` go with `test_vectors`")
+        return None, []
+    whole = isinstance(qm, QGraph)
+    edge = next(iter(qm.graph.inputs)) if whole else "x"
+    width = qm.graph.inputs[edge][-1] if whole else qm.model.input_size
+    g = qm.grids[edge] if whole else qm.cells[0][0].spec["x"]
+    if given is True:
+        if dataset is not None or time_first:
+            raise QtoolError("`dataset` and `time_first` go with test vectors read from data")
+        rng = np.random.default_rng(0)
+        return rng.uniform(g.lo, g.hi, (4 if vectors is None else vectors, 16, width)).astype(np.float32), []
+    data = as_data(given, dataset, time_first)
+    data.check_features(width)
+    n = data.num_sequences if vectors is None else min(vectors, data.num_sequences)
+    notes = [f"{vectors} test vectors asked for: {Path(data.name).name} holds {n} sequences; the test vectors are all {n}"
+             ] if n < (vectors or 0) else []
+    x = data.chunk(0, n)
+    seen = qm.graph.scale_inputs({edge: x.reshape(*x.shape[:2], -1)})[edge] if whole else x  # as its grid sees it
+    share = float(np.mean((seen < g.lo) | (seen > g.hi)))
+    return x, notes + saturation_notes({edge: share}, of="the test vectors' ")
 
 
 def gru_of(qm: QuantModel | QGraph) -> QuantModel | QGraph:

@@ -565,8 +565,6 @@ def export_c_cmd(
     """Write C99 headers with the integer parameters and a portable integer-only GRU, or a whole
     model's every layer (a quantized whole-model file: run whole and, where it is causal, frame
     by frame; each output after the first with its own NAME_outputK; docs/embedded.md)."""
-    import numpy as np
-
     from qtool import api
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
@@ -576,32 +574,12 @@ def export_c_cmd(
     if data_path is None and (dataset is not None or time_first):
         raise QtoolError(f"{'--dataset' if dataset is not None else '--time-first'} goes with --data (the file of "
                          "the test vectors' inputs)")
-    vectors = 4 if vectors is None else vectors
     qm = api.load(qmodel_path)
-    if isinstance(qm, api.QGraph):
-        width, g = next(iter(qm.graph.inputs.values()))[-1], qm.grids[next(iter(qm.graph.inputs))]
-    else:
-        width, g = qm.model.input_size, qm.cells[0][0].spec["x"]
-    x = None
-    if test_vectors:
-        if data_path is not None:
-            data = api.as_data(data_path, dataset, time_first)
-            data.check_features(width)
-            if vectors > data.num_sequences:
-                warn([f"--vectors {vectors}: {data_path.name} holds {data.num_sequences} sequences; the test "
-                      f"vectors are all {data.num_sequences}"])
-            x = data.chunk(0, min(vectors, data.num_sequences))
-            seen = x if not isinstance(qm, api.QGraph) else next(iter(  # as the grid sees them: rows scaled
-                qm.graph.scale_inputs({next(iter(qm.graph.inputs)): x.reshape(*x.shape[:2], -1)}).values()))
-            off = float(np.mean((seen < g.lo) | (seen > g.hi)))
-            if off > 0.01:  # they still agree bit for bit, but saturated inputs test little of the model
-                warn([f"{off:.0%} of the test vectors' inputs lie outside the calibrated input range "
-                      f"[{g.lo:.4g}, {g.hi:.4g}] and saturate there; vectors from data like the calibration "
-                      "data test more of the model"])
-        else:
-            x = np.random.default_rng(0).uniform(g.lo, g.hi, (vectors, 16, width)).astype(np.float32)
-    res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=x, force=force,
-                       confirm=confirm_at_terminal(), fully_integral=fully_integral)
+    given = data_path if data_path is not None else test_vectors or None
+    res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=given, vectors=vectors,
+                       dataset=dataset, time_first=time_first, force=force, confirm=confirm_at_terminal(),
+                       fully_integral=fully_integral)
+    warn(res.notes)
     if hasattr(res.footprint, "layers"):  # a whole model's, per layer
         graph_cmds.show_graph_export(res, qm, output, name, as_json)
         return
@@ -612,7 +590,7 @@ def export_c_cmd(
                "fingerprint": res.fingerprint, "compensation": compensation, "flash_bytes": fp.flash_bytes,
                "weight_bytes": fp.weight_bytes, "bias_bytes": fp.bias_bytes, "table_bytes": fp.table_bytes,
                "other_bytes": fp.other_bytes, "ram_bytes": fp.ram_bytes, "macs_per_step": fp.macs_per_step,
-               "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes}
+               "flash_vs_int8_weights_and_tables": fp.flash_bytes / base, **fp.passes, "notes": res.notes}
     if as_json:
         emit_json(summary)
         wrote(res, output, as_json, name)

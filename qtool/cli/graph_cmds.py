@@ -231,7 +231,7 @@ def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) ->
                "macs_per_sequence": fp.macs_per_sequence,
                "streaming": fp.streaming, "streaming_refusal": fp.streaming_refusal,
                "layers": [{**vars(x), **state} for x in fp.layers], "outputs": qg.core_outputs,
-               "sequence_work": dict(zip(("steps", "bytes"), fp.work_at))}
+               "sequence_work": dict(zip(("steps", "bytes"), fp.work_at)), "notes": res.notes}
     if as_json:
         emit_json(summary)
         wrote(res, output, as_json, name)

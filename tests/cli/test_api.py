@@ -179,6 +179,29 @@ def test_export_takes_test_vectors_from_a_file(tmp_path):
         assert any(f.endswith("test_vectors.h") for f in res.files)
 
 
+def test_export_test_vectors_count_and_notes(tmp_path):
+    """`vectors` takes the first sequences of the data (or that many random ones); the notes say
+    when the data hold fewer, and which share of their values lies outside the input's grid."""
+    qm = qtool.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax", limit=40)
+    x = np.load(SAMPLES / "test.npy")[:5]
+    res = qtool.export_c(qm, tmp_path / "a", name="m", test_vectors=x, vectors=3)
+    assert "#define M_TEST_SEQUENCES 3" in (tmp_path / "a" / "m_test_vectors.h").read_text() and res.notes == []
+    res = qtool.export_c(qm, tmp_path / "b", name="m", test_vectors=True, vectors=2)
+    assert "#define M_TEST_SEQUENCES 2" in (tmp_path / "b" / "m_test_vectors.h").read_text() and res.notes == []
+    g = qm.cells[0][0].spec["x"]
+    loud = x * 100
+    share = np.mean((loud < g.lo) | (loud > g.hi))
+    assert share > 0.02
+    res = qtool.export_c(qm, tmp_path / "c", name="m", test_vectors=loud, vectors=9)
+    assert res.notes == ["9 test vectors asked for: array holds 5 sequences; the test vectors are all 5",
+                         f"{share:.1%} of the test vectors' values of input 'x' lie outside its grid (saturated): "
+                         "are the data scaled as the calibration data were?"]
+    with pytest.raises(QtoolError, match="`vectors` must be a positive integer"):
+        qtool.export_c(qm, tmp_path / "d", test_vectors=True, vectors=0)
+    with pytest.raises(QtoolError, match="go with `test_vectors`"):
+        qtool.export_c(qm, tmp_path / "d", vectors=2)
+
+
 def test_advise_says_which_held_out_sequences_are_calibration_data():
     """Held-out data built from the calibration data (rows reordered, some new) is found
     sequence by sequence, not by comparing files."""
