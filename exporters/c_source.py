@@ -8,6 +8,7 @@ for a model that has one: a haste model's files stay as they were."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 from string import Template
 
@@ -32,7 +33,8 @@ C_KEYWORDS = {"auto", "break", "case", "char", "const", "continue", "default", "
 def c_name(name: str) -> str:
     """A safe C identifier prefix: only [A-Za-z0-9_], not starting with a digit, not a keyword, at
     most 48 characters, no "_" at either end (so that c_name(c_name(n)) == c_name(n))."""
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_") or "gru"
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()  # "évil" -> "evil"
+    s = re.sub(r"[^A-Za-z0-9_]", "_", ascii_name).strip("_") or "gru"
     if s[0].isdigit() or s in C_KEYWORDS:
         s = "m_" + s
     return s[:48].rstrip("_")

@@ -165,7 +165,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     snr = (f"output SNR {chosen.snr_db:.2f} dB measured on {measured_on}" if eval_data is not None
            else f"output SNR {pred.output_db:.1f} dB predicted (no held-out data)")
     comment = (f"qtool advise: {mode}; {snr}; flash {chosen.flash:,} bytes; {len(chosen.promoted)} of "
-               f"{len(all_units(model))} tensors at 16 bits")
+               f"{len(all_units(model))} units at 16 bits")
     toml = bits_toml("int8", file_configs(model, chosen.promoted, chosen.choice.plan), comment)
     sims = ev.simulations if eval_data is not None else 0
     return Advice(mode, chosen, measured_on, pred.output_db, rows, presets, toml, threshold_db, sims,

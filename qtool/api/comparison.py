@@ -39,7 +39,7 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
     `test` data (`simulate`'s `output`: a GRU's output, a whole model's integer core outputs,
     a classifier's logits, with its top-1 agreement); the best has the highest output SNR.
     `limit` bounds both: the first `limit` sequences of `data` calibrate, of `test` score.
-    A whole model takes auto and per-edge among its methods (`calibrate`)."""
+    `methods` may hold auto (and for a whole model per-edge) beside single methods (`calibrate`)."""
     if data is None:
         raise QtoolError("missing DATA (calibration data file)")
     if isinstance(methods, str):
@@ -50,11 +50,17 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
             models = graph_candidates(model, data, methods, bits=bits, method_weights=method_weights,
                                       percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
                                       time_first=time_first, check=check)
-        else:
-            cal = observe(model, data, bits=bits, methods=methods, method_weights=method_weights,
-                          percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
-                          time_first=time_first)
-            models = [cal.quant_model(k) for k in range(len(methods))]
+        else:  # the single methods from one float pass; auto runs its own (qtool.calibration.auto)
+            options = dict(bits=bits, method_weights=method_weights, percentile=percentile, batch_size=batch_size,
+                           limit=limit, dataset=dataset, time_first=time_first)
+            singles = [m for m in methods if m != "auto"]
+            by_method = {}
+            if singles:
+                cal = observe(model, data, methods=singles, **options)
+                by_method = {m: cal.quant_model(k) for k, m in enumerate(singles)}
+            if "auto" in methods:
+                by_method["auto"] = observe(model, data, methods=("auto",), **options).quant_model(0)
+            models = [by_method[m] for m in methods]
     data = as_data(data, dataset, time_first)
     test = as_data(test, dataset, time_first)
     scored = count(test, limit)

@@ -129,8 +129,8 @@ def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors
     data = as_data(given, dataset, time_first)
     data.check_features(width)
     n = data.num_sequences if vectors is None else min(vectors, data.num_sequences)
-    notes = [f"{vectors} test vectors asked for: {Path(data.name).name} holds {n} sequences; the test vectors are all {n}"
-             ] if n < (vectors or 0) else []
+    notes = [f"{vectors} test vectors asked for: {Path(data.name).name} holds {n} sequence{'s' * (n != 1)}; the test "
+             f"vectors are all {n}"] if n < (vectors or 0) else []
     x = data.chunk(0, n)
     seen = qm.graph.scale_inputs({edge: x.reshape(*x.shape[:2], -1)})[edge] if whole else x  # as its grid sees it
     share = float(np.mean((seen < g.lo) | (seen > g.hi)))

@@ -37,13 +37,17 @@ def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.nda
     (`n`), or one per sequence used (`used`, the first ones with a limit)."""
     if isinstance(labels, (str, os.PathLike)):
         path = Path(labels)
+        if path.is_dir():
+            raise QtoolError(f"labels: {path} is a directory, not a .npy file of class indexes")
         if not path.is_file():
             raise QtoolError(f"labels: file not found: {path}")
         if path.suffix != ".npy":
             raise QtoolError(f"labels {path}: give a .npy file of class indexes")
+        if path.stat().st_size == 0:
+            raise QtoolError(f"labels {path}: the file is empty")
         try:
             labels = np.load(path, allow_pickle=False)
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError):  # a cut file: numpy's EOFError would read as Ctrl-D
             raise QtoolError(f"labels {path}: not a readable .npy file of numbers") from None
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) not in (n, used):

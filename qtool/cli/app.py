@@ -539,8 +539,15 @@ def inspect(
 
 
 export_app = typer.Typer(help="Write a quantized model (a GRU alone or a whole model) for a target: C sources, or parameter tables (JSON, HDF5) for other toolchains.",
-                         no_args_is_help=True)
+                         invoke_without_command=True)
 app.add_typer(export_app, name="export")
+
+
+@export_app.callback()
+def export_root(ctx: typer.Context):
+    if ctx.invoked_subcommand is None:  # `qtool export` alone: its help, as `qtool` alone gives its own
+        out.print(ctx.get_help())
+        raise typer.Exit()
 
 
 @export_app.command("c")

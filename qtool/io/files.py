@@ -362,7 +362,8 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes], force: bool
     write of the same set made and this one does not (test vectors no longer asked for): where
     qtool wrote them and none was edited since, they are removed with the same consent as a
     replacement, so that no file of an older model stays beside the new ones. `fixed`: names
-    that do not follow the export's `name` (the runtime's), for the refusal's advice."""
+    that do not follow the export's `name` (the runtime's, shared by every export in a folder):
+    one that already holds these very bytes is left as it is, without asking."""
     out_dir = claim_folder(out_dir)
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     try:
@@ -390,7 +391,8 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
         raise QtoolError(f"{out_dir} holds {', '.join(foreign)}, not written by qtool; {they} left alone (move "
                          + (f"{them} or choose another directory or `name`)" if renamed else
                             f"{them} or choose another directory: `name` does not rename the runtime's files)"))
-    existing = [n for n, p in targets.items() if p.exists()]
+    shared = {n for n in set(fixed) & set(files) if _holds(targets[n], files[n])}  # another export's runtime, the same
+    existing = [n for n, p in targets.items() if p.exists() and n not in shared]
     edited = [n for n in existing if edited_since_written(targets[n])]
     old = [n for n in stale if n not in files and (out_dir / n).is_file() and written_by_qtool(out_dir / n)]
     if any(edited_since_written(out_dir / n) for n in old):  # the user's now: the set stays together
@@ -402,6 +404,8 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
         raise QtoolError(f"{out_dir} already holds {', '.join(existing + old)}{note}; use `force` to replace them")
     with contextlib.ExitStack() as stack:  # renames every file into place as it unwinds
         for name, data in files.items():
+            if name in shared:
+                continue
             tmp = stack.enter_context(atomic_path(targets[name]))
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -409,6 +413,15 @@ def _write_into(out_dir: Path, files: dict[str, bytes], force: bool, confirm, in
         with contextlib.suppress(FileNotFoundError):
             (out_dir / name).unlink()
     return Replaced(existing, edited, old)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether `path` is a plain file holding exactly `data`."""
+    try:
+        return path.is_file() and not path.is_symlink() and path.stat().st_size == len(data) and \
+            path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
@@ -420,6 +433,8 @@ def _pick_npz(names: list[str], dataset: str | None, path: Path) -> str:
         return names[0]
     if "x" in names:
         return "x"
+    if not names:
+        raise QtoolError(f"{path}: holds no arrays")
     raise QtoolError(f"{path}: holds several arrays ({', '.join(names)}); choose one with `dataset`")
 
 
@@ -528,6 +543,8 @@ def open_sequences(
                 raise QtoolError(f"{path}: a qtool model file ({fmt}), not data; the model comes first, then the data")
             names = _h5_datasets(f)
             if dataset is None:
+                if not names:
+                    raise QtoolError(f"{path}: holds no datasets")
                 if len(names) != 1:
                     raise QtoolError(
                         f"{path}: holds {len(names)} datasets ({', '.join(names[:6])}); "

@@ -68,6 +68,8 @@ def test_tables_and_inspect(cli, qmodel, tmp_path):
     code, out, _ = cli("inspect", SAMPLES / "digits_gru.safetensors", "--json")  # a GRU and a dense head
     assert code == 0 and json.loads(out)["notes"] == [
         "took the GRU (gru); left out, not quantized: head (2 tensors) (qtool quantizes the GRU alone)"]
+    code, out, err = cli("export")  # a group alone: its help, as `qtool` alone
+    assert code == 0 and "qtool export [OPTIONS] COMMAND" in out and not err.strip()
 
 
 def test_calibrate_directly_from_source_with_presets_and_ema(cli, tmp_path):

@@ -145,13 +145,18 @@ def test_a_whole_model_file_is_inspected_and_its_labels_checked(cli, digits_whol
     np.save(tmp_path / "float.npy", np.zeros(597))
     np.save(tmp_path / "class10.npy", np.full(597, 10))
     (tmp_path / "text.npy").write_text("1 2 3")
+    (tmp_path / "empty.npy").write_bytes(b"")
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "long.npy").read_bytes()[:100])
     for labels, says in ((tmp_path / "short.npy", "labels must be one integer class index per sequence, [597]"),
                          (tmp_path / "long.npy", "labels must be one integer class index per sequence, [597]"),
                          (tmp_path / "float.npy", "got shape [597] of float64"),
                          (SAMPLES / "calib.npy", "labels must be"),
                          (tmp_path / "class10.npy", "label 10 (sequence 0) is not a class of the model's 10 outputs"),
                          (tmp_path / "text.npy", "not a readable .npy file of numbers"),
-                         (tmp_path / "none.npy", "labels: file not found")):
+                         (tmp_path / "none.npy", "labels: file not found"),
+                         (tmp_path / "empty.npy", "the file is empty"),  # not read as a Ctrl-D
+                         (tmp_path / "cut.npy", "not a readable .npy file of numbers"),
+                         (tmp_path, "is a directory, not a .npy file of class indexes")):
         code, _, err = cli("simulate", d / "q.h5", SAMPLES / "test.npy", "--labels", labels,
                            "--save", tmp_path / "y.h5")
         assert code == 2 and says in err and err.count("\n") == 1, err

@@ -53,6 +53,12 @@ def test_export_into_a_firmware_tree_replaces_only_its_own_files(cli, qgru_file,
     assert code == 0 and "digits.h had been edited since qtool wrote it" in err
     assert {p.name for p in src.iterdir()} == ours | {"main.c", "notes.txt"}
     assert not [p for p in src.iterdir() if p.name.startswith(".")]  # no temporaries
+    runtime = {n: (src / n).stat().st_mtime_ns for n in ("qgru.c", "qgru.h")}
+    code, _, err = cli("export", "c", qgru_file, "-o", src, "--name", "second")  # the runtime is shared as it is
+    assert code == 0, err
+    assert {n: (src / n).stat().st_mtime_ns for n in runtime} == runtime and (src / "second.c").is_file()
+    for n in ("second.c", "second.h", "second_params.c", "second_params.h"):
+        (src / n).unlink()
     (src / "other.c").write_text("/* hand written */\n")  # a file of the export's names, not ours
     code, _, err = cli("export", "c", qgru_file, "-o", src, "--name", "other", "--force")
     assert code == 2 and "not written by qtool" in err and one_error_line(err)
@@ -353,6 +359,13 @@ def test_a_damaged_data_archive_is_one_line(cli, tmp_path):
         (tmp_path / name).write_bytes(data)
         code, _, err = cli("calibrate", MODEL, tmp_path / name, "-o", tmp_path / "q.h5")
         assert code == 2 and "not a .npz archive" in err and one_error_line(err), err
+    import h5py
+
+    np.savez(tmp_path / "none.npz")
+    h5py.File(tmp_path / "none.h5", "w").close()
+    for name, said in (("none.npz", "holds no arrays"), ("none.h5", "holds no datasets")):
+        code, _, err = cli("calibrate", MODEL, tmp_path / name, "-o", tmp_path / "q.h5")
+        assert code == 2 and f"{name}: {said}" in err and one_error_line(err), err
 
 
 def test_options_that_would_be_ignored_are_refused(cli, qgru_file, tmp_path):

@@ -137,6 +137,7 @@ def test_clang_strict_flags(tmp_path):
 def test_names_cannot_inject_code(tmp_path):
     assert c_name("my-model v2") == "my_model_v2"
     assert c_name("2fast") == "m_2fast" and c_name("int") == "m_int" and c_name("*/") == "gru"
+    assert c_name("évier") == "evier" and c_name("日本") == "gru"  # accents dropped, not the letters
     qm, x = model_and_data(1, 1, 6, "int8")
     qm.model.name = 'evil */ #include "/etc/passwd" /*'
     qm.model.source = "x */ int pwned; /*"

@@ -159,8 +159,10 @@ def _load_pt(path: Path, keep, order: list) -> dict:
         raise QtoolError(f"{path}: expected a state_dict (a dict of tensors), got {type(obj).__name__}")
     out = {}
     for k, v in _flatten(obj).items():
-        order.append((k, tuple(v.shape) if isinstance(v, torch.Tensor) else ()))
-        if not ((keep or _is_gru_key)(k) and isinstance(v, torch.Tensor)):
+        if not isinstance(v, torch.Tensor):  # a checkpoint's epoch or step: no part of the model
+            continue
+        order.append((k, tuple(v.shape)))
+        if not (keep or _is_gru_key)(k):
             continue
         check_size(str(path), k, v.shape)
         if v.layout != torch.strided or v.is_quantized or v.is_complex():
