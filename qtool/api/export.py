@@ -191,12 +191,18 @@ def find_export(export_dir: Path, name: str | None, qm: QuantModel | QGraph) -> 
     if name is not None:
         return c_name(name)
     whole = isinstance(qm, QGraph)
-    if whole:  # a whole model's header says how many edges it has
-        prefixes = sorted(p.stem for p in export_dir.glob("*.h") if "_NUM_EDGES (" in p.read_text(errors="replace"))
+    # a whole model's header says how many edges it has; its GRUs' tables are NAME_<node>_params.h
+    wholes = sorted(p.stem for p in export_dir.glob("*.h") if "_NUM_EDGES (" in p.read_text(errors="replace"))
+    if whole:
+        prefixes = wholes
     else:
         prefixes = sorted(p.name[:-len("_params.h")] for p in export_dir.glob("*_params.h"))
+        prefixes = [p for p in prefixes if not any(p == w or p.startswith(f"{w}_") for w in wholes)]
     if len(prefixes) == 1:
         return prefixes[0]
+    if not prefixes and not whole and wholes:
+        raise QtoolError(f"{export_dir} holds a whole model's export ({', '.join(wholes)}), not a GRU alone's; "
+                         "verify it with that whole model's quantized file")
     if not prefixes:
         raise QtoolError(f"{export_dir}: no " + ("whole-model C export here; run 'qtool export c' on the quantized "
                                                  "whole model" if whole else

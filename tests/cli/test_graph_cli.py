@@ -304,7 +304,7 @@ def test_a_classifier_is_measured_at_its_logits(cli, tmp_path):
     assert "output y (after the float tail): SNR" in text
 
 
-def test_export_of_a_model_that_cannot_stream_gives_its_work_not_a_step_ram(cli, tmp_path):
+def test_export_of_a_model_that_cannot_stream_gives_its_work_not_a_step_ram(cli, tmp_path, qgru_file):
     from test_export_graph_c import _data, whole_graph
 
     from qtool import api
@@ -315,6 +315,8 @@ def test_export_of_a_model_that_cannot_stream_gives_its_work_not_a_step_ram(cli,
     assert code == 0, err
     text = " ".join(out.split())
     assert "RAM B" not in text and "no m_step" in text
+    code, _, err = cli("verify", qgru_file, tmp_path / "c", SAMPLES / "test.npy")  # its GRU's tables are no export
+    assert code == 2 and "holds a whole model's export (m), not a GRU alone's" in err and err.count("\n") == 1, err
     assert "m_sequence_work(T) bytes at 24 steps (the calibration's)" in text and "M_SEQUENCE_WORK_MAX(T)" in text
     assert "#define M_SEQUENCE_WORK_MAX(T)" in (tmp_path / "c" / "m.h").read_text()
 
