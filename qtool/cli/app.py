@@ -742,6 +742,14 @@ def _json_error(text: str, code: int, argv: list[str] | None) -> None:
         out.print(json.dumps({"error": text, "exit_code": code}), markup=False, highlight=False, soft_wrap=True)
 
 
+def _internal_error(e: BaseException, argv: list[str] | None) -> None:
+    """A bug, still one line (QTOOL_DEBUG=1 shows its traceback); exits 1."""
+    err.print(f"[red]internal error:[/] {type(e).__name__}: {_one_line(e)} (please report it; set "
+              "QTOOL_DEBUG=1 for a traceback)", highlight=False, soft_wrap=True)
+    _json_error(f"internal error: {type(e).__name__}: {_one_line(e)}", 1, argv)
+    sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every user-facing error is one line on stderr and a non-zero exit; Ctrl-C,
     SIGTERM and SIGHUP remove temporary files and exit 128 + the signal number."""
@@ -761,7 +769,11 @@ def main(argv: list[str] | None = None) -> None:
             command_over()
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
+    except typer.Abort as e:
+        if isinstance(e.__cause__, EOFError):  # click takes any EOFError for Ctrl-D; a prompt's has no cause
+            if os.environ.get("QTOOL_DEBUG"):
+                raise e.__cause__ from None
+            _internal_error(e.__cause__, argv)
         err.print("interrupted")
         sys.exit(130)
     except typer.TyperException as e:  # usage errors: typer's own message, on one line
@@ -782,10 +794,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # anything else is a bug, but still one line unless debugging
         if os.environ.get("QTOOL_DEBUG"):
             raise
-        err.print(f"[red]internal error:[/] {type(e).__name__}: {_one_line(e)} (please report it; set "
-                  "QTOOL_DEBUG=1 for a traceback)", highlight=False, soft_wrap=True)
-        _json_error(f"internal error: {type(e).__name__}: {_one_line(e)}", 1, argv)
-        sys.exit(1)
+        _internal_error(e, argv)
     sys.exit(code if isinstance(code, int) else 0)  # typer returns the code of a typer.Exit
 
 

@@ -558,3 +558,18 @@ def test_a_name_that_is_no_c_prefix_is_said_when_it_changes(cli, qgru_file, tmp_
     assert code == 0 and "warning: --name '1bad-name' is no C identifier prefix" in err and "'m_1bad_name'" in err
     code, out, err = cli("export", "c", qgru_file, "-o", tmp_path / "d", "--name", "digits")
     assert code == 0 and "warning" not in err
+
+
+def test_an_eof_error_inside_a_command_is_no_ctrl_d(cli, qgru_file, monkeypatch):
+    """click takes any EOFError for Ctrl-D at a prompt ("interrupted", 130); one raised by a
+    reader inside a command is a bug's one line (exit 1, and --json's error object)."""
+    from qtool import api
+
+    def cut(*a, **k):
+        raise EOFError("Ran out of input")
+
+    monkeypatch.delenv("QTOOL_DEBUG", raising=False)
+    monkeypatch.setattr(api, "inspect", cut)
+    code, out, err = cli("inspect", qgru_file, "--json")
+    assert code == 1 and "internal error: EOFError: Ran out of input" in err and "interrupted" not in err, err
+    assert json.loads(out)["exit_code"] == 1
