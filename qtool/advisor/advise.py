@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qtool.advisor import pzero
 from qtool.advisor.configs import HIGH, LOW, TIED, Unit, all_units, bits_config, flash_bytes, tied
@@ -159,7 +160,7 @@ def advise(model: GruModel, data: SequenceData, eval_data: SequenceData | None =
     if eval_data is not None:
         tick("measuring", 0, None)
         measured = simulate(chosen.qm, eval_data).results()
-        measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
+        measured_on = f"{eval_data.num_sequences} test sequences of {Path(eval_data.name).name}"
     pred = predictor.predict(chosen.qm.cells)
     rows = tensor_rows(stats, pred, measured, chosen.qm, chosen.choice)
     snr = (f"output SNR {chosen.snr_db:.2f} dB measured on {measured_on}" if eval_data is not None

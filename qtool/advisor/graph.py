@@ -315,7 +315,7 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
     if eval_data is not None:
         sim = simulate_graph(chosen.qg, eval_data)
         measured = {e: d.snr_db for e, d in sim.edges.items()}
-        measured_on = f"{eval_data.num_sequences} held-out sequences of {eval_data.name}"
+        measured_on = f"{eval_data.num_sequences} test sequences of {Path(eval_data.name).name}"
     at = ", ".join(chosen.qg.core_outputs)
     snr = (f"output SNR {chosen.snr_db:.2f} dB at the integer core's output ({at}) measured on {measured_on}"
            if eval_data is not None

@@ -133,7 +133,7 @@ def test_limit_bounds_the_held_out_data_as_the_calibration(cli, files):
                          "--limit", 20, "-o", bits, "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["measured_on"].startswith("20 held-out sequences")
+    assert res["measured_on"].startswith("20 test sequences")
     code, _, err = cli("calibrate", files / "m.h5", files / "calib.npy", "--bits", bits, "--limit", 20,
                        "-o", files / "limit.h5")
     assert code == 0, err
