@@ -35,12 +35,13 @@ LAYER_KEYS = ("layer", "backward_layer", "cell", "cells")  # where a layer confi
 
 def inference_config(config):
     """A copy of a model config without compile configs, regularizers and constraints, and with
-    every initializer 'zeros'."""
+    every initializer 'zeros'; without Keras 2's `time_major: false` (Keras 3's default, a key it
+    refuses; true is refused by qtool's reader)."""
     if isinstance(config, dict):
         out = {}
         for k, v in config.items():
-            if k == "compile_config":
-                continue
+            if k == "compile_config" or (k == "time_major" and v is False):
+                continue  # Keras 2 writes time_major=false in every RNN, which Keras 3 no longer takes
             if str(k).endswith(TRAINING_ONLY):
                 out[k] = None
             elif str(k).endswith("_initializer") and v is not None:
