@@ -117,6 +117,8 @@ def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors
         if vectors is not None or dataset is not None or time_first:
             raise QtoolError("`vectors`, `dataset` and `time_first` go with `test_vectors`")
         return None, []
+    from qtool.layers import input_map
+
     whole = isinstance(qm, QGraph)
     edge = next(iter(qm.graph.inputs)) if whole else "x"
     width = qm.graph.inputs[edge][-1] if whole else qm.model.input_size
@@ -127,7 +129,7 @@ def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors
         rng = np.random.default_rng(0)
         return rng.uniform(g.lo, g.hi, (4 if vectors is None else vectors, 16, width)).astype(np.float32), []
     data = as_data(given, dataset, time_first)
-    data.check_features(width)
+    data.check_features(width, input_map(qm.graph) if whole else None)
     n = data.num_sequences if vectors is None else min(vectors, data.num_sequences)
     notes = [f"{vectors} test vectors asked for: {Path(data.name).name} holds {n} sequence{'s' * (n != 1)}; the test "
              f"vectors are all {n}"] if n < (vectors or 0) else []

@@ -620,8 +620,12 @@ class SequenceData:
 
     def check_features(self, input_size: int, frame: tuple | None = None) -> None:
         """The data's channels are the model's input's; a map's frames in the model's order
-        (`frame`: the input's (order, F, C), qtool.layers.input_map; one channel either way round)."""
+        (`frame`: the input's (order, F, C), qtool.layers.input_map; one channel either way round);
+        maps only for a model that reads maps."""
         read_as = "[N, T, A, B]" if self.frame else "[N, T, C]"
+        if self.frame and not frame:  # which axis of a frame is which would be a guess
+            raise QtoolError(f"{self.name}: data {list(self.file_shape)} are feature maps [N, T, A, B]; the model "
+                             f"reads sequences [N, T, {input_size}]: give the data as [N, T, {input_size}]")
         if self.shape[2] != input_size:
             hint = f"; the model reads feature maps, {_frame_text(frame)}" if frame else ""
             raise QtoolError(

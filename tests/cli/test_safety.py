@@ -573,3 +573,16 @@ def test_an_eof_error_inside_a_command_is_no_ctrl_d(cli, qgru_file, monkeypatch)
     code, out, err = cli("inspect", qgru_file, "--json")
     assert code == 1 and "internal error: EOFError: Ran out of input" in err and "interrupted" not in err, err
     assert json.loads(out)["exit_code"] == 1
+
+
+def test_feature_maps_for_a_model_of_sequences_are_refused(cli, qgru_file, tmp_path):
+    """4-D data `[N, T, A, B]` whose A * B is the input size are not flattened in a guessed order
+    for a model that reads sequences `[N, T, C]`: one line, for every command that reads data."""
+    x = np.load(SAMPLES / "test.npy")[:4]
+    np.save(tmp_path / "maps.npy", x.reshape(*x.shape[:2], 4, 2))
+    for args in (["simulate", qgru_file, tmp_path / "maps.npy"],
+                 ["calibrate", MODEL, tmp_path / "maps.npy", "-o", tmp_path / "q.h5"],
+                 ["export", "c", qgru_file, "-o", tmp_path / "c", "--test-vectors", "--data", tmp_path / "maps.npy"]):
+        code, _, err = cli(*args)
+        assert code == 2 and "are feature maps [N, T, A, B]; the model reads sequences [N, T, 8]" in err, err
+        assert one_error_line(err) and not (tmp_path / "q.h5").exists() and not (tmp_path / "c").exists()
