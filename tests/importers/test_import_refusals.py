@@ -4,6 +4,7 @@ gives the whole model's reason first; a state input, an empty file, an LSTM, a l
 file are named for what they are. One line and exit code 2 each, never a traceback."""
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,6 +177,11 @@ def test_empty_and_tflite_files_are_named(cli, tmp_path):
     one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "not a TFLite file (no TFL3 identifier)")
     (tmp_path / "m.tflite").write_bytes(bytes(4) + b"TFL3" + bytes(60))
     one_line(*cli("import", tmp_path / "m.tflite", "-o", tmp_path / "m.h5"), "TFLite file")
+    whole = (Path(__file__).parent.parent / "golden" / "keras_order.keras").read_bytes()
+    for n in (100, len(whole) // 2, len(whole) - 10):  # a .keras archive cut short: its zip, not HDF5, named
+        (tmp_path / "cut.keras").write_bytes(whole[:n])
+        one_line(*cli("import", tmp_path / "cut.keras", "-o", tmp_path / "m.h5"),
+                 "not a whole .keras archive (its zip archive is truncated or damaged")
     assert not (tmp_path / "m.h5").exists()
 
 

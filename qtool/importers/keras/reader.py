@@ -184,6 +184,10 @@ def _open(path: Path, tmp) -> tuple[dict | None, h5py.File, bool]:
     if zipfile.is_zipfile(path):
         config, f = _open_keras3(path, tmp)
         return config, f, False
+    with open(path, "rb") as head:
+        if head.read(4) == b"PK\x03\x04":  # a zip's start without its end: a cut copy of a .keras archive
+            raise QtoolError(f"{path}: not a whole .keras archive (its zip archive is truncated or damaged: its "
+                             "central directory is missing); save it again")
     f = h5py.File(path, "r")
     config = json.loads(f.attrs["model_config"]) if "model_config" in f.attrs else None
     return config, f, "model_weights" in f

@@ -137,7 +137,8 @@ def _ops(scope: _Scope) -> None:
         if handler is None:
             what = f"the custom op '{op.custom}'" if op.custom else f"the op {op.kind}"
             raise QtoolError(f"{scope.where(op)} is {what}, which qtool does not read from TFLite "
-                             f"(docs/importing.md lists the {len(HANDLERS)} ops it reads)")
+                             f"(docs/importing.md lists the {len(HANDLERS)} ops it reads; the model's SavedModel "
+                             "through tf2onnx may: python -m tf2onnx.convert --saved-model DIR --output m.onnx)")
         handler(scope, op)
 
 
