@@ -105,7 +105,8 @@ def _gathered(body, counters: set, invariant: dict) -> str:
                 found.append(data)
     if len(set(found)) != 1:
         raise NotACell("its body reads no one sequence a step at a time" if not found else
-                       f"its body reads {len(set(found))} sequences a step at a time")
+                       f"its body reads {len(set(found))} sequences a step at a time (a GRU reads one; a "
+                       "second, such as Keras' mask of time steps, changes what it computes)")
     return found[0]
 
 
