@@ -32,9 +32,10 @@ from qtool.io.files import SequenceData, claim_output, now_utc, sha256_file
 from qtool.parallel import world
 
 
-def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.ndarray:
+def load_labels(labels, n: int, classes: int, used: int | None = None, per_frame: bool = False) -> np.ndarray:
     """Class indexes in 0..classes-1 from an array or a .npy file: one per sequence of the data
-    (`n`), or one per sequence used (`used`, the first ones with a limit)."""
+    (`n`), or one per sequence used (`used`, the first ones with a limit); a tagger's (`per_frame`)
+    one per output frame of each, `[N, T]`."""
     if isinstance(labels, (str, os.PathLike)):
         path = Path(labels)
         if path.is_dir():
@@ -50,14 +51,14 @@ def load_labels(labels, n: int, classes: int, used: int | None = None) -> np.nda
         except (OSError, ValueError, EOFError):  # a cut file: numpy's EOFError would read as Ctrl-D
             raise QtoolError(f"labels {path}: not a readable .npy file of numbers") from None
     labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) not in (n, used):
+    if labels.ndim != (2 if per_frame else 1) or labels.dtype.kind not in "iu" or len(labels) not in (n, used):
         counts = (f"{n}" if used in (None, n) else
                   f"{n} (one per sequence of the data) or {used} (one per sequence used)")
-        raise QtoolError(f"labels must be one integer class index per sequence, [{counts}]; got shape "
-                         f"{list(labels.shape)} of {labels.dtype}")
+        raise QtoolError(f"labels must be one integer class index per {'frame, [N, T]' if per_frame else 'sequence'}, "
+                         f"[{counts}{', T' * per_frame}]; got shape {list(labels.shape)} of {labels.dtype}")
     bad = (labels < 0) | (labels >= classes)
     if bad.any():
-        raise QtoolError(f"label {labels[bad][0]} (sequence {int(np.argmax(bad))}) is not a class of the model's "
+        raise QtoolError(f"label {labels[bad][0]} (sequence {int(np.argwhere(bad)[0][0])}) is not a class of the model's "
                          f"{classes} outputs (0..{classes - 1})")
     return labels
 
@@ -99,12 +100,13 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
     if labels is not None:
         from qtool.graph.simulate import classes
 
+        shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
         if classes(qg) is None:
-            shape = qg.graph.shapes.get(qg.graph.outputs[0], ())
             raise QtoolError(f"`labels` go with a classifier; the model's output {qg.graph.outputs[0]} is "
-                             f"{'a sequence' if edges.is_sequence(shape) else 'one value'}, not a vector of classes")
+                             + ("a sequence that no softmax makes, not classes per frame" if edges.is_sequence(shape)
+                                else "one value, not a vector of classes"))
         try:
-            lab = load_labels(labels, data.num_sequences, classes(qg), n)[:n]
+            lab = load_labels(labels, data.num_sequences, classes(qg), n, edges.is_sequence(shape))[:n]
         except QtoolError as e:  # a count of labels that does not fit data with swapped axes: say that
             raise QtoolError(f"{shape_notes[0]} ({e})" if shape_notes else str(e)) from None
     tick = (lambda done: progress(done, n)) if progress else None

@@ -397,7 +397,7 @@ def simulate(
     limit: LimitOpt = None,
     backend: Annotated[str, typer.Option(metavar="auto|cpu|cuda", help="auto (CUDA when a GPU is usable, else CPU), cpu or cuda.")] = "auto",
     mode: Annotated[str, typer.Option(metavar="MODE", help="integer (the default): the integer GRU; fakequant: the float GRU with every tensor rounded onto its grid (simulated quantization); both: the two side by side per tensor, with the share of integers they agree on.")] = "integer",
-    labels: Annotated[Path | None, typer.Option(metavar="FILE", help="A whole model's classifier: the class of each sequence (.npy of integers [N]), for the float and integer accuracy.")] = None,
+    labels: Annotated[Path | None, typer.Option(metavar="FILE", help="A whole model's classifier: the class of each sequence (.npy of integers [N]; a tagger's, whose output is a softmax per frame: of each frame, [N, T]), for the float and integer accuracy.")] = None,
     force: Force = False,
     as_json: JsonOpt = False,
 ):

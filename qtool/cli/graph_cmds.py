@@ -181,7 +181,8 @@ def show_graph_simulation(sim, qg, data_path: Path, mode: str, save: Path | None
     model = "fake-quant" if mode == "fakequant" else "integer"
     for who, part in ((model, res), ("fake-quant", res.get("fakequant", {}))):
         if "top1_agreement" in part:
-            line = f"{who} top-1 agreement with float: {100 * part['top1_agreement']:.2f}%"
+            frames = " of frames" if res.get("classified") == "frames" else ""
+            line = f"{who} top-1 agreement with float: {100 * part['top1_agreement']:.2f}%{frames}"
             if "accuracy_quant" in part:
                 line += (f"; accuracy: {who} {100 * part['accuracy_quant']:.2f}%, "
                          f"float {100 * res['accuracy_float']:.2f}%")

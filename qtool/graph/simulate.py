@@ -59,6 +59,8 @@ class GraphSimulation:
     edges: dict[str, Distance]  # every core edge: dequantized integers against float
     outputs: dict[str, Distance]  # the model's outputs (after the float tail)
     samples: int = 0
+    units: int = 0  # classifier: what it classifies, sequences (or, a tagger's, frames)
+    per_frame: bool = False  # a tagger: a class per output frame
     agree: int = 0  # classifier: integer top-1 equal to float's
     correct_float: int = 0  # with labels: float top-1 equal to the label
     correct_quant: int = 0
@@ -84,7 +86,7 @@ class GraphSimulation:
         d = Distance()
         for e in self.core_outputs:
             d = d.merge(self.edges[e])
-        return {**d.as_dict(), **({"top1_agreement": self.agree / self.samples} if self.is_classifier else {})}
+        return {**d.as_dict(), **({"top1_agreement": self.agree / self.units} if self.is_classifier else {})}
 
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "samples": self.samples, "backend": self.backend,
@@ -96,14 +98,15 @@ class GraphSimulation:
                                 "edges": {e: d.as_dict() for e, d in self.fq_edges.items()},
                                 "same_integers": {e: self.same[e] / max(self.counts[e], 1) for e in self.same}}
             if self.is_classifier:
-                out["fakequant"]["top1_agreement"] = self.fq_agree / self.samples
+                out["fakequant"]["top1_agreement"] = self.fq_agree / self.units
                 if self.labelled:
-                    out["fakequant"]["accuracy_quant"] = self.fq_correct / self.samples
+                    out["fakequant"]["accuracy_quant"] = self.fq_correct / self.units
         if self.is_classifier:
-            out["top1_agreement"] = self.agree / self.samples
+            out["top1_agreement"] = self.agree / self.units
+            out["classified"] = "frames" if self.per_frame else "sequences"
             if self.labelled:
-                out["accuracy_float"] = self.correct_float / self.samples
-                out["accuracy_quant"] = self.correct_quant / self.samples
+                out["accuracy_float"] = self.correct_float / self.units
+                out["accuracy_quant"] = self.correct_quant / self.units
         return out
 
 
@@ -116,9 +119,15 @@ def _clipped(ref: np.ndarray, g) -> int:
 
 
 def classes(qg: QGraph) -> int | None:
-    """The classes of a classifier (a first output that is a vector of two or more); None else."""
-    shape = qg.graph.shapes.get(qg.graph.outputs[0])
-    return None if shape is None else edges.classes(shape)
+    """The classes of a classifier: a first output that is a vector of two or more, or a sequence
+    of them that a softmax makes (a tagger: a class per frame); None else."""
+    out = qg.graph.outputs[0]
+    shape = qg.graph.shapes.get(out)
+    if shape is None or not edges.is_sequence(shape):
+        return None if shape is None else edges.classes(shape)
+    maker = next((n for n in qg.graph.nodes if out in n.outputs), None)
+    return edges.channels(shape) if maker is not None and maker.op == "softmax" and edges.channels(shape) >= 2 \
+        else None
 
 
 def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None,
@@ -149,8 +158,13 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
             sides.append((part.fq_edges, part.fq_outputs, fq, q_fq))
         else:
             sides.append((part.edges, part.outputs, fq, q_fq))
-    top_f = np.argmax(ref[out0], axis=-1)
+    top_f = np.argmax(ref[out0], axis=-1)  # [n], or a tagger's [n, T]
+    if part.is_classifier:
+        part.units, part.per_frame = int(top_f.size), top_f.ndim == 2
     if part.is_classifier and labels is not None:
+        if labels.shape != top_f.shape:
+            raise QtoolError(f"labels of shape {list(labels.shape)} for the output's classes of shape "
+                             f"{list(top_f.shape)}: a class per sequence, or a tagger's per output frame")
         part.correct_float = int(np.count_nonzero(top_f == labels))
     ys, tops = [], []  # the integer model's (fakequant: the fake-quant model's), then with both the fake-quant one's
     for measured, outputs, values, q in sides:
@@ -190,6 +204,7 @@ def fold(total: GraphSimulation | None, part: GraphSimulation) -> GraphSimulatio
             total.same[e] += part.same[e]
             total.counts[e] += part.counts[e]
     total.samples += part.samples
+    total.units += part.units
     total.agree += part.agree
     total.correct_float += part.correct_float
     total.correct_quant += part.correct_quant
