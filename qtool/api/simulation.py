@@ -58,7 +58,8 @@ def load_labels(labels, n: int, classes: int, used: int | None = None, per_frame
                          f"[{counts}{', T' * per_frame}]; got shape {list(labels.shape)} of {labels.dtype}")
     bad = (labels < 0) | (labels >= classes)
     if bad.any():
-        raise QtoolError(f"label {labels[bad][0]} (sequence {int(np.argwhere(bad)[0][0])}) is not a class of the model's "
+        first = int(np.argwhere(bad)[0][0])
+        raise QtoolError(f"label {labels[bad][0]} (sequence {first}) is not a class of the model's "
                          f"{classes} outputs (0..{classes - 1})")
     return labels
 
