@@ -125,9 +125,8 @@ def classes(qg: QGraph) -> int | None:
     shape = qg.graph.shapes.get(out)
     if shape is None or not edges.is_sequence(shape):
         return None if shape is None else edges.classes(shape)
-    maker = next((n for n in qg.graph.nodes if out in n.outputs), None)
-    return edges.channels(shape) if maker is not None and maker.op == "softmax" and edges.channels(shape) >= 2 \
-        else None
+    softmax = any(n.op == "softmax" and out in n.outputs for n in qg.graph.nodes)
+    return edges.channels(shape) if softmax and edges.channels(shape) >= 2 else None
 
 
 def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bool, runner=None,

@@ -96,6 +96,15 @@ def check_archive(path, z: zipfile.ZipFile, members=None) -> None:
                          f"of {MAX_ARCHIVE_BYTES:,}")
 
 
+def refuse_cut_zip(path, what: str) -> None:
+    """Refuse a file that starts as a zip archive but is none: a copy cut short, whose central
+    directory (at the end) is missing; `what` names the file ("PyTorch file")."""
+    with open(path, "rb") as f:
+        if f.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+            raise QtoolError(f"{path}: not a whole {what} (its zip archive is truncated or damaged: its central "
+                             "directory is missing); save it again")
+
+
 def reason(e: BaseException | str) -> str:
     """A library's exception (or its message) as a short one-line reason (they can span pages)."""
     lines = str(e).strip().splitlines()

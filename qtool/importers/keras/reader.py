@@ -29,6 +29,7 @@ from qtool.importers.checks import (
     check_size,
     expect_shape,
     reason,
+    refuse_cut_zip,
 )
 from qtool.importers.keras.check import run_keras
 from qtool.importers.keras.config import KerasGru, chain, find_grus, keras_major
@@ -184,10 +185,7 @@ def _open(path: Path, tmp) -> tuple[dict | None, h5py.File, bool]:
     if zipfile.is_zipfile(path):
         config, f = _open_keras3(path, tmp)
         return config, f, False
-    with open(path, "rb") as head:
-        if head.read(4) == b"PK\x03\x04":  # a zip's start without its end: a cut copy of a .keras archive
-            raise QtoolError(f"{path}: not a whole .keras archive (its zip archive is truncated or damaged: its "
-                             "central directory is missing); save it again")
+    refuse_cut_zip(path, ".keras archive")
     f = h5py.File(path, "r")
     config = json.loads(f.attrs["model_config"]) if "model_config" in f.attrs else None
     return config, f, "model_weights" in f

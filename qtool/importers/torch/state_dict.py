@@ -26,6 +26,7 @@ from qtool.importers.checks import (
     framework_run,
     hidden_from_recurrent,
     reason,
+    refuse_cut_zip,
 )
 from qtool.importers.stack import Stack
 
@@ -136,9 +137,7 @@ def _load_pt(path: Path, keep, order: list) -> dict:
     mmap = zipfile.is_zipfile(path)  # torch's zip format: tensors are mapped, only the GRU's are read
     with open(path, "rb") as f:
         head = f.read(4)
-    if head == b"PK\x03\x04" and not mmap:  # a zip's start without its end: a cut copy
-        raise QtoolError(f"{path}: not a whole PyTorch file (its zip archive is truncated or damaged: "
-                         "its central directory is missing); save it again")
+    refuse_cut_zip(path, "PyTorch file")
     if mmap:
         try:
             with zipfile.ZipFile(path) as z:  # stored members cannot inflate; compressed ones could
