@@ -36,7 +36,7 @@ from qtool.graph.calibrate import FILE_CANDIDATES, SELF_CALIBRATED, Prepared, au
 from qtool.graph.simulate import output_snr_db, simulate_graph
 from qtool.io.files import SequenceData
 from qtool.io.phases import phase
-from qtool.layers import input_map, layer
+from qtool.layers import check_data, layer
 from qtool.numerics.qparams import dequantize
 
 Progress = Callable[[str, int, int | None], None]
@@ -290,7 +290,7 @@ def advise_graph(graph: Graph, data: SequenceData, n: int, eval_data: SequenceDa
     config0 = BitsConfig(preset_config("int8"))
     prep = prepare(graph, data, n, config0, chunk, lambda done: tick("calibrating", done, n))
     if eval_data is not None:
-        eval_data.check_features(next(iter(prep.graph.inputs.values()))[-1], input_map(prep.graph))
+        check_data(prep.graph, eval_data)
     sp = space(prep, n, seed, gamma, repeats, chunk)
     info = {"bits": "advise", **(info or {}), "method": "auto"}
     ev = GraphEvaluator(sp, eval_data, 99.99, chunk, info, lambda k: tick("simulations", k, None))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from qtool.api.common import DataLike, as_data, count, held_out_notes
-from qtool.api.models import is_whole, load_model_for_data, one_input_graph
+from qtool.api.models import is_whole, load_model_for_data, read_graph
 from qtool.core.graph import Graph
 from qtool.core.model import GruModel
 from qtool.errors import QtoolError
@@ -46,13 +46,14 @@ def advise(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: Da
         raise QtoolError("`batch_size` must be at least 1")
     with read_once():
         if is_whole(model):
-            model, source = one_input_graph(model, check)
+            model, source = read_graph(model, check)
         else:
             model = model if isinstance(model, GruModel) else load_model_for_data(Path(model), check=check)
             source = model.extra.get("path")
     data_in, test_in = data, test
-    data = as_data(data, dataset, time_first)
-    test = as_data(test, dataset, time_first) if test is not None else None
+    inputs = list(model.inputs) if isinstance(model, Graph) else []
+    data = as_data(data, dataset, time_first, inputs)
+    test = as_data(test, dataset, time_first, inputs) if test is not None else None
     if test is not None:
         test = test.first(count(test, limit))  # `limit` bounds the held-out data as the calibration
     if isinstance(model, GruModel):  # a whole model's are checked by its float pass

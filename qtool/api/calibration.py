@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qtool.api.common import DataLike, Progress, as_data, axes_notes, count, only_for
-from qtool.api.models import is_whole, load_model_for_data, one_input_graph
+from qtool.api.models import is_whole, load_model_for_data, read_graph
 from qtool.core.graph import Graph
 from qtool.core.model import GruModel
 from qtool.core.qgraph import QGraph
@@ -68,10 +68,10 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
 
     check_calibration_options(methods, method_weights, percentile, batch_size, snap, whole=True)
     label, config = _bits_config(bits)
-    model, source = one_input_graph(model, check)
+    model, source = read_graph(model, check)
     if snap != "up" and model.ranges is None:
         raise QtoolError(SNAP_WITHOUT_RANGES)
-    data = as_data(data, dataset, time_first)
+    data = as_data(data, dataset, time_first, model.inputs)
     n = count(data, limit)
     tick = (lambda done: progress(done, n)) if progress else None
     path = Path(data.name)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from qtool.errors import QtoolError
-from qtool.io.files import SequenceData, open_sequences
+from qtool.io.files import ModelData, SequenceData, open_inputs, open_sequences
 from qtool.parallel import world
 
 Progress = Callable[[int, int], None]  # progress(done, total)
-DataLike = str | os.PathLike | np.ndarray | SequenceData
+DataLike = str | os.PathLike | np.ndarray | SequenceData | ModelData | dict
 
 
 # What only one kind of model takes. Options: (who takes it, its default); a value other than the
@@ -41,13 +41,38 @@ def only_for(whole: bool, verb: str, **given) -> None:
             raise QtoolError(f"`{option}` applies to {who}; {verb} was given {kind}")
 
 
-def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False) -> SequenceData:
-    """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData."""
+def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False,
+            inputs: Sequence[str] = ()) -> SequenceData | ModelData:
+    """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData; for a
+    model of several `inputs`, a .npz/.h5 file of an array per input named after it, a dict of
+    arrays or ModelData."""
+    if len(inputs) > 1:
+        return _model_data(data, dataset, time_first, list(inputs))
+    if isinstance(data, ModelData) or isinstance(data, dict):
+        raise QtoolError("the model has one input: give its data as one array, not one per input")
     if isinstance(data, SequenceData):
         return data
     if isinstance(data, np.ndarray):
         return SequenceData(data, time_first, "array")
     return open_sequences(Path(data), dataset, time_first)
+
+
+def _model_data(data: DataLike, dataset: str | None, time_first: bool, inputs: list[str]) -> ModelData:
+    want = f"the model has {len(inputs)} inputs ({', '.join(inputs)})"
+    if dataset is not None:
+        raise QtoolError(f"{want}: its data file holds an array per input, named after it; `dataset` picks one "
+                         "array of a model of one input")
+    if isinstance(data, ModelData):
+        parts = data
+    elif isinstance(data, dict):
+        parts = ModelData.from_arrays({e: np.asarray(a) for e, a in data.items()}, time_first, "arrays")
+    elif isinstance(data, (SequenceData, np.ndarray)):
+        raise QtoolError(f"{want}: give its data as a dict of arrays (or a file of them), one per input")
+    else:
+        return open_inputs(Path(data), inputs, time_first)
+    if sorted(parts.parts) != sorted(inputs):
+        raise QtoolError(f"{want}; the data are for {', '.join(parts.parts) or 'none'}")
+    return ModelData({e: parts.parts[e] for e in inputs}, parts.name)
 
 
 def count(data: SequenceData, limit: int | None) -> int:
@@ -59,17 +84,26 @@ def count(data: SequenceData, limit: int | None) -> int:
     return min(int(limit), data.num_sequences)
 
 
-def shared_sequences(data: SequenceData, test: SequenceData, limit: int | None = None) -> int:
+def _parts(d: SequenceData | ModelData) -> dict[str, SequenceData]:
+    """Each input's data: a model of several inputs' ModelData, or the one input's ("")."""
+    return d.parts if isinstance(d, ModelData) else {"": d}
+
+
+def shared_sequences(data: SequenceData | ModelData, test: SequenceData | ModelData, limit: int | None = None) -> int:
     """How many of `test`'s first `limit` sequences are also among `data`'s (equal value for
-    value): held-out scores on them are not held out."""
+    value, in every input): held-out scores on them are not held out."""
     import hashlib
 
-    if data.shape[1:] != test.shape[1:]:
+    if [d.shape[1:] for d in _parts(data).values()] != [d.shape[1:] for d in _parts(test).values()]:
         return 0
 
-    def digests(d: SequenceData) -> list[bytes]:
-        return [hashlib.blake2b(s.tobytes(), digest_size=16).digest()
-                for _, x in d.chunks(256, count(d, limit)) for s in x]
+    def digests(d: SequenceData | ModelData) -> list[bytes]:
+        out = []
+        for _, x in d.chunks(256, count(d, limit)):
+            arrays = list(x.values()) if isinstance(x, dict) else [x]
+            out += [hashlib.blake2b(b"".join(a[i].tobytes() for a in arrays), digest_size=16).digest()
+                    for i in range(len(arrays[0]))]
+        return out
     seen = set(digests(data))
     return sum(h in seen for h in digests(test))
 
@@ -114,21 +148,25 @@ def saturation_notes(saturated: dict[str, float], worst: dict[str, str] | None =
             "data were?" for name, share in saturated.items() if share > SATURATED_NOTE]
 
 
-def range_notes(data: SequenceData, n: int, test: SequenceData) -> list[str]:
-    """Held-out data with more than 2% of their values outside the range of the first `n`
+def range_notes(data: SequenceData | ModelData, n: int, test: SequenceData | ModelData) -> list[str]:
+    """Held-out data with more than 2% of an input's values outside the range of the first `n`
     calibration sequences: data scaled unlike the calibration data (advise says it)."""
-    lo, hi = math.inf, -math.inf
-    for _, x in data.chunks(256, n):
-        lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
-    outside = total = 0
-    for _, x in test.chunks(256):
-        outside += int(np.count_nonzero((x < lo) | (x > hi)))
-        total += x.size
-    share = outside / max(total, 1)
-    if share <= SATURATED_NOTE:
-        return []
-    return [f"{share:.1%} of the held-out values lie outside the calibration data's range [{lo:.4g}, {hi:.4g}]: "
-            "are they scaled as the calibration data are?"]
+    notes = []
+    tests = _parts(test)
+    for name, part in _parts(data).items():
+        lo, hi = math.inf, -math.inf
+        for _, x in part.chunks(256, n):
+            lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
+        outside = total = 0
+        for _, x in tests[name].chunks(256):
+            outside += int(np.count_nonzero((x < lo) | (x > hi)))
+            total += x.size
+        share = outside / max(total, 1)
+        if share > SATURATED_NOTE:
+            of = f"the held-out values of input '{name}'" if name else "the held-out values"
+            notes.append(f"{share:.1%} of {of} lie outside the calibration data's range [{lo:.4g}, {hi:.4g}]: "
+                         "are they scaled as the calibration data are?")
+    return notes
 
 
 def output_notes(output: dict) -> list[str]:

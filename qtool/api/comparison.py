@@ -61,8 +61,9 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
             if "auto" in methods:
                 by_method["auto"] = observe(model, data, methods=("auto",), **options).quant_model(0)
             models = [by_method[m] for m in methods]
-    data = as_data(data, dataset, time_first)
-    test = as_data(test, dataset, time_first)
+    inputs = models[0].graph.inputs if whole else ()
+    data = as_data(data, dataset, time_first, inputs)
+    test = as_data(test, dataset, time_first, inputs)
     scored = count(test, limit)
     test = test.first(scored)
     notes = held_out_notes(data, count(data, limit), test)

@@ -234,15 +234,13 @@ def _save_graph(model: Graph | QGraph, path: str | os.PathLike, force: bool = Fa
     return Path(path)
 
 
-def one_input_graph(model: Graph | str | os.PathLike, check: bool) -> tuple[Graph, Path | None]:
+def read_graph(model: Graph | str | os.PathLike, check: bool) -> tuple[Graph, Path | None]:
     """The graph of `model` (read from its file, checked against its framework with `check`) and
-    that file; a model of more than one input is refused."""
+    that file."""
     source = None
     if not isinstance(model, Graph):
         source = Path(model)
         model = _load_graph(source, check=check)
-    if len(model.inputs) != 1:
-        raise QtoolError(f"the model has {len(model.inputs)} inputs; qtool calibrates models of one input")
     return model, source
 
 

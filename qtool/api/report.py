@@ -64,7 +64,7 @@ def html_report(qm: QuantModel | QGraph | str | os.PathLike, data: DataLike, out
         qm_path = Path(qm)
         qm = load(qm_path)
     data_in = data
-    data = as_data(data, dataset, time_first)
+    data = as_data(data, dataset, time_first, qm.graph.inputs if whole else ())
     if not whole:
         data.check_features(qm.model.input_size)
     n = count(data, limit)

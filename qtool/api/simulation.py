@@ -94,7 +94,7 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
                             kind="results")
     if batch_size < 1:
         raise QtoolError("`batch_size` must be at least 1")
-    data = as_data(data, dataset, time_first)
+    data = as_data(data, dataset, time_first, qg.graph.inputs)
     n = count(data, limit)
     shape_notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
     lab = None
@@ -168,7 +168,7 @@ def _worst_channel(qg: QGraph, edge: str, data: SequenceData, n: int, chunk: int
     g, shifts = qg.grids[edge], qg.graph.input_shifts[edge]
     out, total = np.zeros(len(shifts)), 0
     for _, x in data.chunks(chunk, n):
-        v = qg.graph.scale_inputs({edge: x})[edge].reshape(-1, len(shifts))
+        v = qg.graph.scale_inputs({edge: x[edge] if isinstance(x, dict) else x})[edge].reshape(-1, len(shifts))
         out += ((v < g.lo) | (v > g.hi)).sum(0)
         total += v.shape[0]
     c = int(np.argmax(out))

@@ -111,10 +111,10 @@ def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, 
     missing = [f for f in layout[3] if not (export_dir / f).is_file()]
     if missing:
         raise QtoolError(f"{export_dir}: the export '{prefix}' lacks {', '.join(missing)}; run 'qtool export c' again")
-    data = as_data(data, dataset, time_first)
-    from qtool.layers import input_map
+    data = as_data(data, dataset, time_first, qg.graph.inputs)
+    from qtool.layers import check_data
 
-    data.check_features(next(iter(qg.graph.inputs.values()))[-1], input_map(qg.graph))
+    check_data(qg.graph, data)
     x = data.chunk(0, count(data, limit))
     phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
     c = run_graph_c(layout, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once

@@ -43,9 +43,9 @@ from qtool.core.tensors import TensorConfig
 from qtool.engine.metrics import coarse_bits_note
 from qtool.errors import QtoolError
 from qtool.graph.passes import partition, run_float_passes
-from qtool.io.files import SequenceData
+from qtool.io.files import ModelData, SequenceData, rows
 from qtool.io.phases import phase
-from qtool.layers import input_map, layer, run
+from qtool.layers import check_data, layer, run
 from qtool.layers.gru import model as gru_model
 from qtool.layers.integer import LayerBits
 from qtool.numerics.qparams import dequantize, quantize
@@ -95,7 +95,7 @@ def edge_values(graph: Graph, core: list[str], data: SequenceData, n: int, chunk
         for e in edges:
             parts[e].append(values[e])
         if progress:
-            progress(start + len(x))
+            progress(start + rows(x))
     return {e: np.concatenate(v) for e, v in parts.items()}
 
 
@@ -236,6 +236,7 @@ def scale_input_channels(g: Graph, data: SequenceData, n: int, chunk: int, confi
             continue
         lo = hi = None
         for _, x in data.chunks(chunk, n):  # each channel's range, a chunk at a time
+            x = x[edge] if isinstance(x, dict) else x
             flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
             lo = flat.min(0) if lo is None else np.minimum(lo, flat.min(0))
             hi = flat.max(0) if hi is None else np.maximum(hi, flat.max(0))
@@ -285,7 +286,7 @@ def prepare(graph: Graph, data: SequenceData, n: int, config: dict[str, TensorCo
             g.ranges.drop(edge, "the passes removed the edge it rounds")
     core, tail, what = partition(g)
     done.append(("partition", what))
-    data.check_features(next(iter(g.inputs.values()))[-1], input_map(g))
+    check_data(g, data)
     check_bits_names(g, config)
     done.append(("scale_input_channels", scale_input_channels(g, data, n, chunk, config)))
     return Prepared(g, done, core, tail, edge_values(g, core, data, n, chunk, progress))
@@ -394,6 +395,13 @@ def candidate(label: str, percentile: float) -> tuple[str, float]:
     return method, float(level) if level else percentile
 
 
+def held_data(x: dict[str, np.ndarray], name: str) -> SequenceData | ModelData:
+    """The model's inputs `x` (batch first) as data: one input's SequenceData, or a ModelData."""
+    if len(x) == 1:
+        return SequenceData(next(iter(x.values())), False, name)
+    return ModelData.from_arrays(x, False, name)
+
+
 def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percentile: float = 99.99,
                chunk: int = 64, info: dict | None = None, snap: str = "up", method_weights: str = "minmax",
                candidates: tuple[str, ...] = AUTO_CANDIDATES) -> QGraph:
@@ -403,9 +411,9 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     from qtool.graph.simulate import output_snr_db, simulate_graph
 
     fit = n - max(1, int(n * HELD_OUT)) if n >= MIN_HELD_OUT else n
-    edge = next(iter(prep.graph.inputs))
-    held = SequenceData(prep.graph.scale_inputs({edge: prep.values[edge][fit if fit < n else 0:n]}, -1)[edge],
-                        False, "the held-out calibration sequences" if fit < n else "the calibration sequences")
+    name = "the held-out calibration sequences" if fit < n else "the calibration sequences"
+    held = held_data(prep.graph.scale_inputs({e: prep.values[e][fit if fit < n else 0:n] for e in prep.graph.inputs},
+                                             -1), name)
     scores, kept = {}, {}
     for k, label in enumerate(candidates):
         phase(f"auto: calibrating {label} on {fit} sequences, scoring it on "

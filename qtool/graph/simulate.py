@@ -16,8 +16,8 @@ from qtool.core.qgraph import MODEL_OPS, QGraph
 from qtool.engine.metrics import Distance
 from qtool.errors import QtoolError
 from qtool.graph.fakequant import run_fakequant
-from qtool.io.files import SequenceData
-from qtool.layers import input_map, layer, run
+from qtool.io.files import SequenceData, rows
+from qtool.layers import check_data, layer, run
 from qtool.numerics.fakequant import to_int
 from qtool.numerics.qparams import dequantize, qrange, quantize
 
@@ -135,7 +135,7 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
     `observe` sees the chunk's float reference, every edge's values (the report reads each GRU's
     input there)."""
     out0 = qg.graph.outputs[0]
-    part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, len(x),
+    part = GraphSimulation({e: Distance() for e in qg.grids}, {e: Distance() for e in qg.graph.outputs}, rows(x),
                            labelled=labels is not None, is_classifier=classes(qg) is not None, mode=mode,
                            core_outputs=list(qg.core_outputs))
     ref = run(qg.graph, x, keep=True)
@@ -230,7 +230,7 @@ def output_snr_db(sim: GraphSimulation, qg: QGraph) -> float:
 
 
 def check_inputs(qg: QGraph, data: SequenceData, n: int, labels: np.ndarray | None) -> None:
-    data.check_features(next(iter(qg.graph.inputs.values()))[-1], input_map(qg.graph))
+    check_data(qg.graph, data)
     if labels is not None and (len(labels) < n or labels.dtype.kind not in "iu"):
         raise QtoolError(f"labels must be {n} integer class indexes, got {len(labels)} of dtype {labels.dtype}")
 
@@ -244,8 +244,8 @@ def simulate_graph(qg: QGraph, data: SequenceData, n: int | None = None, chunk: 
     check_inputs(qg, data, n, labels)
     total = None
     for start, x in data.chunks(chunk, n):
-        lab = None if labels is None else labels[start:start + len(x)]
+        lab = None if labels is None else labels[start:start + rows(x)]
         total = fold(total, measure_chunk(qg, x, lab, keep, runner, mode, observe))
         if progress:
-            progress(start + len(x))
+            progress(start + rows(x))
     return finish(total)

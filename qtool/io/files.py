@@ -660,3 +660,70 @@ class SequenceData:
         n = self.num_sequences if limit is None else min(limit, self.num_sequences)
         for start in range(0, n, size):
             yield start, self.chunk(start, min(start + size, n))
+
+
+class ModelData:
+    """The data of a model of several inputs: one SequenceData per input, by the input's name,
+    each holding the same sequences in the same order. Read like a SequenceData, but each chunk is
+    a dict {input: [n, T, C]} (qtool.layers.run takes it as it is)."""
+
+    def __init__(self, parts: dict[str, SequenceData], name: str):
+        counts = {e: d.num_sequences for e, d in parts.items()}
+        if len(set(counts.values())) > 1:
+            raise QtoolError(f"{name}: the inputs hold different numbers of sequences "
+                             f"({', '.join(f'{e}: {c}' for e, c in counts.items())}); each holds the same ones")
+        self.parts = parts
+        self.name = name
+        self.time_first = next(iter(parts.values())).time_first
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], time_first: bool, name: str) -> ModelData:
+        return cls({e: SequenceData(a, time_first, f"{name} '{e}'") for e, a in arrays.items()}, name)
+
+    @property
+    def num_sequences(self) -> int:
+        return next(iter(self.parts.values())).num_sequences
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The first input's [N, T, C] (N and, for sequences, T: every input's)."""
+        return next(iter(self.parts.values())).shape
+
+    def first(self, n: int) -> ModelData:
+        part = copy.copy(self)
+        part.parts = {e: d.first(n) for e, d in self.parts.items()}
+        return part
+
+    def chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        return {e: d.chunk(start, stop) for e, d in self.parts.items()}
+
+    def chunks(self, size: int, limit: int | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        n = self.num_sequences if limit is None else min(limit, self.num_sequences)
+        for start in range(0, n, size):
+            yield start, self.chunk(start, min(start + size, n))
+
+
+def rows(x: np.ndarray | dict[str, np.ndarray]) -> int:
+    """The number of sequences in a chunk of data, one array or a model's several inputs."""
+    return len(next(iter(x.values())) if isinstance(x, dict) else x)
+
+
+def open_inputs(path: str | os.PathLike, inputs: list[str], time_first: bool = False) -> ModelData:
+    """The data of a model of several inputs from one .npz or .h5 file holding an array (dataset)
+    per input, named after it."""
+    path = Path(path)
+    want = f"the model has {len(inputs)} inputs ({', '.join(inputs)})"
+    if path.is_file() and path.suffix.lower() not in (".npz", ".h5", ".hdf5"):
+        raise QtoolError(f"{path}: {want}; give their data as one .npz or .h5 file holding an array per input, "
+                         "named after it")
+    parts = {}
+    for e in inputs:
+        try:
+            parts[e] = open_sequences(path, e, time_first)
+        except QtoolError as err:
+            if "no array '" not in str(err) and "no dataset '" not in str(err):
+                raise
+            raise QtoolError(f"{err}: {want}, an array for each") from None
+    for e, d in parts.items():
+        d.name = f"{path} '{e}'"
+    return ModelData(parts, str(path))

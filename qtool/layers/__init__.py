@@ -122,12 +122,15 @@ def run(graph: Graph, x: np.ndarray | dict[str, np.ndarray], keep: bool = False)
 FRAME_KEEPING = ("zero_pad1d", "activation", "prelu", "batchnorm", "add", "sub", "mul")  # a frame's channels stay put
 
 
-def input_map(graph: Graph) -> tuple[str, int, int] | None:
-    """(order, F, C) of the model's one input where it is a feature map (a conv2d reads it), else
-    None: what its data's 4-D frames must be (qtool.io.files.SequenceData.check_features)."""
-    if len(graph.inputs) != 1:
-        return None
-    edge, shape = next(iter(graph.inputs.items()))
+def input_map(graph: Graph, edge: str | None = None) -> tuple[str, int, int] | None:
+    """(order, F, C) of the model's input `edge` (by default its one input) where it is a feature
+    map (a conv2d reads it), else None: what its data's 4-D frames must be
+    (qtool.io.files.SequenceData.check_features)."""
+    if edge is None:
+        if len(graph.inputs) != 1:
+            return None
+        edge = next(iter(graph.inputs))
+    shape = graph.inputs[edge]
     if not edges.is_sequence(shape):
         return None
     if edge in graph.input_maps:  # as the file declares it
@@ -146,6 +149,18 @@ def input_map(graph: Graph) -> tuple[str, int, int] | None:
             if n.op in FRAME_KEEPING and out is not None and edges.channels(out) == edges.channels(shape):
                 todo.extend(o for o in n.outputs if o not in seen)
     return None
+
+
+def check_data(graph: Graph, data) -> None:
+    """The data (a SequenceData, or a ModelData of one per input) fit each of the model's inputs:
+    channels, and a map's frames in the model's order."""
+    parts = getattr(data, "parts", None) or {next(iter(graph.inputs)): data}
+    if len(parts) != len(graph.inputs):
+        names = ", ".join(graph.inputs)
+        raise QtoolError(f"{data.name}: the model has {len(graph.inputs)} inputs ({names}); give their data "
+                         "as one .npz or .h5 file holding an array per input, named after it")
+    for edge, shape in graph.inputs.items():
+        parts[edge].check_features(edges.channels(shape), input_map(graph, edge))
 
 
 PROBE_STEPS = (240, 480)  # divisible by every stride and pool size up to 6, and by 8, 10, 12, 15, 16

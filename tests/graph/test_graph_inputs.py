@@ -1,0 +1,168 @@
+"""A model of several inputs (DeepFilterNet's blocks, a streaming model's caches): its data are one
+.npz/.h5 file of an array per input, named after it, or a dict of arrays. Held to the model
+written out in numpy here, each input's grid to its own data's range, and the command line."""
+
+import json
+
+import numpy as np
+import pytest
+from test_export_graph_c import _gru, _w
+
+from qtool import api
+from qtool.core.graph import Graph, Node
+from qtool.errors import QtoolError
+from qtool.graph.simulate import dequantized, run_int
+from qtool.layers import run
+
+SCALE_S = 16.0  # the second input's values span 16 times the first's: their grids differ by 4 bits
+
+
+def two_inputs(seed: int = 3) -> Graph:
+    """y = W3 relu(W1 x + W2 s + b): two sequences, each through its own dense layer, added."""
+    rng = np.random.RandomState(seed)
+    nodes = [Node("fx", "dense", ["x"], ["a"], {}, {"W": _w(rng, 6, 3) * 2}),
+             Node("fs", "dense", ["s"], ["b"], {}, {"W": _w(rng, 6, 4) / SCALE_S, "b": _w(rng, 6, scale=0.1)}),
+             Node("sum", "add", ["a", "b"], ["c"]),
+             Node("act", "activation", ["c"], ["r"], {"kind": "relu"}),
+             Node("out", "dense", ["r"], ["y"], {}, {"W": _w(rng, 2, 6) * 2})]
+    return Graph(nodes, {"x": (None, 3), "s": (None, 4)}, ["y"], name="two_inputs")
+
+
+def numpy_model(g: Graph, x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    p = {n.name: n.params for n in g.nodes}
+    c = x @ p["fx"]["W"].T + s @ p["fs"]["W"].T + p["fs"]["b"]
+    return np.maximum(c, 0) @ p["out"]["W"].T
+
+
+def data(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((n, 12, 3)).astype(np.float32),
+            "s": (rng.standard_normal((n, 12, 4)) * SCALE_S).astype(np.float32)}
+
+
+def test_each_input_takes_its_own_array_and_grid(tmp_path):
+    g = two_inputs()
+    calib, test = data(24, 0), data(10, 1)
+    np.testing.assert_allclose(run(g, test)["y"], numpy_model(g, test["x"], test["s"]), rtol=1e-5, atol=1e-6)
+    qg = api.calibrate(g, calib, method="minmax", check=False)
+    for e in ("x", "s"):  # a minmax grid just holds its input's largest magnitude
+        peak = float(np.abs(calib[e]).max())
+        step = 2.0 ** -int(qg.grids[e].exp2_inv)
+        assert 127 * step >= peak > 63.5 * step, e
+    assert int(qg.grids["x"].exp2_inv) - int(qg.grids["s"].exp2_inv) == 4
+    # the file's arrays are found by name, in any order in the file
+    np.savez(tmp_path / "calib.npz", s=calib["s"], x=calib["x"])
+    assert api.calibrate(g, tmp_path / "calib.npz", method="minmax", check=False).fingerprint() == qg.fingerprint()
+    res = api.simulate(qg, test)
+    want = numpy_model(g, test["x"], test["s"]).astype(np.float64)
+    got = dequantized(qg, run_int(qg, test))["y"].astype(np.float64)
+    snr = 10 * np.log10(np.sum(want ** 2) / np.sum((got - want) ** 2))
+    assert res.output["snr_db"] == pytest.approx(snr, abs=1e-3) and snr > 25
+    # the inputs' own integers: each on its own grid
+    for e in ("x", "s"):
+        t = qg.grids[e]
+        q = np.clip(np.floor(test[e] * 2.0 ** int(t.exp2_inv) + 0.5) + t.zp, -128, 127)
+        np.testing.assert_array_equal(run_int(qg, test)[e], q)
+
+
+def test_auto_and_a_gru_after_the_inputs():
+    rng = np.random.RandomState(5)
+    g = two_inputs()
+    g.nodes[-1:] = [_gru(rng, "gru", "r", "h", 6, 5), Node("out", "dense", ["h"], ["y"], {}, {"W": _w(rng, 2, 5)})]
+    g = Graph(g.nodes, dict(g.inputs), ["y"], name="two_inputs_gru")
+    qg = api.calibrate(g, data(30, 2), check=False)  # auto: its held-out part is both inputs' last sequences
+    assert qg.info["auto"]["held_out"] == 6
+    assert api.simulate(qg, data(8, 3)).output["snr_db"] > 15
+
+
+def test_data_that_do_not_fit_the_inputs_say_so(tmp_path):
+    g = two_inputs()
+    calib = data(8, 0)
+    with pytest.raises(QtoolError, match=r"the model has 2 inputs \(x, s\): give its data as a dict of arrays"):
+        api.calibrate(g, calib["x"], check=False)
+    with pytest.raises(QtoolError, match=r"the model has 2 inputs \(x, s\); the data are for x, t"):
+        api.calibrate(g, {"x": calib["x"], "t": calib["s"]}, check=False)
+    with pytest.raises(QtoolError, match=r"different numbers of sequences \(x: 8, s: 5\)"):
+        api.calibrate(g, {"x": calib["x"], "s": calib["s"][:5]}, check=False)
+    with pytest.raises(QtoolError, match=r"'s': feature size 3 does not match the model's input size 4"):
+        api.calibrate(g, {"x": calib["x"], "s": calib["x"]}, check=False)
+    np.save(tmp_path / "x.npy", calib["x"])
+    with pytest.raises(QtoolError, match=r"x.npy: the model has 2 inputs \(x, s\); give their data as one .npz"):
+        api.calibrate(g, tmp_path / "x.npy", check=False)
+    np.savez(tmp_path / "part.npz", x=calib["x"], extra=calib["s"])
+    with pytest.raises(QtoolError, match=r"no array 's' \(has: x, extra\): the model has 2 inputs \(x, s\)"):
+        api.calibrate(g, tmp_path / "part.npz", check=False)
+    with pytest.raises(QtoolError, match="`dataset` picks one array of a model of one input"):
+        api.calibrate(g, tmp_path / "part.npz", dataset="x", check=False)
+    qg = api.calibrate(g, calib, method="minmax", check=False)
+    with pytest.raises(QtoolError, match="the C export takes a model of one input; this one has 2"):
+        api.export_c(qg, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_command_line_reads_an_input_per_array(tmp_path, cli):
+    g = two_inputs()
+    api.save(g, tmp_path / "m.qtool")
+    np.savez(tmp_path / "calib.npz", **data(24, 0))
+    np.savez(tmp_path / "test.npz", **data(10, 1))
+    code, out, err = cli("calibrate", tmp_path / "m.qtool", tmp_path / "calib.npz", "--method", "minmax",
+                         "-o", tmp_path / "q.qtool")
+    assert code == 0, err
+    code, out, err = cli("simulate", tmp_path / "q.qtool", tmp_path / "test.npz", "--json")
+    assert code == 0, err
+    qg = api.load(tmp_path / "q.qtool")
+    test = data(10, 1)
+    want = numpy_model(g, test["x"], test["s"]).astype(np.float64)
+    got = dequantized(qg, run_int(qg, test))["y"].astype(np.float64)
+    assert json.loads(out)["output"]["snr_db"] == pytest.approx(10 * np.log10(np.sum(want ** 2) /
+                                                                            np.sum((got - want) ** 2)), abs=1e-3)
+    np.save(tmp_path / "x.npy", test["x"])
+    code, out, err = cli("simulate", tmp_path / "q.qtool", tmp_path / "x.npy")
+    assert code == 2 and "the model has 2 inputs (x, s); give their data as one .npz or .h5" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_pytorch_model_of_two_inputs_as_torch_onnx_writes_it(dynamo, tmp_path):
+    """Two feature streams (DeepFilterNet's encoder reads two): each through its own Linear, added,
+    a GRU, a Linear; exported by either torch.onnx exporter, imported whole with the check against
+    ONNX Runtime on, calibrated from a .npz of both inputs, held to ONNX Runtime on held-out data."""
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    import warnings
+
+    class TwoStreams(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fx, self.fs = torch.nn.Linear(8, 16), torch.nn.Linear(4, 16)
+            self.gru, self.out = torch.nn.GRU(16, 12, batch_first=True), torch.nn.Linear(12, 3)
+
+        def forward(self, x, s):
+            h, _ = self.gru(torch.relu(self.fx(x) + self.fs(s)))
+            return self.out(h)
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(7)
+    calib = {"x": rng.standard_normal((40, 20, 8)).astype(np.float32),
+             "s": (rng.standard_normal((40, 20, 4)) * 4).astype(np.float32)}
+    held = {"x": rng.standard_normal((12, 20, 8)).astype(np.float32),
+            "s": (rng.standard_normal((12, 20, 4)) * 4).astype(np.float32)}
+    path = tmp_path / "two.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        dims = {0: torch.export.Dim("n"), 1: torch.export.Dim("t")}
+        kw = {"dynamic_shapes": (dims, dims)} if dynamo else {"dynamic_axes": {"x": {0: "n", 1: "t"},
+                                                                               "s": {0: "n", 1: "t"}}}
+        torch.onnx.export(TwoStreams().eval(), (torch.from_numpy(calib["x"][:2]), torch.from_numpy(calib["s"][:2])),
+                          str(path), input_names=["x", "s"], output_names=["y"], dynamo=dynamo, **kw)
+    graph = api.load_model(path)
+    assert graph.check_result["checked"] and list(graph.inputs) == ["x", "s"]
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], held)[0]
+    np.testing.assert_allclose(run(graph, held)["y"], want, atol=1e-5)
+    np.savez(tmp_path / "calib.npz", **calib)
+    qg = api.calibrate(graph, tmp_path / "calib.npz")
+    got = dequantized(qg, run_int(qg, held))["y"].ravel().astype(np.float64)
+    cosine = got @ want.ravel() / np.linalg.norm(got) / np.linalg.norm(want)
+    assert cosine > 0.99
+    assert api.simulate(qg, held).outputs["y"].cosine == pytest.approx(cosine, abs=1e-5)
