@@ -34,6 +34,10 @@ Writes, each with `NAME_io.npz` (held-out inputs x, TensorFlow's own output y):
   [N, T, 10, 1]: Conv2D(8, 3x3, stride (1, 2), same) -> BatchNormalization -> ReLU ->
   DepthwiseConv2D(3x3, same, relu) -> Reshape((-1, 40)) -> GRU(16, reset_after=False) -> Dense(4,
   softmax); the ONNX file of any length T, the TFLite file at 49 steps.
+- tf_while_bidi.tflite and tf_while_bidi_last.tflite: a Keras Bidirectional(GRU(6)) through the
+  TFLite converter, its every step into Dense(3), and (reset_after=False) its final states into
+  Dense(2): the backward WHILE loop reads the sequence REVERSE_V2 reverses, and its steps are
+  reversed back. `make_tf_loops.py bidirectional_tflite` writes only these.
 - tf_layernorm.onnx: Keras' LayerNormalization in the two forms tf2onnx writes (layer_norms).
 - tf_flex.tflite (a GRU converted with SELECT_TF_OPS: TensorFlow's tensor-list ops inside) and
   tf_dense_int8.tflite (a model quantized to int8 by the converter): both refused.
@@ -203,6 +207,17 @@ def bidirectional(rng) -> None:
     keras_file("tf_loop_backwards", biased(tf.keras.Model(i, h), 13), rng.standard_normal((4, 9, 4)).astype("float32"))
 
 
+def bidirectional_tflite(rng) -> None:
+    i = tf.keras.Input((15, 4), batch_size=1)
+    h = tf.keras.layers.Bidirectional(tf.keras.layers.GRU(6, return_sequences=True))(i)
+    tflite_file("tf_while_bidi", biased(tf.keras.Model(i, tf.keras.layers.Dense(3)(h)), 14),
+                rng.standard_normal((6, 15, 4)).astype("float32"))
+    i = tf.keras.Input((15, 4), batch_size=1)
+    h = tf.keras.layers.Bidirectional(tf.keras.layers.GRU(6, reset_after=False))(i)
+    tflite_file("tf_while_bidi_last", biased(tf.keras.Model(i, tf.keras.layers.Dense(2)(h)), 15),
+                rng.standard_normal((6, 15, 4)).astype("float32"))
+
+
 def simple_rnn(rng) -> None:
     i = tf.keras.Input((10, 4))
     model = biased(tf.keras.Model(i, tf.keras.layers.SimpleRNN(8)(i)), 3)
@@ -232,6 +247,12 @@ def tf1_file(name: str, layers: int, rng) -> None:
 
 
 def main() -> None:
+    import sys
+
+    if sys.argv[1:] == ["bidirectional_tflite"]:  # the newest files alone, the others as they are
+        tf.random.set_seed(1)
+        bidirectional_tflite(np.random.default_rng(14))
+        return
     tf.random.set_seed(0)
     rng = np.random.default_rng(0)
     precise(rng)

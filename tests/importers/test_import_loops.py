@@ -6,6 +6,7 @@ WHILE loops, as TensorFlow's converter writes them.
 Each is imported whole and held to TensorFlow's own output on held-out inputs; a loop that is no GRU,
 or one that starts from a nonzero state or whose counter the graph reads, is refused saying why."""
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -322,3 +323,23 @@ def test_a_bidirectional_gru_of_two_loops_runs_in_c(tmp_path):
     qg = qtool.calibrate(GOLDEN / "tf_loop_bidir_seq.onnx", np.concatenate([x] * 8), method="minmax", check=False)
     qtool.export_c(qg, tmp_path / "c")
     assert qtool.verify(qg, tmp_path / "c", x).mismatches == 0
+
+
+@pytest.mark.parametrize("name", ["tf_while_bidi", "tf_while_bidi_last"])
+def test_a_tflite_bidirectional_gru_is_one_bidirectional_gru(name, tmp_path):
+    """Keras' Bidirectional through the TFLite converter: the backward WHILE reads the sequence
+    REVERSE_V2 reverses and its steps are reversed back; read as one bidirectional GRU node, equal
+    to TensorFlow's own outputs, checked against LiteRT, and calibrated in integers."""
+    pytest.importorskip("tflite")
+    g = qtool.load_model(GOLDEN / f"{name}.tflite", check=False)
+    x, want = _io(name)
+    grus = [n for n in g.nodes if n.op == "gru"]
+    assert len(grus) == 1 and grus[0].attrs["bidirectional"]
+    assert grus[0].attrs["return_sequences"] == (name == "tf_while_bidi")
+    got = L.run(g, x)[g.outputs[0]]
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    if importlib.util.find_spec("ai_edge_litert") is not None:
+        assert qtool.load_model(GOLDEN / f"{name}.tflite").check_result["checked"]
+    rng = np.random.default_rng(3)
+    qg = qtool.calibrate(g, rng.standard_normal((48, 15, 4)).astype(np.float32), check=False)
+    assert qtool.simulate(qg, x).outputs[g.outputs[0]].cosine > 0.99

@@ -282,6 +282,24 @@ def _split(scope: _Scope, op: Op) -> None:
                [scope.name(o) for o in op.outputs], axis=axis)
 
 
+def _reverse(scope: _Scope, op: Op) -> None:
+    """REVERSE_V2 along one of the first two axes (the steps of a backward GRU, which Keras'
+    Bidirectional reverses before and after its loop) as ONNX's ReverseSequence over every
+    sequence's whole length, the other of the two axes its batch."""
+    x = op.inputs[0]
+    rank = len(_shape_of(scope, x))
+    axes = [int(a) % rank for a in np.asarray(scope.array(op, 1, "axis")).reshape(-1)] if rank else []
+    if len(axes) != 1 or axes[0] > 1 or rank < 2:
+        raise QtoolError(f"{scope.where(op)} reverses axes {axes} of a rank-{rank} tensor; qtool reads one of the "
+                         "first two axes (a sequence's steps)")
+    t, b = axes[0], 1 - axes[0]
+    shape = scope.node("Shape", [scope.name(x)])[0]
+    steps = scope.node("Gather", [shape, scope.const("time_axis", np.array(t, np.int64))], axis=0)[0]
+    batch = scope.node("Gather", [shape, scope.const("batch_axis", np.array([b], np.int64))], axis=0)[0]
+    lens = scope.node("Expand", [steps, batch])[0]
+    scope.node("ReverseSequence", [scope.name(x), lens], [scope.name(op.outputs[0])], batch_axis=b, time_axis=t)
+
+
 def _gather(scope: _Scope, op: Op) -> None:
     if op.options is not None and op.options.BatchDims():
         raise QtoolError(f"{scope.where(op)} gathers with batch_dims {op.options.BatchDims()}; qtool reads 0")
@@ -446,7 +464,7 @@ HANDLERS: dict[str, Callable[[_Scope, Op], None]] = {
     **{k: _elementwise for k in ELEMENTWISE}, **{k: _unary for k in UNARY},
     "RELU6": _relu6, "RELU_N1_TO_1": _relu6, "LEAKY_RELU": _leaky, "RESHAPE": _reshape, "SQUEEZE": _squeeze,
     "EXPAND_DIMS": _expand_dims, "TRANSPOSE": _transpose, "CONCATENATION": _concat, "SPLIT": _split,
-    "SPLIT_V": _split, "GATHER": _gather, "STRIDED_SLICE": _strided_slice, "SLICE": _slice,
+    "SPLIT_V": _split, "GATHER": _gather, "REVERSE_V2": _reverse, "STRIDED_SLICE": _strided_slice, "SLICE": _slice,
     "FULLY_CONNECTED": _fully_connected, "SOFTMAX": _softmax, "MEAN": _mean, "SUM": _mean, "REDUCE_MAX": _mean,
     "REDUCE_MIN": _mean, "WHILE": _while, "SHAPE": _shape, "FILL": _fill, "PACK": _pack, "DEQUANTIZE": _dequantize,
     "CONV_2D": _conv2d, "DEPTHWISE_CONV_2D": _conv2d, "PAD": _pad, "PADV2": _pad,

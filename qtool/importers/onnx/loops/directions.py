@@ -72,8 +72,9 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
         1.0, float(np.abs(b).max(initial=0.0)))
 
 
-def _readers(model, name: str) -> list:
-    return [n for n in model.graph.node if name in n.input]
+def _readers(model, name: str, values: bool = False) -> list:
+    """The nodes that read `name`; with `values`, not those that read only its shape."""
+    return [n for n in model.graph.node if name in n.input and not (values and n.op_type == "Shape")]
 
 
 def _ints(model, name: str) -> list[int] | None:
@@ -85,7 +86,8 @@ def _ints(model, name: str) -> list[int] | None:
 
 def _cancel(model, rs) -> None:
     """Readers of a backward GRU's loop-order steps `rs`: the last loop step is the GRU's final
-    state; a reversal back (through Transposes that keep time first) is the GRU's own steps."""
+    state; a reversal back (through Transposes that keep time first, or the Reshape that moves a
+    batch of one before it) is the GRU's own steps."""
     from onnx import helper
 
     steps, Y_h = rs.input[0], rs.doc_string[len(LOOP_NOTE) + 2:]
@@ -95,12 +97,16 @@ def _cancel(model, rs) -> None:
                 (len(r.input) < 5 or _ints(model, r.input[4]) in ([1], None)):
             r.CopyFrom(helper.make_node("Identity", [Y_h], [r.output[0]], name=r.name))
             continue
-        chain, at, perm = [r], r, list(range(3))
-        while at.op_type == "Transpose" and len(_readers(model, at.output[0])) == 1:
-            perm = [perm[p] for p in attr(at, "perm", [2, 1, 0])]
-            at = _readers(model, at.output[0])[0]
+        chain, at, perm, moved = [r], r, list(range(3)), False
+        while at.op_type in ("Transpose", "Reshape", "Identity") and len(_readers(model, at.output[0], True)) == 1:
+            if at.op_type == "Transpose":
+                perm = [perm[p] for p in attr(at, "perm", [2, 1, 0])]
+            elif at.op_type == "Reshape":  # TFLite's batch of one: [T, 1, H] -> [1, T, H] (checked below)
+                moved = True
+            at = _readers(model, at.output[0], True)[0]
             chain.append(at)
-        if at.op_type == "ReverseSequence" and perm[0] == 0 and attr(at, "time_axis", 0) == 0:
+        time_axis = attr(at, "time_axis", 0)
+        if at.op_type == "ReverseSequence" and ((perm[0] == 0 and time_axis == 0) or (moved and time_axis == 1)):
             chain[0].input[list(chain[0].input).index(rs.output[0])] = steps  # time stays first: undo both
             at.CopyFrom(helper.make_node("Identity", [at.input[0]], [at.output[0]], name=at.name))
 
@@ -147,6 +153,9 @@ def _join(model, feeds: dict) -> None:
                 for joined, candidate in ((names[5], got[-2]), (names[7], got[-1])):
                     if _close(candidate, value):
                         c.CopyFrom(helper.make_node("Identity", [joined], [c.output[0]], name=c.name))
+                        break
+                    if candidate.ndim == 3 and _close(candidate.transpose(1, 0, 2), value):  # joined batch first
+                        c.CopyFrom(helper.make_node("Transpose", [joined], [c.output[0]], name=c.name, perm=[1, 0, 2]))
                         break
 
 
