@@ -414,12 +414,13 @@ def auto_graph(prep: Prepared, n: int, config: dict[str, TensorConfig], percenti
     name = "the held-out calibration sequences" if fit < n else "the calibration sequences"
     held = held_data(prep.graph.scale_inputs({e: prep.values[e][fit if fit < n else 0:n] for e in prep.graph.inputs},
                                              -1), name)
-    scores, kept = {}, {}
+    scores, kept, seen = {}, {}, {}
     for k, label in enumerate(candidates):
         phase(f"auto: calibrating {label} on {fit} sequences, scoring it on "
               + (f"the other {n - fit} " if fit < n else "them ") + f"({k + 1} of {len(candidates)})")
         qg = quantize_graph(prep, fit, config, *candidate(label, percentile), chunk, info, snap, method_weights)
-        scores[label] = output_snr_db(simulate_graph(qg, held), qg)
+        same = seen.setdefault(qg.fingerprint(), label)  # a bits file's methods can make candidates one model
+        scores[label] = scores[same] if same != label else output_snr_db(simulate_graph(qg, held), qg)
         if fit == n:  # calibrated on all: the one to keep if it wins
             kept[label] = qg
     best = max(candidates, key=lambda m: scores[m])  # ties: the first, per-edge

@@ -84,3 +84,25 @@ def test_auto_with_too_few_sequences_to_hold_out_scores_on_the_calibration_data(
         m, _, p = label.partition(" ")
         own = api.calibrate(graph, x, bits="int8", method=m, percentile=float(p or 99.99))
         assert auto["output_snr_db"][label] == pytest.approx(api.simulate(own, x).outputs["logits"].snr_db, abs=1e-9)
+
+
+def test_auto_scores_once_the_candidates_a_bits_file_makes_one_model(graph, tmp_path, monkeypatch):
+    """A bits file that sets every edge's method leaves auto's candidates one model: it is
+    simulated once, and every candidate has its score."""
+    import qtool.graph.simulate as simulate
+    from qtool.core.tensors import TENSORS
+
+    grus = {e for n in graph.nodes if n.op == "gru" for e in n.inputs + n.outputs}
+    table = {n.name: {"method": "mse"} for n in graph.nodes if n.op != "gru" and not set(n.outputs) & grus}
+    table.update({e: {"method": "mse"} for e in graph.inputs if e not in grus})
+    path = tmp_path / "bits.json"
+    path.write_text(json.dumps({"preset": "int8", "graph": table,
+                                "tensors": {t.name: {"method": "mse"} for t in TENSORS if t.kind != "bias"}}))
+    runs = []
+    real = simulate.simulate_graph
+    monkeypatch.setattr(simulate, "simulate_graph", lambda *a, **k: runs.append(1) or real(*a, **k))
+    x = np.load(SAMPLES / "calib.npy")[:60]
+    scores = api.calibrate(graph, x, bits=str(path)).info["auto"]["output_snr_db"]
+    assert len(runs) == 1 and len(scores) == 6 and len(set(scores.values())) == 1
+    fit = api.calibrate(graph, x[:48], bits=str(path), method="minmax")
+    assert scores["minmax"] == pytest.approx(api.simulate(fit, x[48:]).outputs["logits"].snr_db, abs=1e-9)
