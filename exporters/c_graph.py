@@ -107,7 +107,8 @@ class GraphExport:
         return encoded(self.files)
 
 
-def _check(qg: QGraph) -> None:
+def check_exportable(qg: QGraph) -> None:
+    """What the C export takes: one input, a sequence; a float tail after the first output only."""
     if len(qg.graph.inputs) != 1:
         raise QtoolError(f"the C export takes a model of one input; this one has {len(qg.graph.inputs)}")
     first = qg.core_outputs[0]
@@ -229,7 +230,7 @@ def _out_index(qg: QGraph, nodes: list[_Node]) -> int:
 def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensation: str = "table") -> GraphExport:
     """The C sources of the whole model `qg`, their identifiers and files prefixed with c_name(`name`);
     its GRUs compensate zero points by `compensation` (qtool.exporters.c_export.render_c)."""
-    _check(qg)
+    check_exportable(qg)
     prefix = c_name(name)
     edges = [next(iter(qg.graph.inputs))]
     nodes = _nodes(qg, prefix, edges, fully_integral, compensation)

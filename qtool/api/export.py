@@ -92,6 +92,10 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     if not isinstance(qm, (QuantModel, QGraph)):
         path = Path(qm)
         qm = load(path)
+    if isinstance(qm, QGraph):  # before the test vectors are read
+        from qtool.exporters.c_graph import check_exportable
+
+        check_exportable(qm)
     test_vectors, notes = _test_inputs(qm, test_vectors, vectors, dataset, time_first)
     qm = gru_of(qm)
     prefix = c_name(name or (qm.graph.name if isinstance(qm, QGraph) else qm.model.name))
@@ -106,6 +110,9 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
                            fixed=[f.name for f in RUNTIME.iterdir()])
     return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
                         stamp, replaced.edited, replaced.removed, notes)
+
+
+LARGE_VECTORS = 1 << 20  # input values of test vectors beyond which export_c's notes say how many
 
 
 def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors: int | None,
@@ -127,7 +134,8 @@ def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors
         if dataset is not None or time_first:
             raise QtoolError("`dataset` and `time_first` go with test vectors read from data")
         rng = np.random.default_rng(0)
-        return rng.uniform(g.lo, g.hi, (4 if vectors is None else vectors, 16, width)).astype(np.float32), []
+        x = rng.uniform(g.lo, g.hi, (4 if vectors is None else vectors, 16, width)).astype(np.float32)
+        return x, _size_notes(x)
     data = as_data(given, dataset, time_first)
     data.check_features(width, input_map(qm.graph) if whole else None)
     n = data.num_sequences if vectors is None else min(vectors, data.num_sequences)
@@ -136,7 +144,15 @@ def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors
     x = data.chunk(0, n)
     seen = qm.graph.scale_inputs({edge: x.reshape(*x.shape[:2], -1)})[edge] if whole else x  # as its grid sees it
     share = float(np.mean((seen < g.lo) | (seen > g.hi)))
-    return x, notes + saturation_notes({edge: share}, of="the test vectors' ")
+    return x, notes + _size_notes(x) + saturation_notes({edge: share}, of="the test vectors' ")
+
+
+def _size_notes(x: np.ndarray) -> list[str]:
+    """Test vectors of more than LARGE_VECTORS input values: how many, as the header will hold them."""
+    if x.size <= LARGE_VECTORS:
+        return []
+    return [f"the test vectors are {x.size:,} input values ({len(x)} sequences x {x.shape[1]} steps x "
+            f"{x.shape[2]} channels), written with their outputs into the test header; `vectors` takes fewer"]
 
 
 def gru_of(qm: QuantModel | QGraph) -> QuantModel | QGraph:

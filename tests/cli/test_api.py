@@ -212,3 +212,18 @@ def test_advise_says_which_held_out_sequences_are_calibration_data():
     assert "2 of the 6 held-out sequences are also in the calibration data" in " ".join(adv.extra["notes"])
     adv = qtool.advise(random_model(C=5, H=8, seed=7), calib, test[2:], repeats=1)
     assert not any("held-out sequences" in n for n in adv.extra["notes"])
+
+
+def test_export_says_how_large_its_test_vectors_are(tmp_path, monkeypatch):
+    import qtool.api.export as export
+
+    qm = qtool.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax", limit=40)
+    x = np.load(SAMPLES / "test.npy")[:3]
+    monkeypatch.setattr(export, "LARGE_VECTORS", x[:2].size)
+    res = qtool.export_c(qm, tmp_path / "a", name="m", test_vectors=x)
+    assert res.notes == [f"the test vectors are {x.size:,} input values (3 sequences x {x.shape[1]} steps x "
+                         f"{x.shape[2]} channels), written with their outputs into the test header; `vectors` "
+                         "takes fewer"]
+    assert qtool.export_c(qm, tmp_path / "b", name="m", test_vectors=x, vectors=2).notes == []
+    res = qtool.export_c(qm, tmp_path / "c", name="m", test_vectors=True, vectors=200)
+    assert res.notes and res.notes[0].startswith("the test vectors are")

@@ -97,6 +97,8 @@ def test_data_that_do_not_fit_the_inputs_say_so(tmp_path):
     qg = api.calibrate(g, calib, method="minmax", check=False)
     with pytest.raises(QtoolError, match="the C export takes a model of one input; this one has 2"):
         api.export_c(qg, tmp_path / "c")
+    with pytest.raises(QtoolError, match="the C export takes a model of one input; this one has 2"):
+        api.export_c(qg, tmp_path / "c", test_vectors=calib)  # refused before the vectors are read
     assert not (tmp_path / "c").exists()
 
 
