@@ -11,7 +11,8 @@ notebooks, training scripts and distributed runs call the same functions.
     qtool.export_c(qm, "out/c", name="digits")
     print(qtool.verify(qm, "out/c", "test.npy"))
 
-Data arguments take a file path (.npy, .npz, .h5), a float array `[N, T, C]` or a SequenceData.
+Data arguments take a file path (.npy, .npz, .h5), a float array `[N, T, C]` or a SequenceData; a
+model of several inputs takes a .npz/.h5 file of an array per input, named after it, or a dict.
 Every user error raises qtool.errors.QtoolError with a one-line message.
 """
 
