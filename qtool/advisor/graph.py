@@ -201,7 +201,7 @@ class GraphEvaluator:
 
     def __call__(self, promoted: frozenset) -> GraphCandidate:
         if promoted not in self.seen:
-            phase(f"advise: calibrating a configuration of {len(promoted)} units at 16 bits"
+            phase(f"advise: calibrating a configuration of {len(promoted)} unit{'s' * (len(promoted) != 1)} at 16 bits"
                   + (f", simulation {self.simulations + 1}" if self.data is not None else ""))
             qg = auto_graph(self.sp.prep, self.sp.rows, self.sp.config(promoted), self.percentile, self.chunk,
                             dict(self.info), candidates=FILE_CANDIDATES)  # its bits file rebuilds the model

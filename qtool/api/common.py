@@ -46,6 +46,9 @@ def as_data(data: DataLike, dataset: str | None = None, time_first: bool = False
     """A file path, an array `[N, T, C]` (or `[T, N, C]` with time_first) or SequenceData; for a
     model of several `inputs`, a .npz/.h5 file of an array per input named after it, a dict of
     arrays or ModelData."""
+    if isinstance(data, (list, tuple)):
+        raise QtoolError("data: give an array, a file or, for a model of several inputs, a dict {input: array}; "
+                         f"got a {type(data).__name__}")
     if len(inputs) > 1:
         return _model_data(data, dataset, time_first, list(inputs))
     if isinstance(data, ModelData) or isinstance(data, dict):
@@ -65,13 +68,17 @@ def _model_data(data: DataLike, dataset: str | None, time_first: bool, inputs: l
     if isinstance(data, ModelData):
         parts = data
     elif isinstance(data, dict):
-        parts = ModelData.from_arrays({e: np.asarray(a) for e, a in data.items()}, time_first, "arrays")
+        missing = [e for e in inputs if e not in data]
+        if missing:
+            raise QtoolError(f"{want}; the data lack {', '.join(missing)} (they hold {', '.join(map(str, data))})")
+        parts = ModelData.from_arrays({e: np.asarray(data[e]) for e in inputs}, time_first, "arrays")
     elif isinstance(data, (SequenceData, np.ndarray)):
         raise QtoolError(f"{want}: give its data as a dict of arrays (or a file of them), one per input")
     else:
         return open_inputs(Path(data), inputs, time_first)
-    if sorted(parts.parts) != sorted(inputs):
-        raise QtoolError(f"{want}; the data are for {', '.join(parts.parts) or 'none'}")
+    missing = [e for e in inputs if e not in parts.parts]
+    if missing:
+        raise QtoolError(f"{want}; the data lack {', '.join(missing)} (they hold {', '.join(parts.parts)})")
     return ModelData({e: parts.parts[e] for e in inputs}, parts.name)
 
 
@@ -244,6 +251,10 @@ def other_model(path: Path) -> str | None:
     if fmt is None:
         with contextlib.suppress(QtoolError):
             fmt = detect_format(path)
+    if fmt == "haste":
+        from qtool.importers.haste import refuse_data
+
+        refuse_data(path)
     return {"qtool-gru": "a float qtool model", "qtool-graph": "a float whole model",
             "keras": "a Keras model", "torch": "a PyTorch file",
             "safetensors": "a safetensors file", "onnx": "an ONNX model", "tflite": "a TFLite model",

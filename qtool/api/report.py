@@ -104,4 +104,6 @@ def _graph_page(qg: QGraph, data: SequenceData, n: int, runner, label: str, reas
     res = sim.to_dict()
     html = render(qg, qgraph_rows(qg, sim), res, Path(data.name).name, grus).encode()
     notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
-    return html, next(iter(res["outputs"].values())), [], notes + graph_saturation_notes(qg, sim, data, n, batch_size)
+    # several outputs: all together, as simulate's `output`, auto and advise measure them
+    output = sim.output if len(qg.core_outputs) > 1 else next(iter(res["outputs"].values()))
+    return html, output, [], notes + graph_saturation_notes(qg, sim, data, n, batch_size)

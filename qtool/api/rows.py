@@ -21,7 +21,8 @@ def qgraph_rows(qg: QGraph, sim=None) -> list[dict]:
     exp2_inv + k_c), how the grid was set, and with a simulation its distances."""
     methods = qg.info.get("edge_methods", {})
     steps = steps_text(qg.graph)
-    edges = [(e, "input", "input") for e in qg.graph.inputs]
+    one = len(qg.graph.inputs) == 1  # several: each row names its input
+    edges = [(e, "input" if one else e, "input") for e in qg.graph.inputs]
     edges += [(e, n, qg.node(n)) for n in qg.core for e in qg.node(n).outputs]
     rows = []
     for e, name, node in edges:

@@ -189,7 +189,7 @@ def say_if_compiling() -> None:
 @app.command()
 def calibrate(
     model_path: ModelArg = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C]. A model of several inputs: one .npz or .h5 holding an array per input, named after it.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The quantized model file to write (.h5; its directory is created if needed). With --compare: optional, gets the method with the best output SNR.")] = None,
     method: Annotated[str | None, typer.Option(metavar="METHOD", show_default=False, help="Range method for activations (default auto): auto (per tensor, the method with the least error on held-out data, 5-fold cross-validated over DATA and checked at the output against each single method; docs/calibration.md), minmax (running union), ema (the per-step EMA on x and h, docs/calibration.md), percentile, mse (least squared error) or kl (least KL divergence). A whole model: auto scores per-edge (each edge's least-error method), minmax, mse and percentile 99.9/99.95/99.99 at the output on the last 20% of DATA (under 10 sequences: on DATA) and keeps the best.")] = None,
     method_weights: Annotated[str, typer.Option(metavar="METHOD", help="Range method for the weights, per output channel: a GRU's W and R, each layer's. minmax, percentile, mse (the grid of least squared error, which may clip) or kl.")] = "minmax",
@@ -317,7 +317,7 @@ def calibrate(
 @app.command()
 def advise(
     model_path: ModelArg = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C].")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="CALIB", show_default=False, help="Calibration sequences: .npy, .npz or .h5, [N, T, C]. A model of several inputs: one .npz or .h5 holding an array per input, named after it.")] = None,
     eval_path: Annotated[Path | None, typer.Option("--eval", metavar="TEST", help="Held-out sequences: the measured SNRs (and the search's) come from them.")] = None,
     target_snr: Annotated[float | None, typer.Option("--target-snr", metavar="DB", help="With --eval: the least flash whose measured output SNR reaches this many dB (with --max-flash too: refused where that flash is above the budget).")] = None,
     max_flash: Annotated[int | None, typer.Option("--max-flash", metavar="BYTES", help="With --eval: the best measured output SNR within this many bytes of flash (as 'qtool export c' counts them).")] = None,
@@ -387,7 +387,7 @@ def advise(
 @app.command()
 def simulate(
     qmodel_path: QModelArg = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5. A model of several inputs: one .npz or .h5 holding an array per input, named after it.")] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     save: Annotated[Path | None, typer.Option(metavar="FILE", parser=file_output, help="Write float/y, quant/y and quant/y_int to this .h5 file (its directory is created if needed).")] = None,
@@ -454,7 +454,7 @@ def simulate(
 @app.command()
 def report(
     qmodel_path: QModelArg = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5.")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Held-out test sequences: .npy, .npz or .h5. A model of several inputs: one .npz or .h5 holding an array per input, named after it.")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE", parser=file_output, help="The HTML page to write (one file; opens in a browser without a server; its directory is created if needed).")] = None,
     sequences: Annotated[int | None, typer.Option(metavar="N", show_default=False, help="A GRU alone: draw the float and integer output of the first N sequences (default 3).", min=1)] = None,
     units: Annotated[int | None, typer.Option(metavar="N", show_default=False, help="A GRU alone: output units drawn per sequence, spread over the output (default 4).", min=1)] = None,

@@ -170,6 +170,11 @@ def show_graph_simulation(sim, qg, data_path: Path, mode: str, save: Path | None
     else:
         out.print(qgraph_table(api.qgraph_rows(qg, sim), title, True))
     core = {e: res["edges"][e] for e in qg.core_outputs if e not in res["outputs"]}  # before a float tail
+    if len(qg.core_outputs) > 1 and mode != "fakequant":  # the figure auto and advise measure
+        m = sim.output
+        snr = "exact" if m["exact"] else f"{m['snr_db']:.2f} dB"
+        out.print(f"the integer core's {len(qg.core_outputs)} outputs together: SNR {snr}, cosine {m['cosine']:.6f}",
+                  highlight=False)
     for who, outputs in (("", {**core, **res["outputs"]}),
                          ("fake-quant ", res.get("fakequant", {}).get("outputs", {}))):
         for edge, m in outputs.items():

@@ -111,6 +111,10 @@ def import_model(path: str | Path, fmt: str | None = None, name: str | None = No
         _not_qtool_output(path)
     stacks = read_stacks(path, fmt)
     if not stacks:
+        if fmt == "haste":
+            from qtool.importers.haste import refuse_data
+
+            refuse_data(path)
         raise QtoolError(f"{path}: no GRU found in this {fmt} file")
     named = [k for k in stacks if k]
     if name is not None:

@@ -44,6 +44,19 @@ def _read_member(path: Path, z: zipfile.ZipFile, key: str) -> np.ndarray:
         return np.lib.format.read_array(f, allow_pickle=False)
 
 
+def refuse_data(path: Path) -> None:
+    """A .npz that holds no haste weights (no `kernel`) but arrays: data given where the model goes."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n[:-4] for n in z.namelist() if n.endswith(".npy")]
+    except (OSError, zipfile.BadZipFile):
+        return
+    if names and not any(n.endswith("kernel") for n in names):
+        shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
+        raise QtoolError(f"{path}: data (arrays {shown}), not a model's weights: the model comes first, then the "
+                         "data")
+
+
 def _read_arrays(path: Path) -> tuple[dict, list]:
     try:
         with zipfile.ZipFile(path) as z:

@@ -504,7 +504,7 @@ class NpyFile:
 
 
 def open_sequences(
-    path: str | os.PathLike, dataset: str | None = None, time_first: bool = False
+    path: str | os.PathLike, dataset: str | None = None, time_first: bool = False, name: str | None = None
 ) -> np.ndarray | object:
     """Open a sequence data file lazily: a .npy read by slices, an h5py dataset or an array.
 
@@ -551,8 +551,12 @@ def open_sequences(
                         "choose one with `dataset`"
                     )
                 dataset = names[0]
-            if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
-                raise QtoolError(f"{path}: no dataset '{dataset}' (has: {', '.join(names)})")
+            try:  # a link to another file that is missing raises here
+                found = dataset in f and isinstance(f[dataset], h5py.Dataset)
+            except KeyError as e:
+                raise QtoolError(f"{path}: cannot read dataset '{dataset}' ({str(e).strip(chr(34))})") from None
+            if not found:
+                raise QtoolError(f"{path}: no dataset '{dataset}' (has: {', '.join(names) or 'none'})")
             arr = f[dataset]
         else:
             raise QtoolError(f"{path}: unknown data format '{suffix}' (use .npy, .npz or .h5)")
@@ -560,7 +564,7 @@ def open_sequences(
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:  # a damaged archive or a cut file
         raise QtoolError(f"{path}: cannot read data file ({e})") from None
-    return SequenceData(arr, time_first, str(path))
+    return SequenceData(arr, time_first, name or str(path))
 
 
 def map_frame(model_map: tuple) -> tuple[int, int]:
@@ -664,7 +668,7 @@ class SequenceData:
 
 class ModelData:
     """The data of a model of several inputs: one SequenceData per input, by the input's name,
-    each holding the same sequences in the same order. Read like a SequenceData, but each chunk is
+    each holding the same sequences (N, and T steps) in the same order. Read like a SequenceData, but each chunk is
     a dict {input: [n, T, C]} (qtool.layers.run takes it as it is)."""
 
     def __init__(self, parts: dict[str, SequenceData], name: str):
@@ -672,6 +676,11 @@ class ModelData:
         if len(set(counts.values())) > 1:
             raise QtoolError(f"{name}: the inputs hold different numbers of sequences "
                              f"({', '.join(f'{e}: {c}' for e, c in counts.items())}); each holds the same ones")
+        steps = {e: d.shape[1] for e, d in parts.items()}
+        if len(set(steps.values())) > 1:
+            raise QtoolError(f"{name}: the inputs hold sequences of different lengths "
+                             f"({', '.join(f'{e}: {t} steps' for e, t in steps.items())}); each input's sequences "
+                             "have the model's steps")
         self.parts = parts
         self.name = name
         self.time_first = next(iter(parts.values())).time_first
@@ -719,11 +728,9 @@ def open_inputs(path: str | os.PathLike, inputs: list[str], time_first: bool = F
     parts = {}
     for e in inputs:
         try:
-            parts[e] = open_sequences(path, e, time_first)
+            parts[e] = open_sequences(path, e, time_first, f"{path} '{e}'")
         except QtoolError as err:
             if "no array '" not in str(err) and "no dataset '" not in str(err):
                 raise
             raise QtoolError(f"{err}: {want}, an array for each") from None
-    for e, d in parts.items():
-        d.name = f"{path} '{e}'"
     return ModelData(parts, str(path))

@@ -80,8 +80,14 @@ def test_data_that_do_not_fit_the_inputs_say_so(tmp_path):
     calib = data(8, 0)
     with pytest.raises(QtoolError, match=r"the model has 2 inputs \(x, s\): give its data as a dict of arrays"):
         api.calibrate(g, calib["x"], check=False)
-    with pytest.raises(QtoolError, match=r"the model has 2 inputs \(x, s\); the data are for x, t"):
+    with pytest.raises(QtoolError, match=r"the model has 2 inputs \(x, s\); the data lack s \(they hold x, t\)"):
         api.calibrate(g, {"x": calib["x"], "t": calib["s"]}, check=False)
+    with pytest.raises(QtoolError, match=r"a dict \{input: array\}; got a tuple"):
+        api.calibrate(g, (calib["x"], calib["s"]), check=False)
+    with pytest.raises(QtoolError, match=r"sequences of different lengths \(x: 12 steps, s: 6 steps\)"):
+        api.calibrate(g, {"x": calib["x"], "s": calib["s"][:, :6]}, check=False)
+    extra = api.calibrate(g, {**calib, "labels": np.zeros(8)}, method="minmax", check=False)  # as in a file
+    assert extra.fingerprint() == api.calibrate(g, calib, method="minmax", check=False).fingerprint()
     with pytest.raises(QtoolError, match=r"different numbers of sequences \(x: 8, s: 5\)"):
         api.calibrate(g, {"x": calib["x"], "s": calib["s"][:5]}, check=False)
     with pytest.raises(QtoolError, match=r"'s': feature size 3 does not match the model's input size 4"):
@@ -168,3 +174,25 @@ def test_a_pytorch_model_of_two_inputs_as_torch_onnx_writes_it(dynamo, tmp_path)
     cosine = got @ want.ravel() / np.linalg.norm(got) / np.linalg.norm(want)
     assert cosine > 0.99
     assert api.simulate(qg, held).outputs["y"].cosine == pytest.approx(cosine, abs=1e-5)
+
+
+def test_several_outputs_are_measured_together_first_and_inputs_are_named(tmp_path, cli):
+    g = two_inputs()
+    g = Graph([*g.nodes, Node("side", "dense", ["r"], ["z"], {}, {"W": _w(np.random.RandomState(2), 3, 6) / 8})],
+              dict(g.inputs), ["y", "z"], name="two_outputs")
+    qg = api.calibrate(g, data(24, 0), method="minmax", check=False)
+    api.save(qg, tmp_path / "q.qtool")
+    np.savez(tmp_path / "test.npz", **data(10, 1))
+    code, out, err = cli("simulate", tmp_path / "q.qtool", tmp_path / "test.npz")
+    assert code == 0, err
+    res = api.simulate(qg, data(10, 1))
+    y, z = res.outputs["y"], res.outputs["z"]
+    together = 10 * np.log10((y.ref2 + z.ref2) / (y.err2 + z.err2))
+    assert res.output["snr_db"] == pytest.approx(together, abs=1e-6)
+    lines = [line for line in out.splitlines() if ": SNR " in line]
+    assert lines[0].startswith("the integer core's 2 outputs together: SNR") and f"{together:.2f} dB" in lines[0]
+    assert [line.split(":")[0] for line in lines[1:]] == ["output y", "output z"]
+    rows = api.qgraph_rows(qg)
+    assert [(r["layer"], r["op"]) for r in rows[:2]] == [("x", "input"), ("s", "input")]
+    code, out, err = cli("simulate", tmp_path / "test.npz", tmp_path / "q.qtool")  # swapped
+    assert code == 2 and "test.npz: data (arrays x, s), not a model's weights: the model comes first" in err
