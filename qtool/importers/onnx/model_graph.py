@@ -259,9 +259,12 @@ class _Reader:
             source = "TFLite"
         if self.rank3 and self.layout != next(iter(INPUT_LAYOUTS)):
             source += f", input read as {self.layout}"
-        if self.rank4:  # and what its data's frames are
-            source += (f", input read as {self.map_layout[0]}: data [N, T, C, F]"
-                       if self.map_layout[0] != next(iter(MAP_LAYOUTS)) else ", input read as [N, T, F, C]")
+        if self.rank4:  # and what its data's frames are; of several inputs, which are maps
+            maps = [e for e in inputs if e in self.input_maps]
+            which = f"inputs {', '.join(maps)}" if len(inputs) > 1 and len(maps) > 1 else \
+                f"input {maps[0]}" if len(inputs) > 1 and maps else "input"
+            source += (f", {which} read as {self.map_layout[0]}: data [N, T, C, F]"
+                       if self.map_layout[0] != next(iter(MAP_LAYOUTS)) else f", {which} read as [N, T, F, C]")
         graph = QtoolGraph(keep, inputs, list(dict.fromkeys(e for e, _ in ports.outputs.values())), name, source,
                            steps=ports.steps if (self.rank3 or self.rank4) and not stream_note(self.model) else None)
         graph.ranges, graph.notes = ranges, list(self.notes)

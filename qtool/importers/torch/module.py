@@ -51,8 +51,8 @@ def graph_of_module(module, example, check: bool = True):
             graph = import_graph(path, "onnx", check)
         except QtoolError as e:  # name the module, not a file that is gone
             raise QtoolError(str(e).replace(str(path), f"module {name}")) from None
-    read_as = graph.source.partition(", input read as ")[2]  # the reader's word when it is not [N, T, C]
-    graph.source = f"PyTorch {name} (through ONNX)" + (f", input read as {read_as}" if read_as else "")
+    read_as = graph.source.partition(", input")[2]  # the reader's words when it is not [N, T, C]
+    graph.source = f"PyTorch {name} (through ONNX)" + (f", input{read_as}" if read_as else "")
     if check and not read_as:  # ONNX Runtime checked the file; this checks the export against the module
         try:
             with torch.no_grad():
