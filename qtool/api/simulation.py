@@ -132,6 +132,8 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
                            qmodel_fingerprint=qg.fingerprint(), model=str(qg_path or qg.graph.name),
                            data_file=Path(data.name).name, created=now_utc(),
                            data_sha256=sha256_file(Path(data.name)) if Path(data.name).is_file() else "")
+            if len(qg.graph.outputs) > 1:  # several: which dataset holds which
+                f.attrs["outputs"] = list(qg.graph.outputs)
             for k, v in sim.kept.items():
                 f.create_dataset(k, data=v)
 

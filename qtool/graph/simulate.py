@@ -68,7 +68,7 @@ class GraphSimulation:
     is_classifier: bool = False
     backend: str = "cpu"  # the GRUs' engine
     backend_reason: str = ""
-    kept: dict = field(default_factory=dict)  # with keep: float/y, quant/y, quant/y_int of the first output
+    kept: dict = field(default_factory=dict)  # with keep: float/y, quant/y, quant/y_int (output k: yk)
     mode: str = "integer"  # integer, fakequant (edges and outputs then measure the fake-quant model) or both
     fq_edges: dict = field(default_factory=dict)  # mode both: the fake-quant model's Distance per edge
     fq_outputs: dict = field(default_factory=dict)
@@ -180,9 +180,13 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
         part.agree, part.correct_quant = tops[0]
         part.fq_agree, part.fq_correct = tops[-1] if len(tops) > 1 else (0, 0)
     q, y = sides[0][3], ys[0]
-    if keep:
+    if keep:  # output k > 0 as float/yk, quant/yk and, where the core computes it, quant/yk_int
         edge = out0 if out0 in q else qg.core_outputs[0]
         part.kept = {"float/y": ref[out0], "quant/y": y[out0], "quant/y_int": q[edge].astype(np.int32)}
+        for k, out in enumerate(qg.graph.outputs[1:], 1):
+            part.kept.update({f"float/y{k}": ref[out], f"quant/y{k}": y[out]})
+            if out in q:
+                part.kept[f"quant/y{k}_int"] = q[out].astype(np.int32)
     return part
 
 

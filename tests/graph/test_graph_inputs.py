@@ -196,3 +196,30 @@ def test_several_outputs_are_measured_together_first_and_inputs_are_named(tmp_pa
     assert [(r["layer"], r["op"]) for r in rows[:2]] == [("x", "input"), ("s", "input")]
     code, out, err = cli("simulate", tmp_path / "test.npz", tmp_path / "q.qtool")  # swapped
     assert code == 2 and "test.npz: data (arrays x, s), not a model's weights: the model comes first" in err
+
+
+def test_save_writes_every_output(tmp_path, cli):
+    g = two_inputs()
+    g = Graph([*g.nodes, Node("side", "dense", ["r"], ["z"], {}, {"W": _w(np.random.RandomState(2), 3, 6) / 8})],
+              dict(g.inputs), ["y", "z"], name="two_outputs")
+    qg = api.calibrate(g, data(24, 0), method="minmax", check=False)
+    api.save(qg, tmp_path / "q.qtool")
+    test = data(10, 1)
+    np.savez(tmp_path / "test.npz", **test)
+    code, out, err = cli("simulate", tmp_path / "q.qtool", tmp_path / "test.npz", "--save", tmp_path / "r.h5")
+    assert code == 0, err
+    import h5py
+
+    q = run_int(qg, test)
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert list(f.attrs["outputs"]) == ["y", "z"]
+        np.testing.assert_array_equal(f["quant/y_int"][()], q["y"])
+        np.testing.assert_array_equal(f["quant/y1_int"][()], q["z"])
+        np.testing.assert_array_equal(f["quant/y1"][()], dequantized(qg, q)["z"])
+        np.testing.assert_allclose(f["float/y1"][()], numpy_model_side(g, test), rtol=1e-5, atol=1e-6)
+
+
+def numpy_model_side(g: Graph, test: dict) -> np.ndarray:
+    p = {n.name: n.params for n in g.nodes}
+    c = test["x"] @ p["fx"]["W"].T + test["s"] @ p["fs"]["W"].T + p["fs"]["b"]
+    return np.maximum(c, 0) @ p["side"]["W"].T
