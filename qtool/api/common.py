@@ -65,21 +65,17 @@ def _model_data(data: DataLike, dataset: str | None, time_first: bool, inputs: l
     if dataset is not None:
         raise QtoolError(f"{want}: its data file holds an array per input, named after it; `dataset` picks one "
                          "array of a model of one input")
-    if isinstance(data, ModelData):
-        parts = data
-    elif isinstance(data, dict):
-        missing = [e for e in inputs if e not in data]
-        if missing:
-            raise QtoolError(f"{want}; the data lack {', '.join(missing)} (they hold {', '.join(map(str, data))})")
-        parts = ModelData.from_arrays({e: np.asarray(data[e]) for e in inputs}, time_first, "arrays")
-    elif isinstance(data, (SequenceData, np.ndarray)):
+    if isinstance(data, (SequenceData, np.ndarray)):
         raise QtoolError(f"{want}: give its data as a dict of arrays (or a file of them), one per input")
-    else:
+    if not isinstance(data, (dict, ModelData)):
         return open_inputs(Path(data), inputs, time_first)
-    missing = [e for e in inputs if e not in parts.parts]
+    held = [str(e) for e in (data if isinstance(data, dict) else data.parts)]
+    missing = [e for e in inputs if e not in held]
     if missing:
-        raise QtoolError(f"{want}; the data lack {', '.join(missing)} (they hold {', '.join(parts.parts)})")
-    return ModelData({e: parts.parts[e] for e in inputs}, parts.name)
+        raise QtoolError(f"{want}; the data lack {', '.join(missing)} (they hold {', '.join(held)})")
+    if isinstance(data, dict):  # its other arrays are not read, as a file's
+        return ModelData.from_arrays({e: np.asarray(data[e]) for e in inputs}, time_first, "arrays")
+    return ModelData({e: data.parts[e] for e in inputs}, data.name)
 
 
 def count(data: SequenceData, limit: int | None) -> int:

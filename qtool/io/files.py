@@ -668,8 +668,8 @@ class SequenceData:
 
 class ModelData:
     """The data of a model of several inputs: one SequenceData per input, by the input's name,
-    each holding the same sequences (N, and T steps) in the same order. Read like a SequenceData, but each chunk is
-    a dict {input: [n, T, C]} (qtool.layers.run takes it as it is)."""
+    each holding the same sequences (N, and T steps) in the same order. Read like a SequenceData,
+    but each chunk is a dict {input: [n, T, C]} (qtool.layers.run takes it as it is)."""
 
     def __init__(self, parts: dict[str, SequenceData], name: str):
         counts = {e: d.num_sequences for e, d in parts.items()}

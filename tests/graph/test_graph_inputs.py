@@ -28,6 +28,13 @@ def two_inputs(seed: int = 3) -> Graph:
     return Graph(nodes, {"x": (None, 3), "s": (None, 4)}, ["y"], name="two_inputs")
 
 
+def two_outputs() -> Graph:
+    """two_inputs with a second output: z = W4 relu(W1 x + W2 s + b)."""
+    g = two_inputs()
+    side = Node("side", "dense", ["r"], ["z"], {}, {"W": _w(np.random.RandomState(2), 3, 6) / 8})
+    return Graph([*g.nodes, side], dict(g.inputs), ["y", "z"], name="two_outputs")
+
+
 def numpy_model(g: Graph, x: np.ndarray, s: np.ndarray) -> np.ndarray:
     p = {n.name: n.params for n in g.nodes}
     c = x @ p["fx"]["W"].T + s @ p["fs"]["W"].T + p["fs"]["b"]
@@ -177,9 +184,7 @@ def test_a_pytorch_model_of_two_inputs_as_torch_onnx_writes_it(dynamo, tmp_path)
 
 
 def test_several_outputs_are_measured_together_first_and_inputs_are_named(tmp_path, cli):
-    g = two_inputs()
-    g = Graph([*g.nodes, Node("side", "dense", ["r"], ["z"], {}, {"W": _w(np.random.RandomState(2), 3, 6) / 8})],
-              dict(g.inputs), ["y", "z"], name="two_outputs")
+    g = two_outputs()
     qg = api.calibrate(g, data(24, 0), method="minmax", check=False)
     api.save(qg, tmp_path / "q.qtool")
     np.savez(tmp_path / "test.npz", **data(10, 1))
@@ -199,9 +204,7 @@ def test_several_outputs_are_measured_together_first_and_inputs_are_named(tmp_pa
 
 
 def test_save_writes_every_output(tmp_path, cli):
-    g = two_inputs()
-    g = Graph([*g.nodes, Node("side", "dense", ["r"], ["z"], {}, {"W": _w(np.random.RandomState(2), 3, 6) / 8})],
-              dict(g.inputs), ["y", "z"], name="two_outputs")
+    g = two_outputs()
     qg = api.calibrate(g, data(24, 0), method="minmax", check=False)
     api.save(qg, tmp_path / "q.qtool")
     test = data(10, 1)
