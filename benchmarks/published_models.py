@@ -78,10 +78,11 @@ def one(path: Path, calib, test, presets: list[str], verify: int) -> list[str]:
         text += f", top-1 agreement {e['top1']:.1%}" if "top1" in e else ""
         for other in qg.graph.outputs[1:]:
             text += f"; {other}: cosine {output_errors(qg, test, other)['cosine']:.4f}"
-        if verify and len(g.inputs) == 1:
+        if verify:
+            part = {k: v[:verify] for k, v in test.items()} if isinstance(test, dict) else test[:verify]
             with tempfile.TemporaryDirectory() as d:
                 qtool.export_c(qg, d, name="model")
-                text += f", C: {qtool.verify(qg, d, test[:verify]).mismatches} mismatches"
+                text += f", C: {qtool.verify(qg, d, part).mismatches} mismatches"
         lines.append(text)
     return lines
 

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 from qtool.exporters.c_export import RUNTIME, encoded, render_c
-from qtool.exporters.c_source import c_name, c_table, comment, dequantize_c, float_wrappers
+from qtool.exporters.c_source import c_name, c_table, comment, dequantize_c, float_wrappers, quantize_c
 from qtool.exporters.c_types import SIZES, act_type
 
 from qtool.core.qgraph import MODEL_OPS, QGraph
@@ -96,11 +96,12 @@ class GraphExport:
 
     layout: tuple = ()  # for verify: ([(edge, C type, width, is sequence)], output index, streams, sources)
     gru_work: list = field(default_factory=list)  # per GRU: (input edge, its work's values per step, value bytes)
+    inputs: int = 1  # the model's inputs: the first edges (the caller's arrays, not in the work buffer)
 
     def work_bytes(self, steps: dict[str, int]) -> int:
         """What NAME_sequence_work returns, from every edge's steps (NAME_edge_layout's sum)."""
         edges = self.layout[0]
-        at = sum((steps[e] * w * SIZES[t] + 3) & ~3 for e, t, w, _ in edges[1:])
+        at = sum((steps[e] * w * SIZES[t] + 3) & ~3 for e, t, w, _ in edges[self.inputs:])
         return at + sum((steps[e] * per * size + 3) & ~3 for e, per, size in self.gru_work)
 
     def encoded(self) -> dict[str, bytes]:
@@ -108,17 +109,23 @@ class GraphExport:
 
 
 def check_exportable(qg: QGraph) -> None:
-    """What the C export takes: one input, a sequence; a float tail after the first output only."""
-    if len(qg.graph.inputs) != 1:
-        raise QtoolError(f"the C export takes a model of one input; this one has {len(qg.graph.inputs)}")
+    """What the C export takes: inputs that are sequences; a float tail after the first output only."""
     first = qg.core_outputs[0]
     tail_reads = {e for n in qg.tail for e in qg.node(n).inputs} - {e for n in qg.tail for e in qg.node(n).outputs}
     if tail_reads - {first}:
         raise QtoolError(f"the C export runs a float tail after the first output ({first}) only; this model has "
                          f"one after {', '.join(sorted(tail_reads - {first}))} too")
-    shape = next(iter(qg.graph.inputs.values()))
-    if len(shape) != 2:
+    vectors = [e for e, shape in qg.graph.inputs.items() if len(shape) != 2]
+    if vectors and len(qg.graph.inputs) == 1:
         raise QtoolError("the C export takes a model whose input is a sequence [T, C]")
+    if vectors:
+        raise QtoolError(f"the C export takes a model whose inputs are sequences [T, C]; {', '.join(vectors)} "
+                         f"{'is' if len(vectors) == 1 else 'are'} not")
+
+
+def input_arrays(qg: QGraph, x: np.ndarray | dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The export's inputs `[N, T, C]` in the model's order: one array, or a dict of one per input."""
+    return [x[e] for e in qg.graph.inputs] if isinstance(x, dict) else [x]
 
 
 def _nodes(qg: QGraph, prefix: str, edges: list[str], fully_integral: bool, compensation: str) -> list[_Node]:
@@ -232,10 +239,10 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
     its GRUs compensate zero points by `compensation` (qtool.exporters.c_export.render_c)."""
     check_exportable(qg)
     prefix = c_name(name)
-    edges = [next(iter(qg.graph.inputs))]
+    edges = list(qg.graph.inputs)
     nodes = _nodes(qg, prefix, edges, fully_integral, compensation)
     out_edge = qg.core_outputs[0]
-    if any(e not in edges[1:] for e in qg.core_outputs):
+    if any(e in qg.graph.inputs for e in qg.core_outputs):
         raise QtoolError("an output of the model is its input: there is nothing to export for it")
     plan = _stream_plan(qg, nodes)
     refusal = plan.refusal
@@ -257,12 +264,13 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
         floats = {f"{p}_{s}" for p in [prefix] + [n.f for n in nodes if n.gru is not None]
                   for s in ("quantize_input", "dequantize_output", "output_tail")}
         floats |= {f"{prefix}_dequantize_output{k}" for k in range(1, len(m.extra) + 1)}
+        floats |= {f"{prefix}_quantize_input{j}" for j in range(1, m.n_in)}
         check_core(texts, floats)
     layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
               sorted(n for n in files if n.endswith(".c")))
     gru_work = [(edges[n.ins[0]], _gru_work_per_step(n.qm) + n.qm.model.output_size + m.width[n.ins[0]],
                  SIZES[act_type(n.qm)]) for n in nodes if n.region]
-    return GraphExport(prefix, files, m.footprint(tables), edges, layout, gru_work)
+    return GraphExport(prefix, files, m.footprint(tables), edges, layout, gru_work, m.n_in)
 
 
 def _gru_work_per_step(qm) -> int:
@@ -283,6 +291,22 @@ class _Model:
         self.seq = [len(qg.graph.shapes[e]) == 2 for e in edges]
         self.tail = [qg.node(n) for n in qg.tail]
         self.extra = [edges.index(e) for e in qg.core_outputs[1:]]  # outputs 1, 2, ...: edge indexes
+        self.n_in = len(qg.graph.inputs)  # inputs 0, 1, ...: the first edges
+
+    # ---- the inputs: the first one's names as a model of one input has them, then x1_q, in1_t ...
+    def x(self, j: int) -> str:
+        return "x_q" if j == 0 else f"x{j}_q"
+
+    def in_t(self, j: int) -> str:
+        return f"{self.p}_in_t" if j == 0 else f"{self.p}_in{j}_t"
+
+    def in_params(self) -> str:
+        """The inputs as a function's parameters."""
+        return ", ".join(f"const {self.in_t(j)} *{self.x(j)}" for j in range(self.n_in))
+
+    def in_args(self, value: str = "") -> str:
+        """The inputs as a call's arguments (each `value` where given)."""
+        return ", ".join(value or self.x(j) for j in range(self.n_in))
 
     # ---- pieces --------------------------------------------------------------------------
     def pad_rows(self) -> list[tuple[str, str]]:
@@ -336,12 +360,15 @@ class _Model:
 
     def frames_comment(self) -> str:
         """How a feature map's frames hold it, input and outputs (the import's words), as header lines."""
-        lines = []
-        frame = input_map(self.qg.graph)
-        if frame is not None:
-            order, F, C = frame
-            lines.append(f"Input frames: {C} channels x {F} frequencies, channel-major" if order == "cf" else
-                         f"Input frames: {F} frequencies x {C} channels, frequency-major")
+        lines = [] if self.n_in == 1 else [f"Inputs: {', '.join(self.edges[:self.n_in])} (x_q, x1_q ...: "
+                                           f"{self.P}_INPUTj below), the same steps each"]
+        for j, edge in enumerate(self.edges[:self.n_in]):
+            frame = input_map(self.qg.graph, edge)
+            if frame is not None:
+                order, F, C = frame
+                which = "Input" if self.n_in == 1 else f"Input {j} ({edge})"
+                lines.append(f"{which} frames: {C} channels x {F} frequencies, channel-major" if order == "cf" else
+                             f"{which} frames: {F} frequencies x {C} channels, frequency-major")
         lines += [n for n in self.qg.graph.notes if n.startswith("output '")]
         return "".join(f" * {comment(line)}.\n" for line in lines)
 
@@ -351,10 +378,13 @@ class _Model:
         subs = "".join(f'#include "{n.f}.h"\n' for n in self.nodes if n.gru is not None)
         out_seq = self.seq[self.out]
         classes = self.width[self.out] if not out_seq and self.width[self.out] >= 2 else 0
-        stream = (f"""/* core, streaming: one input frame x_q [INPUT_SIZE]; returns 1 when it completes an output frame
+        frame_in = "one input frame x_q [INPUT_SIZE]" if self.n_in == 1 else "one frame of each input"
+        ins = "x_q [T][INPUT_SIZE]" if self.n_in == 1 else "x_q, x1_q ... [T][INPUTj_SIZE]"
+        ins_at = "0: the input, in x_q" if self.n_in == 1 else f"0 to {self.n_in - 1}: the inputs, in x_q ..."
+        stream = (f"""/* core, streaming: {frame_in}; returns 1 when it completes an output frame
  * (written to y_q [OUTPUT_SIZE]{"" if out_seq else ": the output as if the sequence ended here"}), else 0.
  * A stream of T frames gives the frames {p}_run_sequence gives for them. */
-int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q);
+int {p}_step({p}_state_t *s, {self.in_params()}, {p}_out_t *y_q);
 /* the end of the stream: the frames that padding after the sequence's end completes, at most
  * {P}_FINISH_FRAMES, written to y_q [FINISH_FRAMES][OUTPUT_SIZE]; returns how many. Then
  * {p}_reset before the next stream. */
@@ -398,7 +428,7 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
 {f"#define {P}_NUM_CLASSES ({classes})" + chr(10) if classes else ""}
 typedef {self.t[0]} {p}_in_t;
 typedef {self.t[self.out]} {p}_out_t;
-
+{self.extra_inputs_header()}
 /* Caller-owned state: allocate statically. */
 typedef struct {{
 {chr(10).join(self.state_fields())}
@@ -416,17 +446,34 @@ int32_t {p}_sequence_work(int32_t T);
 /* a constant at least {p}_sequence_work(T), for a static work buffer:
  * static uint32_t work[({P}_SEQUENCE_WORK_MAX(T) + 3) / 4]; */
 {self.work_max_macro()}
-/* where {p}_run_sequence leaves edge e (0: the input, in x_q) in work: steps[e] frames of
+/* where {p}_run_sequence leaves edge e ({ins_at}) in work: steps[e] frames of
  * NUM_EDGES' widths at byte offset[e]; `steps` and `offset` hold LAYOUT_SIZE entries (after the
  * edges, the GRUs' own work); returns the work's bytes, or -1 */
 int32_t {p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset);
-/* core, whole sequence: x_q [T][INPUT_SIZE] -> y_q [steps][OUTPUT_SIZE]; `work`, 4-byte aligned,
+/* core, whole sequence: {ins} -> y_q [steps][OUTPUT_SIZE]; `work`, 4-byte aligned,
  * holds {p}_sequence_work(T) bytes; returns the output's steps (1 for a vector), or -1 when T
  * does not fit the model */
-int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work);
+int32_t {p}_run_sequence({p}_state_t *s, {self.in_params()}, int32_t T, {p}_out_t *y_q, void *work);
 {stream}{argmax}{self.extra_header()}
 #endif /* {P}_H */
 """
+
+    def extra_inputs_header(self) -> str:
+        """Inputs 1, 2, ... of a model of several: each one's width, grid, type and float prefix."""
+        P, p, parts = self.P, self.p, []
+        for j in range(1, self.n_in):
+            g = self.grid[j]
+            parts.append(f"""
+/* input {j}: {comment(self.edges[j])}, a sequence */
+#define {P}_INPUT{j}_SIZE ({self.width[j]})
+#define {P}_INPUT{j}_EXP2_INV ({int(g.exp2_inv)}){self.input_shift_comment(j)}
+#define {P}_INPUT{j}_ZP ({g.zp})
+typedef {self.t[j]} {self.in_t(j)};
+#ifndef QGRU_NO_FLOAT
+void {p}_quantize_input{j}(const float *x, {self.in_t(j)} *x_q, int32_t n);
+#endif
+""")
+        return "".join(parts)
 
     def extra_header(self) -> str:
         """Outputs 1, 2, ... of a model of several: each one's grid and type, where NAME_run_sequence
@@ -488,7 +535,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
     # ---- the source ----------------------------------------------------------------------
     def steps_code(self) -> list[str]:
         """C statements computing steps[e] for every edge from T (return -1 where it fails)."""
-        lines = ["    steps[0] = T;"]
+        lines = [f"    steps[{j}] = T;" for j in range(self.n_in)]
         for n in self.nodes:
             a, e, w = n.ins[0], n.out, n.cn.window
             if not self.seq[e]:
@@ -531,7 +578,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
         """Per edge, (r, c) with its steps at most r * T + c for every input length T (None: a
         vector): a window of stride s takes at most (steps + pads - span) / s + 1, 'same' at most
         steps / s + 1, a pad adds its steps, every other op keeps its input's."""
-        bounds: list = [(Fraction(1), Fraction(0))] + [None] * (len(self.edges) - 1)
+        bounds: list = [(Fraction(1), Fraction(0))] * self.n_in + [None] * (len(self.edges) - self.n_in)
         for n in self.nodes:
             ins = [bounds[i] for i in n.ins if bounds[i] is not None]
             if not ins or not self.seq[n.out]:
@@ -558,7 +605,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
             return f"({part} + {math.ceil(c)})"
 
         terms = [f"{self.width[e] * SIZES[self.t[e]]} * {steps(e)} + 3" if self.seq[e] else
-                 f"{self.width[e] * SIZES[self.t[e]] + 3}" for e in range(1, len(self.edges))]
+                 f"{self.width[e] * SIZES[self.t[e]] + 3}" for e in range(self.n_in, len(self.edges))]
         terms += [f"({n.f.upper()}_SEQUENCE_WORK({steps(n.ins[0])}) + {steps(n.ins[0])} * "
                   f"{n.qm.model.output_size + self.width[n.ins[0]]}) * (int32_t)sizeof({n.f}_q_t) + 3"
                   for n in self.nodes if n.region]
@@ -568,8 +615,8 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
         lines = [f"int32_t {self.p}_edge_layout(int32_t T, int32_t *steps, int32_t *offset)", "{",
                  "    int32_t at = 0;", f"    if (T < 1 || T > {self.P}_MAX_STEPS) {{\n        return -1;\n    }}"]
         lines += self.steps_code()
-        lines.append("    offset[0] = -1;")
-        for e in range(1, len(self.edges)):
+        lines += [f"    offset[{j}] = -1;" for j in range(self.n_in)]
+        for e in range(self.n_in, len(self.edges)):
             size = f"steps[{e}] * {self.width[e] * SIZES[self.t[e]]}"
             lines.append(f"    offset[{e}] = at;\n    at += ({size} + 3) & ~3;")
         # a GRU's own work (its run_sequence) and, where its types or grids differ, its input and output
@@ -584,7 +631,7 @@ const {p}_out{k}_t *{p}_output{k}(const void *work, int32_t T, int32_t *steps)
 
     def ptr(self, e: int) -> str:
         # through void *: the regions are 4-byte aligned in a 4-byte aligned work buffer
-        return "x_q" if e == 0 else f"(({self.t[e]} *)(void *)((unsigned char *)work + offset[{e}]))"
+        return self.x(e) if e < self.n_in else f"(({self.t[e]} *)(void *)((unsigned char *)work + offset[{e}]))"
 
     def sequence_node(self, i: int, n: _Node) -> str:
         """One node of NAME_run_sequence, over whole sequences."""
@@ -759,7 +806,7 @@ static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {s
         body = "".join(self.sequence_node(i, n) for i, n in enumerate(self.nodes))
         grus = any(n.gru is not None and n.dual[1] == 1 for n in self.nodes)
         out_bytes = f"steps[{self.out}] * {self.width[self.out] * SIZES[self.t[self.out]]}"
-        return f"""int32_t {p}_run_sequence({p}_state_t *s, const {p}_in_t *x_q, int32_t T, {p}_out_t *y_q, void *work)
+        return f"""int32_t {p}_run_sequence({p}_state_t *s, {self.in_params()}, int32_t T, {p}_out_t *y_q, void *work)
 {{
     int32_t steps[{self.P}_LAYOUT_SIZE], offset[{self.P}_LAYOUT_SIZE], t;
 {"    const void *gx;" + chr(10) if grus else ""}    if ({p}_edge_layout(T, steps, offset) < 0) {{
@@ -800,7 +847,7 @@ static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {s
         """One node of NAME_step: it runs when its inputs have a new frame (a vector input: when
         one of them is new and every one holds a value)."""
         k, a, e, cn = c_name(n.name), n.ins[0], n.out, n.cn
-        X = ["x_q" if b == 0 else f"s->e{b}" for b in n.ins]
+        X = [self.x(b) if b < self.n_in else f"s->e{b}" for b in n.ins]
         Y = f"s->e{e}"
         if all(self.seq[b] for b in n.ins):
             cond = " && ".join(f"fresh[{b}]" for b in n.ins)
@@ -903,7 +950,7 @@ static void {self.p}_push_{i}({self.p}_state_t *s, const {self.t[a]} *frame, int
             fresh[e] = 0;
         }}
         {p}_push_{i}(s, {n.f}_zp_row, fresh);
-        {p}_run_nodes(s, fresh, NULL, {i + 1});
+        {p}_run_nodes(s, fresh, {self.in_args("NULL")}, {i + 1});
         if (fresh[{self.out}]) {{
             memcpy(y_q + frames * {P}_OUTPUT_SIZE, s->e{self.out}, sizeof(s->e{self.out}));
             frames++;
@@ -913,14 +960,14 @@ static void {self.p}_push_{i}({self.p}_state_t *s, const {self.t[a]} *frame, int
         finish = "".join(ends) or "    (void)s;\n    (void)y_q;\n    (void)fresh;\n"
         return f"""{pushes}
 /* every node from `from` on whose inputs have a new frame (`fresh`) */
-static void {p}_run_nodes({p}_state_t *s, int32_t *fresh, const {p}_in_t *x_q, int32_t from)
+static void {p}_run_nodes({p}_state_t *s, int32_t *fresh, {self.in_params()}, int32_t from)
 {{
 {body}}}
 
-int {p}_step({p}_state_t *s, const {p}_in_t *x_q, {p}_out_t *y_q)
+int {p}_step({p}_state_t *s, {self.in_params()}, {p}_out_t *y_q)
 {{
-    int32_t fresh[{P}_NUM_EDGES] = {{1}}; /* the edges with a new frame in this step */
-    {p}_run_nodes(s, fresh, x_q, 0);
+    int32_t fresh[{P}_NUM_EDGES] = {{{", ".join(["1"] * self.n_in)}}}; /* the edges with a new frame in this step */
+    {p}_run_nodes(s, fresh, {self.in_args()}, 0);
     if (!fresh[{self.out}]) {{
         return 0;
     }}
@@ -935,20 +982,24 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
 }}
 """
 
-    def input_shift_comment(self) -> str:
-        """A grid per input channel: its shifts as an initializer macro (for a fixed-point front end
-        with QGRU_NO_FLOAT too) and what they mean."""
-        shifts = self.qg.graph.input_shifts.get(self.edges[0])
+    def input_shift_comment(self, j: int = 0) -> str:
+        """A grid per channel of input j: its shifts as an initializer macro (for a fixed-point front
+        end with QGRU_NO_FLOAT too) and what they mean."""
+        shifts = self.qg.graph.input_shifts.get(self.edges[j])
         if not shifts:
             return ""
-        return (f"\n/* a grid per input channel: channel c's is 2^-(INPUT_EXP2_INV + INPUT_SHIFTS[c]); "
-                f"{self.p}_quantize_input\n * takes whole frames (x[0] is channel 0) */\n"
-                f"#define {self.P}_INPUT_SHIFTS {{{', '.join(map(str, shifts))}}}")
+        k = str(j) if j else ""
+        return (f"\n/* a grid per input channel: channel c's is 2^-(INPUT{k}_EXP2_INV + INPUT{k}_SHIFTS[c]); "
+                f"{self.p}_quantize_input{k}\n * takes whole frames (x[0] is channel 0) */\n"
+                f"#define {self.P}_INPUT{k}_SHIFTS {{{', '.join(map(str, shifts))}}}")
 
     def floats(self) -> str:
-        p = self.p
+        p, shifts = self.p, self.qg.graph.input_shifts
         wrappers = float_wrappers(p, f"{p}_in_t", f"{p}_out_t", self.grid[0], self.grid[self.out],
-                                  self.qg.graph.input_shifts.get(self.edges[0], ()))
+                                  shifts.get(self.edges[0], ()))
+        wrappers += "".join("\n" + quantize_c(f"{p}_quantize_input{j}", self.in_t(j), f"{self.P}_INPUT{j}_ZP",
+                                               self.grid[j], shifts.get(self.edges[j], ()), f"{p}_input{j}_scale")
+                            for j in range(1, self.n_in))
         return f"#ifndef QGRU_NO_FLOAT\n{wrappers}{self.tail_code() if self.tail else ''}#endif\n"
 
     def tail_code(self) -> str:

@@ -22,7 +22,8 @@ MAIN = """#include <stdio.h>
 #include <string.h>
 #include "{p}.h"
 
-/* usage: verify N T in.bin edges.bin stream.bin y.bin counts.bin: every sequence whole (every
+/* usage: verify N T in.bin edges.bin stream.bin y.bin counts.bin (in.bin: per sequence, each input's
+ * [T][INPUTj_SIZE] floats in turn): every sequence whole (every
  * edge's steps and integers, the dequantized output), then frame by frame (the frames NAME_step
  * completes, and how many) */
 int main(int argc, char **argv)
@@ -31,9 +32,8 @@ int main(int argc, char **argv)
     int32_t steps[{P}_LAYOUT_SIZE], offset[{P}_LAYOUT_SIZE];
     size_t n, N, T, e;
     int32_t bytes, out_steps;
-    float *x, *yf;
-    {p}_in_t *xq;
-    {p}_out_t *y, frame[{P}_OUTPUT_SIZE];
+    float *yf;
+{decls}    {p}_out_t *y, frame[{P}_OUTPUT_SIZE];
     void *work;
     FILE *fin, *fe, *fs, *fy, *fc;
     static const size_t width[{P}_NUM_EDGES] = {{{widths}}};
@@ -47,9 +47,7 @@ int main(int argc, char **argv)
     if (bytes < 0) {{
         return 6;
     }}
-    x = malloc(sizeof(float) * T * {P}_INPUT_SIZE);
-    xq = malloc(sizeof({p}_in_t) * T * {P}_INPUT_SIZE);
-    y = malloc(sizeof({p}_out_t) * (size_t)steps[{out}] * {P}_OUTPUT_SIZE);
+{allocs}    y = malloc(sizeof({p}_out_t) * (size_t)steps[{out}] * {P}_OUTPUT_SIZE);
     yf = malloc(sizeof(float) * (size_t)steps[{out}] * {P}_OUTPUT_SIZE);
     work = malloc((size_t)bytes + 4);
     fin = fopen(argv[3], "rb");
@@ -57,16 +55,12 @@ int main(int argc, char **argv)
     fs = fopen(argv[5], "wb");
     fy = fopen(argv[6], "wb");
     fc = fopen(argv[7], "wb");
-    if (!x || !xq || !y || !yf || !work || !fin || !fe || !fs || !fy || !fc) {{
+    if ({held} || !y || !yf || !work || !fin || !fe || !fs || !fy || !fc) {{
         return 3;
     }}
     for (n = 0; n < N; n++) {{
         int32_t t, count = 0;
-        if (fread(x, sizeof(float), T * {P}_INPUT_SIZE, fin) != T * {P}_INPUT_SIZE) {{
-            return 4;
-        }}
-        {p}_quantize_input(x, xq, (int32_t)(T * {P}_INPUT_SIZE));
-        out_steps = {p}_run_sequence(&s, xq, (int32_t)T, y, work);
+{reads}        out_steps = {p}_run_sequence(&s, {args}, (int32_t)T, y, work);
         if (out_steps != steps[{out}]) {{
             return 6;
         }}
@@ -75,7 +69,7 @@ int main(int argc, char **argv)
             return 5;
         }}
         for (e = 0; e < {P}_NUM_EDGES; e++) {{
-            const void *at = e == 0 ? (const void *)xq : (const void *)((unsigned char *)work + offset[e]);
+            const void *at = e < {inputs} ? ins[e] : (const void *)((unsigned char *)work + offset[e]);
             const size_t k = (size_t)steps[e] * width[e];
             if (fwrite(at, size[e], k, fe) != k) {{
                 return 5;
@@ -88,7 +82,7 @@ int main(int argc, char **argv)
 #if {P}_STREAMING
         {p}_reset(&s);
         for (t = 0; t < (int32_t)T; t++) {{
-            if ({p}_step(&s, xq + t * {P}_INPUT_SIZE, frame)) {{
+            if ({p}_step(&s, {frames}, frame)) {{
                 count++;
                 if (fwrite(frame, sizeof(frame[0]), {P}_OUTPUT_SIZE, fs) != {P}_OUTPUT_SIZE) {{
                     return 5;
@@ -113,9 +107,7 @@ int main(int argc, char **argv)
     if (fclose(fin) || fclose(fe) || fclose(fs) || fclose(fy) || fclose(fc)) {{
         return 5;
     }}
-    free(x);
-    free(xq);
-    free(y);
+{frees}    free(y);
     free(yf);
     free(work);
     return 0;
@@ -135,19 +127,21 @@ class GraphCOutputs:
     stream: list[np.ndarray] | None  # per sequence, the frames NAME_step completed (None: no NAME_step)
 
 
-def run_graph_c(layout, export_dir: Path, prefix: str, x: np.ndarray, target: str = HOST,
+def run_graph_c(layout, export_dir: Path, prefix: str, xs: list[np.ndarray], target: str = HOST,
                 timeout: float = 600.0) -> GraphCOutputs:
-    """Compile and run a whole-model export on float `x [N, T, C]`. `layout`: the export's edges,
-    each (name, C type, width, is sequence), the output's index and whether it streams."""
+    """Compile and run a whole-model export on float inputs `xs`, each `[N, T, C]` (one per input of
+    the model, in order). `layout`: the export's edges, each (name, C type, width, is sequence),
+    the output's index and whether it streams."""
     edges, out, streaming, sources = layout
     if target != HOST:
         check_tools(c_target.target(target))
-    N, T, _ = x.shape
+    N, T, _ = xs[0].shape
     main = MAIN.format(p=prefix, P=prefix.upper(), out=out, widths=", ".join(str(w) for _, _, w, _ in edges),
-                       sizes=", ".join("1" if t == "int8_t" else "2" for _, t, _, _ in edges))
+                       sizes=", ".join("1" if t == "int8_t" else "2" for _, t, _, _ in edges),
+                       **_inputs_c(prefix, len(xs)))
     with tempfile.TemporaryDirectory(prefix="qtool-verify-") as tmp:
         tmp = Path(tmp)
-        np.ascontiguousarray(x, np.float32).tofile(tmp / "in.bin")
+        np.concatenate([np.ascontiguousarray(x, np.float32).reshape(N, -1) for x in xs], 1).tofile(tmp / "in.bin")
         (tmp / "verify_main.c").write_text(main)
         exe = tmp / "verify.elf"
         srcs = [export_dir / s for s in sources] + [tmp / "verify_main.c"]
@@ -173,6 +167,27 @@ def run_graph_c(layout, export_dir: Path, prefix: str, x: np.ndarray, target: st
             raise QtoolError(f"{where} stopped before writing its results (a fault: the model's state and "
                              f"work may not fit the target's memory){': ' + said if said else ''}")
         return _read(tmp, edges, out, N, streaming, target, T)
+
+
+def _inputs_c(p: str, n: int) -> dict[str, str]:
+    """The main's code for `n` inputs: input j read as floats x{j}, quantized into xq{j}."""
+    P, js = p.upper(), range(n)
+    k = ["" if j == 0 else str(j) for j in js]
+    size = [f"T * {P}_INPUT{k[j]}_SIZE" for j in js]
+    reads = "".join(f"""        if (fread(x{j}, sizeof(float), {size[j]}, fin) != {size[j]}) {{
+            return 4;
+        }}
+        {p}_quantize_input{k[j]}(x{j}, xq{j}, (int32_t)({size[j]}));
+""" for j in js)
+    return {"decls": "".join(f"    float *x{j};\n    {p}_in{k[j]}_t *xq{j};\n" for j in js)
+            + f"    const void *ins[{n}]; /* the inputs' integers: the first edges */\n",
+            "allocs": "".join(f"    x{j} = malloc(sizeof(float) * {size[j]});\n"
+                              f"    xq{j} = malloc(sizeof({p}_in{k[j]}_t) * {size[j]});\n"
+                              f"    ins[{j}] = xq{j};\n" for j in js),
+            "held": " || ".join(f"!x{j} || !xq{j}" for j in js), "reads": reads,
+            "args": ", ".join(f"xq{j}" for j in js), "inputs": str(n),
+            "frames": ", ".join(f"xq{j} + t * {P}_INPUT{k[j]}_SIZE" for j in js),
+            "frees": "".join(f"    free(x{j});\n    free(xq{j});\n" for j in js)}
 
 
 def _read(tmp: Path, edges, out: int, N: int, streaming: bool, target: str, T: int) -> GraphCOutputs:

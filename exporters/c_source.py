@@ -517,15 +517,23 @@ def float_wrappers(prefix: str, in_t: str, out_t: str, x_spec, y_spec, shifts: t
     for an input on `x_spec`'s grid stored as `in_t`, an output on `y_spec`'s as `out_t`; with
     `shifts`, input channel c is on the grid 2^-(exp2_inv + shifts[c]) (a grid per channel)."""
     P = prefix.upper()
+    return (quantize_c(f"{prefix}_quantize_input", in_t, f"{P}_INPUT_ZP", x_spec, shifts, f"{prefix}_input_scale")
+            + "\n" + dequantize_c(f"{prefix}_dequantize_output", out_t, f"{P}_OUTPUT_ZP", y_spec))
+
+
+def quantize_c(name: str, in_t: str, zp: str, x_spec, shifts: tuple = (), scales: str = "") -> str:
+    """A float prefix: q = clamp(floor(x * 2^exp2_inv + 0.5) + zp) over n values of `x_spec`'s grid
+    (`zp`: its macro); with `shifts`, channel c's grid is 2^-(exp2_inv + shifts[c]), from the table
+    `scales`."""
     qmin, qmax = qrange(x_spec.bits)
     e = int(x_spec.exp2_inv)
     scale, table = _float_literal(e), ""
     if shifts:
-        scale = f"{prefix}_input_scale[i % {len(shifts)}]"
+        scale = f"{scales}[i % {len(shifts)}]"
         table = (f"/* 2^(exp2_inv + shift) of each input channel: its own power-of-two grid */\n"
-                 f"static const float {prefix}_input_scale[{len(shifts)}] = {{"
+                 f"static const float {scales}[{len(shifts)}] = {{"
                  + ", ".join(_float_literal(e + k) for k in shifts) + "};\n\n")
-    return f"""{table}void {prefix}_quantize_input(const float *x, {in_t} *x_q, int32_t n)
+    return f"""{table}void {name}(const float *x, {in_t} *x_q, int32_t n)
 {{
     int32_t i;
     for (i = 0; i < n; i++) {{
@@ -542,11 +550,10 @@ def float_wrappers(prefix: str, in_t: str, out_t: str, x_spec, y_spec, shifts: t
         if ((float)q > v) {{
             q -= 1;
         }}
-        x_q[i] = ({in_t})(q + {P}_INPUT_ZP);
+        x_q[i] = ({in_t})(q + {zp});
     }}
 }}
-
-{dequantize_c(f"{prefix}_dequantize_output", out_t, f"{P}_OUTPUT_ZP", y_spec)}"""
+"""
 
 
 def dequantize_c(name: str, out_t: str, zp: str, y_spec) -> str:

@@ -116,43 +116,52 @@ LARGE_VECTORS = 1 << 20  # input values of test vectors beyond which export_c's 
 
 
 def _test_inputs(qm: QuantModel | QGraph, given: DataLike | bool | None, vectors: int | None,
-                 dataset: str | None, time_first: bool) -> tuple[np.ndarray | None, list[str]]:
-    """The test vectors' float inputs `[V, T, C]` (export_c's `test_vectors`), and notes on them:
-    fewer sequences than asked; inputs outside the input's grid, which still agree bit for bit
-    but test little of the model."""
+                 dataset: str | None, time_first: bool) -> tuple[np.ndarray | dict | None, list[str]]:
+    """The test vectors' float inputs `[V, T, C]` (export_c's `test_vectors`; a model of several
+    inputs: a dict of one per input), and notes on them: fewer sequences than asked; inputs
+    outside the input's grid, which still agree bit for bit but test little of the model."""
     if given is None or given is False:
         if vectors is not None or dataset is not None or time_first:
             raise QtoolError("`vectors`, `dataset` and `time_first` go with `test_vectors`")
         return None, []
-    from qtool.layers import input_map
+    from qtool.layers import check_data
 
     whole = isinstance(qm, QGraph)
-    edge = next(iter(qm.graph.inputs)) if whole else "x"
-    width = qm.graph.inputs[edge][-1] if whole else qm.model.input_size
-    g = qm.grids[edge] if whole else qm.cells[0][0].spec["x"]
+    inputs = qm.graph.inputs if whole else {"x": (None, qm.model.input_size)}
+    grids = {e: qm.grids[e] if whole else qm.cells[0][0].spec["x"] for e in inputs}
     if given is True:
         if dataset is not None or time_first:
             raise QtoolError("`dataset` and `time_first` go with test vectors read from data")
         rng = np.random.default_rng(0)
-        x = rng.uniform(g.lo, g.hi, (4 if vectors is None else vectors, 16, width)).astype(np.float32)
-        return x, _size_notes(x)
-    data = as_data(given, dataset, time_first)
-    data.check_features(width, input_map(qm.graph) if whole else None)
+        V = 4 if vectors is None else vectors
+        xs = {e: rng.uniform(g.lo, g.hi, (V, 16, inputs[e][-1])).astype(np.float32) for e, g in grids.items()}
+        x = xs if len(xs) > 1 else next(iter(xs.values()))
+        return x, _size_notes(xs)
+    data = as_data(given, dataset, time_first, list(inputs) if whole else ())
+    if whole:
+        check_data(qm.graph, data)
+    else:
+        data.check_features(qm.model.input_size)
     n = data.num_sequences if vectors is None else min(vectors, data.num_sequences)
     notes = [f"{vectors} test vectors asked for: {Path(data.name).name} holds {n} sequence{'s' * (n != 1)}; the test "
              f"vectors are all {n}"] if n < (vectors or 0) else []
     x = data.chunk(0, n)
-    seen = qm.graph.scale_inputs({edge: x.reshape(*x.shape[:2], -1)})[edge] if whole else x  # as its grid sees it
-    share = float(np.mean((seen < g.lo) | (seen > g.hi)))
-    return x, notes + _size_notes(x) + saturation_notes({edge: share}, of="the test vectors' ")
+    xs = x if isinstance(x, dict) else {next(iter(inputs)): x}
+    seen = qm.graph.scale_inputs(xs) if whole else xs  # as the grids see them
+    share = {e: float(np.mean((seen[e] < g.lo) | (seen[e] > g.hi))) for e, g in grids.items()}
+    return x, notes + _size_notes(xs) + saturation_notes(share, of="the test vectors' ")
 
 
-def _size_notes(x: np.ndarray) -> list[str]:
+def _size_notes(xs: dict[str, np.ndarray]) -> list[str]:
     """Test vectors of more than LARGE_VECTORS input values: how many, as the header will hold them."""
-    if x.size <= LARGE_VECTORS:
+    size = sum(x.size for x in xs.values())
+    if size <= LARGE_VECTORS:
         return []
-    return [f"the test vectors are {x.size:,} input values ({len(x)} sequences x {x.shape[1]} steps x "
-            f"{x.shape[2]} channels), written with their outputs into the test header; `vectors` takes fewer"]
+    x = next(iter(xs.values()))
+    shape = (f"{x.shape[2]} channels" if len(xs) == 1 else
+             f"{' + '.join(str(a.shape[2]) for a in xs.values())} channels of {len(xs)} inputs")
+    return [f"the test vectors are {size:,} input values ({len(x)} sequences x {x.shape[1]} steps x "
+            f"{shape}), written with their outputs into the test header; `vectors` takes fewer"]
 
 
 def gru_of(qm: QuantModel | QGraph) -> QuantModel | QGraph:
@@ -176,7 +185,7 @@ def _render_gru(qm: QuantModel, prefix: str, compensation: str, fully_integral: 
 
 
 def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bool, test_vectors):
-    from qtool.exporters.c_graph import render_graph_c
+    from qtool.exporters.c_graph import input_arrays, render_graph_c
     from qtool.exporters.c_graph_vectors import render_graph_test_vectors
     from qtool.graph.simulate import run_int
 
@@ -188,11 +197,12 @@ def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bo
     if test_vectors is not None:
         q = run_int(qg, test_vectors)
         rendered.files.update(render_graph_test_vectors(prefix, rendered.layout[0][rendered.layout[1]][1],
-                                                        test_vectors, q[qg.core_outputs[0]], work_bytes(q)))
+                                                        input_arrays(qg, test_vectors), q[qg.core_outputs[0]],
+                                                        work_bytes(q)))
     steps_at = int(qg.info.get("time_steps", 0))  # the work NAME_run_sequence needs at the calibration's length
-    if steps_at and len(qg.graph.inputs) == 1:
-        width = next(iter(qg.graph.inputs.values()))[-1]
-        rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, np.zeros((1, steps_at, width), np.float32))))
+    if steps_at:
+        zeros = {e: np.zeros((1, steps_at, shape[-1]), np.float32) for e, shape in qg.graph.inputs.items()}
+        rendered.footprint.work_at = (steps_at, work_bytes(run_int(qg, zeros)))
     return rendered, qg.fingerprint()
 
 

@@ -92,7 +92,7 @@ def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, 
                   target: str = "host") -> VerifyResult:
     """`verify` of a whole model: compile its export for `target`, run `data` through it whole
     and frame by frame, and count the integers that differ from the simulator's."""
-    from qtool.exporters.c_graph import render_graph_c
+    from qtool.exporters.c_graph import input_arrays, render_graph_c
     from qtool.exporters.c_graph_verify import compare_graph, run_graph_c
     from qtool.exporters.c_verify import export_fingerprint
     from qtool.graph.simulate import run_int
@@ -115,10 +115,11 @@ def _verify_graph(qg: QGraph, export_dir: str | os.PathLike, data: DataLike, *, 
     from qtool.layers import check_data
 
     check_data(qg.graph, data)
-    x = data.chunk(0, count(data, limit))
-    phase(f"verify: compiling {prefix}'s C for {target} and running it on {len(x)} sequences")
-    c = run_graph_c(layout, export_dir, prefix, x, target)  # the C first: a missing compiler says so at once
-    phase(f"verify: simulating the {len(x)} sequences and comparing every edge's integers")
+    n = count(data, limit)
+    x = data.chunk(0, n)
+    phase(f"verify: compiling {prefix}'s C for {target} and running it on {n} sequences")
+    c = run_graph_c(layout, export_dir, prefix, input_arrays(qg, x), target)  # the C first: a missing compiler says so
+    phase(f"verify: simulating the {n} sequences and comparing every edge's integers")
     q = run_int(qg, x)
     out = qg.core_outputs[0]
     y = dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp).astype(np.float32)

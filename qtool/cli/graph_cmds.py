@@ -267,6 +267,10 @@ def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) ->
               f"{work} {res.name.upper()}_SEQUENCE_WORK_MAX(T) is a constant at least that, for static allocation; "
               + (f"{res.name}_step runs one frame at a time (RAM above: what it keeps)" if fp.streaming
                  else f"no {res.name}_step: {escape(fp.streaming_refusal)}"))
+    if len(qg.graph.inputs) > 1:
+        given = ", ".join(f"{escape(e)} ({'x_q' if j == 0 else f'x{j}_q'}, {res.name}_quantize_input{j or ''})"
+                          for j, e in enumerate(qg.graph.inputs))
+        out.print(f"inputs, each [T][{res.name.upper()}_INPUTj_SIZE]: {given}")
     if len(qg.core_outputs) > 1:
         extra = ", ".join(f"{escape(e)} ({res.name}_output{k})" for k, e in enumerate(qg.core_outputs[1:], 1))
         out.print(f"outputs: {escape(qg.core_outputs[0])} ({res.name}_run_sequence's y_q), {extra}")

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 from qtool.exporters.c_export import footprint
-from qtool.exporters.c_graph import render_graph_c
+from qtool.exporters.c_graph import input_arrays, render_graph_c
 from qtool.exporters.c_graph_verify import compare_graph, run_graph_c
 from qtool.exporters.c_target import missing_tools
 
@@ -121,7 +121,7 @@ def _verify(qg, x, tmp_path, target="host", name="m"):
     ex = render_graph_c(qg, name)
     for f, b in ex.encoded().items():
         (tmp_path / f).write_bytes(b)
-    c = run_graph_c(ex.layout, tmp_path, ex.prefix, x, target)
+    c = run_graph_c(ex.layout, tmp_path, ex.prefix, input_arrays(qg, x), target)
     q = run_int(qg, x)
     out = qg.core_outputs[0]
     y = dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp).astype(np.float32)

@@ -3,10 +3,13 @@
 written out in numpy here, each input's grid to its own data's range, and the command line."""
 
 import json
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
-from test_export_graph_c import _gru, _w
+from qtool.exporters.c_target import missing_tools
+from test_export_graph_c import _gru, _verify, _w, needs_cc
 
 from qtool import api
 from qtool.core.graph import Graph, Node
@@ -108,10 +111,8 @@ def test_data_that_do_not_fit_the_inputs_say_so(tmp_path):
     with pytest.raises(QtoolError, match="`dataset` picks one array of a model of one input"):
         api.calibrate(g, tmp_path / "part.npz", dataset="x", check=False)
     qg = api.calibrate(g, calib, method="minmax", check=False)
-    with pytest.raises(QtoolError, match="the C export takes a model of one input; this one has 2"):
-        api.export_c(qg, tmp_path / "c")
-    with pytest.raises(QtoolError, match="the C export takes a model of one input; this one has 2"):
-        api.export_c(qg, tmp_path / "c", test_vectors=calib)  # refused before the vectors are read
+    with pytest.raises(QtoolError, match=r"the data lack s \(they hold x\)"):
+        api.export_c(qg, tmp_path / "c", test_vectors={"x": calib["x"]})
     assert not (tmp_path / "c").exists()
 
 
@@ -226,3 +227,65 @@ def numpy_model_side(g: Graph, test: dict) -> np.ndarray:
     p = {n.name: n.params for n in g.nodes}
     c = test["x"] @ p["fx"]["W"].T + test["s"] @ p["fs"]["W"].T + p["fs"]["b"]
     return np.maximum(c, 0) @ p["side"]["W"].T
+
+
+def streaming_inputs(seed: int = 4) -> Graph:
+    """A causal convolution over the second input's frames, a GRU over its sum with the first, and
+    the first input read again at the end: a window, a state and a late reader of each input."""
+    rng = np.random.RandomState(seed)
+    nodes = [Node("fx", "dense", ["x"], ["a"], {}, {"W": _w(rng, 6, 3)}),
+             Node("conv", "conv1d", ["s"], ["b"], {"kernel": 3, "padding": (2, 0)}, {"W": _w(rng, 6, 4, 3) / SCALE_S}),
+             Node("sum", "add", ["a", "b"], ["c"]),
+             _gru(rng, "gru", "c", "h", 6, 5),
+             Node("fx2", "dense", ["x"], ["d"], {}, {"W": _w(rng, 5, 3)}),
+             Node("out", "add", ["h", "d"], ["y"])]
+    return Graph(nodes, {"x": (None, 3), "s": (None, 4)}, ["y"], name="streaming_inputs")
+
+
+@needs_cc
+@pytest.mark.parametrize("bits", ["int8", "w8a16"])
+@pytest.mark.parametrize("make", [two_inputs, streaming_inputs])
+def test_the_c_of_a_model_of_several_inputs_equals_the_simulator(make, bits, tmp_path):
+    """Each input its own array, type and grid in C (x_q, x1_q ...): every edge, whole and frame by
+    frame, equals the simulator; the test vectors' own main passes."""
+    qg = api.calibrate(make(), data(24, 0), bits=bits, method="minmax", check=False)
+    res, ex = _verify(qg, data(5, 1), tmp_path)
+    assert res["edge_mismatches"] == 0 and res["dequantized_mismatches"] == 0, res["edges"]
+    assert res["streaming"] and res["stream_values"] > 0 and res["stream_mismatches"] == 0
+    assert ex.work_bytes({e: 12 for e in ex.edges}) > 0 and ex.inputs == 2
+    header = (tmp_path / "m.h").read_text()
+    assert "#define M_INPUT1_SIZE (4)" in header and f"#define M_INPUT1_ZP ({qg.grids['s'].zp})" in header
+    assert "const m_in_t *x_q, const m_in1_t *x1_q, int32_t T" in header
+    api.export_c(qg, tmp_path / "c", test_vectors=data(3, 2))
+    exe = tmp_path / "t"
+    subprocess.run([shutil.which("cc") or "gcc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic",
+                    f"-I{tmp_path / 'c'}", *map(str, (tmp_path / "c").glob("*.c")), "-o", str(exe), "-lm"],
+                   check=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("PASS: 0 mismatches"), run.stdout
+
+
+@needs_cc
+def test_the_command_line_exports_and_verifies_a_model_of_several_inputs(tmp_path, cli):
+    qg = api.calibrate(streaming_inputs(), data(24, 0), method="minmax", check=False)
+    api.save(qg, tmp_path / "q.qtool")
+    np.savez(tmp_path / "test.npz", **data(4, 5))
+    code, out, err = cli("export", "c", tmp_path / "q.qtool", "-o", tmp_path / "c", "--test-vectors", "--data",
+                         tmp_path / "test.npz")
+    assert code == 0, err
+    assert "inputs, each [T][STREAMING_INPUTS_INPUTj_SIZE]: x (x_q, streaming_inputs_quantize_input), s (x1_q, " \
+           "streaming_inputs_quantize_input1)" in " ".join(out.split())
+    code, out, err = cli("verify", tmp_path / "q.qtool", tmp_path / "c", tmp_path / "test.npz")
+    assert code == 0 and "PASS" in out and "0 mismatches" in out, (out, err)
+    np.save(tmp_path / "x.npy", data(4, 5)["x"])
+    code, out, err = cli("verify", tmp_path / "q.qtool", tmp_path / "c", tmp_path / "x.npy")
+    assert code != 0 and "give their data as one .npz" in err and "Traceback" not in err
+
+
+@needs_cc
+@pytest.mark.skipif(bool(missing_tools()), reason="no Cortex-M toolchain or QEMU")
+def test_the_c_of_a_model_of_several_inputs_on_cortex_m4(tmp_path):
+    qg = api.calibrate(streaming_inputs(), data(24, 0), method="minmax", check=False)
+    res, _ = _verify(qg, data(3, 6), tmp_path, target="cortex-m4")
+    assert res["edge_mismatches"] == 0 and res["dequantized_mismatches"] == 0 and res["stream_mismatches"] == 0
+    assert res["stream_values"] > 0
