@@ -391,7 +391,8 @@ def simulate(
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     save: Annotated[Path | None, typer.Option(metavar="FILE", parser=file_output, help="Write float/y, quant/y and quant/y_int to this .h5 file (its directory is created if needed).")] = None,
-    per_tensor: Annotated[bool, typer.Option(help="A GRU alone: measure every tensor, not just the output (a whole model always measures every edge).")] = True,
+    no_per_tensor: Annotated[bool, typer.Option("--no-per-tensor", help="A GRU alone: measure the output only, not every tensor (faster; a whole model always measures every edge).")] = False,
+    per_tensor: Annotated[bool, typer.Option("--per-tensor", hidden=True, help="Measure every tensor (the default).")] = False,
     tensors: Annotated[str, typer.Option(metavar="summary|all", help="A GRU alone: which tensors to print, a summary (each layer's h and the worst few) or all of them; --json always has all. A whole model shows every edge.")] = "summary",
     batch_size: Annotated[int, typer.Option(metavar="N", help="Sequences per chunk (bounds memory).", min=1)] = 256,
     limit: LimitOpt = None,
@@ -411,6 +412,9 @@ def simulate(
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     data_path = Path(need(data_path, "test data file", "DATA"))
     whole = api.model_file_format(qmodel_path) == "qtool-qgraph"
+    if per_tensor and no_per_tensor:
+        raise QtoolError("--per-tensor and --no-per-tensor: give one (every tensor is the default)")
+    per_tensor = not no_per_tensor
     if whole and (tensors != "summary" or not per_tensor):
         raise QtoolError("a whole model always measures and shows every edge (no --tensors, --no-per-tensor)")
     if labels is not None and not whole and qmodel_path.exists():
@@ -563,7 +567,8 @@ def export_c_cmd(
              "(raw int8 inputs, for targets with int8 dot-product instructions); 'offset' subtracts "
              "the zero point from each GEMM input as it is read (CMSIS-NN's input offset): no tables, "
              "less flash. Both give the same integers.")] = "table",
-    fully_integral: Annotated[bool, typer.Option("--fully-integral/--allow-float", help="Refuse an export whose integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written (the default; --allow-float writes it).")] = True,
+    allow_float: Annotated[bool, typer.Option("--allow-float", help="Write the export even where its integer core (everything but quantize_input and dequantize_output) would contain a floating-point operation, in the program after the passes or in the C written; by default (--fully-integral) such an export is refused.")] = False,
+    fully_integral: Annotated[bool, typer.Option("--fully-integral", hidden=True, help="Refuse a core with a floating-point operation (the default).")] = False,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     force: Force = False,
@@ -576,6 +581,8 @@ def export_c_cmd(
 
     qmodel_path = Path(need(qmodel_path, "quantized model file", "QMODEL"))
     output = Path(need(output, "output directory", "--output"))
+    if fully_integral and allow_float:
+        raise QtoolError("--fully-integral and --allow-float: give one (--fully-integral is the default)")
     if not test_vectors and (vectors is not None or data_path is not None):
         raise QtoolError(f"{'--vectors' if vectors is not None else '--data'} goes with --test-vectors")
     if data_path is None and (dataset is not None or time_first):
@@ -585,7 +592,7 @@ def export_c_cmd(
     given = data_path if data_path is not None else test_vectors or None
     res = api.export_c(qm, output, name=name, compensation=compensation, test_vectors=given, vectors=vectors,
                        dataset=dataset, time_first=time_first, force=force, confirm=confirm_at_terminal(),
-                       fully_integral=fully_integral)
+                       fully_integral=not allow_float)
     warn(res.notes)
     if hasattr(res.footprint, "layers"):  # a whole model's, per layer
         graph_cmds.show_graph_export(res, qm, output, name, as_json)

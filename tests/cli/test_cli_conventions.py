@@ -25,13 +25,25 @@ def test_version_help_and_no_arguments(cli):
 
 
 def test_every_help_fits_80_columns_uncut(cli, monkeypatch):
-    """At 80 columns no flag of any command is cut to 'flag…' (help text wraps; names must not)."""
+    """At 80 columns no flag of any command is cut to 'flag…' (help text wraps; names must not),
+    and the help column keeps room to read: at least 36 characters (a flag pair's negative name
+    had squeezed it to 22)."""
     monkeypatch.setenv("COLUMNS", "80")
     commands = [["import"], ["calibrate"], ["advise"], ["simulate"], ["report"], ["inspect"], ["verify"],
                 ["precompile"], ["export", "c"], ["export", "json"], ["export", "h5"]]
     for cmd in commands:
         code, out, _ = cli(*cmd, "--help")
         assert code == 0 and "…" not in out and max(map(len, out.splitlines())) <= 80, (cmd, out)
+        wrapped = [ln for ln in out.splitlines() if ln.startswith("│ ") and ln[1:].strip("│ ")
+                   and not ln[1:].lstrip().startswith("-")]  # a help text's second lines: where it starts
+        assert 80 - max(len(ln) - len(ln[1:].lstrip()) for ln in wrapped) >= 36, (cmd, out)
+
+
+def test_a_flag_and_its_opposite_together_are_refused(cli, tmp_path):
+    for args in (["simulate", tmp_path / "q.h5", tmp_path / "t.npy", "--per-tensor", "--no-per-tensor"],
+                 ["export", "c", tmp_path / "q.h5", "-o", tmp_path / "c", "--fully-integral", "--allow-float"]):
+        code, _, err = cli(*args)
+        assert code != 0 and "give one" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_the_cli_starts_without_numpy():
