@@ -94,7 +94,8 @@ class GraphExport:
     footprint: GraphFootprint
     edges: list[str]  # every edge of the core, in NAME_edge_layout's order
 
-    layout: tuple = ()  # for verify: ([(edge, C type, width, is sequence)], output index, streams, sources)
+    layout: tuple = ()  # for verify: ([(edge, C type, width, is sequence)], output index, streams, sources,
+    #                     the other outputs' indexes)
     gru_work: list = field(default_factory=list)  # per GRU: (input edge, its work's values per step, value bytes)
     inputs: int = 1  # the model's inputs: the first edges (the caller's arrays, not in the work buffer)
 
@@ -267,7 +268,7 @@ def render_graph_c(qg: QGraph, name: str, fully_integral: bool = True, compensat
         floats |= {f"{prefix}_quantize_input{j}" for j in range(1, m.n_in)}
         check_core(texts, floats)
     layout = ([(e, t, w, sq) for e, t, w, sq in zip(edges, m.t, m.width, m.seq)], m.out, not refusal,
-              sorted(n for n in files if n.endswith(".c")))
+              sorted(n for n in files if n.endswith(".c")), m.extra)
     gru_work = [(edges[n.ins[0]], _gru_work_per_step(n.qm) + n.qm.model.output_size + m.width[n.ins[0]],
                  SIZES[act_type(n.qm)]) for n in nodes if n.region]
     return GraphExport(prefix, files, m.footprint(tables), edges, layout, gru_work, m.n_in)
@@ -356,6 +357,9 @@ class _Model:
                 out.append(f"    int32_t {c_name(n.name)}_count;")
             out.append(f"    {self.t[e]} e{e}[{self.width[e]}]; /* {comment(self.edges[e])}: its latest frame */")
         out.append(f"    int32_t valid[{len(self.edges)}]; /* a vector edge holds a value */")
+        if not self.refusal:
+            out += [f"    int32_t frames{k}; /* frames output {k} completed since reset */"
+                    for k in range(1, len(self.extra) + 1)]
         return out
 
     def frames_comment(self) -> str:
@@ -481,8 +485,10 @@ void {p}_quantize_input{j}(const float *x, {self.in_t(j)} *x_q, int32_t n);
         P, p, parts = self.P, self.p, []
         for k, e in enumerate(self.extra, 1):
             g = self.grid[e]
-            latest = (f"/* streaming: its latest frame, complete in the step that completed it */\n"
-                      f"const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s);\n" if not self.refusal else "")
+            latest = (f"/* streaming: its latest frame, and how many frames it has completed since {p}_reset (a step\n"
+                      f" * completes at most one; {p}_finish may complete several, and the last is the latest) */\n"
+                      f"const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s);\n"
+                      f"int32_t {p}_frames{k}(const {p}_state_t *s);\n" if not self.refusal else "")
             parts.append(f"""
 /* output {k}: {comment(self.edges[e])}, {"a sequence" if self.seq[e] else "one vector per sequence"} */
 #define {P}_OUTPUT{k}_SIZE ({self.width[e]})
@@ -505,6 +511,11 @@ void {p}_dequantize_output{k}(const {p}_out{k}_t *y_q, float *y, int32_t n);
 const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s)
 {{
     return s->e{e};
+}}
+
+int32_t {p}_frames{k}(const {p}_state_t *s)
+{{
+    return s->frames{k};
 }}
 """)
             parts.append(f"""
@@ -836,6 +847,8 @@ static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {s
             if n.cn.kind == "reduce":
                 lines.append(f"    s->{k}_count = 0;")
         lines.append(f"    for (i = 0; i < {self.P}_NUM_EDGES; i++) {{\n        s->valid[i] = 0;\n    }}")
+        if not self.refusal:
+            lines += [f"    s->frames{k} = 0;" for k in range(1, len(self.extra) + 1)]
         return f"""void {self.p}_reset({self.p}_state_t *s)
 {{
     int32_t i;
@@ -855,7 +868,7 @@ static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {s
             cond = ("(" + " || ".join(f"fresh[{b}]" for b in n.ins) + ") && "
                     + " && ".join(f"s->valid[{b}]" for b in n.ins))
         head = f"    /* {comment(self.qg.node(n.name).label)} */\n    if (from <= {i} && {cond}) {{\n"
-        done = f"        fresh[{e}] = 1;\n        s->valid[{e}] = 1;\n    }}\n"
+        done = f"        fresh[{e}] = 1;\n        s->valid[{e}] = 1;\n{self.count(e)}    }}\n"
         if cn.kind in ("frame", "last", "pad"):
             return head + f"        {n.f}({', '.join(X)}, {Y});\n" + done
         if cn.kind == "reduce":
@@ -929,9 +942,14 @@ static void {self.p}_push_{i}({self.p}_state_t *s, const {self.t[a]} *frame, int
         at[3] = at[3] + {w.stride} > {left} ? {left} : at[3] + {w.stride};
         fresh[{e}] = 1;
         s->valid[{e}] = 1;
-    }}
+{self.count(e)}    }}
 }}
 """
+
+    def count(self, e: int) -> str:
+        """Output k's frame count (NAME_framesK) where edge e is output k = 1, 2, ...: the line that
+        counts its new frame."""
+        return f"        s->frames{self.extra.index(e) + 1}++;\n" if e in self.extra else ""
 
     def step(self) -> str:
         """NAME_step, NAME_finish and what they share: the ring pushes and the nodes run from one

@@ -431,3 +431,37 @@ def test_a_whole_model_that_is_a_gru_alone_exports_the_grus_own_c(tmp_path):
     assert whole.fingerprint == qm.fingerprint()
     res = qtool.verify(qg, tmp_path / "g", SAMPLES / "test.npy", limit=5)
     assert res.mismatches == 0 and res.output_values > 0
+
+
+def rates_graph(seed=6) -> Graph:
+    """Three outputs at three rates: every frame, every other frame (a stride of 2), and every
+    frame two frames late (right padding: its last two come from NAME_finish)."""
+    rng = np.random.RandomState(seed)
+    n = [Node("fc", "dense", ["x"], ["y"], {}, {"W": _w(rng, 3, 4)}),
+         Node("half", "conv1d", ["x"], ["h2"], {"kernel": 2, "stride": 2}, {"W": _w(rng, 5, 4, 2)}),
+         Node("late", "conv1d", ["x"], ["l"], {"kernel": 3, "padding": (0, 2)}, {"W": _w(rng, 2, 4, 3)})]
+    return Graph(n, {"x": (None, 4)}, ["y", "h2", "l"], name="rates")
+
+
+@needs_cc
+def test_every_output_is_verified_frame_by_frame_at_its_own_rate(tmp_path):
+    """NAME_framesK counts output K's frames (a stride's every other, a right padding's from
+    NAME_finish); verify compares each frame NAME_latestK shows when its count moves, and the
+    final count, so a wrong frame of any output is found frame by frame."""
+    qg = api.calibrate(rates_graph(), _data(4, 24, 20, 0), method="minmax", check=False)
+    x = _data(4, 3, 11, 1)
+    res, ex = _verify(qg, x, tmp_path)
+    q = run_int(qg, x)
+    assert res["stream_mismatches"] == 0 and res["edge_mismatches"] == 0
+    seen = 3 * (11 * 3 + 5 * 5 + 10 * 2)  # every frame of y and h2 (5), l's 9 from steps and the last from finish
+    assert q["h2"].shape[1] == 5 and q["l"].shape[1] == 11 and res["stream_values"] == seen
+    header = (tmp_path / "m.h").read_text()
+    assert "int32_t m_frames1(const m_state_t *s);" in header and "int32_t m_frames2(" in header
+    # a frame of the strided output that only NAME_step computes wrongly: whole sequences still agree
+    source = (tmp_path / "m.c").read_text()
+    flip = f"s->frames1++;\n        s->e{ex.edges.index('h2')}[0] ^= 1;"
+    (tmp_path / "m.c").write_text(source.replace("s->frames1++;", flip))
+    c = run_graph_c(ex.layout, tmp_path, ex.prefix, [x], "host")
+    out = qg.core_outputs[0]
+    res = compare_graph(c, q, out, dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp))
+    assert res["edge_mismatches"] == 0 and res["stream_mismatches"] == 3 * 5
