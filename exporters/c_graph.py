@@ -365,7 +365,7 @@ class _Model:
     def frames_comment(self) -> str:
         """How a feature map's frames hold it, input and outputs (the import's words), as header lines."""
         lines = [] if self.n_in == 1 else [f"Inputs: {', '.join(self.edges[:self.n_in])} (x_q, x1_q ...: "
-                                           f"{self.P}_INPUTj below), the same steps each"]
+                                           f"{self.P}_INPUT_SIZE, {self.P}_INPUT1_SIZE ...), the same steps each"]
         for j, edge in enumerate(self.edges[:self.n_in]):
             frame = input_map(self.qg.graph, edge)
             if frame is not None:
@@ -442,7 +442,8 @@ void {p}_reset({p}_state_t *s);
 #ifndef QGRU_NO_FLOAT
 /* prefix: q = clamp(floor(x * 2^exp2_inv + 0.5) + zp), n values */
 void {p}_quantize_input(const float *x, {p}_in_t *x_q, int32_t n);
-/* suffix: y = (q - zp) * 2^-exp2_inv, n values */
+{"".join(f"void {p}_quantize_input{j}(const float *x, {self.in_t(j)} *x_q, int32_t n);{chr(10)}"
+         for j in range(1, self.n_in))}/* suffix: y = (q - zp) * 2^-exp2_inv, n values */
 void {p}_dequantize_output(const {p}_out_t *y_q, float *y, int32_t n);
 {tail}#endif
 /* bytes of the work buffer {p}_run_sequence needs for T steps (-1: T is too short or too long) */
@@ -463,8 +464,8 @@ int32_t {p}_run_sequence({p}_state_t *s, {self.in_params()}, int32_t T, {p}_out_
 """
 
     def extra_inputs_header(self) -> str:
-        """Inputs 1, 2, ... of a model of several: each one's width, grid, type and float prefix."""
-        P, p, parts = self.P, self.p, []
+        """Inputs 1, 2, ... of a model of several: each one's width, grid and type."""
+        P, parts = self.P, []
         for j in range(1, self.n_in):
             g = self.grid[j]
             parts.append(f"""
@@ -473,9 +474,6 @@ int32_t {p}_run_sequence({p}_state_t *s, {self.in_params()}, int32_t T, {p}_out_
 #define {P}_INPUT{j}_EXP2_INV ({int(g.exp2_inv)}){self.input_shift_comment(j)}
 #define {P}_INPUT{j}_ZP ({g.zp})
 typedef {self.t[j]} {self.in_t(j)};
-#ifndef QGRU_NO_FLOAT
-void {p}_quantize_input{j}(const float *x, {self.in_t(j)} *x_q, int32_t n);
-#endif
 """)
         return "".join(parts)
 

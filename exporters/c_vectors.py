@@ -11,9 +11,16 @@ from qtool.exporters.c_types import act_type
 from qtool.core.qmodel import QuantModel
 
 
+def c_float(v: float) -> str:
+    """A float32 value as a C float constant that reads back exactly: 9 significant digits, with a
+    point where they have none (`2f` is not C; `2.0f` is)."""
+    text = f"{float(v):.9g}"
+    return f"{text}{'' if any(c in text for c in '.en') else '.0'}f"
+
+
 def float_array(name: str, values: np.ndarray, per_line: int = 8) -> str:
     flat = np.asarray(values, np.float32).ravel()
-    body = ",\n".join("    " + ", ".join(f"{float(v):.9g}f" for v in flat[i:i + per_line])
+    body = ",\n".join("    " + ", ".join(c_float(v) for v in flat[i:i + per_line])
                       for i in range(0, len(flat), per_line))
     return f"static const float {name}[{len(flat)}] = {{\n{body}\n}};\n"
 

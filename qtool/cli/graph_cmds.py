@@ -236,7 +236,8 @@ def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) ->
                "ram_bytes": fp.ram_bytes if fp.streaming else None, "macs_per_step": fp.macs_per_step,
                "macs_per_sequence": fp.macs_per_sequence,
                "streaming": fp.streaming, "streaming_refusal": fp.streaming_refusal,
-               "layers": [{**vars(x), **state} for x in fp.layers], "outputs": qg.core_outputs,
+               "layers": [{**vars(x), **state} for x in fp.layers],
+               "inputs": list(qg.graph.inputs), "outputs": qg.core_outputs,
                "sequence_work": dict(zip(("steps", "bytes"), fp.work_at)), "notes": res.notes}
     if as_json:
         emit_json(summary)
@@ -268,9 +269,9 @@ def show_graph_export(res, qg, output: Path, name: str | None, as_json: bool) ->
               + (f"{res.name}_step runs one frame at a time (RAM above: what it keeps)" if fp.streaming
                  else f"no {res.name}_step: {escape(fp.streaming_refusal)}"))
     if len(qg.graph.inputs) > 1:
-        given = ", ".join(f"{escape(e)} ({'x_q' if j == 0 else f'x{j}_q'}, {res.name}_quantize_input{j or ''})"
-                          for j, e in enumerate(qg.graph.inputs))
-        out.print(f"inputs, each [T][{res.name.upper()}_INPUTj_SIZE]: {given}")
+        given = ", ".join(f"{escape(e)} (x{j or ''}_q [T][{res.name.upper()}_INPUT{j or ''}_SIZE], "
+                          f"{res.name}_quantize_input{j or ''})" for j, e in enumerate(qg.graph.inputs))
+        out.print(f"inputs: {given}")
     if len(qg.core_outputs) > 1:
         extra = ", ".join(f"{escape(e)} ({res.name}_output{k})" for k, e in enumerate(qg.core_outputs[1:], 1))
         out.print(f"outputs: {escape(qg.core_outputs[0])} ({res.name}_run_sequence's y_q), {extra}")

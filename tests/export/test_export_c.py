@@ -122,6 +122,25 @@ def test_test_vectors_main_passes_and_detects_a_wrong_table(tmp_path):
     assert res.returncode == 1 and res.stdout.startswith("FAIL")
 
 
+def test_test_vectors_of_whole_numbers_compile_and_pass(tmp_path):
+    """Zeros (padding, silence, a ReLU's output) and other whole numbers in the inputs are C float
+    constants (`0.0f`, `2.0f`; `0f` is not C) that read back as the very floats given."""
+    from qtool.exporters.c_vectors import c_float
+
+    qm, x = model_and_data(1, 2, 4, "int8")
+    x = x[:3].copy()
+    x[0, :4] = 0.0
+    x[1, 0, :2] = (2.0, -3.0)
+    x[2, 0, :3] = (1e10, 1.5e-7, -0.0)
+    export_c(qm, tmp_path, "m")
+    write_test_vectors(qm, tmp_path, "m", x)
+    compile_c(sources(tmp_path, "m") + [tmp_path / "m_test_main.c"], tmp_path / "t", tmp_path)
+    res = subprocess.run([tmp_path / "t"], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.startswith("PASS: 0 mismatches"), res.stdout
+    assert [c_float(v) for v in (0.0, 2.0, -3.0, 1e10, -0.0)] == ["0.0f", "2.0f", "-3.0f", "1e+10f", "-0.0f"]
+    assert all(np.float32(float(c_float(v)[:-1])) == v for v in x.ravel())
+
+
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
 def test_clang_strict_flags(tmp_path):
     qm, x = model_and_data(2, 2, 5, "int16")

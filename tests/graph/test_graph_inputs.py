@@ -273,8 +273,8 @@ def test_the_command_line_exports_and_verifies_a_model_of_several_inputs(tmp_pat
     code, out, err = cli("export", "c", tmp_path / "q.qtool", "-o", tmp_path / "c", "--test-vectors", "--data",
                          tmp_path / "test.npz")
     assert code == 0, err
-    assert "inputs, each [T][STREAMING_INPUTS_INPUTj_SIZE]: x (x_q, streaming_inputs_quantize_input), s (x1_q, " \
-           "streaming_inputs_quantize_input1)" in " ".join(out.split())
+    assert "inputs: x (x_q [T][STREAMING_INPUTS_INPUT_SIZE], streaming_inputs_quantize_input), s (x1_q " \
+           "[T][STREAMING_INPUTS_INPUT1_SIZE], streaming_inputs_quantize_input1)" in " ".join(out.split())
     code, out, err = cli("verify", tmp_path / "q.qtool", tmp_path / "c", tmp_path / "test.npz")
     assert code == 0 and "PASS" in out and "0 mismatches" in out, (out, err)
     np.save(tmp_path / "x.npy", data(4, 5)["x"])
