@@ -124,6 +124,12 @@ def check_exportable(qg: QGraph) -> None:
                          f"{'is' if len(vectors) == 1 else 'are'} not")
 
 
+def suffix(j: int) -> str:
+    """Input j's mark in its C names: none for input 0 (as a model of one input has them: x_q,
+    NAME_in_t, NAME_INPUT_SIZE), j for the others (x1_q, NAME_in1_t, NAME_INPUT1_SIZE ...)."""
+    return str(j) if j else ""
+
+
 def input_arrays(qg: QGraph, x: np.ndarray | dict[str, np.ndarray]) -> list[np.ndarray]:
     """The export's inputs `[N, T, C]` in the model's order: one array, or a dict of one per input."""
     return [x[e] for e in qg.graph.inputs] if isinstance(x, dict) else [x]
@@ -296,10 +302,10 @@ class _Model:
 
     # ---- the inputs: the first one's names as a model of one input has them, then x1_q, in1_t ...
     def x(self, j: int) -> str:
-        return "x_q" if j == 0 else f"x{j}_q"
+        return f"x{suffix(j)}_q"
 
     def in_t(self, j: int) -> str:
-        return f"{self.p}_in_t" if j == 0 else f"{self.p}_in{j}_t"
+        return f"{self.p}_in{suffix(j)}_t"
 
     def in_params(self) -> str:
         """The inputs as a function's parameters."""
@@ -1004,7 +1010,7 @@ int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
         shifts = self.qg.graph.input_shifts.get(self.edges[j])
         if not shifts:
             return ""
-        k = str(j) if j else ""
+        k = suffix(j)
         return (f"\n/* a grid per input channel: channel c's is 2^-(INPUT{k}_EXP2_INV + INPUT{k}_SHIFTS[c]); "
                 f"{self.p}_quantize_input{k}\n * takes whole frames (x[0] is channel 0) */\n"
                 f"#define {self.P}_INPUT{k}_SHIFTS {{{', '.join(map(str, shifts))}}}")

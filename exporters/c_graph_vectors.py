@@ -5,6 +5,7 @@ frame by frame (NAME_step), and prints pass/fail. The expected integers are the 
 from __future__ import annotations
 
 import numpy as np
+from qtool.exporters.c_graph import suffix
 from qtool.exporters.c_source import c_array
 from qtool.exporters.c_vectors import float_array
 
@@ -17,7 +18,7 @@ def render_graph_test_vectors(prefix: str, out_t: str, xs: list[np.ndarray], y: 
     P = prefix.upper()
     V, T, _ = xs[0].shape
     y = np.asarray(y).reshape(V, -1)
-    ins = [("", "x_q")] + [(str(j), f"x{j}_q") for j in range(1, len(xs))]  # input k's names: in{k}_t, x{k}_q
+    ins = [(suffix(j), f"x{suffix(j)}_q") for j in range(len(xs))]  # input k's names: in{k}_t, x{k}_q
     inputs = "\n".join(float_array(f"{prefix}_test_input{k}", x) for (k, _), x in zip(ins, xs))
     buffers = "".join(f"static {prefix}_in{k}_t {xq}[{P}_TEST_STEPS * {P}_INPUT{k}_SIZE];\n" for k, xq in ins)
     quantize = f"        {prefix}_quantize_input({prefix}_test_input + v * in_n, x_q, (int32_t)in_n);\n"

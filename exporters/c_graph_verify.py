@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from qtool.exporters import c_target
+from qtool.exporters.c_graph import suffix
 from qtool.exporters.c_target import HOST, TARGETS, check_tools, cross_compile
 from qtool.exporters.c_verify import CFLAGS, compile_c
 
@@ -178,7 +179,7 @@ def run_graph_c(layout, export_dir: Path, prefix: str, xs: list[np.ndarray], tar
 def _inputs_c(p: str, n: int) -> dict[str, str]:
     """The main's code for `n` inputs: input j read as floats x{j}, quantized into xq{j}."""
     P, js = p.upper(), range(n)
-    k = ["" if j == 0 else str(j) for j in js]
+    k = [suffix(j) for j in js]
     size = [f"T * {P}_INPUT{k[j]}_SIZE" for j in js]
     reads = "".join(f"""        if (fread(x{j}, sizeof(float), {size[j]}, fin) != {size[j]}) {{
             return 4;
