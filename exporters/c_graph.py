@@ -366,6 +366,7 @@ class _Model:
         if not self.refusal:
             out += [f"    int32_t frames{k}; /* frames output {k} completed since reset */"
                     for k in range(1, len(self.extra) + 1)]
+            out.append(f"    int32_t flushed; /* rows of padding after the end {self.p}_flush has pushed */")
         return out
 
     def frames_comment(self) -> str:
@@ -395,9 +396,12 @@ class _Model:
  * (written to y_q [OUTPUT_SIZE]{"" if out_seq else ": the output as if the sequence ended here"}), else 0.
  * A stream of T frames gives the frames {p}_run_sequence gives for them. */
 int {p}_step({p}_state_t *s, {self.in_params()}, {p}_out_t *y_q);
-/* the end of the stream: the frames that padding after the sequence's end completes, at most
- * {P}_FINISH_FRAMES, written to y_q [FINISH_FRAMES][OUTPUT_SIZE]; returns how many. Then
- * {p}_reset before the next stream. */
+/* the end of the stream, one row of the padding after the sequence's end a call: returns 1 when
+ * it completes an output frame (written to y_q [OUTPUT_SIZE]), 0 when not, -1 when every row is
+ * pushed; {"outputs 1, 2 ...: read as after a step. " if self.extra else ""}Then {p}_reset before the next stream. */
+int {p}_flush({p}_state_t *s, {p}_out_t *y_q);
+/* the end of the stream at once: {p}_flush until -1, the frames it completes (at most
+ * {P}_FINISH_FRAMES) written to y_q [FINISH_FRAMES][OUTPUT_SIZE]; returns how many */
 int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q);
 """ if not self.refusal else f"""/* No {p}_step: {comment(self.refusal)}. Run whole sequences. */
 """)
@@ -490,7 +494,7 @@ typedef {self.t[j]} {self.in_t(j)};
         for k, e in enumerate(self.extra, 1):
             g = self.grid[e]
             latest = (f"/* streaming: its latest frame, and how many frames it has completed since {p}_reset (a step\n"
-                      f" * completes at most one; {p}_finish may complete several, and the last is the latest) */\n"
+                      f" * or a {p}_flush completes at most one: read it after each) */\n"
                       f"const {p}_out{k}_t *{p}_latest{k}(const {p}_state_t *s);\n"
                       f"int32_t {p}_frames{k}(const {p}_state_t *s);\n" if not self.refusal else "")
             parts.append(f"""
@@ -852,7 +856,7 @@ static void {self.p}_gru_frame_{i}({self.p}_state_t *s, const {self.t[a]} *x, {s
                 lines.append(f"    s->{k}_count = 0;")
         lines.append(f"    for (i = 0; i < {self.P}_NUM_EDGES; i++) {{\n        s->valid[i] = 0;\n    }}")
         if not self.refusal:
-            lines += [f"    s->frames{k} = 0;" for k in range(1, len(self.extra) + 1)]
+            lines += [f"    s->frames{k} = 0;" for k in range(1, len(self.extra) + 1)] + ["    s->flushed = 0;"]
         return f"""void {self.p}_reset({self.p}_state_t *s)
 {{
     int32_t i;
@@ -956,30 +960,32 @@ static void {self.p}_push_{i}({self.p}_state_t *s, const {self.t[a]} *frame, int
         return f"        s->frames{self.extra.index(e) + 1}++;\n" if e in self.extra else ""
 
     def step(self) -> str:
-        """NAME_step, NAME_finish and what they share: the ring pushes and the nodes run from one
-        of them on."""
+        """NAME_step, NAME_flush, NAME_finish and what they share: the ring pushes and the nodes run
+        from one of them on."""
         if self.refusal:
             return ""
         p, P = self.p, self.P
         pushes = "".join(self.push(i, n) for i, n in enumerate(self.nodes) if n.cn.kind == "window")
         body = "".join(self.step_node(i, n) for i, n in enumerate(self.nodes))
-        ends = []  # NAME_finish: each right padding, in graph order, then what follows it
-        for i, n in enumerate(self.nodes):
-            if n.cn.kind == "window" and self.plan.pads[i][0][1]:
-                ends.append(f"""    /* {comment(n.name)}: its right padding */
-    for (r = 0; r < {self.plan.pads[i][0][1]}; r++) {{
-        for (e = 0; e < {P}_NUM_EDGES; e++) {{
-            fresh[e] = 0;
-        }}
+        pads = [(i, n, self.plan.pads[i][0][1]) for i, n in enumerate(self.nodes)
+                if n.cn.kind == "window" and self.plan.pads[i][0][1]]
+        ends, first = [], 0  # NAME_flush: each right padding, in graph order, one row a call
+        for i, n, rows in pads:
+            branch = "if" if not ends else "} else if"
+            ends.append(f"""    {branch} (r < {first + rows}) {{ /* {comment(n.name)}: its right padding */
         {p}_push_{i}(s, {n.f}_zp_row, fresh);
         {p}_run_nodes(s, fresh, {self.in_args("NULL")}, {i + 1});
-        if (fresh[{self.out}]) {{
-            memcpy(y_q + frames * {P}_OUTPUT_SIZE, s->e{self.out}, sizeof(s->e{self.out}));
-            frames++;
-        }}
-    }}
 """)
-        finish = "".join(ends) or "    (void)s;\n    (void)y_q;\n    (void)fresh;\n"
+            first += rows
+        flush = ("".join(ends) + "    } else {\n        return -1;\n    }\n") if ends else \
+            "    (void)s;\n    (void)y_q;\n    (void)fresh;\n    (void)r;\n    return -1;\n"
+        tail = f"""    s->flushed++;
+    if (!fresh[{self.out}]) {{
+        return 0;
+    }}
+    memcpy(y_q, s->e{self.out}, sizeof(s->e{self.out}));
+    return 1;
+""" if ends else ""
         return f"""{pushes}
 /* every node from `from` on whose inputs have a new frame (`fresh`) */
 static void {p}_run_nodes({p}_state_t *s, int32_t *fresh, {self.in_params()}, int32_t from)
@@ -997,10 +1003,19 @@ int {p}_step({p}_state_t *s, {self.in_params()}, {p}_out_t *y_q)
     return 1;
 }}
 
+int {p}_flush({p}_state_t *s, {p}_out_t *y_q)
+{{
+    int32_t fresh[{P}_NUM_EDGES] = {{0}}, r = {"s->flushed" if ends else "0"};
+{flush}{tail}}}
+
 int32_t {p}_finish({p}_state_t *s, {p}_out_t *y_q)
 {{
-    int32_t fresh[{P}_NUM_EDGES], frames = 0{", r, e" if ends else ""};
-{finish}    return frames;
+    int32_t frames = 0;
+    int r;
+    while ((r = {p}_flush(s, y_q + frames * {P}_OUTPUT_SIZE)) >= 0) {{
+        frames += r;
+    }}
+    return frames;
 }}
 """
 

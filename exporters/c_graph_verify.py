@@ -25,8 +25,8 @@ MAIN = """#include <stdio.h>
 
 /* usage: verify N T in.bin edges.bin stream.bin y.bin counts.bin others.bin (in.bin: per sequence,
  * each input's [T][INPUTj_SIZE] floats in turn): every sequence whole (every edge's steps and
- * integers, the dequantized output), then frame by frame (the frames NAME_step completes, and how
- * many; others.bin: each time output k > 0 has a new frame, the sequence, k, its count and the
+ * integers, the dequantized output), then frame by frame (the frames NAME_step and NAME_flush
+ * complete, and how many; others.bin: each time output k > 0 has a new frame, the sequence, k, its count and the
  * frame) */
 int main(int argc, char **argv)
 {{
@@ -94,15 +94,19 @@ int main(int argc, char **argv)
                 }}
             }}
 {others}        }}
-        {{
-            static {p}_out_t tail[{P}_FINISH_FRAMES * {P}_OUTPUT_SIZE];
-            const int32_t more = {p}_finish(&s, tail);
-            count += more;
-            if (fwrite(tail, sizeof(tail[0]), (size_t)more * {P}_OUTPUT_SIZE, fs) != (size_t)more * {P}_OUTPUT_SIZE) {{
-                return 5;
+        for (;;) {{ /* the end: padding after it, a row a call */
+            const int done = {p}_flush(&s, frame);
+            if (done < 0) {{
+                break;
             }}
-        }}
-{others}#endif
+            if (done) {{
+                count++;
+                if (fwrite(frame, sizeof(frame[0]), {P}_OUTPUT_SIZE, fs) != {P}_OUTPUT_SIZE) {{
+                    return 5;
+                }}
+            }}
+{others}        }}
+#endif
         (void)seen;
         (void)t;
         (void)frame;

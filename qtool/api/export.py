@@ -196,9 +196,9 @@ def _render_graph(qg: QGraph, prefix: str, compensation: str, fully_integral: bo
 
     if test_vectors is not None:
         q = run_int(qg, test_vectors)
-        rendered.files.update(render_graph_test_vectors(prefix, rendered.layout[0][rendered.layout[1]][1],
-                                                        input_arrays(qg, test_vectors), q[qg.core_outputs[0]],
-                                                        work_bytes(q)))
+        edges, out, _, _, others = rendered.layout
+        outs = [(edges[e][1], q[edges[e][0]]) for e in [out, *others]]
+        rendered.files.update(render_graph_test_vectors(prefix, outs, input_arrays(qg, test_vectors), work_bytes(q)))
     steps_at = int(qg.info.get("time_steps", 0))  # the work NAME_run_sequence needs at the calibration's length
     if steps_at:
         zeros = {e: np.zeros((1, steps_at, shape[-1]), np.float32) for e, shape in qg.graph.inputs.items()}

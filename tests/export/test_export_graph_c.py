@@ -435,7 +435,7 @@ def test_a_whole_model_that_is_a_gru_alone_exports_the_grus_own_c(tmp_path):
 
 def rates_graph(seed=6) -> Graph:
     """Three outputs at three rates: every frame, every other frame (a stride of 2), and every
-    frame two frames late (right padding: its last two come from NAME_finish)."""
+    frame two frames late (right padding: its last two come from NAME_flush)."""
     rng = np.random.RandomState(seed)
     n = [Node("fc", "dense", ["x"], ["y"], {}, {"W": _w(rng, 3, 4)}),
          Node("half", "conv1d", ["x"], ["h2"], {"kernel": 2, "stride": 2}, {"W": _w(rng, 5, 4, 2)}),
@@ -446,14 +446,14 @@ def rates_graph(seed=6) -> Graph:
 @needs_cc
 def test_every_output_is_verified_frame_by_frame_at_its_own_rate(tmp_path):
     """NAME_framesK counts output K's frames (a stride's every other, a right padding's from
-    NAME_finish); verify compares each frame NAME_latestK shows when its count moves, and the
-    final count, so a wrong frame of any output is found frame by frame."""
+    NAME_flush, one a call); verify compares each frame NAME_latestK shows when its count moves,
+    and the final count, so a wrong or lost frame of any output is found frame by frame."""
     qg = api.calibrate(rates_graph(), _data(4, 24, 20, 0), method="minmax", check=False)
     x = _data(4, 3, 11, 1)
     res, ex = _verify(qg, x, tmp_path)
     q = run_int(qg, x)
     assert res["stream_mismatches"] == 0 and res["edge_mismatches"] == 0
-    seen = 3 * (11 * 3 + 5 * 5 + 10 * 2)  # every frame of y and h2 (5), l's 9 from steps and the last from finish
+    seen = 3 * (11 * 3 + 5 * 5 + 11 * 2)  # every frame of y and h2 (5), l's 9 from steps and 2 from NAME_flush
     assert q["h2"].shape[1] == 5 and q["l"].shape[1] == 11 and res["stream_values"] == seen
     header = (tmp_path / "m.h").read_text()
     assert "int32_t m_frames1(const m_state_t *s);" in header and "int32_t m_frames2(" in header
@@ -465,3 +465,35 @@ def test_every_output_is_verified_frame_by_frame_at_its_own_rate(tmp_path):
     out = qg.core_outputs[0]
     res = compare_graph(c, q, out, dequantize(q[out], int(qg.grids[out].exp2_inv), qg.grids[out].zp))
     assert res["edge_mismatches"] == 0 and res["stream_mismatches"] == 3 * 5
+
+
+@needs_cc
+def test_test_vectors_check_every_output_whole_and_frame_by_frame(tmp_path):
+    """`--test-vectors` of a model of three outputs at three rates: its own main checks each
+    output after NAME_run_sequence and each frame NAME_latestK shows while streaming, the last two
+    of the late output from NAME_flush; a wrong expected value of output 2 fails it."""
+    import subprocess
+
+    qg = api.calibrate(rates_graph(), _data(4, 24, 20, 0), method="minmax", check=False)
+    x = _data(4, 3, 11, 1)
+    api.export_c(qg, tmp_path / "c", name="r", test_vectors=x)
+    q = run_int(qg, x)
+    header = (tmp_path / "c" / "r_test_vectors.h").read_text()
+    assert "#define R_TEST_OUTPUT1_VALUES 25" in header and "#define R_TEST_OUTPUT2_VALUES 22" in header
+
+    def run() -> str:
+        srcs = [str(p) for p in (tmp_path / "c").glob("*.c")]
+        subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{tmp_path / 'c'}",
+                        *srcs, "-o", str(tmp_path / "t"), "-lm"], check=True)
+        return subprocess.run([str(tmp_path / "t")], capture_output=True, text=True).stdout
+
+    whole = sum(int(np.size(q[e])) for e in ("y", "h2", "l"))
+    assert run() == f"PASS: 0 mismatches in {2 * whole} output integers\n"
+    # the late output's last frame (one NAME_flush gives) expected otherwise: found whole and streaming
+    at = header.index("r_test_expected2[")
+    end = header.index("};", at)
+    values = header[header.index("{", at) + 1:end].replace("\n", " ").split(",")
+    values[21] = str(int(values[21]) ^ 1)
+    (tmp_path / "c" / "r_test_vectors.h").write_text(header[:header.index("{", at) + 1] + ",".join(values)
+                                                     + header[end:])
+    assert run().startswith("FAIL: 2 mismatches")
