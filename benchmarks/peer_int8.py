@@ -22,6 +22,7 @@ calibration and held-out data, so that qtool's figures there can be read against
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -141,8 +142,12 @@ def ort_static(path: Path, calib: np.ndarray, test: np.ndarray) -> str:
             return next(self.items, None)
 
     with tempfile.TemporaryDirectory() as d:
-        pre, out = f"{d}/pre.onnx", f"{d}/int8.onnx"
-        quant_pre_process(str(path), pre, skip_symbolic_shape=True)
+        pre, out, here = f"{d}/pre.onnx", f"{d}/int8.onnx", os.getcwd()
+        os.chdir(d)  # its pre-processing leaves a file in the working folder
+        try:
+            quant_pre_process(str(path.resolve()), pre, skip_symbolic_shape=True)
+        finally:
+            os.chdir(here)
         for method, extra in [("MinMax", {}), ("Percentile", {"CalibPercentile": 99.9})]:
             for per_channel in (True, False):
                 try:
