@@ -530,9 +530,9 @@ def open_sequences(
             if not zipfile.is_zipfile(path):  # numpy would call it a pickle
                 raise QtoolError(f"{path}: not a .npz archive (a damaged or cut file, or another format named .npz)")
             with np.load(path, allow_pickle=False) as z:
-                name = _pick_npz(z.files, dataset, path)
-                _check_npz_member(path, name)
-                arr = z[name]  # reads only the array asked for
+                member = _pick_npz(z.files, dataset, path)
+                _check_npz_member(path, member)
+                arr = z[member]  # reads only the array asked for
         elif suffix in (".h5", ".hdf5"):
             import h5py
 

@@ -120,6 +120,16 @@ def test_a_whole_models_results_file_says_what_it_holds(qfile, tmp_path, mode):
         assert f.attrs["qmodel_fingerprint"] == q.attrs["fingerprint"]
 
 
+def test_the_results_file_names_an_npz_data_file_and_its_digest(qfile, tmp_path):
+    """Data from a .npz: the file's name and digest, not the array's name."""
+    from qtool.io.files import sha256_file
+
+    np.savez(tmp_path / "test.npz", x=np.load(SAMPLES / "test.npy")[:20])
+    api.simulate(qfile, tmp_path / "test.npz", save=tmp_path / "r.h5")
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert f.attrs["data_file"] == "test.npz" and f.attrs["data_sha256"] == sha256_file(tmp_path / "test.npz")
+
+
 def test_the_cli_results_file_names_the_quantized_file(cli, qfile, tmp_path):
     out = tmp_path / "r.h5"
     code, _, err = cli("simulate", qfile, SAMPLES / "test.npy", "--limit", "20", "--save", out, "--mode", "fakequant")
