@@ -126,18 +126,21 @@ def calibrate_gru(node: Node, x: np.ndarray, config: dict, method: str, percenti
     `calibrators` keeps the observations of this GRU on `x` for the next config."""
     gru = SELF_CALIBRATED[node.op](node)
     data = SequenceData(x, False, f"the input of {node.name}")
-    if method in ("auto", "per-edge"):
-        from qtool.calibration.auto import calibrate_auto
+    try:
+        if method in ("auto", "per-edge"):
+            from qtool.calibration.auto import calibrate_auto
 
-        qm, choice = calibrate_auto(gru, data, len(x), config, method_weights, percentile, chunk, None, info,
-                                    calibrators)
-        return qm, choice.plan
-    plan = MethodPlan.from_config(config, method, method_weights, percentile)
-    cache = {} if calibrators is None else calibrators
-    key = ("observers", repr(plan))  # what the observers depend on, whatever the bits
-    if key not in cache:
-        cache[key] = collect(gru, data, plan, chunk)
-    return build_quant_model(gru, cache[key], config, info, plan), plan
+            qm, choice = calibrate_auto(gru, data, len(x), config, method_weights, percentile, chunk, None, info,
+                                        calibrators)
+            return qm, choice.plan
+        plan = MethodPlan.from_config(config, method, method_weights, percentile)
+        cache = {} if calibrators is None else calibrators
+        key = ("observers", repr(plan))  # what the observers depend on, whatever the bits
+        if key not in cache:
+            cache[key] = collect(gru, data, plan, chunk)
+        return build_quant_model(gru, cache[key], config, info, plan), plan
+    except QtoolError as e:  # its tensors' names (x, h, z_pre ...) are the GRU's own: say whose
+        raise QtoolError(f"layer '{node.name}' ({node.op}): {e}") from None
 
 
 def with_edge_grids(qm: QuantModel, x: TensorQ | None = None, h: TensorQ | None = None) -> QuantModel:

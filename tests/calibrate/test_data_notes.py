@@ -147,3 +147,16 @@ def test_calibrate_says_when_auto_scores_a_gru_alone_poorly(monkeypatch):
     got = choice()
     assert f"output SNR on the held-out sequences is {got.held_snr_db[got.winner]:.1f} dB at best: these bits " \
            "are too coarse for this model" in got.note
+
+
+def test_a_value_beyond_every_grid_is_refused_naming_the_gru_layer_it_reaches(cli, tmp_path):
+    """One value of 1e30 in the data: no 8-bit power-of-two grid holds it. A whole model's GRU
+    names its tensors as the GRU does (x, h ...), so the refusal says which layer's."""
+    pytest.importorskip("onnx")
+    x = np.load(SAMPLES / "calib.npy")[:32].copy()
+    x[3, 2, 1] = 1e30
+    np.save(tmp_path / "huge.npy", x)
+    code, _, err = cli("calibrate", SAMPLES / "digits.onnx", tmp_path / "huge.npy", "-o", tmp_path / "q.h5",
+                       "--method", "minmax", "--no-check")
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "q.h5").exists()
+    assert err.strip().splitlines()[-1].startswith("error: layer '/gru/GRU' (gru): x: range [0, 1e+30] is wider")
