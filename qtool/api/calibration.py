@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from qtool.api.common import DataLike, Progress, as_data, axes_notes, count, only_for
 from qtool.api.models import is_whole, load_model_for_data, read_graph
 from qtool.core.graph import Graph
@@ -81,12 +83,21 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
             "source_sha256": sha256_file(source) if source and source.is_file() else ""}
     info["notes"] = axes_notes(model.steps, data.shape, data.time_first, "declares")
     prep = prepare(model, data, n, config, batch_size, tick)
+    info["notes"] += constant_notes({e: prep.values[e] for e in prep.graph.inputs if e in prep.values})
     weights = {} if method_weights == "minmax" else {"method_weights": method_weights}
     return [auto_graph(prep, n, config, percentile, batch_size, {"method": m, **weights, **info}, snap, method_weights)
             if m == "auto" else
             quantize_graph(prep, n, config, m, percentile, batch_size, {"method": m, **weights, **info}, snap,
                            method_weights)
             for m in methods]
+
+
+def constant_notes(inputs: dict[str, np.ndarray]) -> list[str]:
+    """Inputs whose calibration data hold one value throughout (input -> its values): a grid, and
+    every range after it, fitted to nothing."""
+    return [f"input '{e}' is {float(v.flat[0]):.6g} throughout the calibration data: its grid and the ranges "
+            "after it are fitted to no variation (are these the data the model reads?)"
+            for e, v in inputs.items() if v.size and float(v.min()) == float(v.max())]
 
 
 def _bits_config(bits: str | dict) -> tuple[str, dict]:

@@ -160,3 +160,14 @@ def test_a_value_beyond_every_grid_is_refused_naming_the_gru_layer_it_reaches(cl
                        "--method", "minmax", "--no-check")
     assert code == 2 and "Traceback" not in err and not (tmp_path / "q.h5").exists()
     assert err.strip().splitlines()[-1].startswith("error: layer '/gru/GRU' (gru): x: range [0, 1e+30] is wider")
+
+
+def test_calibration_data_that_never_vary_are_noted():
+    """An input that holds one value throughout the calibration data (zeros, a fill value) gets a
+    note: its grid is fitted to no variation."""
+    pytest.importorskip("onnx")
+    x = np.zeros((16, 8, 8), np.float32)
+    qg = qtool.calibrate(SAMPLES / "digits.onnx", x, method="minmax", check=False)
+    assert any("is 0 throughout the calibration data" in n for n in qg.info["notes"])
+    qg = qtool.calibrate(SAMPLES / "digits.onnx", np.load(SAMPLES / "calib.npy")[:16], method="minmax", check=False)
+    assert not any("throughout" in n for n in qg.info["notes"])
