@@ -17,7 +17,17 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from qtool.exporters.c_source import RUNTIME, c_name, c_table, model_c, model_h, params_h, rb_hidden, step_extra
+from qtool.exporters.c_source import (
+    RUNTIME,
+    c_linkage,
+    c_name,
+    c_table,
+    model_c,
+    model_h,
+    params_h,
+    rb_hidden,
+    step_extra,
+)
 from qtool.exporters.c_types import COMPENSATION, SIZES, ModelTypes, int_type, model_types
 
 from qtool.core.model import DIRECTIONS
@@ -167,9 +177,9 @@ def render_c(qm: QuantModel, name: str, compensation: str = "table", fully_integ
                 + f"\nconst {prefix}_cell_t {prefix}_cells[{len(inits)}] QGRU_SECTION = {{\n"
                 + ",\n".join(inits) + "\n};\n")
     files: dict[str, bytes | str] = {f: (RUNTIME / f).read_bytes() for f in ("qgru.h", "qgru.c")}
-    files[f"{prefix}_params.h"] = params_h(qm, prefix, ty, [d for d, _ in tables])
+    files[f"{prefix}_params.h"] = c_linkage(params_h(qm, prefix, ty, [d for d, _ in tables]))
     files[f"{prefix}_params.c"] = params_c
-    files[f"{prefix}.h"] = model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes)
+    files[f"{prefix}.h"] = c_linkage(model_h(qm, prefix, ty, fp.macs_per_step, fp.ram_bytes))
     files[f"{prefix}.c"] = model_c(qm, prefix, ty, cells)
     if fully_integral:
         from qtool.exporters.c_integral import check_core

@@ -30,6 +30,18 @@ C_KEYWORDS = {"auto", "break", "case", "char", "const", "continue", "default", "
               "switch", "typedef", "union", "unsigned", "void", "volatile", "while"}
 
 
+def c_linkage(header: str) -> str:
+    """A header's declarations in `extern "C"` for C++ callers: opened after its first #includes,
+    closed before its include guard's #endif."""
+    lines = header.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("#include"))
+    while lines[at].startswith("#include"):
+        at += 1
+    end = max(i for i, line in enumerate(lines) if line.startswith("#endif"))
+    return "\n".join(lines[:at] + ['#ifdef __cplusplus', 'extern "C" {', '#endif'] + lines[at:end]
+                     + ['#ifdef __cplusplus', '}', '#endif'] + lines[end:])
+
+
 def c_name(name: str) -> str:
     """A safe C identifier prefix: only [A-Za-z0-9_], not starting with a digit, not a keyword, at
     most 48 characters, no "_" at either end (so that c_name(c_name(n)) == c_name(n))."""

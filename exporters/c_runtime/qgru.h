@@ -11,6 +11,9 @@
 #define QGRU_H
 
 #include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Place constant tables in a memory section: define before including, e.g.
  * #define QGRU_SECTION __attribute__((section(".rodata.qgru"))) */
@@ -203,4 +206,7 @@ QGRU_INLINE void qgru_dot3_s8_dsp(const int8_t *w, int32_t row_step, const int8_
 /* Returns 0 when this platform computes what the simulator computes (arithmetic shifts). */
 int qgru_check_platform(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* QGRU_H */

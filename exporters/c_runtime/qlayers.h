@@ -9,6 +9,9 @@
 
 #include <stdint.h>
 #include "qgru.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* sum_k w[r * row_step + k] * v[k], r = 0, 1, 2, int8 weights and inputs, int32 sums (the
  * export proves they fit): the GRU's SMLAD kernel where the core has it, the plain loop
@@ -102,4 +105,7 @@ QGRU_INLINE int64_t qlayers_average(int64_t s, int32_t count, int32_t d, int32_t
     return qlayers_floordiv64(2 * num + n, 2 * n);
 }
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* QLAYERS_H */

@@ -497,3 +497,47 @@ def test_test_vectors_check_every_output_whole_and_frame_by_frame(tmp_path):
     (tmp_path / "c" / "r_test_vectors.h").write_text(header[:header.index("{", at) + 1] + ",".join(values)
                                                      + header[end:])
     assert run().startswith("FAIL: 2 mismatches")
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("g++")), reason="needs gcc and g++")
+def test_a_cpp_program_links_the_exported_c(tmp_path):
+    """The headers declare C linkage for C++: a C++ main calls a whole model's and a GRU alone's
+    C, compiled by a C compiler, and gets the simulator's integers."""
+    from conftest import SAMPLES
+
+    qg = api.calibrate(rates_graph(), _data(4, 24, 20, 0), method="minmax", check=False)
+    gru = api.calibrate(SAMPLES / "digits_gru.safetensors", SAMPLES / "calib.npy", method="minmax")
+    api.export_c(qg, tmp_path / "c", name="r")
+    api.export_c(gru, tmp_path / "c", name="g")
+    x = _data(4, 1, 3, 1)
+    want = run_int(qg, x)["y"][0, -1]
+    (tmp_path / "main.cpp").write_text(f"""#include <cstdio>
+#include "r.h"
+#include "g.h"
+static r_state_t s;
+static g_state_t gs;
+int main() {{
+    const float x[3][4] = {{{", ".join("{" + ", ".join(f"{float(v)!r}f" for v in row) + "}" for row in x[0])}}};
+    r_in_t xq[4];
+    r_out_t y[R_OUTPUT_SIZE];
+    g_q_t gx[G_INPUT_SIZE] = {{0}}, gy[G_OUTPUT_SIZE];
+    r_reset(&s);
+    for (int t = 0; t < 3; t++) {{
+        r_quantize_input(x[t], xq, 4);
+        (void)r_step(&s, xq, y);
+    }}
+    g_reset(&gs);
+    (void)g_step(&gs, gx, gy);
+    for (int i = 0; i < R_OUTPUT_SIZE; i++) std::printf("%d ", (int)y[i]);
+    return 0;
+}}
+""")
+    objs = []
+    for src in (tmp_path / "c").glob("*.c"):
+        obj = tmp_path / (src.stem + ".o")
+        subprocess.run(["gcc", "-std=c99", "-O1", "-c", str(src), "-o", str(obj), f"-I{tmp_path / 'c'}"], check=True)
+        objs.append(str(obj))
+    subprocess.run(["g++", "-std=c++11", "-Wall", "-Werror", f"-I{tmp_path / 'c'}", str(tmp_path / "main.cpp"),
+                    *objs, "-o", str(tmp_path / "m"), "-lm"], check=True)
+    out = subprocess.run([str(tmp_path / "m")], capture_output=True, text=True, check=True).stdout
+    assert [int(v) for v in out.split()] == [int(v) for v in want]
