@@ -49,7 +49,7 @@ class ExportResult:
     compensation: str
     fingerprint: str
     edited: list[str] = field(default_factory=list)  # replaced files edited since qtool wrote them
-    removed: list[str] = field(default_factory=list)  # an earlier export's test vectors, not written now
+    removed: list[str] = field(default_factory=list)  # an earlier export's files not written now
     notes: list[str] = field(default_factory=list)  # what looks wrong with the test vectors
 
 
@@ -105,11 +105,32 @@ def export_c(qm: QuantModel | QGraph | str | os.PathLike, out_dir: str | os.Path
     render = _render_graph if isinstance(qm, QGraph) else _render_gru
     rendered, stamp = render(qm, prefix, compensation, fully_integral, test_vectors)
     files = rendered.encoded()
-    stale = [f"{prefix}_test_vectors.h", f"{prefix}_test_main.c"]  # an export with test vectors wrote them
+    stale = [f"{prefix}_test_vectors.h", f"{prefix}_test_main.c",  # an export with test vectors wrote them
+             *_earlier_parts(Path(out_dir), prefix)]
     replaced = write_files(out_dir, files, force, confirm, inputs=[path], stale=stale,
                            fixed=[f.name for f in RUNTIME.iterdir()])
     return ExportResult(Path(out_dir), prefix, list(files), replaced.names, rendered.footprint, compensation,
                         stamp, replaced.edited, replaced.removed, notes)
+
+
+def _earlier_parts(out_dir: Path, prefix: str) -> list[str]:
+    """The files of the GRUs an earlier export of `prefix` in `out_dir` included (its NAME.h's
+    #include lines): a GRU renamed since would leave them behind."""
+    import re
+
+    from qtool.exporters.c_export import RUNTIME
+    from qtool.io.files import written_by_qtool
+
+    header = out_dir / f"{prefix}.h"
+    if not header.is_file() or not written_by_qtool(header):
+        return []
+    try:
+        stems = re.findall(r'^#include "([A-Za-z_][A-Za-z0-9_]*)\.h"', header.read_text(errors="replace"), re.M)
+    except OSError:
+        return []
+    fixed = {p.stem for p in RUNTIME.iterdir()} | {f"{prefix}_params"}
+    return [f"{s}{part}" for s in stems if s not in fixed and s.startswith(f"{prefix}_")
+            for part in (".h", ".c", "_params.h", "_params.c")]
 
 
 LARGE_VECTORS = 1 << 20  # input values of test vectors beyond which export_c's notes say how many

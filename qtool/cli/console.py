@@ -166,8 +166,8 @@ def wrote(res, output: Path, as_json: bool = False, name: str | None = None) -> 
         replaced = f" (replaced {', '.join(res.replaced)})" if res.replaced else ""
         out.print(f"wrote {', '.join(res.files)} -> {escape(str(output))}{replaced}")
         if res.removed:
-            out.print(f"removed {', '.join(res.removed)}: an earlier export's test vectors (this export writes "
-                      "none)", highlight=False)
+            out.print(f"removed {', '.join(res.removed)}: an earlier export of {res.name} wrote them; this one "
+                      "does not", highlight=False)
 
 
 class Interrupted(BaseException):

@@ -541,3 +541,26 @@ int main() {{
                     *objs, "-o", str(tmp_path / "m"), "-lm"], check=True)
     out = subprocess.run([str(tmp_path / "m")], capture_output=True, text=True, check=True).stdout
     assert [int(v) for v in out.split()] == [int(v) for v in want]
+
+
+def test_a_re_export_removes_the_files_of_a_gru_it_no_longer_has(tmp_path):
+    """Exporting again under the same name a model whose GRU is named otherwise: the earlier
+    export's GRU files (its NAME.h included them) go, with consent; a user's file, and another
+    export whose name starts alike, stay."""
+    first = api.calibrate(causal_graph(), _data(6, 24, 20, 0), method="minmax", check=False)
+    g = causal_graph()
+    g.nodes = [Node("rnn", n.op, n.inputs, n.outputs, n.attrs, n.params) if n.op == "gru" else n for n in g.nodes]
+    second = api.calibrate(g, _data(6, 24, 20, 0), method="minmax", check=False)
+    api.export_c(first, tmp_path, name="m")
+    api.export_c(first, tmp_path, name="m_x")  # another export whose name starts with m_
+    (tmp_path / "m_gru_notes.h").write_text("/* mine */\n")
+    old = {f for f in api.export_c(first, tmp_path, name="m", force=True).files if f.startswith("m_gru")}
+    assert old == {"m_gru.c", "m_gru.h", "m_gru_params.c", "m_gru_params.h"}  # the GRU node's files
+    asked = []
+    with pytest.raises(QtoolError, match="m_gru.h, m_gru.c, m_gru_params.h, m_gru_params.c; use `force`"):
+        api.export_c(second, tmp_path, name="m", confirm=lambda q: asked.append(q))
+    assert "and remove m_gru.h, m_gru.c, m_gru_params.h, m_gru_params.c" in asked[0]
+    res = api.export_c(second, tmp_path, name="m", force=True)
+    assert sorted(res.removed) == sorted(old) and "m_rnn.c" in res.files
+    assert not any((tmp_path / f).exists() for f in old) and (tmp_path / "m_gru_notes.h").exists()
+    assert (tmp_path / "m_x.h").exists() and (tmp_path / "m_x_gru.c").exists()
