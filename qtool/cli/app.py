@@ -663,8 +663,8 @@ def export_h5_cmd(
 def verify(
     qmodel_path: Annotated[Path | None, typer.Argument(metavar="QMODEL", show_default=False, help="The quantized model that was exported.")] = None,
     export_dir: Annotated[Path | None, typer.Argument(metavar="DIR", show_default=False, help="The directory 'qtool export c' wrote.")] = None,
-    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Sequences to run: .npy, .npz or .h5.")] = None,
-    name: Annotated[str | None, typer.Option(metavar="NAME", help="The --name given to 'qtool export c' (default: the only export in DIR).")] = None,
+    data_path: Annotated[Path | None, typer.Argument(metavar="DATA", show_default=False, help="Sequences to run: .npy, .npz or .h5 (a model of several inputs: one .npz or .h5 of an array per input, named after it).")] = None,
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="The --name given to 'qtool export c' (default: the only export in DIR, else the one made from QMODEL).")] = None,
     dataset: DataOpt = None,
     time_first: TimeFirst = False,
     limit: LimitOpt = None,

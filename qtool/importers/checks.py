@@ -109,7 +109,10 @@ def reason(e: BaseException | str) -> str:
     """A library's exception (or its message) as a short one-line reason (they can span pages)."""
     lines = str(e).strip().splitlines()
     kind = "" if isinstance(e, str) else f"{type(e).__name__}: "
-    return f"{kind}{lines[0][:200]}" if lines else kind.rstrip(": ") or "no reason given"
+    if not lines:
+        return kind.rstrip(": ") or "no reason given"
+    line = lines[0] if len(lines[0]) <= 300 else lines[0][:300].rsplit(" ", 1)[0] + " ..."
+    return f"{kind}{line}"
 
 
 @contextmanager

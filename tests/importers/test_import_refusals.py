@@ -243,3 +243,25 @@ def test_an_input_no_output_reads_is_named(cli, tmp_path):
     code, out, err = cli("import", tmp_path / "m.onnx", "-o", tmp_path / "m.h5")
     assert code == 0, err
     assert "input(s) 'spare' feed none of the outputs: left out" in " ".join(out.split())
+
+
+def test_onnx_runtimes_refusals_read_as_one_short_line():
+    """ONNX Runtime's messages carry its source path and C++ signatures: qtool's reason keeps what
+    it says, whole (the shapes at the end), and cuts a long one at a word."""
+    from qtool.importers.checks import reason
+    from qtool.importers.onnx.check import ORT_NOISE
+
+    msg = ("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Reshape node. "
+           "Name:'/Reshape' Status Message: /onnxruntime_src/onnxruntime/core/providers/cpu/tensor/reshape_helper.h"
+           ":47 onnxruntime::ReshapeHelper::ReshapeHelper(const onnxruntime::TensorShape&, onnxruntime::"
+           "TensorShapeVector&, bool) input_shape_size == size was false. The input tensor cannot be reshaped to the "
+           "requested shape. Input shape:{3,8,4}, requested shape:{1,8,4}")
+    assert reason(ORT_NOISE.sub("", msg)) == (
+        "Non-zero status code returned while running Reshape node. Name:'/Reshape' Status Message: input_shape_size"
+        " == size was false. The input tensor cannot be reshaped to the requested shape. Input shape:{3,8,4}, "
+        "requested shape:{1,8,4}")
+    msg = ("[ONNXRuntimeError] : 1 : FAIL : Status Message: /onnxruntime_src/onnxruntime/core/providers/cpu/"
+           "quantization/quantize_linear.cc:117 void onnxruntime::PrepareForQDQ(const TensorShape&, int64_t&) "
+           "scale.Shape().NumDimensions() == 1 was false.")
+    assert reason(ORT_NOISE.sub("", msg)) == "Status Message: scale.Shape().NumDimensions() == 1 was false."
+    assert reason("word " * 100).endswith("word ...") and len(reason("word " * 100)) <= 304

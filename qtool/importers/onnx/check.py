@@ -67,7 +67,8 @@ TOLERANCE = 1e-4  # the ONNX Runtime check, relative to the output's magnitude w
 CHECK_N, CHECK_T = 3, 8  # the check's batch and steps where the file leaves them dynamic
 # ONNX Runtime's status code and where in its sources it failed (`[ONNXRuntimeError] : 1 : FAIL :
 # /onnxruntime_src/...h:46 void f(...)`): not the reason, which follows
-ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : |/onnxruntime_src/\S+:\d+ .*?\) (?=[A-Z])")
+ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : "
+                       r"|/onnxruntime_src/\S+:\d+ (?:(?:[\w:~*&]+ )?[\w:~]+\([^()]*\) )?")
 
 
 def check_graph(path: Path, graph, ports, reader) -> dict:
