@@ -392,13 +392,14 @@ class _Model:
         frame_in = "one input frame x_q [INPUT_SIZE]" if self.n_in == 1 else "one frame of each input"
         ins = "x_q [T][INPUT_SIZE]" if self.n_in == 1 else "x_q, x1_q ... [T][INPUTj_SIZE]"
         ins_at = "0: the input, in x_q" if self.n_in == 1 else f"0 to {self.n_in - 1}: the inputs, in x_q ..."
+        others = " Outputs 1, 2 ...: read them after each call, as after a step.\n *" if self.extra else ""
         stream = (f"""/* core, streaming: {frame_in}; returns 1 when it completes an output frame
  * (written to y_q [OUTPUT_SIZE]{"" if out_seq else ": the output as if the sequence ended here"}), else 0.
  * A stream of T frames gives the frames {p}_run_sequence gives for them. */
 int {p}_step({p}_state_t *s, {self.in_params()}, {p}_out_t *y_q);
 /* the end of the stream, one row of the padding after the sequence's end a call: returns 1 when
  * it completes an output frame (written to y_q [OUTPUT_SIZE]), 0 when not, -1 when every row is
- * pushed; {"outputs 1, 2 ...: read as after a step. " if self.extra else ""}Then {p}_reset before the next stream. */
+ * pushed.{others} Then {p}_reset before the next stream. */
 int {p}_flush({p}_state_t *s, {p}_out_t *y_q);
 /* the end of the stream at once: {p}_flush until -1, the frames it completes (at most
  * {P}_FINISH_FRAMES) written to y_q [FINISH_FRAMES][OUTPUT_SIZE]; returns how many */
