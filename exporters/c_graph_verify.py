@@ -26,8 +26,8 @@ MAIN = """#include <stdio.h>
 /* usage: verify N T in.bin edges.bin stream.bin y.bin counts.bin others.bin (in.bin: per sequence,
  * each input's [T][INPUTj_SIZE] floats in turn): every sequence whole (every edge's steps and
  * integers, the dequantized output), then frame by frame (the frames NAME_step and NAME_flush
- * complete, and how many; others.bin: each time output k > 0 has a new frame, the sequence, k, its count and the
- * frame) */
+ * complete, and how many; others.bin: each time output k > 0 has a new frame, the sequence, k,
+ * its count and the frame) */
 int main(int argc, char **argv)
 {{
     static {p}_state_t s;
