@@ -3,7 +3,7 @@ tensor of every step, for every cell form and grid, stacked and bidirectional, w
 reference and the statistics; then its speed against cuDNN. A check to run, not a test: copy its
 tables into the README with the machine they came from.
 
-    python benchmarks/gpu_check.py [--quick]
+    python benchmarks/gpu_check.py [--quick] [--tile 8] [--chunk 64]
 
 Exactness: per case the integers compared (outputs, final states and every traced tensor), the
 mismatches, and the largest difference between the engines of the float reference's output and of
@@ -147,7 +147,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny shapes, int8 only (numba's CUDA simulator)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-timings", action="store_true")
+    ap.add_argument("--tile", type=int, help="sequences per block of the step kernels (engine default: TILE_N)")
+    ap.add_argument("--chunk", type=int, help="units of h staged in shared memory at a time (default: K_CHUNK)")
     a = ap.parse_args()
+    import qtool.engine.cuda as engine_cuda
+
+    # numba freezes a module's globals when it compiles a kernel: set before the first launch
+    engine_cuda.TILE_N = a.tile or engine_cuda.TILE_N
+    engine_cuda.K_CHUNK = a.chunk or engine_cuda.K_CHUNK
+    print(f"step kernels: {engine_cuda.TILE_N} sequences a block, h staged {engine_cuda.K_CHUNK} units at a time")
     exactness(a.quick)
     if not a.skip_timings:
         timings(a.quick, a.repeat)

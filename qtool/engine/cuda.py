@@ -3,23 +3,29 @@ kernels built from the same scalar functions as the CPU engine (qtool.numerics.i
 qtool.engine.float_cell for the float32 reference, qtool.engine.metrics for the statistics; compiled as
 device functions), so the two engines cannot drift apart.
 
-- `wx_kernel`: Wx for all time steps at once, with zero-point compensation and the rescale fused
-  into the epilogue (one thread per output element); `fwx_kernel` the float W x;
-- `step_kernel`: one launch per time step of a reset-after cell (haste's, or with other
-  activations: its float reference is the form's); a block holds one sequence's h (integer and
-  float) in shared memory, each thread computes its hidden unit's three R h sums and both cells,
-  and adds every tensor's distance terms to its own slot of a statistics array (no atomics); the
-  output's per-step terms are summed in the block and added to the step's row atomically;
-- `step_kernel_rb`: the same for a reset-before cell, whose g rows of R multiply rh = r * h_old
-  of every unit: one block per sequence, its threads striding over the units, computes every
-  unit's gates and rh into shared memory, then (after a barrier) every unit's R_g rh and candidate;
+- `wx_kernel`: Wx for all time steps at once as one tiled GEMM (both operands staged in shared
+  memory), with zero-point compensation and the rescale fused into the epilogue; `fwx_kernel`
+  the float W x;
+- `step_kernel_*`: one launch per time step of a reset-after cell (haste's, or with other
+  activations: its float reference is the form's). A block computes a tile of units for a tile
+  of TILE_N sequences: their h_old (integer and float) is staged in shared memory K_CHUNK units at
+  a time and R is read transposed, so each coalesced load of R serves every sequence of the tile
+  (the GEMM's reuse: without it every sequence would read all of R at every step). Each thread
+  then runs its unit's cell for each sequence and adds every tensor's distance terms to its own
+  slot of a statistics array (no atomics); the output's per-step terms are summed in the block
+  and added to the step's row atomically;
+- `gates_kernel_rb_*` and `candidates_kernel_rb_*`: a reset-before cell's step, whose g rows of R
+  multiply rh = r * h_old of every unit, as two launches tiled likewise: every unit's gates and
+  rh, then every unit's R_g rh and candidate;
 - `reduce_kernel`: the per-thread slots summed on the device; a few numbers per layer direction
   and chunk come back to the host.
 
 Every cell form (qtool.core.model.CellForm) runs, with the CPU engine's per-form buffer rows and
-measured tensors (qtool.engine.layout.cell_layout). Integer GEMM sums use the exact arithmetic
-type chosen by `engine_cpu.gemm_dtype` (float32 where a static bound proves it exact). Device
-buffers are allocated once per direction and batch; nothing is copied per time step.
+measured tensors (qtool.engine.layout.cell_layout). The R GEMMs' sums use the exact arithmetic
+type chosen by `layout.gemm_dtype` (float32 where a static bound proves it exact: the `_f32`
+kernels; else float64: `_f64`), and every sum runs over k in order, so the float reference's
+rounding does not depend on the tiles. Device buffers are allocated once per direction and batch;
+nothing is copied per time step.
 """
 
 from __future__ import annotations
@@ -83,8 +89,12 @@ from qtool.numerics.rescale import (
     ZP_WX,
 )
 
-MAX_SHARED_H = 2048  # hidden units one block keeps in shared memory
-THREADS = 128
+THREADS = 128  # hidden units per block (at most)
+TILE_N = 8  # sequences per block: each load of R serves them all
+K_CHUNK = 64  # columns of h (or rh) staged in shared memory at a time
+WX_TILE = 16  # the W x GEMM's output tile per block (WX_TILE^2 threads)
+WX_PITCH = 17  # a row of its staged weights, WX_TILE + 1: a warp's column reads hit every bank
+assert WX_PITCH == WX_TILE + 1
 REDUCE_THREADS = 8 if config.ENABLE_CUDASIM else 128  # the simulator runs every thread in Python
 N_MEASURED = len(MEASURED)
 
@@ -112,43 +122,79 @@ def cuda_usable() -> tuple[bool, str]:
     return True, name.decode() if isinstance(name, bytes) else str(name)
 
 
+@cuda.jit(device=True)
+def tiled_dot(X, W, xs, ws):
+    """sum_k X[m, k] W[c, k] of this thread's output (m, c) of the block's WX_TILE x WX_TILE tile
+    (threadIdx.x: c, so that a warp writes a row's consecutive columns), both operands staged in
+    shared memory WX_TILE columns at a time; the sum runs over k in order, in xs's type."""
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    m0, c0 = cuda.blockIdx.y * WX_TILE, cuda.blockIdx.x * WX_TILE
+    M, K = X.shape
+    s = xs[0, 0] * 0
+    for k0 in range(0, K, WX_TILE):
+        if m0 + ty < M and k0 + tx < K:
+            xs[ty, tx] = X[m0 + ty, k0 + tx]
+        else:
+            xs[ty, tx] = 0
+        if c0 + ty < W.shape[0] and k0 + tx < K:
+            ws[ty, tx] = W[c0 + ty, k0 + tx]
+        else:
+            ws[ty, tx] = 0
+        cuda.syncthreads()
+        for kk in range(WX_TILE):
+            s += xs[ty, kk] * ws[tx, kk]
+        cuda.syncthreads()
+    return s
+
+
 @cuda.jit
 def wx_kernel(qx, qW, P, CH, zp_wx, lo_wx, hi_wx, out):
-    """q_Wx[m, c] = rescale(sum_k qW[c, k] qx[m, k] - W_sum_mul_x_zp[c]): the fused epilogue.
+    """q_Wx[m, c] = rescale(sum_k qW[c, k] qx[m, k] - W_sum_mul_x_zp[c]): the fused epilogue; the
+    sums in float64, exact below 2^53 (_direction refuses a GEMM that could pass it).
     zp_wx, lo_wx, hi_wx: the indices of Wx's zero point and range in P (the cell form's order)."""
-    m, c = cuda.grid(2)
-    M, K = qx.shape
-    if m < M and c < qW.shape[0]:
-        s = qW[c, 0] * 0
-        for k in range(K):
-            s += qW[c, k] * qx[m, k]
-        out[m, c] = rescale(np.int64(s) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c], P[zp_wx],
-                            P[lo_wx], P[hi_wx])
+    xs = cuda.shared.array((WX_TILE, WX_TILE), np.float64)
+    ws = cuda.shared.array((WX_TILE, WX_PITCH), np.float64)
+    s = tiled_dot(qx, qW, xs, ws)
+    m = cuda.blockIdx.y * WX_TILE + cuda.threadIdx.y
+    c = cuda.blockIdx.x * WX_TILE + cuda.threadIdx.x
+    if m < qx.shape[0] and c < qW.shape[0]:
+        out[m, c] = rescale(np.int64(s) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c], P[zp_wx], P[lo_wx], P[hi_wx])
 
 
 @cuda.jit
 def fwx_kernel(x, W, out):
-    """The float reference's W x for all steps, float32 sums."""
-    m, c = cuda.grid(2)
+    """The float reference's W x for all steps, float32 sums over k in order."""
+    xs = cuda.shared.array((WX_TILE, WX_TILE), np.float32)
+    ws = cuda.shared.array((WX_TILE, WX_PITCH), np.float32)
+    s = tiled_dot(x, W, xs, ws)
+    m = cuda.blockIdx.y * WX_TILE + cuda.threadIdx.y
+    c = cuda.blockIdx.x * WX_TILE + cuda.threadIdx.x
     if m < x.shape[0] and c < W.shape[0]:
-        s = np.float32(0.0)
-        for k in range(x.shape[1]):
-            s += W[c, k] * x[m, k]
         out[m, c] = s
 
 
 @cuda.jit(device=True)
-def rh_sums(R, h, j, H, zero):
-    """Unit j's three gate rows of R h, (R[j] h, R[j + H] h, R[j + 2H] h), summed from `zero`."""
-    s_z = zero
-    s_r = zero
-    s_g = zero
-    for k in range(H):
-        v = h[k]
-        s_z += R[j, k] * v
-        s_r += R[j + H, k] * v
-        s_g += R[j + 2 * H, k] * v
-    return s_z, s_r, s_g
+def stage_chunk(src, n0, k0, stage):
+    """stage[a, k] = src[n0 + a, k0 + k] for the block's TILE_N sequences and K_CHUNK columns, 0
+    past the batch or the row (every thread of the block takes a share; a barrier must follow)."""
+    N, H = src.shape
+    for i in range(cuda.threadIdx.x, TILE_N * K_CHUNK, cuda.blockDim.x):
+        a = i // K_CHUNK
+        k = i % K_CHUNK
+        if n0 + a < N and k0 + k < H:
+            stage[a, k] = src[n0 + a, k0 + k]
+        else:
+            stage[a, k] = 0
+
+
+@cuda.jit(device=True)
+def tile_fma(RT, k, c, stage, kk, sums, na):
+    """sums[a] += RT[k, c] stage[a, kk] for the block's `na` sequences: one load of R serves them
+    all (a loop of constant length, so that the sums can live in registers)."""
+    r = RT[k, c]
+    for a in range(TILE_N):
+        if a < na:
+            sums[a] += r * stage[a, kk]
 
 
 @cuda.jit(device=True)
@@ -164,68 +210,6 @@ def add_terms(slot, q, f, grid):
     slot[STAT_MAX_ABS] = max(slot[STAT_MAX_ABS], abs(e))
     slot[STAT_COUNT] += 1.0
     slot[STAT_SATURATED] += clipped(r, grid[GRID_LO_CLIP], grid[GRID_HI_CLIP])
-
-
-@cuda.jit
-def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
-                out_q, out_f, col, h_i, h_f, level, grids, acc, step_stats, trace):
-    """Step s of the run, at time index t, of a reset-after cell: block (unit tile, sequence n);
-    h_old of sequence n in shared memory (integers exactly as float64, and the float reference's
-    float32). `form[0]` -1: the haste cell's float reference, else the form's activations."""
-    n = cuda.blockIdx.y
-    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    tid = cuda.threadIdx.x
-    H = qR.shape[1]
-    hs = cuda.shared.array(MAX_SHARED_H, np.float64)
-    fs = cuda.shared.array(MAX_SHARED_H, np.float32)
-    part = cuda.shared.array((THREADS, N_STATS), np.float64)
-    for k in range(tid, H, cuda.blockDim.x):
-        hs[k] = h_i[s % 2, n, k]
-        fs[k] = h_f[s % 2, n, k]
-    for c in range(N_STATS):
-        part[tid, c] = 0.0
-    cuda.syncthreads()
-    if j < H:
-        jr = j + H
-        jg = j + 2 * H
-        s_z, s_r, s_g = rh_sums(qR, hs, j, H, qR[j, 0] * 0)
-        wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, jg]
-        res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(s_z), np.int64(s_r),
-                       np.int64(s_g), np.int64(hs[j]), j, jr, jg, P, CH, lut_z, lut_r, lut_g)
-        q_h = res[N_TRACE - 1]
-        out_q[n, t, col + j] = q_h
-        h_i[(s + 1) % 2, n, j] = q_h
-        if trace.shape[0]:
-            trace[n, t, 0, j] = wz
-            trace[n, t, 1, j] = wr
-            trace[n, t, 2, j] = wg
-            for k in range(N_TRACE):
-                trace[n, t, 3 + k, j] = res[k]
-        if level:
-            f_z, f_r, f_g = rh_sums(fR, fs, j, H, np.float32(0.0))
-            fx_z, fx_r, fx_g = f_Wx[n, t, j], f_Wx[n, t, jr], f_Wx[n, t, jg]
-            if form[0] == -1:
-                fres = float_cell(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
-                                  br[jr], br[jg])
-            else:
-                fres = float_cell_form(fx_z, fx_r, fx_g, f_z, f_r, f_g, fs[j], bx[j], bx[jr], bx[jg], br[j],
-                                       br[jr], br[jg], form, alpha_beta)
-            f_h = fres[N_TRACE - 1]
-            out_f[n, t, col + j] = f_h
-            h_f[(s + 1) % 2, n, j] = f_h
-            add_terms(part[tid], q_h, f_h, grids[H_TENSOR])  # the step's terms, on a zeroed row
-            add_terms(acc[n, j, H_TENSOR], q_h, f_h, grids[H_TENSOR])
-            if level == 2:
-                for g in range(3):
-                    add_terms(acc[n, j, WX_TENSOR], (wz, wr, wg)[g], (fx_z, fx_r, fx_g)[g], grids[WX_TENSOR])
-                for k in range(N_TRACE - 1):  # Rh's three gate rows, then one row per tensor
-                    tr = ROW_TENSOR[3 + k]
-                    add_terms(acc[n, j, tr], res[k], fres[k], grids[tr])
-    if level == 2:
-        for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
-            add_terms(acc[n, j, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])  # j: this thread's slot
-    if level:
-        block_step_terms(part, tid, t, step_stats)
 
 
 @cuda.jit(device=True)
@@ -251,119 +235,275 @@ def block_step_terms(part, tid, t, step_stats):
                 cuda.atomic.add(step_stats, (t, c), v)
 
 
-@cuda.jit
-def step_kernel_rb(t, s, qx, xf, q_Wx, f_Wx, qR, fR, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
-                   out_q, out_f, col, h_i, h_f, z_i, z_f, level, grids, row_tensor, acc, step_stats, trace):
-    """Step s of the run, at time index t, of a reset-before cell: block n holds sequence n, its
-    threads stride over the units. First every unit's gates (intops.gru_gates_reset_before) and
-    rh = r * h_old into shared memory (z into `z_i`, `z_f`: read back by the same thread), then,
-    after a barrier, every unit's R_g rh and candidate (intops.gru_candidate_reset_before); the
-    float reference likewise (float_cell.float_gates, float_candidate_reset_before). A thread's
-    statistics go to its own slot acc[n, tid]; the buffers' rows are cell_layout's."""
-    n = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    H = qR.shape[1]
-    hs = cuda.shared.array(MAX_SHARED_H, np.int32)  # h_old and rh: integers on at most 16 bits
-    rhs = cuda.shared.array(MAX_SHARED_H, np.int32)
-    fs = cuda.shared.array(MAX_SHARED_H, np.float32)
-    frs = cuda.shared.array(MAX_SHARED_H, np.float32)
-    part = cuda.shared.array((THREADS, N_STATS), np.float64)
-    for k in range(tid, H, nt):
-        hs[k] = np.int32(h_i[s % 2, n, k])
-        fs[k] = h_f[s % 2, n, k]
-    for c in range(N_STATS):
-        part[tid, c] = 0.0
-    cuda.syncthreads()
-    h_tensor = row_tensor[RB_ROW_H]
-    for j in range(tid, H, nt):  # pass 1: the gates and rh
+@cuda.jit(device=True)
+def x_terms(acc, n0, j, t, qx, xf, grids):
+    """The layer input's distance terms of the block's sequences at step t, strided over every
+    thread of the launch (j: this thread's slot)."""
+    for a in range(TILE_N):
+        n = n0 + a
+        if n < qx.shape[0]:
+            for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
+                add_terms(acc[n, j, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])
+
+
+def _step_kernel(acc_t):
+    """The reset-after step kernel whose integer R h sums run in `acc_t` (float32 where
+    layout.gemm_dtype proves the sums exact in it, else float64)."""
+
+    @cuda.jit
+    def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qRT, fRT, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
+                    out_q, out_f, col, h_i, h_f, level, grids, acc, step_stats, trace):
+        """Step s of the run, at time index t, of a reset-after cell: block (unit tile, sequence
+        tile); thread j computes unit j of the tile's TILE_N sequences. h_old of the tile is staged
+        in shared memory K_CHUNK units at a time (integers exactly in acc_t, and the float
+        reference's float32); R is read transposed, `qRT[k, j]`, so a warp's loads are contiguous,
+        and each load serves every sequence of the tile. `form[0]` -1: the haste cell's float
+        reference, else the form's activations."""
+        tid = cuda.threadIdx.x
+        j = cuda.blockIdx.x * cuda.blockDim.x + tid
+        n0 = cuda.blockIdx.y * TILE_N
+        na = min(TILE_N, h_i.shape[1] - n0)  # the tile's sequences
+        H = qRT.shape[0]
+        jr, jg = j + H, j + 2 * H
+        q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
+        f_stage = cuda.shared.array((TILE_N, K_CHUNK), np.float32)
+        part = cuda.shared.array((THREADS, N_STATS), np.float64)
+        q_z = cuda.local.array(TILE_N, acc_t)
+        q_r = cuda.local.array(TILE_N, acc_t)
+        q_g = cuda.local.array(TILE_N, acc_t)
+        f_z = cuda.local.array(TILE_N, np.float32)
+        f_r = cuda.local.array(TILE_N, np.float32)
+        f_g = cuda.local.array(TILE_N, np.float32)
+        for a in range(TILE_N):
+            q_z[a] = q_r[a] = q_g[a] = 0
+            f_z[a] = f_r[a] = f_g[a] = 0
+        for c in range(N_STATS):
+            part[tid, c] = 0.0
+        for k0 in range(0, H, K_CHUNK):
+            stage_chunk(h_i[s % 2], n0, k0, q_stage)
+            if level:
+                stage_chunk(h_f[s % 2], n0, k0, f_stage)
+            cuda.syncthreads()
+            if j < H:
+                for kk in range(min(K_CHUNK, H - k0)):
+                    k = k0 + kk
+                    tile_fma(qRT, k, j, q_stage, kk, q_z, na)
+                    tile_fma(qRT, k, jr, q_stage, kk, q_r, na)
+                    tile_fma(qRT, k, jg, q_stage, kk, q_g, na)
+                    if level:
+                        tile_fma(fRT, k, j, f_stage, kk, f_z, na)
+                        tile_fma(fRT, k, jr, f_stage, kk, f_r, na)
+                        tile_fma(fRT, k, jg, f_stage, kk, f_g, na)
+            cuda.syncthreads()
+        for a in range(TILE_N):
+            n = n0 + a
+            if j < H and n < h_i.shape[1]:
+                wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, jg]
+                res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(q_z[a]), np.int64(q_r[a]),
+                               np.int64(q_g[a]), np.int64(h_i[s % 2, n, j]), j, jr, jg, P, CH, lut_z, lut_r,
+                               lut_g)
+                q_h = res[N_TRACE - 1]
+                out_q[n, t, col + j] = q_h
+                h_i[(s + 1) % 2, n, j] = q_h
+                if trace.shape[0]:
+                    trace[n, t, 0, j] = wz
+                    trace[n, t, 1, j] = wr
+                    trace[n, t, 2, j] = wg
+                    for k in range(N_TRACE):
+                        trace[n, t, 3 + k, j] = res[k]
+                if level:
+                    fx_z, fx_r, fx_g = f_Wx[n, t, j], f_Wx[n, t, jr], f_Wx[n, t, jg]
+                    h_old = h_f[s % 2, n, j]
+                    if form[0] == -1:
+                        fres = float_cell(fx_z, fx_r, fx_g, f_z[a], f_r[a], f_g[a], h_old, bx[j], bx[jr], bx[jg],
+                                          br[j], br[jr], br[jg])
+                    else:
+                        fres = float_cell_form(fx_z, fx_r, fx_g, f_z[a], f_r[a], f_g[a], h_old, bx[j], bx[jr],
+                                               bx[jg], br[j], br[jr], br[jg], form, alpha_beta)
+                    f_h = fres[N_TRACE - 1]
+                    out_f[n, t, col + j] = f_h
+                    h_f[(s + 1) % 2, n, j] = f_h
+                    add_terms(part[tid], q_h, f_h, grids[H_TENSOR])  # the step's terms, on a zeroed row
+                    add_terms(acc[n, j, H_TENSOR], q_h, f_h, grids[H_TENSOR])
+                    if level == 2:
+                        for g in range(3):
+                            add_terms(acc[n, j, WX_TENSOR], (wz, wr, wg)[g], (fx_z, fx_r, fx_g)[g],
+                                      grids[WX_TENSOR])
+                        for k in range(N_TRACE - 1):  # Rh's three gate rows, then one row per tensor
+                            tr = ROW_TENSOR[3 + k]
+                            add_terms(acc[n, j, tr], res[k], fres[k], grids[tr])
+        if level == 2:
+            x_terms(acc, n0, j, t, qx, xf, grids)
+        if level:
+            block_step_terms(part, tid, t, step_stats)
+
+    return step_kernel
+
+
+def _gates_kernel_rb(acc_t):
+    """The reset-before cell's first kernel of a step, its integer sums in `acc_t` (as _step_kernel)."""
+
+    @cuda.jit
+    def gates_kernel_rb(t, s, q_Wx, f_Wx, qRT, fRT, P, CH, lut_z, lut_r, bx, br, form, alpha_beta, h_i, h_f,
+                        z_i, z_f, rh_i, rh_f, level, grids, row_tensor, acc, trace):
+        """Step s of a reset-before cell, at time index t, first half: block (unit tile, sequence
+        tile) as step_kernel; unit j's R_z h and R_r h sums, its gates
+        (intops.gru_gates_reset_before), z into `z_i` and rh = r * h_old into `rh_i` (the float
+        reference's into `z_f`, `rh_f`), for candidates_kernel_rb, launched after it, to read
+        every unit's rh."""
+        tid = cuda.threadIdx.x
+        j = cuda.blockIdx.x * cuda.blockDim.x + tid
+        n0 = cuda.blockIdx.y * TILE_N
+        na = min(TILE_N, h_i.shape[1] - n0)  # the tile's sequences
+        H = qRT.shape[0]
         jr = j + H
-        s_z = qR[j, 0] * 0
-        s_r = qR[j, 0] * 0
-        for k in range(H):
-            hv = hs[k]
-            s_z += qR[j, k] * hv
-            s_r += qR[jr, k] * hv
-        wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, j + 2 * H]
-        Rh_z, Rh_r, z_pre, r_pre, z, r, rh = gru_gates_reset_before(
-            np.int64(wz), np.int64(wr), np.int64(s_z), np.int64(s_r), np.int64(hs[j]), j, jr, P, CH, lut_z, lut_r)
-        rhs[j] = rh
-        z_i[n, j] = z
-        if trace.shape[0]:
-            trace[n, t, 0, j] = wz
-            trace[n, t, 1, j] = wr
-            trace[n, t, 2, j] = wg
-            trace[n, t, RB_ROW_RH_Z, j] = Rh_z
-            trace[n, t, RB_ROW_RH_R, j] = Rh_r
-            trace[n, t, RB_ROW_Z_PRE, j] = z_pre
-            trace[n, t, RB_ROW_R_PRE, j] = r_pre
-            trace[n, t, RB_ROW_Z, j] = z
-            trace[n, t, RB_ROW_R, j] = r
-            trace[n, t, RB_ROW_RH, j] = rh
-        if level:
-            f_z = np.float32(0.0)
-            f_r = np.float32(0.0)
-            for k in range(H):
-                fv = fs[k]
-                f_z += fR[j, k] * fv
-                f_r += fR[jr, k] * fv
-            fx_z, fx_r = f_Wx[n, t, j], f_Wx[n, t, jr]
-            fz_pre, fr_pre, fz, fr = float_gates(fx_z, fx_r, f_z, f_r, bx[j], bx[jr], br[j], br[jr], form[1],
-                                                 alpha_beta[0], alpha_beta[1])
-            frh = fr * fs[j]
-            frs[j] = frh
-            z_f[n, j] = fz
-            if level == 2:
-                slot = acc[n, tid]
-                add_row_terms(slot, 0, wz, fx_z, grids, row_tensor)
-                add_row_terms(slot, 1, wr, fx_r, grids, row_tensor)
-                add_row_terms(slot, 2, wg, f_Wx[n, t, j + 2 * H], grids, row_tensor)
-                add_row_terms(slot, RB_ROW_RH_Z, Rh_z, f_z, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_RH_R, Rh_r, f_r, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_Z_PRE, z_pre, fz_pre, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_R_PRE, r_pre, fr_pre, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_Z, z, fz, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_R, r, fr, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_RH, rh, frh, grids, row_tensor)
-    cuda.syncthreads()
-    for j in range(tid, H, nt):  # pass 2: R_g rh, the candidate and h
+        q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
+        f_stage = cuda.shared.array((TILE_N, K_CHUNK), np.float32)
+        q_z = cuda.local.array(TILE_N, acc_t)
+        q_r = cuda.local.array(TILE_N, acc_t)
+        f_z = cuda.local.array(TILE_N, np.float32)
+        f_r = cuda.local.array(TILE_N, np.float32)
+        for a in range(TILE_N):
+            q_z[a] = q_r[a] = 0
+            f_z[a] = f_r[a] = 0
+        for k0 in range(0, H, K_CHUNK):
+            stage_chunk(h_i[s % 2], n0, k0, q_stage)
+            if level:
+                stage_chunk(h_f[s % 2], n0, k0, f_stage)
+            cuda.syncthreads()
+            if j < H:
+                for kk in range(min(K_CHUNK, H - k0)):
+                    k = k0 + kk
+                    tile_fma(qRT, k, j, q_stage, kk, q_z, na)
+                    tile_fma(qRT, k, jr, q_stage, kk, q_r, na)
+                    if level:
+                        tile_fma(fRT, k, j, f_stage, kk, f_z, na)
+                        tile_fma(fRT, k, jr, f_stage, kk, f_r, na)
+            cuda.syncthreads()
+        for a in range(TILE_N):
+            n = n0 + a
+            if j < H and n < h_i.shape[1]:
+                wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, j + 2 * H]
+                Rh_z, Rh_r, z_pre, r_pre, z, r, rh = gru_gates_reset_before(
+                    np.int64(wz), np.int64(wr), np.int64(q_z[a]), np.int64(q_r[a]), np.int64(h_i[s % 2, n, j]),
+                    j, jr, P, CH, lut_z, lut_r)
+                rh_i[n, j] = rh
+                z_i[n, j] = z
+                if trace.shape[0]:
+                    trace[n, t, 0, j] = wz
+                    trace[n, t, 1, j] = wr
+                    trace[n, t, 2, j] = wg
+                    trace[n, t, RB_ROW_RH_Z, j] = Rh_z
+                    trace[n, t, RB_ROW_RH_R, j] = Rh_r
+                    trace[n, t, RB_ROW_Z_PRE, j] = z_pre
+                    trace[n, t, RB_ROW_R_PRE, j] = r_pre
+                    trace[n, t, RB_ROW_Z, j] = z
+                    trace[n, t, RB_ROW_R, j] = r
+                    trace[n, t, RB_ROW_RH, j] = rh
+                if level:
+                    fx_z, fx_r = f_Wx[n, t, j], f_Wx[n, t, jr]
+                    fz_pre, fr_pre, fz, fr = float_gates(fx_z, fx_r, f_z[a], f_r[a], bx[j], bx[jr], br[j], br[jr],
+                                                         form[1], alpha_beta[0], alpha_beta[1])
+                    frh = fr * h_f[s % 2, n, j]
+                    rh_f[n, j] = frh
+                    z_f[n, j] = fz
+                    if level == 2:
+                        slot = acc[n, j]
+                        add_row_terms(slot, 0, wz, fx_z, grids, row_tensor)
+                        add_row_terms(slot, 1, wr, fx_r, grids, row_tensor)
+                        add_row_terms(slot, 2, wg, f_Wx[n, t, j + 2 * H], grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_RH_Z, Rh_z, f_z[a], grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_RH_R, Rh_r, f_r[a], grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_Z_PRE, z_pre, fz_pre, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_R_PRE, r_pre, fr_pre, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_Z, z, fz, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_R, r, fr, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_RH, rh, frh, grids, row_tensor)
+
+    return gates_kernel_rb
+
+
+def _candidates_kernel_rb(acc_t):
+    """The reset-before cell's second kernel of a step, its integer sums in `acc_t` (as _step_kernel)."""
+
+    @cuda.jit
+    def candidates_kernel_rb(t, s, qx, xf, q_Wx, f_Wx, qRT, fRT, P, CH, lut_g, bx, br, form, out_q, out_f, col,
+                             h_i, h_f, z_i, z_f, rh_i, rh_f, level, grids, row_tensor, acc, step_stats, trace):
+        """Step s of a reset-before cell, second half, once gates_kernel_rb has written every
+        unit's z and rh: unit j's R_g rh sum (rh staged as step_kernel stages h), its candidate
+        and h (intops.gru_candidate_reset_before); the float reference likewise
+        (float_cell.float_candidate_reset_before)."""
+        tid = cuda.threadIdx.x
+        j = cuda.blockIdx.x * cuda.blockDim.x + tid
+        n0 = cuda.blockIdx.y * TILE_N
+        na = min(TILE_N, h_i.shape[1] - n0)  # the tile's sequences
+        H = qRT.shape[0]
         jg = j + 2 * H
-        s_g = qR[jg, 0] * 0
-        for k in range(H):
-            s_g += qR[jg, k] * rhs[k]
-        Rh_g, g_pre, g, old, new, q_h = gru_candidate_reset_before(
-            np.int64(q_Wx[n, t, jg]), np.int64(s_g), np.int64(hs[j]), np.int64(z_i[n, j]), jg, P, CH, lut_g)
-        out_q[n, t, col + j] = q_h
-        h_i[(s + 1) % 2, n, j] = q_h
-        if trace.shape[0]:
-            trace[n, t, RB_ROW_RH_G, j] = Rh_g
-            trace[n, t, RB_ROW_G_PRE, j] = g_pre
-            trace[n, t, RB_ROW_G, j] = g
-            trace[n, t, RB_ROW_OLD, j] = old
-            trace[n, t, RB_ROW_NEW, j] = new
-            trace[n, t, RB_ROW_H, j] = q_h
+        q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
+        f_stage = cuda.shared.array((TILE_N, K_CHUNK), np.float32)
+        part = cuda.shared.array((THREADS, N_STATS), np.float64)
+        q_g = cuda.local.array(TILE_N, acc_t)
+        f_g = cuda.local.array(TILE_N, np.float32)
+        for a in range(TILE_N):
+            q_g[a] = 0
+            f_g[a] = 0
+        for c in range(N_STATS):
+            part[tid, c] = 0.0
+        for k0 in range(0, H, K_CHUNK):
+            stage_chunk(rh_i, n0, k0, q_stage)
+            if level:
+                stage_chunk(rh_f, n0, k0, f_stage)
+            cuda.syncthreads()
+            if j < H:
+                for kk in range(min(K_CHUNK, H - k0)):
+                    tile_fma(qRT, k0 + kk, jg, q_stage, kk, q_g, na)
+                    if level:
+                        tile_fma(fRT, k0 + kk, jg, f_stage, kk, f_g, na)
+            cuda.syncthreads()
+        h_tensor = row_tensor[RB_ROW_H]
+        for a in range(TILE_N):
+            n = n0 + a
+            if j < H and n < h_i.shape[1]:
+                Rh_g, g_pre, g, old, new, q_h = gru_candidate_reset_before(
+                    np.int64(q_Wx[n, t, jg]), np.int64(q_g[a]), np.int64(h_i[s % 2, n, j]), np.int64(z_i[n, j]),
+                    jg, P, CH, lut_g)
+                out_q[n, t, col + j] = q_h
+                h_i[(s + 1) % 2, n, j] = q_h
+                if trace.shape[0]:
+                    trace[n, t, RB_ROW_RH_G, j] = Rh_g
+                    trace[n, t, RB_ROW_G_PRE, j] = g_pre
+                    trace[n, t, RB_ROW_G, j] = g
+                    trace[n, t, RB_ROW_OLD, j] = old
+                    trace[n, t, RB_ROW_NEW, j] = new
+                    trace[n, t, RB_ROW_H, j] = q_h
+                if level:
+                    fg_pre, fg, f_old, f_new, f_h = float_candidate_reset_before(
+                        f_Wx[n, t, jg], f_g[a], h_f[s % 2, n, j], z_f[n, j], bx[jg], br[jg], form[2])
+                    out_f[n, t, col + j] = f_h
+                    h_f[(s + 1) % 2, n, j] = f_h
+                    add_terms(part[tid], q_h, f_h, grids[h_tensor])
+                    add_terms(acc[n, j, h_tensor], q_h, f_h, grids[h_tensor])
+                    if level == 2:
+                        slot = acc[n, j]
+                        add_row_terms(slot, RB_ROW_RH_G, Rh_g, f_g[a], grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_G_PRE, g_pre, fg_pre, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_G, g, fg, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_OLD, old, f_old, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_NEW, new, f_new, grids, row_tensor)
+        if level == 2:
+            x_terms(acc, n0, j, t, qx, xf, grids)
         if level:
-            f_g = np.float32(0.0)
-            for k in range(H):
-                f_g += fR[jg, k] * frs[k]
-            fg_pre, fg, f_old, f_new, f_h = float_candidate_reset_before(f_Wx[n, t, jg], f_g, fs[j], z_f[n, j],
-                                                                         bx[jg], br[jg], form[2])
-            out_f[n, t, col + j] = f_h
-            h_f[(s + 1) % 2, n, j] = f_h
-            add_terms(part[tid], q_h, f_h, grids[h_tensor])
-            add_terms(acc[n, tid, h_tensor], q_h, f_h, grids[h_tensor])
-            if level == 2:
-                slot = acc[n, tid]
-                add_row_terms(slot, RB_ROW_RH_G, Rh_g, f_g, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_G_PRE, g_pre, fg_pre, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_G, g, fg, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_OLD, old, f_old, grids, row_tensor)
-                add_row_terms(slot, RB_ROW_NEW, new, f_new, grids, row_tensor)
-    if level == 2:
-        for k in range(tid, qx.shape[2], nt):
-            add_terms(acc[n, tid, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])
-    if level:
-        block_step_terms(part, tid, t, step_stats)
+            block_step_terms(part, tid, t, step_stats)
+
+    return candidates_kernel_rb
+
+
+# the kernels for each exact type of the R sums (module names: tests/engine/test_cuda_compile.py
+# compiles each kernel it finds here)
+step_kernel_f32, step_kernel_f64 = _step_kernel(np.float32), _step_kernel(np.float64)
+gates_kernel_rb_f32, gates_kernel_rb_f64 = _gates_kernel_rb(np.float32), _gates_kernel_rb(np.float64)
+candidates_kernel_rb_f32 = _candidates_kernel_rb(np.float32)
+candidates_kernel_rb_f64 = _candidates_kernel_rb(np.float64)
 
 
 @cuda.jit
@@ -413,8 +553,6 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     (cell_layout(form).measured; or None)."""
     N, T, C = d_qx.shape
     H = cq.hidden_size
-    if H > MAX_SHARED_H:
-        raise QtoolError(f"the CUDA engine supports hidden sizes up to {MAX_SHARED_H}, got {H}")
     reset_before = not cq.form.reset_after
     layout = cell_layout(cq.form)
     n_measured = len(layout.measured)
@@ -426,38 +564,49 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     d_P, d_CH = cuda.to_device(cq.P), cuda.to_device(cq.CH)
     d_luts = [cuda.to_device(cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
     d_Wx = cuda.device_array((N * T, 3 * H), np.int32)
-    grid = (math.ceil(N * T / 16), math.ceil(3 * H / 16))
+    grid = (math.ceil(3 * H / WX_TILE), math.ceil(N * T / WX_TILE))
     wx_idx = (RB_ZP_WX, RB_LO_WX, RB_HI_WX) if reset_before else (ZP_WX, LO_WX, HI_WX)  # P's order is the form's
-    # the sums in float64 or int64 (int32 inputs times the weights' type): exact below 2^53
-    wx_kernel[grid, (16, 16)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, *wx_idx,
+    wx_kernel[grid, (WX_TILE, WX_TILE)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, *wx_idx,
                               d_Wx)
     d_fWx = cuda.device_array((N * T, 3 * H) if level else (1, 3 * H), np.float32)
     if level:
-        fwx_kernel[grid, (16, 16)](d_xf.reshape(N * T, C), cuda.to_device(cell.W), d_fWx)
+        fwx_kernel[grid, (WX_TILE, WX_TILE)](d_xf.reshape(N * T, C), cuda.to_device(cell.W), d_fWx)
     h_i = np.zeros((2, N, H), np.float64)  # integers, exact in float64
     h_i[0] = cq.P[RB_ZP_H if reset_before else ZP_H]  # h0 = 0 exactly
     d_hi, d_hf = cuda.to_device(h_i), cuda.to_device(np.zeros((2, N, H), np.float32))
     threads = min(THREADS, 32 * math.ceil(max(H, C if level == 2 else 1) / 32))
-    # a reset-before step needs every unit's rh before R_g rh: one block per sequence
-    blocks = N if reset_before else (math.ceil(H / threads), N)
-    width = threads if reset_before else blocks[0] * threads
-    d_acc = cuda.to_device(np.zeros((N, width, n_measured, N_STATS) if level else (1, 1, 1, N_STATS)))
+    blocks = (math.ceil(H / threads), math.ceil(N / TILE_N))
+    d_acc = cuda.to_device(np.zeros((N, blocks[0] * threads, n_measured, N_STATS) if level else (1, 1, 1, N_STATS)))
     gate, alpha, beta, candidate = form_codes(cq.form)
     form = np.array([-1, 0, 0] if cq.form.haste else [int(reset_before), gate, candidate], np.int64)
-    head = (d_qx, d_xf, d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else
-            d_fWx.reshape(1, 1, 3 * H), cuda.to_device(cq.qR.astype(dt_R)), cuda.to_device(cell.R), d_P,
-            d_CH, *d_luts, cuda.to_device(cell.bx), cuda.to_device(cell.br), cuda.to_device(form),
-            cuda.to_device(np.array([alpha, beta], np.float32)), d_out_q, d_out_f, col, d_hi, d_hf)
+    # R transposed, [H, 3H]: the threads of a warp (consecutive units) read consecutive addresses
+    d_qRT = cuda.to_device(np.ascontiguousarray(cq.qR.T.astype(dt_R)))
+    d_fRT = cuda.to_device(np.ascontiguousarray(cell.R.T, np.float32))
+    q_Wx, f_Wx = d_Wx.reshape(N, T, 3 * H), d_fWx.reshape(N, T, 3 * H) if level else d_fWx.reshape(1, 1, 3 * H)
+    d_bx, d_br = cuda.to_device(cell.bx), cuda.to_device(cell.br)
+    d_form, d_ab = cuda.to_device(form), cuda.to_device(np.array([alpha, beta], np.float32))
     d_grids = cuda.to_device(measured_grids(cq))
+    f64 = dt_R is np.float64
     if reset_before:
-        z_scratch = (cuda.device_array((N, H), np.int32), cuda.device_array((N, H), np.float32))
-        args = (*head, *z_scratch, level, d_grids, cuda.to_device(layout.row_tensor), d_acc, d_step, trace)
-        kernel = step_kernel_rb
+        d_rt = cuda.to_device(layout.row_tensor)
+        scratch = (cuda.device_array((N, H), np.int32), cuda.device_array((N, H), np.float32),  # z
+                   cuda.device_array((N, H), np.int32), cuda.device_array((N, H), np.float32))  # rh
+        gates = gates_kernel_rb_f64 if f64 else gates_kernel_rb_f32
+        candidates = candidates_kernel_rb_f64 if f64 else candidates_kernel_rb_f32
     else:
-        args = (*head, level, d_grids, d_acc, d_step, trace)
-        kernel = step_kernel
+        step = step_kernel_f64 if f64 else step_kernel_f32
     for s in range(T):  # launches queue on the stream; nothing is copied per step
-        kernel[blocks, threads](T - 1 - s if rev else s, s, *args)
+        t = T - 1 - s if rev else s
+        if reset_before:  # every unit's rh before any unit's R_g rh: two launches
+            gates[blocks, threads](t, s, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, d_luts[0], d_luts[1], d_bx, d_br,
+                                   d_form, d_ab, d_hi, d_hf, *scratch, level, d_grids, d_rt, d_acc, trace)
+            candidates[blocks, threads](t, s, d_qx, d_xf, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, d_luts[2], d_bx,
+                                        d_br, d_form, d_out_q, d_out_f, col, d_hi, d_hf, *scratch, level, d_grids,
+                                        d_rt, d_acc, d_step, trace)
+        else:
+            step[blocks, threads](t, s, d_qx, d_xf, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, *d_luts, d_bx, d_br,
+                                  d_form, d_ab, d_out_q, d_out_f, col, d_hi, d_hf, level, d_grids, d_acc, d_step,
+                                  trace)
     if not level:
         return None
     d_st = cuda.device_array((n_measured, N_STATS), np.float64)

@@ -108,3 +108,34 @@ def test_reset_before_wx_saturates_on_its_own_grid():
     for a, b in zip(tr_cpu, tr_gpu, strict=True):
         for p, q in zip(a, b, strict=True):
             assert np.array_equal(p, q)
+
+
+@pytest.mark.parametrize("name,preset", [("haste", "int8"), ("reset_before", "int16")])
+def test_cuda_past_every_tile(name, preset, monkeypatch):
+    """Sizes past each tile of the kernels: a full tile of TILE_N sequences and a partial one, h
+    staged in three chunks of K_CHUNK units, units in two blocks of THREADS, the W x GEMM's
+    inputs in two chunks of WX_TILE columns; float32 R h sums (int8) and float64 (int16). The
+    tiles are made small, as the simulator runs every thread in Python (the kernels read them at
+    run time there; test_cuda_compile compiles the real ones)."""
+    import qtool.engine.cuda as engine_cuda
+    from qtool.engine.layout import gemm_dtype
+
+    for k, v in {"THREADS": 8, "TILE_N": 2, "K_CHUNK": 4, "WX_TILE": 4}.items():
+        monkeypatch.setattr(engine_cuda, k, v)
+    H, N = 10, 3
+    form = HASTE if name == "haste" else FORMS[name]
+    base = random_model(C=5, H=H, layers=1, dirs=1, seed=5)
+    model = GruModel([[GruCell(c.W, c.R, c.bx, c.br, form) for c in cells] for cells in base.layers])
+    rng = np.random.RandomState(8)
+    qm = calibrated(model, rng.randn(6, 4, 5).astype(np.float32), preset)
+    cq = qm.cells[0][0]
+    assert gemm_dtype(cq.qR, cq.spec["h"].bits) is (np.float32 if preset == "int8" else np.float64)
+    x = rng.randn(N, 3, 5).astype(np.float32) * 1.3
+    tr_cpu, tr_gpu = [], []
+    cpu = run_model(qm, x, EVERY_TENSOR, traces=tr_cpu)
+    gpu = run_model_cuda(qm, x, EVERY_TENSOR, traces=tr_gpu)
+    assert np.array_equal(cpu.y_int, gpu.y_int)
+    assert np.array_equal(tr_cpu[0][0], tr_gpu[0][0])
+    _compare_stats(cpu.stats[0][0], gpu.stats[0][0], name)
+    _compare_stats(cpu.step_stats, gpu.step_stats, "steps")
+    assert np.abs(cpu.y_float - gpu.y_float).max() < 1e-5
