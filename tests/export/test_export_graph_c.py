@@ -471,7 +471,8 @@ def test_every_output_is_verified_frame_by_frame_at_its_own_rate(tmp_path):
 def test_test_vectors_check_every_output_whole_and_frame_by_frame(tmp_path):
     """`--test-vectors` of a model of three outputs at three rates: its own main checks each
     output after NAME_run_sequence and each frame NAME_latestK shows while streaming, the last two
-    of the late output from NAME_flush; a wrong expected value of output 2 fails it."""
+    of the late output from NAME_flush; a wrong expected value of output 2 fails it, and so does a
+    stream that does not end."""
     import subprocess
 
     qg = api.calibrate(rates_graph(), _data(4, 24, 20, 0), method="minmax", check=False)
@@ -497,6 +498,14 @@ def test_test_vectors_check_every_output_whole_and_frame_by_frame(tmp_path):
     (tmp_path / "c" / "r_test_vectors.h").write_text(header[:header.index("{", at) + 1] + ",".join(values)
                                                      + header[end:])
     assert run().startswith("FAIL: 2 mismatches")
+    # a NAME_flush that says -1 only a thousand calls late: every frame right, the stream's end not
+    (tmp_path / "c" / "r_test_vectors.h").write_text(header)
+    source = (tmp_path / "c" / "r.c").read_text()
+    end = "    } else {\n        return -1;\n    }\n"
+    assert source.count(end) == 1
+    late = end.replace("return -1;", "return s->flushed++ < 1000 ? 0 : -1;")
+    (tmp_path / "c" / "r.c").write_text(source.replace(end, late))
+    assert run().startswith("FAIL: 3 mismatches")  # one per sequence
 
 
 @pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("g++")), reason="needs gcc and g++")
