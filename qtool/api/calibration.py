@@ -93,8 +93,8 @@ def graph_candidates(model: Graph | str | os.PathLike, data: DataLike, methods: 
 
 
 def constant_notes(inputs: dict[str, np.ndarray]) -> list[str]:
-    """Inputs whose calibration data hold one value throughout (input -> its values): a grid, and
-    every range after it, fitted to nothing."""
+    """Inputs whose calibration data hold one value throughout (input -> its values, or their
+    least and greatest): a grid, and every range after it, fitted to nothing."""
     return [f"input '{e}' is {float(v.flat[0]):.6g} throughout the calibration data: its grid and the ranges "
             "after it are fitted to no variation (are these the data the model reads?)"
             for e, v in inputs.items() if v.size and float(v.min()) == float(v.max())]
@@ -148,6 +148,7 @@ class Calibration:
     snap: str = "up"
     ranges_used: list = field(default_factory=list)
     auto: object = None  # method auto: (its quantized model, qtool.calibration.auto.AutoChoice)
+    notes: list = field(default_factory=list)  # what looks wrong with the calibration data
 
     def quant_model(self, k: int = 0) -> QuantModel:
         from qtool.calibration.observe import build_quant_model
@@ -201,6 +202,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     data = as_data(data, dataset, time_first)
     data.check_features(model.input_size)
     n = count(data, limit)
+    notes = constant_notes({"x": data_range(data, n)})
     tick = (lambda done: progress(done, n)) if progress else None
     comm = world()
     if auto:  # not distributed: under mpiexec every rank runs it over all the data, rank 0 writes
@@ -208,14 +210,22 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
 
         info = _provenance(model, data, n, label, config, "auto")
         qm, choice = calibrate_auto(model, data, n, config, method_weights, percentile, batch_size, tick, info)
-        return Calibration(model, data, n, label, config, [choice.plan], [None], auto=(qm, choice))
+        return Calibration(model, data, n, label, config, [choice.plan], [None], auto=(qm, choice), notes=notes)
     if comm is None:
         obs = collect_many(model, data, plans, batch_size, n, progress=tick)
     else:  # under mpiexec: each rank observes its chunks; every rank gets the merged observers
         from qtool.parallel.calibrate import collect_many as collect_ranks
 
         obs = collect_ranks(comm, model, data, plans, batch_size, n, progress=tick)
-    return Calibration(model, data, n, label, config, plans, obs, ranges, snap)
+    return Calibration(model, data, n, label, config, plans, obs, ranges, snap, notes=notes)
+
+
+def data_range(data: SequenceData, n: int) -> np.ndarray:
+    """The least and the greatest value of the first `n` sequences, one pass over the chunks."""
+    lo, hi = np.inf, -np.inf
+    for _, x in data.chunks(256, n):
+        lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
+    return np.array([lo, hi])
 
 
 def calibrate(model: GruModel | Graph | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",

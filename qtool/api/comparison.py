@@ -27,7 +27,7 @@ class Comparison:
     rows: list[dict]
     best: int
     scored: int  # held-out sequences each method was scored on
-    notes: list[str]  # what looks wrong with the held-out data (shared with the calibration data)
+    notes: list[str]  # what looks wrong with the data (held out data shared with the calibration data ...)
 
 
 def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: DataLike,
@@ -47,6 +47,7 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
     with read_once():
         whole = is_whole(model)
         if whole:
+            cal_notes = []  # a whole model's are in its info (calibrate's, as for one method)
             models = graph_candidates(model, data, methods, bits=bits, method_weights=method_weights,
                                       percentile=percentile, batch_size=batch_size, limit=limit, dataset=dataset,
                                       time_first=time_first, check=check)
@@ -54,19 +55,21 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
             options = dict(bits=bits, method_weights=method_weights, percentile=percentile, batch_size=batch_size,
                            limit=limit, dataset=dataset, time_first=time_first)
             singles = [m for m in methods if m != "auto"]
-            by_method = {}
+            by_method, cals = {}, []
             if singles:
-                cal = observe(model, data, methods=singles, **options)
-                by_method = {m: cal.quant_model(k) for k, m in enumerate(singles)}
+                cals.append(observe(model, data, methods=singles, **options))
+                by_method = {m: cals[-1].quant_model(k) for k, m in enumerate(singles)}
             if "auto" in methods:
-                by_method["auto"] = observe(model, data, methods=("auto",), **options).quant_model(0)
+                cals.append(observe(model, data, methods=("auto",), **options))
+                by_method["auto"] = cals[-1].quant_model(0)
             models = [by_method[m] for m in methods]
+            cal_notes = cals[0].notes
     inputs = models[0].graph.inputs if whole else ()
     data = as_data(data, dataset, time_first, inputs)
     test = as_data(test, dataset, time_first, inputs)
     scored = count(test, limit)
     test = test.first(scored)
-    notes = held_out_notes(data, count(data, limit), test)
+    notes = cal_notes + held_out_notes(data, count(data, limit), test)
     rows = []
     total = len(models) * scored
     for k, qm in enumerate(models):

@@ -289,13 +289,14 @@ def calibrate(
                           time_first=time_first, ranges=ranges, snap=snap, progress=bar.update)
         qm = cal.quant_model(0)
     api.save(qm, output, force, inputs=inputs)
+    warn(cal.notes)
     elapsed = time.perf_counter() - t0
     imported = {} if ranges is None else {"imported": cal.ranges_used}
     auto = {} if cal.auto is None else {"auto": cal.auto[1].as_dict()}
     if as_json:
         info = {**qm.info, "bits_config": json.loads(qm.info.get("bits_config") or "{}")}  # stored as text
         emit_json({"output": str(output), **info, "seconds": elapsed, "fingerprint": qm.fingerprint(),
-                   "tensors": spec_rows(qm), **imported, **auto, "notes": ranges.notes if ranges else []})
+                   "tensors": spec_rows(qm), **imported, **auto, "notes": (ranges.notes if ranges else []) + cal.notes})
         return
     title = (f"{model.name}: {qm.info['bits']}, {qm.info['method']}"
              + (f" over {qm.info['samples']} sequence{'s' * (qm.info['samples'] != 1)}" if qm.info["samples"] else ""))

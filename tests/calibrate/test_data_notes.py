@@ -171,3 +171,24 @@ def test_calibration_data_that_never_vary_are_noted():
     assert any("is 0 throughout the calibration data" in n for n in qg.info["notes"])
     qg = qtool.calibrate(SAMPLES / "digits.onnx", np.load(SAMPLES / "calib.npy")[:16], method="minmax", check=False)
     assert not any("throughout" in n for n in qg.info["notes"])
+
+
+@pytest.mark.skipif(not has("safetensors"), reason="the sample GRU is .safetensors")
+def test_a_gru_alones_calibration_data_that_never_vary_are_noted(cli, tmp_path):
+    """The same note for a GRU alone: on `calibrate`'s stderr and in its --json, for one method,
+    auto and --compare; none for data that vary."""
+    gru = SAMPLES / "digits_gru.safetensors"
+    np.save(tmp_path / "constant.npy", np.full((16, 8, 8), 0.5, np.float32))
+    said = "input 'x' is 0.5 throughout the calibration data"
+    for method in ("minmax", "auto"):
+        cal = qtool.observe(gru, tmp_path / "constant.npy", methods=[method])
+        assert any(said in n for n in cal.notes), method
+    code, out, err = cli("calibrate", gru, tmp_path / "constant.npy", "-o", tmp_path / "q.h5", "--method", "minmax")
+    assert code == 0 and said in err
+    code, out, err = cli("calibrate", gru, tmp_path / "constant.npy", "-o", tmp_path / "q.h5", "--method", "minmax",
+                         "--json", "--force")
+    assert code == 0 and any(said in n for n in json.loads(out)["notes"])
+    code, out, err = cli("calibrate", gru, tmp_path / "constant.npy", "--compare", "minmax,mse", "--eval",
+                         SAMPLES / "test.npy")
+    assert code == 0 and said in err
+    assert not qtool.observe(gru, SAMPLES / "calib.npy", methods=["minmax"]).notes
