@@ -64,7 +64,10 @@ def snr_db(stats: np.ndarray) -> np.ndarray:
 def exactness(quick: bool) -> None:
     from qtool.engine.cuda import run_model_cuda
 
-    shapes = [(40, 64, 2, 2, 20, 64), (40, 512, 1, 1, 20, 32)] if not quick else [(3, 4, 1, 2, 2, 2)]
+    # (C, H, layers, dirs, T, N): stacked bidirectional; partial tiles of sequences, of staged h and of
+    # units (H 200, N 13); a wide layer; the speed table's sizes
+    shapes = [(40, 64, 2, 2, 20, 64), (24, 200, 1, 2, 10, 13), (40, 512, 1, 1, 20, 32),
+              (128, 256, 1, 1, 100, 256)] if not quick else [(3, 4, 1, 2, 2, 2)]
     print(f"{'form':<24} {'preset':<6} {'C,H,layers,dirs,T,N':<20} {'integers':>12} {'mismatches':>10} "
           f"{'float out':>9} {'SNR dB':>9}")
     total = bad = 0
