@@ -158,6 +158,10 @@ def main() -> None:
     # numba freezes a module's globals when it compiles a kernel: set before the first launch
     engine_cuda.TILE_N = a.tile or engine_cuda.TILE_N
     engine_cuda.K_CHUNK = a.chunk or engine_cuda.K_CHUNK
+    # the f64 kernels' staged h (8 B) and float h (4 B), beside 7 KiB of statistics, in 48 KiB of shared memory
+    if not (1 <= engine_cuda.TILE_N <= 32 and 1 <= engine_cuda.K_CHUNK and engine_cuda.TILE_N * engine_cuda.K_CHUNK * 12
+            <= 40 * 1024):
+        ap.error("--tile in 1..32 and --chunk at least 1, with tile x chunk at most 3413 (48 KiB of shared memory)")
     print(f"step kernels: {engine_cuda.TILE_N} sequences a block, h staged {engine_cuda.K_CHUNK} units at a time")
     exactness(a.quick)
     if not a.skip_timings:

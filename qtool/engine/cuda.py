@@ -123,14 +123,17 @@ def cuda_usable() -> tuple[bool, str]:
 
 
 @cuda.jit(device=True)
-def tiled_dot(X, W, xs, ws):
+def tiled_dot(X, W, xs, ws, zero):
     """sum_k X[m, k] W[c, k] of this thread's output (m, c) of the block's WX_TILE x WX_TILE tile
     (threadIdx.x: c, so that a warp writes a row's consecutive columns), both operands staged in
-    shared memory WX_TILE columns at a time; the sum runs over k in order, in xs's type."""
+    shared memory WX_TILE columns at a time; the sum runs over k in order, in the type of `zero`
+    (a typed zero: xs[0, 0] * 0 would read shared memory before it is written, and numba types a
+    float32 times an integer as float64). Block (m tile, c tile): N T tiles on the grid's x, which
+    has no practical limit."""
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    m0, c0 = cuda.blockIdx.y * WX_TILE, cuda.blockIdx.x * WX_TILE
+    m0, c0 = cuda.blockIdx.x * WX_TILE, cuda.blockIdx.y * WX_TILE
     M, K = X.shape
-    s = xs[0, 0] * 0
+    s = zero
     for k0 in range(0, K, WX_TILE):
         if m0 + ty < M and k0 + tx < K:
             xs[ty, tx] = X[m0 + ty, k0 + tx]
@@ -154,9 +157,9 @@ def wx_kernel(qx, qW, P, CH, zp_wx, lo_wx, hi_wx, out):
     zp_wx, lo_wx, hi_wx: the indices of Wx's zero point and range in P (the cell form's order)."""
     xs = cuda.shared.array((WX_TILE, WX_TILE), np.float64)
     ws = cuda.shared.array((WX_TILE, WX_PITCH), np.float64)
-    s = tiled_dot(qx, qW, xs, ws)
-    m = cuda.blockIdx.y * WX_TILE + cuda.threadIdx.y
-    c = cuda.blockIdx.x * WX_TILE + cuda.threadIdx.x
+    s = tiled_dot(qx, qW, xs, ws, np.float64(0.0))
+    m = cuda.blockIdx.x * WX_TILE + cuda.threadIdx.y
+    c = cuda.blockIdx.y * WX_TILE + cuda.threadIdx.x
     if m < qx.shape[0] and c < qW.shape[0]:
         out[m, c] = rescale(np.int64(s) - CH[CH_W_SUM_MUL_X_ZP, c], CH[CH_SH_W, c], P[zp_wx], P[lo_wx], P[hi_wx])
 
@@ -166,9 +169,9 @@ def fwx_kernel(x, W, out):
     """The float reference's W x for all steps, float32 sums over k in order."""
     xs = cuda.shared.array((WX_TILE, WX_TILE), np.float32)
     ws = cuda.shared.array((WX_TILE, WX_PITCH), np.float32)
-    s = tiled_dot(x, W, xs, ws)
-    m = cuda.blockIdx.y * WX_TILE + cuda.threadIdx.y
-    c = cuda.blockIdx.x * WX_TILE + cuda.threadIdx.x
+    s = tiled_dot(x, W, xs, ws, np.float32(0.0))
+    m = cuda.blockIdx.x * WX_TILE + cuda.threadIdx.y
+    c = cuda.blockIdx.y * WX_TILE + cuda.threadIdx.x
     if m < x.shape[0] and c < W.shape[0]:
         out[m, c] = s
 
@@ -564,7 +567,7 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     d_P, d_CH = cuda.to_device(cq.P), cuda.to_device(cq.CH)
     d_luts = [cuda.to_device(cq.luts[k]) for k in ("lut_z", "lut_r", "lut_g")]
     d_Wx = cuda.device_array((N * T, 3 * H), np.int32)
-    grid = (math.ceil(3 * H / WX_TILE), math.ceil(N * T / WX_TILE))
+    grid = (math.ceil(N * T / WX_TILE), math.ceil(3 * H / WX_TILE))
     wx_idx = (RB_ZP_WX, RB_LO_WX, RB_HI_WX) if reset_before else (ZP_WX, LO_WX, HI_WX)  # P's order is the form's
     wx_kernel[grid, (WX_TILE, WX_TILE)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, *wx_idx,
                               d_Wx)
