@@ -150,19 +150,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny shapes, int8 only (numba's CUDA simulator)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-timings", action="store_true")
-    ap.add_argument("--tile", type=int, help="sequences per block of the step kernels (engine default: TILE_N)")
+    ap.add_argument("--tile", type=int, help="sequences per block of the step kernels at every size (default: "
+                    "the engine's sequence_tile, up to TILE_N)")
     ap.add_argument("--chunk", type=int, help="units of h staged in shared memory at a time (default: K_CHUNK)")
     a = ap.parse_args()
     import qtool.engine.cuda as engine_cuda
 
     # numba freezes a module's globals when it compiles a kernel: set before the first launch
-    engine_cuda.TILE_N = a.tile or engine_cuda.TILE_N
+    if a.tile:
+        engine_cuda.TILE_N, engine_cuda.THREADS_IN_FLIGHT = a.tile, 1
     engine_cuda.K_CHUNK = a.chunk or engine_cuda.K_CHUNK
     # the f64 kernels' staged h (8 B) and float h (4 B), beside 7 KiB of statistics, in 48 KiB of shared memory
     if not (1 <= engine_cuda.TILE_N <= 32 and 1 <= engine_cuda.K_CHUNK and engine_cuda.TILE_N * engine_cuda.K_CHUNK * 12
             <= 40 * 1024):
         ap.error("--tile in 1..32 and --chunk at least 1, with tile x chunk at most 3413 (48 KiB of shared memory)")
-    print(f"step kernels: {engine_cuda.TILE_N} sequences a block, h staged {engine_cuda.K_CHUNK} units at a time")
+    print(f"step kernels: {a.tile or f'up to {engine_cuda.TILE_N}'} sequences a block, h staged "
+          f"{engine_cuda.K_CHUNK} units at a time")
     exactness(a.quick)
     if not a.skip_timings:
         timings(a.quick, a.repeat)

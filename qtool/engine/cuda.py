@@ -8,9 +8,10 @@ device functions), so the two engines cannot drift apart.
   the float W x;
 - `step_kernel_*`: one launch per time step of a reset-after cell (haste's, or with other
   activations: its float reference is the form's). A block computes a tile of units for a tile
-  of TILE_N sequences: their h_old (integer and float) is staged in shared memory K_CHUNK units at
-  a time and R is read transposed, so each coalesced load of R serves every sequence of the tile
-  (the GEMM's reuse: without it every sequence would read all of R at every step). Each thread
+  of up to TILE_N sequences (fewer where the batch is too small to keep the GPU busy): their
+  h_old (integer and float) is staged in shared memory K_CHUNK units at a time and R is read
+  transposed, so each coalesced load of R serves every sequence of the tile (the GEMM's reuse:
+  without it every sequence would read all of R at every step). Each thread
   then runs its unit's cell for each sequence and adds every tensor's distance terms to its own
   slot of a statistics array (no atomics); the output's per-step terms are summed in the block
   and added to the step's row atomically;
@@ -90,7 +91,8 @@ from qtool.numerics.rescale import (
 )
 
 THREADS = 128  # hidden units per block (at most)
-TILE_N = 8  # sequences per block: each load of R serves them all
+TILE_N = 8  # sequences per block at most: each load of R serves them all
+THREADS_IN_FLIGHT = 1 << 16  # what the step kernels' launches keep: sequence_tile
 K_CHUNK = 64  # columns of h (or rh) staged in shared memory at a time
 WX_TILE = 16  # the W x GEMM's output tile per block (WX_TILE^2 threads)
 WX_PITCH = 17  # a row of its staged weights, WX_TILE + 1: a warp's column reads hit every bank
@@ -177,14 +179,14 @@ def fwx_kernel(x, W, out):
 
 
 @cuda.jit(device=True)
-def stage_chunk(src, n0, k0, stage):
-    """stage[a, k] = src[n0 + a, k0 + k] for the block's TILE_N sequences and K_CHUNK columns, 0
-    past the batch or the row (every thread of the block takes a share; a barrier must follow)."""
-    N, H = src.shape
-    for i in range(cuda.threadIdx.x, TILE_N * K_CHUNK, cuda.blockDim.x):
+def stage_chunk(src, n0, na, k0, stage):
+    """stage[a, k] = src[n0 + a, k0 + k] for the block's `na` sequences and K_CHUNK columns, 0
+    past the row (every thread of the block takes a share; a barrier must follow)."""
+    H = src.shape[1]
+    for i in range(cuda.threadIdx.x, na * K_CHUNK, cuda.blockDim.x):
         a = i // K_CHUNK
         k = i % K_CHUNK
-        if n0 + a < N and k0 + k < H:
+        if k0 + k < H:
             stage[a, k] = src[n0 + a, k0 + k]
         else:
             stage[a, k] = 0
@@ -239,14 +241,13 @@ def block_step_terms(part, tid, t, step_stats):
 
 
 @cuda.jit(device=True)
-def x_terms(acc, n0, j, t, qx, xf, grids):
+def x_terms(acc, n0, na, j, t, qx, xf, grids):
     """The layer input's distance terms of the block's sequences at step t, strided over every
     thread of the launch (j: this thread's slot)."""
-    for a in range(TILE_N):
+    for a in range(na):
         n = n0 + a
-        if n < qx.shape[0]:
-            for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
-                add_terms(acc[n, j, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])
+        for k in range(j, qx.shape[2], cuda.gridDim.x * cuda.blockDim.x):
+            add_terms(acc[n, j, X_TENSOR], qx[n, t, k], xf[n, t, k], grids[X_TENSOR])
 
 
 def _step_kernel(acc_t):
@@ -254,18 +255,19 @@ def _step_kernel(acc_t):
     layout.gemm_dtype proves the sums exact in it, else float64)."""
 
     @cuda.jit
-    def step_kernel(t, s, qx, xf, q_Wx, f_Wx, qRT, fRT, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
+    def step_kernel(t, s, tile, qx, xf, q_Wx, f_Wx, qRT, fRT, P, CH, lut_z, lut_r, lut_g, bx, br, form, alpha_beta,
                     out_q, out_f, col, h_i, h_f, level, grids, acc, step_stats, trace):
         """Step s of the run, at time index t, of a reset-after cell: block (unit tile, sequence
-        tile); thread j computes unit j of the tile's TILE_N sequences. h_old of the tile is staged
+        tile); thread j computes unit j of the block's `tile` sequences (sequence_tile, at most
+        TILE_N). h_old of the tile is staged
         in shared memory K_CHUNK units at a time (integers exactly in acc_t, and the float
         reference's float32); R is read transposed, `qRT[k, j]`, so a warp's loads are contiguous,
         and each load serves every sequence of the tile. `form[0]` -1: the haste cell's float
         reference, else the form's activations."""
         tid = cuda.threadIdx.x
         j = cuda.blockIdx.x * cuda.blockDim.x + tid
-        n0 = cuda.blockIdx.y * TILE_N
-        na = min(TILE_N, h_i.shape[1] - n0)  # the tile's sequences
+        n0 = cuda.blockIdx.y * tile
+        na = min(tile, h_i.shape[1] - n0)  # the block's sequences
         H = qRT.shape[0]
         jr, jg = j + H, j + 2 * H
         q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
@@ -283,9 +285,9 @@ def _step_kernel(acc_t):
         for c in range(N_STATS):
             part[tid, c] = 0.0
         for k0 in range(0, H, K_CHUNK):
-            stage_chunk(h_i[s % 2], n0, k0, q_stage)
+            stage_chunk(h_i[s % 2], n0, na, k0, q_stage)
             if level:
-                stage_chunk(h_f[s % 2], n0, k0, f_stage)
+                stage_chunk(h_f[s % 2], n0, na, k0, f_stage)
             cuda.syncthreads()
             if j < H:
                 for kk in range(min(K_CHUNK, H - k0)):
@@ -300,7 +302,7 @@ def _step_kernel(acc_t):
             cuda.syncthreads()
         for a in range(TILE_N):
             n = n0 + a
-            if j < H and n < h_i.shape[1]:
+            if j < H and a < na:
                 wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, jg]
                 res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(q_z[a]), np.int64(q_r[a]),
                                np.int64(q_g[a]), np.int64(h_i[s % 2, n, j]), j, jr, jg, P, CH, lut_z, lut_r,
@@ -336,7 +338,7 @@ def _step_kernel(acc_t):
                             tr = ROW_TENSOR[3 + k]
                             add_terms(acc[n, j, tr], res[k], fres[k], grids[tr])
         if level == 2:
-            x_terms(acc, n0, j, t, qx, xf, grids)
+            x_terms(acc, n0, na, j, t, qx, xf, grids)
         if level:
             block_step_terms(part, tid, t, step_stats)
 
@@ -347,7 +349,7 @@ def _gates_kernel_rb(acc_t):
     """The reset-before cell's first kernel of a step, its integer sums in `acc_t` (as _step_kernel)."""
 
     @cuda.jit
-    def gates_kernel_rb(t, s, q_Wx, f_Wx, qRT, fRT, P, CH, lut_z, lut_r, bx, br, form, alpha_beta, h_i, h_f,
+    def gates_kernel_rb(t, s, tile, q_Wx, f_Wx, qRT, fRT, P, CH, lut_z, lut_r, bx, br, form, alpha_beta, h_i, h_f,
                         z_i, z_f, rh_i, rh_f, level, grids, row_tensor, acc, trace):
         """Step s of a reset-before cell, at time index t, first half: block (unit tile, sequence
         tile) as step_kernel; unit j's R_z h and R_r h sums, its gates
@@ -356,8 +358,8 @@ def _gates_kernel_rb(acc_t):
         every unit's rh."""
         tid = cuda.threadIdx.x
         j = cuda.blockIdx.x * cuda.blockDim.x + tid
-        n0 = cuda.blockIdx.y * TILE_N
-        na = min(TILE_N, h_i.shape[1] - n0)  # the tile's sequences
+        n0 = cuda.blockIdx.y * tile
+        na = min(tile, h_i.shape[1] - n0)  # the block's sequences
         H = qRT.shape[0]
         jr = j + H
         q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
@@ -370,9 +372,9 @@ def _gates_kernel_rb(acc_t):
             q_z[a] = q_r[a] = 0
             f_z[a] = f_r[a] = 0
         for k0 in range(0, H, K_CHUNK):
-            stage_chunk(h_i[s % 2], n0, k0, q_stage)
+            stage_chunk(h_i[s % 2], n0, na, k0, q_stage)
             if level:
-                stage_chunk(h_f[s % 2], n0, k0, f_stage)
+                stage_chunk(h_f[s % 2], n0, na, k0, f_stage)
             cuda.syncthreads()
             if j < H:
                 for kk in range(min(K_CHUNK, H - k0)):
@@ -385,7 +387,7 @@ def _gates_kernel_rb(acc_t):
             cuda.syncthreads()
         for a in range(TILE_N):
             n = n0 + a
-            if j < H and n < h_i.shape[1]:
+            if j < H and a < na:
                 wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, j + 2 * H]
                 Rh_z, Rh_r, z_pre, r_pre, z, r, rh = gru_gates_reset_before(
                     np.int64(wz), np.int64(wr), np.int64(q_z[a]), np.int64(q_r[a]), np.int64(h_i[s % 2, n, j]),
@@ -430,7 +432,7 @@ def _candidates_kernel_rb(acc_t):
     """The reset-before cell's second kernel of a step, its integer sums in `acc_t` (as _step_kernel)."""
 
     @cuda.jit
-    def candidates_kernel_rb(t, s, qx, xf, q_Wx, f_Wx, qRT, fRT, P, CH, lut_g, bx, br, form, out_q, out_f, col,
+    def candidates_kernel_rb(t, s, tile, qx, xf, q_Wx, f_Wx, qRT, fRT, P, CH, lut_g, bx, br, form, out_q, out_f, col,
                              h_i, h_f, z_i, z_f, rh_i, rh_f, level, grids, row_tensor, acc, step_stats, trace):
         """Step s of a reset-before cell, second half, once gates_kernel_rb has written every
         unit's z and rh: unit j's R_g rh sum (rh staged as step_kernel stages h), its candidate
@@ -438,8 +440,8 @@ def _candidates_kernel_rb(acc_t):
         (float_cell.float_candidate_reset_before)."""
         tid = cuda.threadIdx.x
         j = cuda.blockIdx.x * cuda.blockDim.x + tid
-        n0 = cuda.blockIdx.y * TILE_N
-        na = min(TILE_N, h_i.shape[1] - n0)  # the tile's sequences
+        n0 = cuda.blockIdx.y * tile
+        na = min(tile, h_i.shape[1] - n0)  # the block's sequences
         H = qRT.shape[0]
         jg = j + 2 * H
         q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
@@ -453,9 +455,9 @@ def _candidates_kernel_rb(acc_t):
         for c in range(N_STATS):
             part[tid, c] = 0.0
         for k0 in range(0, H, K_CHUNK):
-            stage_chunk(rh_i, n0, k0, q_stage)
+            stage_chunk(rh_i, n0, na, k0, q_stage)
             if level:
-                stage_chunk(rh_f, n0, k0, f_stage)
+                stage_chunk(rh_f, n0, na, k0, f_stage)
             cuda.syncthreads()
             if j < H:
                 for kk in range(min(K_CHUNK, H - k0)):
@@ -466,7 +468,7 @@ def _candidates_kernel_rb(acc_t):
         h_tensor = row_tensor[RB_ROW_H]
         for a in range(TILE_N):
             n = n0 + a
-            if j < H and n < h_i.shape[1]:
+            if j < H and a < na:
                 Rh_g, g_pre, g, old, new, q_h = gru_candidate_reset_before(
                     np.int64(q_Wx[n, t, jg]), np.int64(q_g[a]), np.int64(h_i[s % 2, n, j]), np.int64(z_i[n, j]),
                     jg, P, CH, lut_g)
@@ -494,7 +496,7 @@ def _candidates_kernel_rb(acc_t):
                         add_row_terms(slot, RB_ROW_OLD, old, f_old, grids, row_tensor)
                         add_row_terms(slot, RB_ROW_NEW, new, f_new, grids, row_tensor)
         if level == 2:
-            x_terms(acc, n0, j, t, qx, xf, grids)
+            x_terms(acc, n0, na, j, t, qx, xf, grids)
         if level:
             block_step_terms(part, tid, t, step_stats)
 
@@ -538,6 +540,13 @@ def reduce_kernel(acc, out):
             out[tensor, stat] = buf[0, stat]
 
 
+def sequence_tile(N: int, H: int) -> int:
+    """Sequences per block of the step kernels: up to TILE_N (each load of R serves them all), as
+    long as the launch keeps about THREADS_IN_FLIGHT threads (a thread per unit and block: with
+    fewer, too few warps hide the GPU's memory latency)."""
+    return max(1, min(TILE_N, N * H // THREADS_IN_FLIGHT))
+
+
 def _gemm_dtype_R(cq, reset_before: bool):
     """The exact arithmetic of the R GEMMs: R h, and for a reset-before cell R_g rh on rh's bits
     (one copy of R on the device: the wider of the two)."""
@@ -578,7 +587,8 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     h_i[0] = cq.P[RB_ZP_H if reset_before else ZP_H]  # h0 = 0 exactly
     d_hi, d_hf = cuda.to_device(h_i), cuda.to_device(np.zeros((2, N, H), np.float32))
     threads = min(THREADS, 32 * math.ceil(max(H, C if level == 2 else 1) / 32))
-    blocks = (math.ceil(H / threads), math.ceil(N / TILE_N))
+    tile = sequence_tile(N, H)
+    blocks = (math.ceil(H / threads), math.ceil(N / tile))
     d_acc = cuda.to_device(np.zeros((N, blocks[0] * threads, n_measured, N_STATS) if level else (1, 1, 1, N_STATS)))
     gate, alpha, beta, candidate = form_codes(cq.form)
     form = np.array([-1, 0, 0] if cq.form.haste else [int(reset_before), gate, candidate], np.int64)
@@ -601,13 +611,13 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     for s in range(T):  # launches queue on the stream; nothing is copied per step
         t = T - 1 - s if rev else s
         if reset_before:  # every unit's rh before any unit's R_g rh: two launches
-            gates[blocks, threads](t, s, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, d_luts[0], d_luts[1], d_bx, d_br,
+            gates[blocks, threads](t, s, tile, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, d_luts[0], d_luts[1], d_bx, d_br,
                                    d_form, d_ab, d_hi, d_hf, *scratch, level, d_grids, d_rt, d_acc, trace)
-            candidates[blocks, threads](t, s, d_qx, d_xf, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, d_luts[2], d_bx,
+            candidates[blocks, threads](t, s, tile, d_qx, d_xf, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, d_luts[2], d_bx,
                                         d_br, d_form, d_out_q, d_out_f, col, d_hi, d_hf, *scratch, level, d_grids,
                                         d_rt, d_acc, d_step, trace)
         else:
-            step[blocks, threads](t, s, d_qx, d_xf, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, *d_luts, d_bx, d_br,
+            step[blocks, threads](t, s, tile, d_qx, d_xf, q_Wx, f_Wx, d_qRT, d_fRT, d_P, d_CH, *d_luts, d_bx, d_br,
                                   d_form, d_ab, d_out_q, d_out_f, col, d_hi, d_hf, level, d_grids, d_acc, d_step,
                                   trace)
     if not level:

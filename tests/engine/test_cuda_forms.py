@@ -116,7 +116,7 @@ def test_reset_before_wx_saturates_on_its_own_grid():
                     reason="small tiles: numba freezes them when it compiles a kernel for a GPU")
 @pytest.mark.parametrize("name,preset", [("haste", "int8"), ("reset_before", "int16")])
 def test_cuda_past_every_tile(name, preset, monkeypatch):
-    """Sizes past each tile of the kernels: a full tile of TILE_N sequences and a partial one, h
+    """Sizes past each tile of the kernels: a full block of sequences and a partial one, h
     staged in three chunks of K_CHUNK units, units in two blocks of THREADS, the W x GEMM's
     inputs in two chunks of WX_TILE columns; float32 R h sums (int8) and float64 (int16). The
     tiles are made small, as the simulator runs every thread in Python (the kernels read them at
@@ -124,9 +124,11 @@ def test_cuda_past_every_tile(name, preset, monkeypatch):
     import qtool.engine.cuda as engine_cuda
     from qtool.engine.layout import gemm_dtype
 
-    for k, v in {"THREADS": 8, "TILE_N": 2, "K_CHUNK": 4, "WX_TILE": 4}.items():
+    # blocks of 2 sequences (sequence_tile: 10 * 3 // 15) in tiles of 4
+    for k, v in {"THREADS": 8, "TILE_N": 4, "THREADS_IN_FLIGHT": 15, "K_CHUNK": 4, "WX_TILE": 4}.items():
         monkeypatch.setattr(engine_cuda, k, v)
     H, N = 10, 3
+    assert engine_cuda.sequence_tile(N, H) == 2
     form = HASTE if name == "haste" else FORMS[name]
     base = random_model(C=5, H=H, layers=1, dirs=1, seed=5)
     model = GruModel([[GruCell(c.W, c.R, c.bx, c.br, form) for c in cells] for cells in base.layers])
