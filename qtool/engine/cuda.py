@@ -193,13 +193,39 @@ def stage_chunk(src, n0, na, k0, stage):
 
 
 @cuda.jit(device=True)
-def tile_fma(RT, k, c, stage, kk, sums, na):
-    """sums[a] += RT[k, c] stage[a, kk] for the block's `na` sequences: one load of R serves them
-    all (a loop of constant length, so that the sums can live in registers)."""
+def tile_fma(RT, k, c, stage, kk, sums, g, na):
+    """sums[g, a] += RT[k, c] stage[a, kk] for the block's `na` sequences: one load of R serves
+    them all (a loop of constant length, so that the sums can live in registers)."""
     r = RT[k, c]
     for a in range(TILE_N):
         if a < na:
-            sums[a] += r * stage[a, kk]
+            sums[g, a] += r * stage[a, kk]
+
+
+@cuda.jit(device=True)
+def gate_sums(qRT, fRT, q_src, f_src, n0, na, j, g0, rows, level, q_stage, f_stage, q_sums, f_sums):
+    """q_sums[g, a] = sum_k qRT[k, j + (g0 + g) H] q_src[n0 + a, k] for gate rows g < `rows` and
+    the block's `na` sequences, summed over k in order, q_src staged in shared memory K_CHUNK
+    columns at a time (q_stage); with `level`, the float reference's f_sums from f_src likewise.
+    Every thread of the block calls it (it has barriers); a thread past the units (j >= H) stages."""
+    H = qRT.shape[0]
+    for g in range(rows):
+        for a in range(TILE_N):
+            q_sums[g, a] = 0
+            f_sums[g, a] = 0
+    for k0 in range(0, H, K_CHUNK):
+        stage_chunk(q_src, n0, na, k0, q_stage)
+        if level:
+            stage_chunk(f_src, n0, na, k0, f_stage)
+        cuda.syncthreads()
+        if j < H:
+            for kk in range(min(K_CHUNK, H - k0)):
+                for g in range(rows):
+                    c = j + (g0 + g) * H
+                    tile_fma(qRT, k0 + kk, c, q_stage, kk, q_sums, g, na)
+                    if level:
+                        tile_fma(fRT, k0 + kk, c, f_stage, kk, f_sums, g, na)
+        cuda.syncthreads()
 
 
 @cuda.jit(device=True)
@@ -259,11 +285,10 @@ def _step_kernel(acc_t):
                     out_q, out_f, col, h_i, h_f, level, grids, acc, step_stats, trace):
         """Step s of the run, at time index t, of a reset-after cell: block (unit tile, sequence
         tile); thread j computes unit j of the block's `tile` sequences (sequence_tile, at most
-        TILE_N). h_old of the tile is staged
-        in shared memory K_CHUNK units at a time (integers exactly in acc_t, and the float
-        reference's float32); R is read transposed, `qRT[k, j]`, so a warp's loads are contiguous,
-        and each load serves every sequence of the tile. `form[0]` -1: the haste cell's float
-        reference, else the form's activations."""
+        TILE_N). Their h_old is staged in shared memory K_CHUNK units at a time (integers exactly
+        in acc_t, and the float reference's float32; gate_sums); R is read transposed,
+        `qRT[k, j]`, so a warp's loads are contiguous, and each load serves every sequence of the
+        block. `form[0]` -1: the haste cell's float reference, else the form's activations."""
         tid = cuda.threadIdx.x
         j = cuda.blockIdx.x * cuda.blockDim.x + tid
         n0 = cuda.blockIdx.y * tile
@@ -273,40 +298,18 @@ def _step_kernel(acc_t):
         q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
         f_stage = cuda.shared.array((TILE_N, K_CHUNK), np.float32)
         part = cuda.shared.array((THREADS, N_STATS), np.float64)
-        q_z = cuda.local.array(TILE_N, acc_t)
-        q_r = cuda.local.array(TILE_N, acc_t)
-        q_g = cuda.local.array(TILE_N, acc_t)
-        f_z = cuda.local.array(TILE_N, np.float32)
-        f_r = cuda.local.array(TILE_N, np.float32)
-        f_g = cuda.local.array(TILE_N, np.float32)
-        for a in range(TILE_N):
-            q_z[a] = q_r[a] = q_g[a] = 0
-            f_z[a] = f_r[a] = f_g[a] = 0
+        q_sums = cuda.local.array((3, TILE_N), acc_t)  # R_z h, R_r h, R_g h of each sequence
+        f_sums = cuda.local.array((3, TILE_N), np.float32)
         for c in range(N_STATS):
             part[tid, c] = 0.0
-        for k0 in range(0, H, K_CHUNK):
-            stage_chunk(h_i[s % 2], n0, na, k0, q_stage)
-            if level:
-                stage_chunk(h_f[s % 2], n0, na, k0, f_stage)
-            cuda.syncthreads()
-            if j < H:
-                for kk in range(min(K_CHUNK, H - k0)):
-                    k = k0 + kk
-                    tile_fma(qRT, k, j, q_stage, kk, q_z, na)
-                    tile_fma(qRT, k, jr, q_stage, kk, q_r, na)
-                    tile_fma(qRT, k, jg, q_stage, kk, q_g, na)
-                    if level:
-                        tile_fma(fRT, k, j, f_stage, kk, f_z, na)
-                        tile_fma(fRT, k, jr, f_stage, kk, f_r, na)
-                        tile_fma(fRT, k, jg, f_stage, kk, f_g, na)
-            cuda.syncthreads()
+        gate_sums(qRT, fRT, h_i[s % 2], h_f[s % 2], n0, na, j, 0, 3, level, q_stage, f_stage, q_sums, f_sums)
         for a in range(TILE_N):
             n = n0 + a
             if j < H and a < na:
                 wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, jg]
-                res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(q_z[a]), np.int64(q_r[a]),
-                               np.int64(q_g[a]), np.int64(h_i[s % 2, n, j]), j, jr, jg, P, CH, lut_z, lut_r,
-                               lut_g)
+                res = gru_cell(np.int64(wz), np.int64(wr), np.int64(wg), np.int64(q_sums[0, a]),
+                               np.int64(q_sums[1, a]), np.int64(q_sums[2, a]), np.int64(h_i[s % 2, n, j]), j, jr,
+                               jg, P, CH, lut_z, lut_r, lut_g)
                 q_h = res[N_TRACE - 1]
                 out_q[n, t, col + j] = q_h
                 h_i[(s + 1) % 2, n, j] = q_h
@@ -319,12 +322,13 @@ def _step_kernel(acc_t):
                 if level:
                     fx_z, fx_r, fx_g = f_Wx[n, t, j], f_Wx[n, t, jr], f_Wx[n, t, jg]
                     h_old = h_f[s % 2, n, j]
+                    f_z, f_r, f_g = f_sums[0, a], f_sums[1, a], f_sums[2, a]
                     if form[0] == -1:
-                        fres = float_cell(fx_z, fx_r, fx_g, f_z[a], f_r[a], f_g[a], h_old, bx[j], bx[jr], bx[jg],
-                                          br[j], br[jr], br[jg])
+                        fres = float_cell(fx_z, fx_r, fx_g, f_z, f_r, f_g, h_old, bx[j], bx[jr], bx[jg], br[j],
+                                          br[jr], br[jg])
                     else:
-                        fres = float_cell_form(fx_z, fx_r, fx_g, f_z[a], f_r[a], f_g[a], h_old, bx[j], bx[jr],
-                                               bx[jg], br[j], br[jr], br[jg], form, alpha_beta)
+                        fres = float_cell_form(fx_z, fx_r, fx_g, f_z, f_r, f_g, h_old, bx[j], bx[jr], bx[jg], br[j],
+                                               br[jr], br[jg], form, alpha_beta)
                     f_h = fres[N_TRACE - 1]
                     out_f[n, t, col + j] = f_h
                     h_f[(s + 1) % 2, n, j] = f_h
@@ -364,34 +368,16 @@ def _gates_kernel_rb(acc_t):
         jr = j + H
         q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
         f_stage = cuda.shared.array((TILE_N, K_CHUNK), np.float32)
-        q_z = cuda.local.array(TILE_N, acc_t)
-        q_r = cuda.local.array(TILE_N, acc_t)
-        f_z = cuda.local.array(TILE_N, np.float32)
-        f_r = cuda.local.array(TILE_N, np.float32)
-        for a in range(TILE_N):
-            q_z[a] = q_r[a] = 0
-            f_z[a] = f_r[a] = 0
-        for k0 in range(0, H, K_CHUNK):
-            stage_chunk(h_i[s % 2], n0, na, k0, q_stage)
-            if level:
-                stage_chunk(h_f[s % 2], n0, na, k0, f_stage)
-            cuda.syncthreads()
-            if j < H:
-                for kk in range(min(K_CHUNK, H - k0)):
-                    k = k0 + kk
-                    tile_fma(qRT, k, j, q_stage, kk, q_z, na)
-                    tile_fma(qRT, k, jr, q_stage, kk, q_r, na)
-                    if level:
-                        tile_fma(fRT, k, j, f_stage, kk, f_z, na)
-                        tile_fma(fRT, k, jr, f_stage, kk, f_r, na)
-            cuda.syncthreads()
+        q_sums = cuda.local.array((2, TILE_N), acc_t)  # R_z h, R_r h of each sequence
+        f_sums = cuda.local.array((2, TILE_N), np.float32)
+        gate_sums(qRT, fRT, h_i[s % 2], h_f[s % 2], n0, na, j, 0, 2, level, q_stage, f_stage, q_sums, f_sums)
         for a in range(TILE_N):
             n = n0 + a
             if j < H and a < na:
                 wz, wr, wg = q_Wx[n, t, j], q_Wx[n, t, jr], q_Wx[n, t, j + 2 * H]
                 Rh_z, Rh_r, z_pre, r_pre, z, r, rh = gru_gates_reset_before(
-                    np.int64(wz), np.int64(wr), np.int64(q_z[a]), np.int64(q_r[a]), np.int64(h_i[s % 2, n, j]),
-                    j, jr, P, CH, lut_z, lut_r)
+                    np.int64(wz), np.int64(wr), np.int64(q_sums[0, a]), np.int64(q_sums[1, a]),
+                    np.int64(h_i[s % 2, n, j]), j, jr, P, CH, lut_z, lut_r)
                 rh_i[n, j] = rh
                 z_i[n, j] = z
                 if trace.shape[0]:
@@ -407,8 +393,9 @@ def _gates_kernel_rb(acc_t):
                     trace[n, t, RB_ROW_RH, j] = rh
                 if level:
                     fx_z, fx_r = f_Wx[n, t, j], f_Wx[n, t, jr]
-                    fz_pre, fr_pre, fz, fr = float_gates(fx_z, fx_r, f_z[a], f_r[a], bx[j], bx[jr], br[j], br[jr],
-                                                         form[1], alpha_beta[0], alpha_beta[1])
+                    f_z, f_r = f_sums[0, a], f_sums[1, a]
+                    fz_pre, fr_pre, fz, fr = float_gates(fx_z, fx_r, f_z, f_r, bx[j], bx[jr], br[j], br[jr], form[1],
+                                                         alpha_beta[0], alpha_beta[1])
                     frh = fr * h_f[s % 2, n, j]
                     rh_f[n, j] = frh
                     z_f[n, j] = fz
@@ -417,8 +404,8 @@ def _gates_kernel_rb(acc_t):
                         add_row_terms(slot, 0, wz, fx_z, grids, row_tensor)
                         add_row_terms(slot, 1, wr, fx_r, grids, row_tensor)
                         add_row_terms(slot, 2, wg, f_Wx[n, t, j + 2 * H], grids, row_tensor)
-                        add_row_terms(slot, RB_ROW_RH_Z, Rh_z, f_z[a], grids, row_tensor)
-                        add_row_terms(slot, RB_ROW_RH_R, Rh_r, f_r[a], grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_RH_Z, Rh_z, f_z, grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_RH_R, Rh_r, f_r, grids, row_tensor)
                         add_row_terms(slot, RB_ROW_Z_PRE, z_pre, fz_pre, grids, row_tensor)
                         add_row_terms(slot, RB_ROW_R_PRE, r_pre, fr_pre, grids, row_tensor)
                         add_row_terms(slot, RB_ROW_Z, z, fz, grids, row_tensor)
@@ -447,31 +434,18 @@ def _candidates_kernel_rb(acc_t):
         q_stage = cuda.shared.array((TILE_N, K_CHUNK), acc_t)
         f_stage = cuda.shared.array((TILE_N, K_CHUNK), np.float32)
         part = cuda.shared.array((THREADS, N_STATS), np.float64)
-        q_g = cuda.local.array(TILE_N, acc_t)
-        f_g = cuda.local.array(TILE_N, np.float32)
-        for a in range(TILE_N):
-            q_g[a] = 0
-            f_g[a] = 0
+        q_sums = cuda.local.array((1, TILE_N), acc_t)  # R_g rh of each sequence
+        f_sums = cuda.local.array((1, TILE_N), np.float32)
         for c in range(N_STATS):
             part[tid, c] = 0.0
-        for k0 in range(0, H, K_CHUNK):
-            stage_chunk(rh_i, n0, na, k0, q_stage)
-            if level:
-                stage_chunk(rh_f, n0, na, k0, f_stage)
-            cuda.syncthreads()
-            if j < H:
-                for kk in range(min(K_CHUNK, H - k0)):
-                    tile_fma(qRT, k0 + kk, jg, q_stage, kk, q_g, na)
-                    if level:
-                        tile_fma(fRT, k0 + kk, jg, f_stage, kk, f_g, na)
-            cuda.syncthreads()
+        gate_sums(qRT, fRT, rh_i, rh_f, n0, na, j, 2, 1, level, q_stage, f_stage, q_sums, f_sums)
         h_tensor = row_tensor[RB_ROW_H]
         for a in range(TILE_N):
             n = n0 + a
             if j < H and a < na:
                 Rh_g, g_pre, g, old, new, q_h = gru_candidate_reset_before(
-                    np.int64(q_Wx[n, t, jg]), np.int64(q_g[a]), np.int64(h_i[s % 2, n, j]), np.int64(z_i[n, j]),
-                    jg, P, CH, lut_g)
+                    np.int64(q_Wx[n, t, jg]), np.int64(q_sums[0, a]), np.int64(h_i[s % 2, n, j]),
+                    np.int64(z_i[n, j]), jg, P, CH, lut_g)
                 out_q[n, t, col + j] = q_h
                 h_i[(s + 1) % 2, n, j] = q_h
                 if trace.shape[0]:
@@ -483,14 +457,14 @@ def _candidates_kernel_rb(acc_t):
                     trace[n, t, RB_ROW_H, j] = q_h
                 if level:
                     fg_pre, fg, f_old, f_new, f_h = float_candidate_reset_before(
-                        f_Wx[n, t, jg], f_g[a], h_f[s % 2, n, j], z_f[n, j], bx[jg], br[jg], form[2])
+                        f_Wx[n, t, jg], f_sums[0, a], h_f[s % 2, n, j], z_f[n, j], bx[jg], br[jg], form[2])
                     out_f[n, t, col + j] = f_h
                     h_f[(s + 1) % 2, n, j] = f_h
                     add_terms(part[tid], q_h, f_h, grids[h_tensor])
                     add_terms(acc[n, j, h_tensor], q_h, f_h, grids[h_tensor])
                     if level == 2:
                         slot = acc[n, j]
-                        add_row_terms(slot, RB_ROW_RH_G, Rh_g, f_g[a], grids, row_tensor)
+                        add_row_terms(slot, RB_ROW_RH_G, Rh_g, f_sums[0, a], grids, row_tensor)
                         add_row_terms(slot, RB_ROW_G_PRE, g_pre, fg_pre, grids, row_tensor)
                         add_row_terms(slot, RB_ROW_G, g, fg, grids, row_tensor)
                         add_row_terms(slot, RB_ROW_OLD, old, f_old, grids, row_tensor)
