@@ -11,10 +11,10 @@ device functions), so the two engines cannot drift apart.
   of up to TILE_N sequences (fewer where the batch is too small to keep the GPU busy): their
   h_old (integer and float) is staged in shared memory K_CHUNK units at a time and R is read
   transposed, so each coalesced load of R serves every sequence of the tile (the GEMM's reuse:
-  without it every sequence would read all of R at every step). Each thread
-  then runs its unit's cell for each sequence and adds every tensor's distance terms to its own
-  slot of a statistics array (no atomics); the output's per-step terms are summed in the block
-  and added to the step's row atomically;
+  without it every sequence would read all of R at every step). Each thread then runs its
+  unit's cell for each sequence and adds every tensor's distance terms to its own slot of a
+  statistics array (no atomics); the output's per-step terms are summed in the block and added
+  to the step's row atomically;
 - `gates_kernel_rb_*` and `candidates_kernel_rb_*`: a reset-before cell's step, whose g rows of R
   multiply rh = r * h_old of every unit, as two launches tiled likewise: every unit's gates and
   rh, then every unit's R_g rh and candidate;
@@ -552,8 +552,8 @@ def _direction(cq, cell, d_qx, d_xf, rev, d_out_q, d_out_f, col, level, d_step, 
     d_Wx = cuda.device_array((N * T, 3 * H), np.int32)
     grid = (math.ceil(N * T / WX_TILE), math.ceil(3 * H / WX_TILE))
     wx_idx = (RB_ZP_WX, RB_LO_WX, RB_HI_WX) if reset_before else (ZP_WX, LO_WX, HI_WX)  # P's order is the form's
-    wx_kernel[grid, (WX_TILE, WX_TILE)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH, *wx_idx,
-                              d_Wx)
+    wx_kernel[grid, (WX_TILE, WX_TILE)](d_qx.reshape(N * T, C), cuda.to_device(cq.qW.astype(dt_W)), d_P, d_CH,
+                                        *wx_idx, d_Wx)
     d_fWx = cuda.device_array((N * T, 3 * H) if level else (1, 3 * H), np.float32)
     if level:
         fwx_kernel[grid, (WX_TILE, WX_TILE)](d_xf.reshape(N * T, C), cuda.to_device(cell.W), d_fWx)
