@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qtool.api.common import DataLike, Progress, as_data, axes_notes, count, only_for
+from qtool.api.common import DataLike, Progress, as_data, axes_notes, count, data_range, only_for
 from qtool.api.models import is_whole, load_model_for_data, read_graph
 from qtool.core.graph import Graph
 from qtool.core.model import GruModel
@@ -202,7 +202,7 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
     data = as_data(data, dataset, time_first)
     data.check_features(model.input_size)
     n = count(data, limit)
-    notes = constant_notes({"x": data_range(data, n)})
+    notes = constant_notes({"x": np.array(data_range(data, n))})
     tick = (lambda done: progress(done, n)) if progress else None
     comm = world()
     if auto:  # not distributed: under mpiexec every rank runs it over all the data, rank 0 writes
@@ -218,14 +218,6 @@ def observe(model: GruModel | str | os.PathLike, data: DataLike | None, *, bits:
 
         obs = collect_ranks(comm, model, data, plans, batch_size, n, progress=tick)
     return Calibration(model, data, n, label, config, plans, obs, ranges, snap, notes=notes)
-
-
-def data_range(data: SequenceData, n: int) -> np.ndarray:
-    """The least and the greatest value of the first `n` sequences, one pass over the chunks."""
-    lo, hi = np.inf, -np.inf
-    for _, x in data.chunks(256, n):
-        lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
-    return np.array([lo, hi])
 
 
 def calibrate(model: GruModel | Graph | str | os.PathLike, data: DataLike | None, *, bits: str | dict = "int8",

@@ -151,15 +151,21 @@ def saturation_notes(saturated: dict[str, float], worst: dict[str, str] | None =
             "data were?" for name, share in saturated.items() if share > SATURATED_NOTE]
 
 
+def data_range(data: SequenceData, n: int) -> tuple[float, float]:
+    """The least and the greatest value of the first `n` sequences, one pass over the chunks."""
+    lo, hi = math.inf, -math.inf
+    for _, x in data.chunks(256, n):
+        lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
+    return lo, hi
+
+
 def range_notes(data: SequenceData | ModelData, n: int, test: SequenceData | ModelData) -> list[str]:
     """Held-out data with more than 2% of an input's values outside the range of the first `n`
     calibration sequences: data scaled unlike the calibration data (advise says it)."""
     notes = []
     tests = _parts(test)
     for name, part in _parts(data).items():
-        lo, hi = math.inf, -math.inf
-        for _, x in part.chunks(256, n):
-            lo, hi = min(lo, float(np.nanmin(x))), max(hi, float(np.nanmax(x)))
+        lo, hi = data_range(part, n)
         outside = total = 0
         for _, x in tests[name].chunks(256):
             outside += int(np.count_nonzero((x < lo) | (x > hi)))

@@ -27,7 +27,7 @@ class Comparison:
     rows: list[dict]
     best: int
     scored: int  # held-out sequences each method was scored on
-    notes: list[str]  # what looks wrong with the data (held out data shared with the calibration data ...)
+    notes: list[str]  # what looks wrong with the calibration and the held-out data
 
 
 def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: DataLike,
@@ -55,15 +55,15 @@ def compare(model: GruModel | Graph | str | os.PathLike, data: DataLike, test: D
             options = dict(bits=bits, method_weights=method_weights, percentile=percentile, batch_size=batch_size,
                            limit=limit, dataset=dataset, time_first=time_first)
             singles = [m for m in methods if m != "auto"]
-            by_method, cals = {}, []
+            by_method = {}
             if singles:
-                cals.append(observe(model, data, methods=singles, **options))
-                by_method = {m: cals[-1].quant_model(k) for k, m in enumerate(singles)}
+                cal = observe(model, data, methods=singles, **options)
+                by_method = {m: cal.quant_model(k) for k, m in enumerate(singles)}
             if "auto" in methods:
-                cals.append(observe(model, data, methods=("auto",), **options))
-                by_method["auto"] = cals[-1].quant_model(0)
+                cal = observe(model, data, methods=("auto",), **options)
+                by_method["auto"] = cal.quant_model(0)
             models = [by_method[m] for m in methods]
-            cal_notes = cals[0].notes
+            cal_notes = cal.notes  # the same data each time
     inputs = models[0].graph.inputs if whole else ()
     data = as_data(data, dataset, time_first, inputs)
     test = as_data(test, dataset, time_first, inputs)
