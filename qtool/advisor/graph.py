@@ -172,6 +172,9 @@ def space(prep: Prepared, rows: int, seed: int, gamma: float, repeats: int, chun
     for node in (n for n in core if n.op not in SELF_CALIBRATED):
         shares = node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ())
         for e in node.outputs:
+            if e in int8.info["fused_clamps"]:  # its grid is its relu's
+                clamp = int8.node(int8.info["fused_clamps"][e])
+                edge_unit.setdefault(e, edge_unit.get(clamp.outputs[0], (clamp.name, "activation")))
             edge_unit.setdefault(e, edge_unit[node.inputs[0]] if shares else (node.name, "activation"))
         weights = _weights(node, int8.qparams[node.name])
         if weights is not None:

@@ -85,6 +85,17 @@ def check_bits_names(graph: Graph, config: dict[str, TensorConfig]) -> None:
                              "tensors' (the file's tensors and layers tables)")
 
 
+def clamp_reader(graph: Graph, edge: str, core: list[str]) -> Node | None:
+    """The clamp (a relu, relu6: its layer's `clamps_only`) that alone reads `edge`. The edge's
+    writer then writes onto the clamp's output grid (fuse_clamps): its own saturation at the
+    grid's low end does the clamp's, and no step of its grid goes to the values the clamp drops."""
+    readers = graph.consumers(edge)
+    if len(readers) != 1 or edge in graph.outputs or readers[0].name not in core:
+        return None
+    r = readers[0]
+    return r if getattr(layer(r.op, r.label), "clamps_only", lambda _: False)(r) else None
+
+
 def edge_values(graph: Graph, core: list[str], data: SequenceData, n: int, chunk: int,
                 progress: Callable[[int], None] | None) -> dict[str, np.ndarray]:
     """Every edge of the core over the first `n` sequences, float32, batch first."""
@@ -351,20 +362,34 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
                 grids[edge], methods[edge] = observed_grid(values[edge], own.activation,
                                                            chosen.get(edge, {}).get("method", method), percentile,
                                                            edge)
+    fused: dict[str, str] = {}  # an edge -> the clamp whose grid it takes
+
+    def own_grid(node: Node, edge: str) -> tuple[TensorQ, str]:  # the file's, or observed
+        bits = layer_bits(config, node.name).activation
+        if (fixed := files.grid(edge, bits)) is not None:
+            return fixed, "the file's"
+        return observed_grid(values[edge], bits, chosen.get(node.name, {}).get("method", method), percentile, edge)
+
     for node in (g_node for g_node in g.nodes if g_node.name in core):
         own = layer_bits(config, node.name, method_weights)
         for edge in node.outputs:
             if edge in grids:
                 continue
+            set_here = {"activation", "method"} & set(chosen.get(node.name, {}))  # a bits file's own grid
+            in_file = g.ranges is not None and edge in g.ranges.edges
+            clamp = None if set_here or in_file else clamp_reader(g, edge, core)
             if node.op in getattr(layer(node.op, node.label), "SHARES_GRID", ()) and node.name not in chosen:
                 grids[edge], methods[edge] = grids[node.inputs[0]], "shared"
                 shared.append(edge)
                 files.unused(edge, f"{node.name} only moves values, so its output keeps its input's grid")
-            elif (fixed := files.grid(edge, own.activation)) is not None:
-                grids[edge], methods[edge] = fixed, "the file's"
+            elif clamp is not None:
+                out = clamp.outputs[0]
+                if out not in grids:
+                    grids[out], methods[out] = own_grid(clamp, out)
+                grids[edge], methods[edge] = grids[out], f"{clamp.name}'s"
+                fused[edge] = clamp.name
             else:
-                grids[edge], methods[edge] = observed_grid(
-                    values[edge], own.activation, chosen.get(node.name, {}).get("method", method), percentile, edge)
+                grids[edge], methods[edge] = own_grid(node, edge)
         if node.op not in SELF_CALIBRATED:
             mod = layer(node.op, node.label)
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
@@ -378,8 +403,11 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
                      if used else f"none of the {kind} file's grids is used"))
     done.append(("share_grids", f"{len(shared)} edge(s) keep their input's grid: {', '.join(shared)}"
                  if shared else "no edge to share"))
+    done.append(("fuse_clamps", f"{len(fused)} edge(s) on the grid of the relu that reads them: "
+                 + ", ".join(f"{e} ({c})" for e, c in fused.items()) if fused else "no relu to fuse"))
     return QGraph(g, grids, qparams, core, tail, done, {**(info or {}), "edge_methods": methods,
                                                         "gru_methods": gru_methods, "layer_bits": node_bits,
+                                                        "fused_clamps": fused,
                                                         **files.info()})
 
 

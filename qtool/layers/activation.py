@@ -124,6 +124,12 @@ TABLE_BITS = 8  # inputs up to this width take the table; wider ones of CLAMPS t
 LUT_ERROR = 1  # an interpolated table may differ from the exact one by this many output steps, no more
 
 
+def clamps_only(node: Node) -> bool:
+    """A relu or relu6: the layer writing its input may write onto its output's grid, whose
+    saturation does the clamp's low end (qtool.graph.calibrate, fuse_clamps)."""
+    return _kind(node) in ("relu", "relu6")
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     kind, gx, gy = _kind(node), g_in[0], g_out[0]
     if kind == "square":  # exact in integers, no table: (q - zp)^2 rescaled
