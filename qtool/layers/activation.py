@@ -17,7 +17,8 @@
 
 Integers: the exact table of the function on the input's grid: for every input integer, the
 float function of its value rounded onto the output's grid (2^bits_x entries). Inputs wider
-than that table should be (2^16 entries at 16 bits, 128 KiB):
+than that table should be (2^16 entries at 16 bits, 128 KiB), and a relu on its input's own grid
+(fuse_clamps), which needs none:
 - relu, relu6 and linear run as what their table holds: the input requantized onto the output's
   grid, then clamped to the outputs of 0 and 6 (rounding is monotone, so it commutes with max and
   min: the same integers);
@@ -38,7 +39,7 @@ from qtool.core.graph import Node
 from qtool.core.node_args import attr_float, fail, only, want_inputs
 from qtool.core.qmodel import TensorQ
 from qtool.layers.c import CNode, ctype, lit, requantize_expr
-from qtool.layers.integer import LayerBits, lookup, requantize, rescale, table
+from qtool.layers.integer import LayerBits, lookup, requantize, rescale, same_grid, table
 from qtool.numerics.lut import LUT_INDEX_BITS, lut_values
 from qtool.numerics.qparams import dequantize, qrange
 from qtool.numerics.qparams import quantize as quantize_values
@@ -135,7 +136,7 @@ def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerB
     if kind == "square":  # exact in integers, no table: (q - zp)^2 rescaled
         return {"sh_sq": np.array([2 * int(gx.exp2_inv) - int(gy.exp2_inv)], np.int64)}
     f = lambda v: forward(node, [v])[0]  # noqa: E731
-    if kind in CLAMPS and gx.bits > TABLE_BITS:
+    if kind in CLAMPS and (gx.bits > TABLE_BITS or same_grid(gx, gy)):
         qmin, qmax = qrange(gy.bits)
         low, high = (qmin if v is None else int(quantize_values(np.array([v]), int(gy.exp2_inv), gy.zp, gy.bits)[0])
                      for v, qmin in zip(CLAMPS[kind], (qmin, qmax)))

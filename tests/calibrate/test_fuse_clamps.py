@@ -57,6 +57,7 @@ def test_the_layer_writes_onto_its_relus_grid_and_the_relu_moves_nothing(kind):
     q, g = run_int(qg, data(40, 1)), qg.grids["a"]
     six = g.zp + 6 * 2 ** int(g.exp2_inv) if kind == "relu6" else None  # 0 and 6 lie on the grid
     assert (q["h1"] < g.zp).any() and np.array_equal(q["a"], np.clip(q["h1"], g.zp, six))
+    assert "clamp" in qg.qparams["r"] and "table" not in qg.qparams["r"]  # on its input's grid: no table
 
 
 def test_fused_the_relus_output_is_rounded_once_and_closer_to_float(tmp_path):
@@ -65,6 +66,7 @@ def test_fused_the_relus_output_is_rounded_once_and_closer_to_float(tmp_path):
     apart = api.calibrate(model(), x, bits=bits_file(tmp_path, {"d1": {"method": "minmax"}}), method="minmax")
     assert apart.info["fused_clamps"] == {} and ("fuse_clamps", "no relu to fuse") in apart.passes
     assert apart.grids["h1"] != apart.grids["a"] and apart.grids["a"] == fused.grids["a"]
+    assert "table" in apart.qparams["r"]
     # the separate grid spans the negative half too (a coarser step) and rounds a second time:
     # 37.7 against 35.2 dB here
     assert relu_snr_db(fused, test) > relu_snr_db(apart, test) + 1.5
