@@ -252,8 +252,10 @@ def unit_rows(sp: Space, chosen: GraphCandidate, measured: dict[str, float]) -> 
     """One row per unit: what it is, its lowest predicted SNR at 8 bits, the measured SNR of the
     edge it sets (layers' outputs), its bits."""
     edges: dict[tuple, str] = {}
+    fused = chosen.qg.info.get("fused_clamps", {})  # on its relu's grid: the relu's edge is the unit's
     for e, u in sp.edge_unit.items():
-        edges.setdefault(u, e)
+        if e not in fused:
+            edges.setdefault(u, e)
     rows = []
     for u in sp.units:
         name, tensor = unit_name(u)

@@ -118,6 +118,19 @@ def _clipped(ref: np.ndarray, g) -> int:
     return int(np.count_nonzero((ref < (lo - g.zp - 0.5) * step) | (ref >= (hi - g.zp + 0.5) * step)))
 
 
+def references(qg: QGraph, ref: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What each edge's integers stand for in float: the float graph's values, but on an edge
+    written onto the grid of the relu that reads it (fuse_clamps) the values that grid is to
+    hold, those the relu drops brought to its ends (the layer's saturation is the relu's
+    clamp), so that only rounding and the clipping of values the relu passes count as error."""
+    out = dict(ref)
+    for e, name in qg.info.get("fused_clamps", {}).items():
+        node, g = qg.node(name), qg.grids[e]
+        low, high = ((q - g.zp) * np.ldexp(1.0, -int(g.exp2_inv)) for q in qrange(g.bits))
+        out[e] = layer(node.op, node.label).fused_reference(node, ref[e], low, high)
+    return out
+
+
 def classes(qg: QGraph) -> int | None:
     """The classes of a classifier: a first output that is a vector of two or more, or a sequence
     of them that a softmax makes (a tagger: a class per frame); None else."""
@@ -141,6 +154,7 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
     ref = run(qg.graph, x, keep=True)
     if observe is not None:
         observe(ref)
+    meant = references(qg, ref)
     sides = []  # (edge distances, output distances, core values, integers)
     if mode != "fakequant":
         q = run_int(qg, x, runner)
@@ -168,7 +182,7 @@ def measure_chunk(qg: QGraph, x: np.ndarray, labels: np.ndarray | None, keep: bo
     ys, tops = [], []  # the integer model's (fakequant: the fake-quant model's), then with both the fake-quant one's
     for measured, outputs, values, q in sides:
         for e, d in measured.items():
-            d.add(values[e], ref[e], _clipped(ref[e], qg.grids[e]))
+            d.add(values[e], meant[e], _clipped(meant[e], qg.grids[e]))
         ys.append(with_tail(qg, values))
         for e, d in outputs.items():
             d.add(ys[-1][e], ref[e])

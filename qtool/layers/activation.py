@@ -131,6 +131,14 @@ def clamps_only(node: Node) -> bool:
     return _kind(node) in ("relu", "relu6")
 
 
+def fused_reference(node: Node, x: np.ndarray, low: float, high: float) -> np.ndarray:
+    """The float values that a layer fused into this clamp (`clamps_only`) writes onto its grid
+    [low, high] stand for: x raised to `low` (the clamp drops what lies below), and relu6's
+    beyond both 6 and `high` lowered to them (the clamp drops that too)."""
+    top = CLAMPS[_kind(node)][1]
+    return np.clip(x, np.float32(low), None if top is None else np.float32(max(top, high)))
+
+
 def quantize(node: Node, g_in: list[TensorQ], g_out: list[TensorQ], bits: LayerBits) -> dict:
     kind, gx, gy = _kind(node), g_in[0], g_out[0]
     if kind == "square":  # exact in integers, no table: (q - zp)^2 rescaled

@@ -87,3 +87,22 @@ def test_the_advisor_counts_the_fused_edge_as_the_relus_unit():
     assert sp.edge_unit["h1"] == sp.edge_unit["a"] == ("r", "activation")
     wide = api.calibrate(model(), data(40, 0), bits=sp.config(frozenset({("r", "activation")})), method="minmax")
     assert wide.grids["h1"].bits == wide.grids["a"].bits == 16 and wide.info["fused_clamps"] == {"h1": "r"}
+
+
+@pytest.mark.parametrize("kind", ["relu", "relu6"])
+def test_simulate_measures_the_fused_edge_against_what_its_grid_is_to_hold(kind):
+    """The layer's integers stop at its grid's low end by design (the relu's clamp): measured
+    against the float values below that raised to it, its error is its rounding, not the
+    negative half, and nothing counts as saturated that the relu drops."""
+    qg = api.calibrate(model(kind), data(80, 0), bits="int8", method="minmax")
+    edges = api.simulate(qg, data(40, 1)).edges
+    fused, relu = edges["h1"].as_dict(), edges["a"].as_dict()
+    assert fused["saturated"] == 0 and abs(fused["snr_db"] - relu["snr_db"]) < 1.0 and fused["snr_db"] > 30
+
+
+def test_advise_measures_a_relus_unit_on_the_relus_own_edge():
+    from qtool.advisor.graph import advise_graph
+
+    advice = advise_graph(model(), SequenceData(data(60, 0), False, "x"), 60)
+    row = next(r for r in advice.rows if r["layer"] == "r")
+    assert row["edge"] == "a" and not any(r["layer"] == "d1" and r["tensor"] == "output" for r in advice.rows)
