@@ -165,6 +165,13 @@ class UnitSearch(ABC):
         return {u: self.ev.flash_only(frozenset([u]), self.low) - self.low.flash for u in self.units}
 
     @cached_property
+    def floor(self):
+        """The least flash the searches start from: all int8, but the units whose promotion on
+        its own saves flash at 16 bits (a relu on a 16-bit input keeps no table) promoted."""
+        saving = frozenset(u for u in self.units if self.cost[u] < 0)
+        return self.ev(saving) if saving else self.low
+
+    @cached_property
     def order(self) -> list:
         """Units in the order the searches promote them."""
         return self._order()
@@ -181,10 +188,12 @@ class UnitSearch(ABC):
         return [c for c in self.ev.seen.values() if c.snr_db >= target_db]
 
     def check_budget(self, budget: int) -> None:
-        """Refuse at once a budget below the all-int8 flash, the least any configuration needs."""
-        if budget < self.low.flash:
-            raise QtoolError(f"`max_flash` {budget:,} bytes is below the all-int8 flash "
-                             f"({self.low.flash:,} bytes), the least any configuration needs")
+        """Refuse at once a budget below the floor's flash, the least any configuration needs."""
+        if budget < self.floor.flash:
+            which = "all-int8" if self.floor is self.low else (
+                f"all-int8 but {len(self.floor.promoted)} unit(s) that save flash at 16 bits")
+            raise QtoolError(f"`max_flash` {budget:,} bytes is below the {which} flash "
+                             f"({self.floor.flash:,} bytes), the least any configuration needs")
 
     def for_target(self, target_db: float, budget: int | None = None) -> Candidate:
         """The least flash whose measured SNR reaches `target_db`; an error if that is above
@@ -199,8 +208,8 @@ class UnitSearch(ABC):
 
     def _for_target(self, target_db: float) -> Candidate:
         ev = self.ev
-        if self.low.snr_db >= target_db:
-            return self.low
+        if self.low.snr_db >= target_db:  # the floor has more bits and less flash
+            return self.floor if self.floor.snr_db >= target_db else self.low
         best = max([self.high, *ev.seen.values()], key=lambda c: c.snr_db)
         if best.snr_db < target_db:
             raise QtoolError(f"no configuration reaches {target_db:g} dB on the evaluation data: the "
@@ -245,8 +254,9 @@ class UnitSearch(ABC):
         """The best measured SNR with flash at most `budget`: the order's longest prefix that
         fits, the order filled greedily with every unit that still fits, and the presets."""
         self.check_budget(budget)
-        prefix, fill, spent, blocked = [], [], self.low.flash, False
-        for u in self.order:
+        base = sorted(self.floor.promoted, key=unit_key)
+        prefix, fill, spent, blocked = list(base), list(base), self.floor.flash, False
+        for u in (u for u in self.order if u not in self.floor.promoted):
             fits = spent + max(self.cost[u], 0) <= budget
             if fits:
                 fill.append(u)
