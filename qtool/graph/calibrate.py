@@ -88,7 +88,7 @@ def check_bits_names(graph: Graph, config: dict[str, TensorConfig]) -> None:
 def clamp_reader(graph: Graph, edge: str, core: list[str]) -> Node | None:
     """The clamp (a relu, relu6: its layer's `clamps_only`) that alone reads `edge`. The edge's
     writer then writes onto the clamp's output grid (fuse_clamps): its own saturation at the
-    grid's low end does the clamp's, and no step of its grid goes to the values the clamp drops."""
+    grid's low end does the clamp's, and its grid spans the clamp's range, not what it drops."""
     readers = graph.consumers(edge)
     if len(readers) != 1 or edge in graph.outputs or readers[0].name not in core:
         return None
