@@ -96,7 +96,8 @@ def _simulate_graph(qg: QGraph | str | os.PathLike, data: DataLike, *, labels=No
         raise QtoolError("`batch_size` must be at least 1")
     data = as_data(data, dataset, time_first, qg.graph.inputs)
     n = count(data, limit)
-    shape_notes = axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
+    shape_notes = (axes_notes(int(qg.info.get("time_steps", 0)), data.shape, data.time_first)
+                   or axes_notes(qg.graph.steps, data.shape, data.time_first, "declares"))
     lab = None
     if labels is not None:
         from qtool.graph.simulate import classes

@@ -88,7 +88,7 @@ def test_time_first_given_to_batch_first_data_is_said(quantized):
 @pytest.mark.skipif(not has("keras"), reason="needs keras")
 def test_calibrate_says_data_that_do_not_fit_the_declared_steps(cli, tmp_path):
     """A file that declares its steps (Keras' Input((8, C)), an ONNX input of fixed T) tells
-    calibrate which axis is time before any calibration did."""
+    calibrate which axis is time before any calibration did, and simulate data of other steps."""
     from conftest import keras_on_torch
 
     keras = keras_on_torch(3)
@@ -103,6 +103,8 @@ def test_calibrate_says_data_that_do_not_fit_the_declared_steps(cli, tmp_path):
     np.save(tmp_path / "short.npy", x[:, :3])
     code, _, err = cli("calibrate", tmp_path / "m.keras", tmp_path / "short.npy", "-o", tmp_path / "q.h5",
                        "--method", "minmax", "--no-check", "--force")
+    assert code == 0 and "the model declares sequences of 8 steps; the data [40, 3, 4] have 3" in err
+    code, _, err = cli("simulate", tmp_path / "q.h5", tmp_path / "short.npy")  # calibrated on them too
     assert code == 0 and "the model declares sequences of 8 steps; the data [40, 3, 4] have 3" in err
 
 
