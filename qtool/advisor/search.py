@@ -169,7 +169,8 @@ class UnitSearch(ABC):
         """The least flash the searches start from: all int8, but the units whose promotion on
         its own saves flash at 16 bits (a relu on a 16-bit input keeps no table) promoted."""
         saving = frozenset(u for u in self.units if self.cost[u] < 0)
-        return self.ev(saving) if saving else self.low
+        floor = self.ev(saving) if saving else self.low
+        return floor if floor.flash < self.low.flash else self.low  # counted on its own grids: less
 
     @cached_property
     def order(self) -> list:
@@ -207,18 +208,19 @@ class UnitSearch(ABC):
         return chosen
 
     def _for_target(self, target_db: float) -> Candidate:
-        ev = self.ev
-        if self.low.snr_db >= target_db:  # the floor has more bits and less flash
-            return self.floor if self.floor.snr_db >= target_db else self.low
+        ev, base = self.ev, self.floor.promoted
+        reach = [c for c in (self.floor, self.low) if c.snr_db >= target_db]
+        if reach:  # the floor has more bits and less flash
+            return reach[0]
         best = max([self.high, *ev.seen.values()], key=lambda c: c.snr_db)
         if best.snr_db < target_db:
             raise QtoolError(f"no configuration reaches {target_db:g} dB on the evaluation data: the "
                              f"best measured is {best.snr_db:.2f} dB ({len(best.promoted)} tensors at "
                              f"16 bits, flash {best.flash:,} bytes)")
-        lo, hi = 0, len(self.order)  # prefix lengths: lo misses (int8), hi reaches (int16)
+        lo, hi = 0, len(self.order)  # prefix lengths on the floor: lo misses (the floor), hi reaches (int16)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if ev(frozenset(self.order[:mid])).snr_db >= target_db:
+            if ev(base | frozenset(self.order[:mid])).snr_db >= target_db:
                 hi = mid
             else:
                 lo = mid

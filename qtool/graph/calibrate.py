@@ -8,6 +8,8 @@ grid passes then give every other edge its grid in graph order:
 
 - share_grids: an op that only moves or selects values (zero_pad1d, last_step, max pooling)
   keeps its input's grid on its output, so its integers pass unchanged;
+- fuse_clamps: a layer whose output only a relu or relu6 reads writes onto that relu's grid,
+  so the grid spans the relu's range and each value is rounded once;
 - every other edge is observed: with `method` "per-edge", per edge the method (minmax,
   percentile, mse) whose grid leaves the least squared error on the data; otherwise the method
   named.
@@ -87,8 +89,8 @@ def check_bits_names(graph: Graph, config: dict[str, TensorConfig]) -> None:
 
 def clamp_reader(graph: Graph, edge: str, core: list[str]) -> Node | None:
     """The clamp (a relu, relu6: its layer's `clamps_only`) that alone reads `edge`. The edge's
-    writer then writes onto the clamp's output grid (fuse_clamps): its own saturation at the
-    grid's low end does the clamp's, and its grid spans the clamp's range, not what it drops."""
+    writer then writes onto the clamp's output grid (fuse_clamps): a grid of the clamp's range,
+    not the writer's, rounded onto once, and the clamp clamps on it."""
     readers = graph.consumers(edge)
     if len(readers) != 1 or edge in graph.outputs or readers[0].name not in core:
         return None

@@ -121,8 +121,8 @@ def _clipped(ref: np.ndarray, g) -> int:
 def references(qg: QGraph, ref: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What each edge's integers stand for in float: the float graph's values, but on an edge
     written onto the grid of the relu that reads it (fuse_clamps) the values that grid is to
-    hold, those the relu drops brought to its ends (the layer's saturation is the relu's
-    clamp), so that only rounding and the clipping of values the relu passes count as error."""
+    hold, those the relu drops brought to its ends (where the layer saturates by design), so
+    that only rounding and the clipping of values the relu passes count as error."""
     out = dict(ref)
     for e, name in qg.info.get("fused_clamps", {}).items():
         node, g = qg.node(name), qg.grids[e]

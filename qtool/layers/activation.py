@@ -126,8 +126,8 @@ LUT_ERROR = 1  # an interpolated table may differ from the exact one by this man
 
 
 def clamps_only(node: Node) -> bool:
-    """A relu or relu6: the layer writing its input may write onto its output's grid, whose
-    saturation does the clamp's low end (qtool.graph.calibrate, fuse_clamps)."""
+    """A relu or relu6: the layer writing its input may write onto its output's grid, and the
+    clamp then clamps on that one grid (qtool.graph.calibrate, fuse_clamps)."""
     return _kind(node) in ("relu", "relu6")
 
 
