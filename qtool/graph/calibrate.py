@@ -353,24 +353,17 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
         if any(e in grids for e in edges) and {"activation", "method"} & set(chosen[name]):
             raise QtoolError(f"the bits file sets the output of '{name}', which is a GRU's input or output: "
                              "its bits and method are the GRU's x and h (the file's tensors table)")
+    def own_grid(name: str, edge: str) -> tuple[TensorQ, str]:  # layer (or input) `name`'s: the file's, or observed
+        bits = layer_bits(config, name).activation
+        if (fixed := files.grid(edge, bits)) is not None:
+            return fixed, "the file's"
+        return observed_grid(values[edge], bits, chosen.get(name, {}).get("method", method), percentile, edge)
+
     shared = []
     for edge in g.inputs:
         if edge not in grids:
-            own = layer_bits(config, edge)
-            grids[edge] = files.grid(edge, own.activation)
-            if grids[edge] is not None:
-                methods[edge] = "the file's"
-            else:
-                grids[edge], methods[edge] = observed_grid(values[edge], own.activation,
-                                                           chosen.get(edge, {}).get("method", method), percentile,
-                                                           edge)
+            grids[edge], methods[edge] = own_grid(edge, edge)
     fused: dict[str, str] = {}  # an edge -> the clamp whose grid it takes
-
-    def own_grid(node: Node, edge: str) -> tuple[TensorQ, str]:  # the file's, or observed
-        bits = layer_bits(config, node.name).activation
-        if (fixed := files.grid(edge, bits)) is not None:
-            return fixed, "the file's"
-        return observed_grid(values[edge], bits, chosen.get(node.name, {}).get("method", method), percentile, edge)
 
     for node in (g_node for g_node in g.nodes if g_node.name in core):
         own = layer_bits(config, node.name, method_weights)
@@ -387,11 +380,11 @@ def quantize_graph(prep: Prepared, rows: int, config: dict[str, TensorConfig], m
             elif clamp is not None:
                 out = clamp.outputs[0]
                 if out not in grids:
-                    grids[out], methods[out] = own_grid(clamp, out)
+                    grids[out], methods[out] = own_grid(clamp.name, out)
                 grids[edge], methods[edge] = grids[out], f"{clamp.name}'s"
                 fused[edge] = clamp.name
             else:
-                grids[edge], methods[edge] = own_grid(node, edge)
+                grids[edge], methods[edge] = own_grid(node.name, edge)
         if node.op not in SELF_CALIBRATED:
             mod = layer(node.op, node.label)
             qparams[node.name] = mod.quantize(node, [grids[e] for e in node.inputs], [grids[e] for e in node.outputs],
